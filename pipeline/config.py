@@ -1,0 +1,175 @@
+"""Settings of the pipeline package: engines, the simulator, the orchestrator, on-disk logs.
+
+Each field carries a docstring under it; ``configs/*.yaml`` mirror these sections.
+``pipeline.configuration.build`` turns YAML into these classes and rejects unknown keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pipeline.configuration import require
+
+
+@dataclass(frozen=True)
+class DifficultyComponent:
+    """One normal component of the simulator's difficulty mixture (on the logit scale)."""
+
+    weight: float = 1.0
+    """Relative weight of this component."""
+    mean: float = 0.0
+    """Mean latent difficulty; a prompt's initial success logit is skill - difficulty."""
+    std: float = 1.0
+    """Spread of difficulty within the component."""
+
+    def __post_init__(self) -> None:
+        require(self.weight > 0, f"sim.difficulty weight={self.weight} must be > 0")
+        require(self.std >= 0, f"sim.difficulty std={self.std} must be >= 0")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """The policy simulator (``engine.kind: sim``). Its dynamics are written out in
+    ``pipeline/simworld.py``; nothing here knows which allocation policy is running."""
+
+    num_prompts: int = 4096
+    """Prompts in the training pool."""
+    num_eval_prompts: int = 2048
+    """Held-out prompts, drawn from the same difficulty mixture; evaluation is exact."""
+    difficulty: tuple[DifficultyComponent, ...] = (DifficultyComponent(1.0, 0.0, 2.0),)
+    """Mixture of normals the prompts' latent difficulties are drawn from."""
+    initial_skill: float = 0.0
+    """Global skill at step 0."""
+    learning_rate: float = 0.05
+    """Skill gained per unit of gradient signal (see ``progress_exponent``)."""
+    prompt_learning_rate: float = 0.5
+    """Extra, prompt-specific skill a prompt gains from its own informative groups."""
+    progress_exponent: float = 1.0
+    """Training model. 1.0: progress counts the effective groups trained on (each adds its
+    signal). Near 0: 'normalised steps', a step's progress barely depends on how many of its
+    groups are effective. Rankings against GRPO flip between the two (METHODS.md)."""
+    reference_batch: int = 64
+    """Groups per step the learning rate is calibrated for."""
+    drift_std: float = 0.0
+    """Per-step random walk of every prompt's difficulty (non-stationarity)."""
+    length_success: float = 48.0
+    """Mean response length (tokens) of a correct answer."""
+    length_failure: float = 72.0
+    """Mean response length (tokens) of a wrong answer (wrong answers ramble)."""
+    length_spread: float = 0.3
+    """Log-normal sigma of response lengths."""
+    chunk_tokens: int = 16
+    """Tokens per streamed delta."""
+    vocab_size: int = 256
+    """Token ids are drawn from [3, vocab_size); 1 and 2 are the correct/wrong answer tokens."""
+    decode_tokens_per_s: float = 200.0
+    """Per-request decode speed of the engine-time model (tokens/s)."""
+    prefill_s: float = 0.02
+    """Engine time of a prompt prefill."""
+    realtime: bool = False
+    """Sleep through engine time (for overhead benchmarks); False runs as fast as possible."""
+    seed: int = 0
+    """Seed of the world (difficulties); sampling noise is seeded per request."""
+
+    def __post_init__(self) -> None:
+        require(self.num_prompts >= 1, f"sim.num_prompts={self.num_prompts} must be >= 1")
+        require(self.num_eval_prompts >= 1, f"sim.num_eval_prompts={self.num_eval_prompts} must be >= 1")
+        require(len(self.difficulty) >= 1, "sim.difficulty needs at least one component")
+        require(self.progress_exponent >= 0, f"sim.progress_exponent={self.progress_exponent} must be >= 0")
+        require(self.reference_batch >= 1, f"sim.reference_batch={self.reference_batch} must be >= 1")
+        require(self.length_success >= 1 and self.length_failure >= 1, "sim lengths must be >= 1 token")
+        require(self.chunk_tokens >= 1, f"sim.chunk_tokens={self.chunk_tokens} must be >= 1")
+        require(self.vocab_size > 3, f"sim.vocab_size={self.vocab_size} must be > 3")
+        require(self.decode_tokens_per_s > 0, "sim.decode_tokens_per_s must be > 0")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Which inference engine generates rollouts."""
+
+    kind: Literal["sim", "torch", "vllm", "ray"] = "sim"
+    """``sim``: the policy simulator; ``torch``: in-process transformers model;
+    ``vllm``: vLLM AsyncLLM; ``ray``: replicas of another engine as Ray actors."""
+    fail_every: int = 0
+    """Fault injection for tests: every n-th request raises inside the engine (0 = never)."""
+
+
+@dataclass(frozen=True)
+class OrchestratorConfig:
+    """The streaming loop: concurrency, batch size, staleness."""
+
+    batch_groups: int = 64
+    """Committed groups per learner step (B_train)."""
+    group_size: int = 8
+    """Target samples per group (G)."""
+    max_tokens: int = 256
+    """Response length limit per sample."""
+    temperature: float = 1.0
+    """Default sampling temperature."""
+    top_p: float = 1.0
+    """Default nucleus sampling threshold."""
+    max_concurrent_samples: int = 1024
+    """Samples generating at once (bounds the engine's queue and memory)."""
+    max_open_groups: int = 512
+    """Groups open at once (bounds gate and tracker state)."""
+    max_async_steps: int = 1
+    """How many batches generation may run ahead of the learner (0 = fully synchronous).
+    A sample's staleness is at most this many policy versions."""
+    stream_buffer: int = 64
+    """Capacity of each bounded stream between stages."""
+    reward_timeout_s: float = 5.0
+    """A reward call past this gives reward 0, is counted, and the run goes on."""
+    reward_threads: int = 2
+    """Worker threads for reward functions."""
+    steps: int = 200
+    """Learner steps to run."""
+    eval_every: int = 10
+    """Evaluate held-out accuracy every this many steps (0 = only at the end)."""
+    target_accuracy: float = 0.0
+    """Stop early once held-out accuracy reaches this (0 = never)."""
+    max_rollouts: int = 0
+    """Stop once this many rollouts have been started (0 = no limit)."""
+
+    def __post_init__(self) -> None:
+        require(self.batch_groups >= 1, f"orchestrator.batch_groups={self.batch_groups} must be >= 1")
+        require(self.group_size >= 2, f"orchestrator.group_size={self.group_size} must be >= 2 for a group-relative advantage")
+        require(self.max_tokens >= 1, f"orchestrator.max_tokens={self.max_tokens} must be >= 1")
+        require(
+            self.max_concurrent_samples >= self.group_size,
+            f"orchestrator.max_concurrent_samples={self.max_concurrent_samples} is below group_size={self.group_size}; "
+            "raise max_concurrent_samples",
+        )
+        require(self.max_open_groups >= 1, f"orchestrator.max_open_groups={self.max_open_groups} must be >= 1")
+        require(self.max_async_steps >= 0, f"orchestrator.max_async_steps={self.max_async_steps} must be >= 0")
+        require(self.stream_buffer >= 1, f"orchestrator.stream_buffer={self.stream_buffer} must be >= 1")
+        require(self.reward_timeout_s > 0, f"orchestrator.reward_timeout_s={self.reward_timeout_s} must be > 0")
+        require(self.reward_threads >= 1, f"orchestrator.reward_threads={self.reward_threads} must be >= 1")
+        require(self.steps >= 1, f"orchestrator.steps={self.steps} must be >= 1")
+        require(0 <= self.target_accuracy <= 1, f"orchestrator.target_accuracy={self.target_accuracy} must be in [0, 1]")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """What is written into the run directory."""
+
+    trace: bool = True
+    """Write the decision/outcome trace log (Arrow IPC)."""
+    buffer: bool = True
+    """Write committed groups to the Arrow buffer files."""
+    tensorboard: bool = True
+    """Also write metrics to TensorBoard when it is installed."""
+    progress: bool = True
+    """Show a progress bar."""
+    trace_flush_every: int = 256
+    """Decision records per Arrow record batch (a crash loses at most this many)."""
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Everything the pipeline package needs."""
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    sim: SimConfig = field(default_factory=SimConfig)
+    orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
+    log: LogConfig = field(default_factory=LogConfig)

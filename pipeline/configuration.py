@@ -1,0 +1,195 @@
+"""Typed configuration: frozen dataclasses built from YAML-shaped dicts, strictly.
+
+Each package owns the dataclasses of its settings (``pipeline.config``, ``controller.config``,
+``learner.config``); ``railgate.config.RunConfig`` composes them. This module only converts:
+it rejects unknown keys (naming the key and the closest valid one), coerces scalars to the
+annotated type, and applies ``--set a.b=c`` overrides.
+
+>>> from dataclasses import dataclass
+>>> @dataclass(frozen=True)
+... class Gate:
+...     probe_size: int = 4
+...     '''Samples in the probe.'''
+>>> build(Gate, {"probe_size": "6"}).probe_size
+6
+>>> build(Gate, {"probe_sise": 6})
+Traceback (most recent call last):
+...
+pipeline.configuration.ConfigError: unknown key 'probe_sise'; did you mean 'probe_size'? (valid keys: probe_size)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or out of range. The message names the key."""
+
+
+def build(cls: type[T], data: dict[str, Any] | None, path: str = "") -> T:
+    """Build dataclass ``cls`` from ``data``, recursively; unknown keys are errors."""
+    data = dict(data or {})
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path or 'config'} must be a mapping, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    hints = typing.get_type_hints(cls)
+    for key in data:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f"; did you mean '{_join(path, close[0]).rsplit('.', 1)[-1]}'?" if close else ""
+            raise ConfigError(
+                f"unknown key '{_join(path, key)}'{hint} (valid keys: {', '.join(sorted(fields))})"
+            )
+    kwargs = {key: _coerce(hints[key], value, _join(path, key)) for key, value in data.items()}
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{path or cls.__name__}: {exc}") from exc
+
+
+def to_dict(obj: Any) -> Any:
+    """The plain-dict form of a config (what a YAML file of it would hold)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping, with errors that name the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p} does not exist; pass an existing file to --config (see configs/)")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {p} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p} must hold a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.sub=value`` strings (values parsed as YAML scalars) to a nested dict."""
+    out = _deep_copy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r} must look like key.sub=value, e.g. --set gate.kind=sara")
+        key, raw = item.split("=", 1)
+        parts = [p for p in key.strip().split(".") if p]
+        if not parts:
+            raise ConfigError(f"--set {item!r} has an empty key")
+        node = out
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {item!r}: '{part}' is a value, not a section")
+            node = child
+        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    return out
+
+
+def merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``top`` over ``base`` (mappings merge, everything else replaces)."""
+    out = _deep_copy(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = _deep_copy(value)
+    return out
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise ``ConfigError(message)`` unless ``condition``; for ``__post_init__`` checks."""
+    if not condition:
+        raise ConfigError(message)
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _deep_copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _deep_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_deep_copy(v) for v in value]
+    return value
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    origin = get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if dataclasses.is_dataclass(value):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"'{path}' must be a section (mapping), got {value!r}")
+        return build(tp, value, path)
+    if origin in (typing.Union, types.UnionType):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, path)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if errors else f"'{path}'={value!r} has the wrong type")
+    if origin is Literal:
+        allowed = get_args(tp)
+        if value not in allowed:
+            raise ConfigError(f"'{path}'={value!r} is not one of {', '.join(map(repr, allowed))}")
+        return value
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"'{path}' must be a list, got {value!r}")
+        args = get_args(tp)
+        if origin is tuple and args and args[-1] is not Ellipsis and len(args) != len(value):
+            raise ConfigError(f"'{path}' must have {len(args)} items, got {len(value)}")
+        item_types = [args[0]] * len(value) if (origin is list or (args and args[-1] is Ellipsis)) else list(args)
+        items = [_coerce(t, v, f"{path}[{i}]") for i, (t, v) in enumerate(zip(item_types, value))] if args else list(value)
+        return tuple(items) if origin is tuple else items
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"'{path}' must be a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+        raise ConfigError(f"'{path}'={value!r} must be true or false")
+    if tp in (int, float):
+        if isinstance(value, bool):
+            raise ConfigError(f"'{path}'={value!r} must be a number, not a boolean")
+        try:
+            number = tp(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"'{path}'={value!r} must be {'an integer' if tp is int else 'a number'}") from None
+        if tp is int and isinstance(value, float) and not value.is_integer():
+            raise ConfigError(f"'{path}'={value!r} must be an integer")
+        return number
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"'{path}' must be a string, got {value!r}")
+        return str(value)
+    return value

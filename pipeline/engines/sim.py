@@ -1,0 +1,243 @@
+"""The ``sim`` engine: streams simulated rollouts of a ``SimWorld`` policy, in engine time.
+
+A request's whole trajectory is sampled when it starts (seeded by the world seed and the
+request's ``params.seed``, so a sample does not depend on scheduling); its tokens are then
+released chunk by chunk at the engine times a decoder of ``decode_tokens_per_s`` would
+produce them, on a ``VirtualClock`` (fast, exact ordering) or a ``WallClock`` (real sleeps).
+
+>>> import anyio
+>>> from pipeline.config import SimConfig
+>>> from pipeline.simworld import SimWorld
+>>> from pipeline.types import Prompt, SampleRequest, SamplingParams, SampleFinished
+>>> engine = SimEngine(SimWorld(SimConfig(num_prompts=8, num_eval_prompts=8)))
+>>> req = SampleRequest("r0", group_id=0, sample_index=0, prompt=engine.prompt(3),
+...                     params=SamplingParams(max_tokens=512, seed=1))
+>>> async def main():
+...     return [ev async for ev in engine.stream(req)]
+>>> events = anyio.run(main)
+>>> isinstance(events[-1], SampleFinished), engine.open_requests
+(True, 0)
+"""
+
+from __future__ import annotations
+
+import collections
+import zlib
+from typing import Any
+
+import numpy as np
+
+from pipeline.clock import VirtualClock, WallClock
+from pipeline.simworld import SimPolicyState, SimWorld, Trajectory
+from pipeline.types import FinishReason, Prompt, RolloutEvent, SampleFinished, SampleRequest, TokenDelta
+
+# Finished trajectories kept for branching (least recently used are dropped).
+_BRANCH_MEMORY = 65536
+
+
+class SimEngineFault(RuntimeError):
+    """Injected failure (``engine.fail_every``), for fault-handling tests."""
+
+
+class SimEngine:
+    """Simulated inference engine over a ``SimWorld``; see the module docstring."""
+
+    name = "sim"
+
+    def __init__(
+        self,
+        world: SimWorld,
+        state: SimPolicyState | None = None,
+        clock: VirtualClock | WallClock | None = None,
+        fail_every: int = 0,
+    ):
+        self.world = world
+        self.clock = clock if clock is not None else VirtualClock()
+        self._state = state if state is not None else world.initial_state()
+        self._version = 0
+        self._fail_every = fail_every
+        self._started = 0
+        self._open: dict[str, _SimStream] = {}
+        self._finished: collections.OrderedDict[str, Trajectory] = collections.OrderedDict()
+
+    # --- Engine protocol ---------------------------------------------------------------
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    @property
+    def open_requests(self) -> int:
+        return len(self._open)
+
+    @property
+    def state(self) -> SimPolicyState:
+        return self._state
+
+    def stream(self, request: SampleRequest) -> "_SimStream":
+        if request.request_id in self._open:
+            raise ValueError(f"request_id {request.request_id!r} is already running; request ids must be unique")
+        self._started += 1
+        fail = self._fail_every > 0 and self._started % self._fail_every == 0
+        s = _SimStream(self, request, fail)
+        self._open[request.request_id] = s
+        return s
+
+    async def abort(self, request_id: str) -> None:
+        s = self._open.get(request_id)
+        if s is not None:
+            s.abort()
+
+    async def update_weights(self, weights: Any) -> int:
+        if not isinstance(weights, SimPolicyState):
+            raise TypeError(f"the sim engine takes SimPolicyState weights, got {type(weights).__name__}")
+        self._state = weights.copy()
+        self._version += 1
+        return self._version
+
+    async def aclose(self) -> None:
+        for s in list(self._open.values()):
+            s.close()
+
+    # --- helpers -----------------------------------------------------------------------
+
+    def prompt(self, prompt_id: int) -> Prompt:
+        """The ``Prompt`` of training prompt ``prompt_id`` (its tokens are a stand-in)."""
+        if not 0 <= prompt_id < len(self.world.difficulty):
+            raise IndexError(f"sim prompt_id={prompt_id} is outside the pool of {len(self.world.difficulty)} prompts")
+        return Prompt(
+            prompt_id=prompt_id,
+            text=f"sim-prompt-{prompt_id}",
+            token_ids=(3 + prompt_id % 250, 4),
+            answer="1",
+            difficulty=float(self.world.difficulty[prompt_id]),
+        )
+
+    def _remember(self, request_id: str, traj: Trajectory) -> None:
+        self._finished[request_id] = traj
+        if len(self._finished) > _BRANCH_MEMORY:
+            self._finished.popitem(last=False)
+
+    def _trajectory_of(self, request_id: str) -> Trajectory | None:
+        s = self._open.get(request_id)
+        if s is not None and s.trajectory is not None:
+            return s.trajectory
+        return self._finished.get(request_id)
+
+
+class _SimStream:
+    """One request's event stream. Registered with the clock from creation until closed."""
+
+    def __init__(self, engine: SimEngine, request: SampleRequest, fail: bool):
+        self._engine = engine
+        self._req = request
+        self._fail = fail
+        self._clock = engine.clock
+        self._token = self._clock.register()
+        self._closed = False
+        self._aborted = False
+        self._gen = self._run()
+        self.trajectory: Trajectory | None = None
+
+    def __aiter__(self) -> "_SimStream":
+        return self
+
+    async def __anext__(self) -> RolloutEvent:
+        if self._closed:
+            raise StopAsyncIteration
+        try:
+            return await self._gen.__anext__()
+        except BaseException:
+            self.close()
+            raise
+
+    async def aclose(self) -> None:
+        self.close()
+        await self._gen.aclose()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._clock.unregister(self._token)
+            self._engine._open.pop(self._req.request_id, None)
+
+    def abort(self) -> None:
+        self._aborted = True
+        self._clock.wake(self._token)
+
+    async def _run(self):
+        eng, req, world = self._engine, self._req, self._engine.world
+        cfg = world.config
+        version = eng.policy_version
+        state = eng.state
+        rng = np.random.default_rng([cfg.seed, req.params.seed, zlib.crc32(req.request_id.encode())])
+        start = max(self._clock.now(), req.launch_time)
+        if not self._aborted:
+            await self._clock.sleep_until(self._token, start + cfg.prefill_s)
+        if self._fail:
+            raise SimEngineFault(f"injected engine failure on request {req.request_id}")
+        prefix_tokens: tuple[int, ...] = ()
+        prefix_lps: tuple[float, ...] = ()
+        source = None
+        if req.branch is not None:
+            source = eng._trajectory_of(req.branch.source_request_id)
+            if source is None:
+                raise ValueError(
+                    f"cannot branch from {req.branch.source_request_id!r}: the sim engine does not remember it "
+                    f"(it keeps the last {_BRANCH_MEMORY} finished samples)"
+                )
+            prefix_tokens = tuple(req.branch.prefix_token_ids)
+            prefix_lps = tuple(req.branch.prefix_logprobs)
+        p = world.success_probability(state, req.prompt.prompt_id)
+        traj = world.sample_trajectory(
+            rng, p, req.params.temperature, req.params.max_tokens, prefix=source,
+            prefix_len=req.branch.prefix_len if req.branch else 0,
+        )
+        self.trajectory = traj
+        start_pos = req.branch.prefix_len if req.branch else 0
+        start_pos = min(start_pos, traj.length)
+        if len(prefix_tokens) != start_pos:
+            prefix_tokens = tuple(range(3, 3 + start_pos))  # stand-in tokens when the caller sent none
+            prefix_lps = (0.0,) * start_pos
+        tokens, lps, ents = world.render(rng, traj, start_pos)
+        tokens_l, lps_l, ents_l = tokens.tolist(), lps.tolist(), ents.tolist()
+        out_tokens: list[int] = list(prefix_tokens)
+        out_lps: list[float] = list(prefix_lps)
+        t = self._clock.now()
+        rate = cfg.decode_tokens_per_s
+        chunk = cfg.chunk_tokens
+        for i in range(0, len(tokens_l), chunk):
+            j = min(i + chunk, len(tokens_l))
+            t_chunk_start = t
+            t += (j - i) / rate
+            if not self._aborted:
+                await self._clock.sleep_until(self._token, t)
+            if self._aborted:
+                produced = int((self._clock.now() - t_chunk_start) * rate)
+                j = i + max(0, min(j - i, produced))
+                out_tokens.extend(tokens_l[i:j])
+                out_lps.extend(lps_l[i:j])
+                yield self._finished(out_tokens, out_lps, FinishReason.ABORTED, version)
+                return
+            out_tokens.extend(tokens_l[i:j])
+            out_lps.extend(lps_l[i:j])
+            yield TokenDelta(
+                request_id=req.request_id,
+                token_ids=tuple(tokens_l[i:j]),
+                logprobs=tuple(lps_l[i:j]),
+                entropies=tuple(ents_l[i:j]),
+                position=start_pos + i,
+            )
+        eng._remember(req.request_id, traj)
+        reason = FinishReason.LENGTH if traj.truncated else FinishReason.STOP
+        yield self._finished(out_tokens, out_lps, reason, version)
+
+    def _finished(self, tokens: list[int], lps: list[float], reason: FinishReason, version: int) -> SampleFinished:
+        return SampleFinished(
+            request_id=self._req.request_id,
+            token_ids=tuple(tokens),
+            logprobs=tuple(lps),
+            finish_reason=reason,
+            policy_version=version,
+            engine_time=self._clock.now(),
+        )

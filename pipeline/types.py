@@ -1,0 +1,303 @@
+"""Named, frozen messages that cross stage boundaries.
+
+Every stage of the pipeline talks through these types and nothing else (the controller's
+feature dict is the one exception, by design: it is the bandit's input).
+
+    PromptSource -> Prompt
+    Orchestrator -> SampleRequest -> Engine
+    Engine       -> TokenDelta* then SampleFinished        (a RolloutEvent stream per sample)
+    Tracker      -> ScoredSample -> GroupSnapshot -> Gate  -> GroupAction
+    Tracker      -> CommittedGroup -> TrainBatch -> Learner -> StepResult
+
+State that can be derived is derived: whether a sample is finished comes from its
+``FinishReason``; whether a group is *effective* comes from its rewards.
+
+>>> s = SampleFinished(request_id="g0.s0", token_ids=(5, 6), logprobs=(-0.1, -0.2),
+...                    finish_reason=FinishReason.STOP, policy_version=3)
+>>> s.finish_reason.is_success, s.num_tokens
+(True, 2)
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Union
+
+
+class FinishReason(enum.IntEnum):
+    """Why a sample stopped. Ordered: everything from ABORTED up did not complete normally."""
+
+    STOP = 0  # the model emitted its end-of-sequence token
+    LENGTH = 1  # max_tokens reached
+    ABORTED = 2  # cancelled by the pipeline (abandoned group, shutdown)
+    ERROR = 3  # the engine failed on this sample
+
+    @property
+    def is_success(self) -> bool:
+        """True when the sample completed and can be rewarded (STOP or LENGTH)."""
+        return self <= FinishReason.LENGTH
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One task instance: the text, its tokens, and what the reward function needs to grade it."""
+
+    prompt_id: int
+    text: str
+    token_ids: tuple[int, ...]
+    answer: str = ""
+    difficulty: float = 0.0  # task-defined knob (digits, sim latent difficulty); only for reports
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-sample sampling settings. ``seed`` makes a sample reproducible on engines that allow it."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 64
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature <= 0:
+            raise ValueError(f"temperature={self.temperature} must be > 0; use a small value like 0.01 for near-greedy")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens={self.max_tokens} must be >= 1")
+
+
+@dataclass(frozen=True)
+class BranchSpec:
+    """Continue from the first ``prefix_len`` response tokens of an earlier sample.
+
+    The prefix tokens travel with the request, so an engine that cannot reuse the source's
+    cache simply prefills prompt + prefix again.
+    """
+
+    source_request_id: str
+    prefix_len: int
+    prefix_token_ids: tuple[int, ...] = ()
+    prefix_logprobs: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    """One rollout to generate: a member of a group, abortable on its own."""
+
+    request_id: str
+    group_id: int
+    sample_index: int
+    prompt: Prompt
+    params: SamplingParams
+    branch: BranchSpec | None = None
+    launch_time: float = 0.0  # engine time (seconds) at which the request was issued
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """New tokens of a running sample, with per-token log-probs (and entropies where known)."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    entropies: tuple[float, ...] | None = None
+    position: int = 0  # index of the first token of this delta within the response
+
+
+@dataclass(frozen=True)
+class SampleFinished:
+    """The whole response of a sample, sent once at its end (also on abort or error)."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    policy_version: int
+    error: str = ""
+    engine_time: float = 0.0  # engine time (seconds) at which the sample finished
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+RolloutEvent = Union[TokenDelta, SampleFinished]
+
+
+@dataclass(frozen=True)
+class ScoredSample:
+    """A finished sample with its reward. ``reward_error`` names a reward that raised or timed out."""
+
+    request: SampleRequest
+    result: SampleFinished
+    reward: float
+    reward_error: str = ""
+
+    @property
+    def is_valid(self) -> bool:
+        """Valid samples enter the group's statistics; aborted and failed ones do not."""
+        return self.result.finish_reason.is_success
+
+
+@dataclass(frozen=True)
+class GroupSnapshot:
+    """What a gate sees of a partial group after each finished sample."""
+
+    group_id: int
+    prompt: Prompt
+    target_size: int
+    rewards: tuple[float, ...]  # rewards of valid finished samples, in finishing order
+    in_flight: int  # samples launched and not yet finished
+    launched: int  # samples ever launched for this group (including failed and aborted)
+    failed: int  # samples that ended with ERROR
+    tokens: int  # tokens generated so far by this group's samples
+    policy_version: int  # the engine's policy version now
+
+    @property
+    def finished(self) -> int:
+        return len(self.rewards)
+
+    @property
+    def successes(self) -> int:
+        return sum(1 for r in self.rewards if r > 0.5)
+
+    @property
+    def failures(self) -> int:
+        return self.finished - self.successes
+
+    @property
+    def is_mixed(self) -> bool:
+        """Holds at least one success and one failure (binary rewards thresholded at 0.5)."""
+        return 0 < self.successes < self.finished
+
+
+class ActionKind(enum.Enum):
+    LAUNCH = "launch"  # start ``n`` more samples (optionally branched, at a temperature)
+    COMMIT = "commit"  # seal: no more launches; ship to the learner once in-flight samples end
+    ABANDON = "abandon"  # cancel in-flight samples, drop the group
+    HOLD = "hold"  # keep the group open with nothing running (a buffer of pilots, say)
+
+
+@dataclass(frozen=True)
+class GroupAction:
+    """An instruction from a gate or controller to the orchestrator about one group."""
+
+    kind: ActionKind
+    group_id: int
+    n: int = 0
+    params: SamplingParams | None = None
+    branch: BranchSpec | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """A new group to open: its prompt, target size and how many samples to launch now."""
+
+    prompt: Prompt
+    target_size: int
+    initial: int
+    params: SamplingParams | None = None
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One sample of a committed group, as the learner and the buffer see it."""
+
+    request_id: str
+    sample_index: int
+    prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    reward: float
+    finish_reason: FinishReason
+    policy_version: int
+
+
+@dataclass(frozen=True)
+class CommittedGroup:
+    """A finished group bound for the learner."""
+
+    group_id: int
+    prompt_id: int
+    rollouts: tuple[Rollout, ...]
+    launched: int  # every sample paid for, including aborted and failed ones
+    tokens: int  # every token paid for
+
+    @property
+    def rewards(self) -> tuple[float, ...]:
+        return tuple(r.reward for r in self.rollouts)
+
+    @property
+    def is_effective(self) -> bool:
+        """Non-zero reward spread, so a group-relative advantage is non-zero somewhere."""
+        rs = self.rewards
+        return len(rs) > 1 and max(rs) > min(rs)
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """The groups of one learner step."""
+
+    step: int
+    groups: tuple[CommittedGroup, ...]
+
+    @property
+    def num_rollouts(self) -> int:
+        return sum(len(g.rollouts) for g in self.groups)
+
+    @property
+    def min_policy_version(self) -> int:
+        return min((r.policy_version for g in self.groups for r in g.rollouts), default=0)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What a learner step reports back: its new policy version and its metrics."""
+
+    step: int
+    policy_version: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+TRACE_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    """One decision of a gate or controller, as the trace log stores it.
+
+    ``features`` is the context the decider saw (the bandit's input, hence a dict);
+    ``actions`` the arms it could choose from; ``propensity`` the probability with which the
+    acting policy chose ``chosen``; ``behaviour_propensity`` the same for the logged behaviour
+    policy when a controller runs in shadow mode (else equal to ``propensity``).
+    """
+
+    decision_id: int
+    time: float
+    run_id: str
+    mode: str  # "live" | "shadow"
+    decision_point: str  # "gate", "group", "token", ...
+    prompt_id: int
+    group_id: int
+    sample_index: int
+    token_position: int
+    features: dict[str, float]
+    actions: tuple[str, ...]
+    chosen: str
+    propensity: float
+    behaviour_propensity: float
+    predicted_gain: float
+    policy_version: int
+
+
+@dataclass(frozen=True)
+class OutcomeRecord:
+    """What a decision led to, logged when it is known; joined to decisions by ``decision_id``."""
+
+    decision_id: int
+    time: float
+    reward: float  # realised reward (or gain) credited to the decision
+    tokens: int  # tokens spent because of the decision
