@@ -1,0 +1,139 @@
+"""The interfaces the orchestrator drives; implementations live in controller/ and learner/.
+
+The orchestrator (``pipeline.orchestrator``) knows these Protocols only, so pipeline/ imports
+nothing of controller/ or learner/; ``railgate.build`` wires concrete classes in.
+
+Group lifecycle, as the orchestrator runs it
+--------------------------------------------
+1. ``gate.admit(slots, step)`` returns up to ``slots`` ``GroupPlan``\\ s; each opens a group
+   and launches ``plan.initial`` samples at once (``initial`` may be 0: a group opened to be
+   filled later by a LAUNCH action).
+2. Every time one of the group's samples ends (completed, failed, or aborted by the engine),
+   the orchestrator scores it and calls ``gate.update(snapshot)``, then
+   ``controller.on_group(snapshot)``; both return ``GroupAction``\\ s, executed in order:
+
+   * ``LAUNCH n``   start n more samples (``params``/``branch`` optional);
+   * ``COMMIT``     seal the group: no more launches; once its in-flight samples end it is
+     shipped to the learner as a ``CommittedGroup``;
+   * ``ABANDON``    abort its in-flight samples and drop it (its cost stays counted);
+   * ``HOLD``       nothing to do now; the group stays open with nothing running.
+
+   Actions may name any open group (HORA decides a whole batch when its last probe ends).
+   A group whose samples all ended with no pending COMMIT/ABANDON and nothing in flight is
+   asked again at its next update; the gate must eventually commit or abandon every group it
+   opened, or ``HOLD`` it (the orchestrator counts held groups).
+3. ``gate.on_step(step, batch)`` after each learner step, with the batch it trained on.
+
+Every random choice of a gate or controller uses a generator seeded at construction.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+from pipeline.types import (
+    CommittedGroup,
+    DecisionRecord,
+    GroupAction,
+    GroupPlan,
+    GroupSnapshot,
+    Prompt,
+    StepResult,
+    TokenDelta,
+    TrainBatch,
+)
+
+
+@runtime_checkable
+class Gate(Protocol):
+    """Allocation policy: which prompts get groups, and when a group commits or is abandoned."""
+
+    def admit(self, slots: int, step: int) -> list[GroupPlan]:
+        """Open up to ``slots`` new groups. ``step`` is the learner step being produced."""
+        ...
+
+    def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
+        """React to one more ended sample of an open group."""
+        ...
+
+    def on_closed(self, group_id: int, committed: bool) -> None:
+        """The group was shipped (``committed``) or dropped; forget its per-group state."""
+        ...
+
+    def on_step(self, step: int, batch: TrainBatch) -> None:
+        """A learner step finished on ``batch``."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ...
+
+
+@runtime_checkable
+class Controller(Protocol):
+    """Intervention controller (RAIL). ``NoopController`` in ``controller`` does nothing."""
+
+    def on_group(self, snapshot: GroupSnapshot) -> list[GroupAction]:
+        """Group-level decision point, after the gate has seen the same snapshot."""
+        ...
+
+    def on_tokens(self, snapshot: GroupSnapshot, sample_index: int, delta: TokenDelta) -> list[GroupAction]:
+        """Token-level decision point, for every streamed delta (keep it cheap)."""
+        ...
+
+    def on_closed(self, group: CommittedGroup | None, group_id: int) -> None:
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ...
+
+
+class Scorer(Protocol):
+    """A reward function over one response. ``runs_inline`` marks trivially cheap, pure
+    scorers (the simulator's) that skip the worker-thread hop; all others run in threads
+    with a timeout."""
+
+    runs_inline: bool
+
+    def __call__(self, prompt: Prompt, token_ids: Sequence[int]) -> float:
+        ...
+
+
+@runtime_checkable
+class Learner(Protocol):
+    """Consumes train batches, produces weights for the engine. ``step`` runs in a worker thread."""
+
+    def step(self, batch: TrainBatch) -> StepResult:
+        ...
+
+    def weights(self) -> Any:
+        """What ``Engine.update_weights`` takes."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ...
+
+
+class Evaluator(Protocol):
+    """Held-out evaluation of the current policy; returns namespaced metrics (``eval/accuracy``)."""
+
+    async def evaluate(self, step: int) -> dict[str, float]:
+        ...
+
+
+class DecisionSink(Protocol):
+    """Where decisions and their outcomes go (``pipeline.tracelog.TraceLog`` or a null sink)."""
+
+    def log_decision(self, record: DecisionRecord) -> None:
+        ...
+
+    def log_outcome(self, decision_id: int, reward: float, tokens: int) -> None:
+        ...
