@@ -22,7 +22,11 @@ Group lifecycle, as the orchestrator runs it
    A group whose samples all ended with no pending COMMIT/ABANDON and nothing in flight is
    asked again at its next update; the gate must eventually commit or abandon every group it
    opened, or ``HOLD`` it (the orchestrator counts held groups).
-3. ``gate.on_step(step, batch)`` after each learner step, with the batch it trained on.
+3. ``gate.on_step(step, batch)`` after each learner step, with the batch it trained on; it
+   may return actions too (a buffered group committed at the start of a new step, say).
+4. Batches: shipped groups join the learner's next batch in the order they ship; every
+   ``batch_groups`` of them make one ``TrainBatch``. A gate that wants a batch to hold
+   exactly its chosen groups commits exactly ``batch_groups`` per step.
 
 Every random choice of a gate or controller uses a generator seeded at construction.
 """
@@ -60,8 +64,8 @@ class Gate(Protocol):
         """The group was shipped (``committed``) or dropped; forget its per-group state."""
         ...
 
-    def on_step(self, step: int, batch: TrainBatch) -> None:
-        """A learner step finished on ``batch``."""
+    def on_step(self, step: int, batch: TrainBatch) -> list[GroupAction]:
+        """A learner step finished on ``batch``; may act on open (held) groups."""
         ...
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,0 +1,49 @@
+"""Uniform GRPO: every prompt gets a full group of G samples, all of which are trained on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.prompts import PromptPool
+from pipeline.types import ActionKind, GroupAction, GroupPlan, GroupSnapshot, TrainBatch
+
+
+class UniformGate:
+    """The GRPO baseline: open a group of ``group_size`` per prompt and commit it at once.
+
+    Examples
+    --------
+    >>> from pipeline.types import Prompt
+    >>> gate = UniformGate(PromptPool([Prompt(i, "", (1,)) for i in range(4)], seed=0), group_size=8)
+    >>> plans = gate.admit(slots=2, step=0)
+    >>> [(p.target_size, p.initial) for p in plans]
+    [(8, 8), (8, 8)]
+    """
+
+    def __init__(self, pool: PromptPool, group_size: int):
+        if group_size < 2:
+            raise ValueError(f"group_size={group_size} must be >= 2 for a group-relative advantage")
+        self.pool = pool
+        self.group_size = group_size
+        self._sealed: set[int] = set()
+
+    def admit(self, slots: int, step: int) -> list[GroupPlan]:
+        return [GroupPlan(p, self.group_size, self.group_size) for p in self.pool.take(slots)]
+
+    def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
+        if snapshot.group_id in self._sealed:
+            return []
+        self._sealed.add(snapshot.group_id)
+        return [GroupAction(ActionKind.COMMIT, snapshot.group_id, reason="uniform")]
+
+    def on_closed(self, group_id: int, committed: bool) -> None:
+        self._sealed.discard(group_id)
+
+    def on_step(self, step: int, batch: TrainBatch) -> list[GroupAction]:
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pool": self.pool.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pool.load_state_dict(state["pool"])

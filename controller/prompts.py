@@ -1,0 +1,81 @@
+"""Prompt selection for gates: a seeded, epoch-shuffled cursor over a prompt pool.
+
+Gates ask a ``PromptPool`` for the next prompts; selectors with opinions (DPS) wrap it.
+
+>>> from pipeline.types import Prompt
+>>> pool = PromptPool([Prompt(i, f"p{i}", (i,)) for i in range(3)], seed=0)
+>>> sorted(p.prompt_id for p in pool.take(3)), pool.epoch
+([0, 1, 2], 0)
+>>> len(pool.take(2)), pool.epoch
+(2, 1)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from pipeline.types import Prompt
+
+
+class PromptPool:
+    """Cycles through ``prompts`` in a fresh seeded permutation each epoch; evicted prompts
+    are skipped from then on."""
+
+    def __init__(self, prompts: Sequence[Prompt], seed: int = 0):
+        if not prompts:
+            raise ValueError("the prompt pool is empty; give the task at least one training prompt")
+        self.prompts = list(prompts)
+        self.seed = seed
+        self._by_id = {p.prompt_id: i for i, p in enumerate(self.prompts)}
+        self._evicted: set[int] = set()
+        self._epoch = 0
+        self._cursor = 0
+        self._order = self._permutation(0)
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def active(self) -> int:
+        """Prompts not evicted."""
+        return len(self.prompts) - len(self._evicted)
+
+    def get(self, prompt_id: int) -> Prompt:
+        return self.prompts[self._by_id[prompt_id]]
+
+    def evict(self, prompt_id: int) -> None:
+        self._evicted.add(prompt_id)
+
+    def is_evicted(self, prompt_id: int) -> bool:
+        return prompt_id in self._evicted
+
+    def take(self, n: int) -> list[Prompt]:
+        """The next ``n`` prompts that are not evicted (fewer only if every prompt is evicted)."""
+        out: list[Prompt] = []
+        if self.active == 0:
+            return out
+        while len(out) < n:
+            if self._cursor >= len(self._order):
+                self._epoch += 1
+                self._cursor = 0
+                self._order = self._permutation(self._epoch)
+            prompt = self.prompts[self._order[self._cursor]]
+            self._cursor += 1
+            if prompt.prompt_id not in self._evicted:
+                out.append(prompt)
+        return out
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.prompts))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self._epoch, "cursor": self._cursor, "evicted": sorted(self._evicted)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._epoch = int(state["epoch"])
+        self._cursor = int(state["cursor"])
+        self._evicted = set(int(i) for i in state["evicted"])
+        self._order = self._permutation(self._epoch)
