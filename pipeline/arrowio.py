@@ -1,0 +1,256 @@
+"""Append-only Arrow IPC stream segments: the one place that writes and reads railgate's files.
+
+The trace log (``pipeline.tracelog``) and the committed-group buffer (``pipeline.buffer``) both
+store their records as *segments*: Arrow IPC **stream** files named ``<prefix>-NNNNN.arrows``
+in one directory. Each opening of a writer takes the next free segment number, so a resumed
+run appends new files and never rewrites old ones.
+
+Every segment's schema metadata carries three keys:
+
+* ``railgate.kind``            the record kind, equal to the file prefix (``decisions``, ...);
+* ``railgate.schema_version``  the format version of that kind, checked on read;
+* ``railgate.run_id``          the run that wrote the segment.
+
+Durability: each record batch is written and flushed to the OS as a whole (``fsync`` on
+request), so a crash loses at most the batch being written. Such a crash leaves a *torn* tail;
+``read_segment`` returns every complete batch before it and reports the tear instead of raising.
+
+>>> import tempfile
+>>> kind = SegmentKind("points", pa.schema([("x", pa.int64())]), version=1)
+>>> d = tempfile.mkdtemp()
+>>> with SegmentWriter(d, kind, number=0, run_id="demo") as w:
+...     w.write(pa.record_batch([pa.array([1, 2])], schema=kind.schema))
+>>> table, reads = read_segments(segment_paths(d, "points"), kind)
+>>> table.column("x").to_pylist(), reads[0].run_id, reads[0].torn
+([1, 2], 'demo', False)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+KIND_KEY = b"railgate.kind"
+VERSION_KEY = b"railgate.schema_version"
+RUN_ID_KEY = b"railgate.run_id"
+SUFFIX = ".arrows"
+
+# Every IPC stream message since Arrow 0.15 starts with this continuation marker; a file that
+# does not is not an Arrow stream at all (as opposed to a stream whose tail was cut off).
+_CONTINUATION = b"\xff\xff\xff\xff"
+_WRITE_BUFFER_BYTES = 1 << 20
+
+
+class SegmentFormatError(ValueError):
+    """A segment file that is missing, not an Arrow stream, or of another kind or version."""
+
+
+class TornSegmentWarning(UserWarning):
+    """A segment ended in the middle of a record batch (its writer crashed); earlier batches were kept."""
+
+
+@dataclass(frozen=True)
+class SegmentKind:
+    """What one family of segment files holds: file prefix, column schema, format version."""
+
+    prefix: str
+    schema: pa.Schema  # the columns; metadata is added per segment by ``schema_for``
+    version: int
+
+    def schema_for(self, run_id: str) -> pa.Schema:
+        """The schema written into a segment of this kind, with its metadata."""
+        return self.schema.with_metadata(
+            {KIND_KEY: self.prefix.encode(), VERSION_KEY: str(self.version).encode(), RUN_ID_KEY: run_id.encode()}
+        )
+
+    def table_metadata(self) -> dict[bytes, bytes]:
+        """Metadata of a table concatenated from several segments (run ids are reported apart)."""
+        return {KIND_KEY: self.prefix.encode(), VERSION_KEY: str(self.version).encode()}
+
+
+def segment_number(path: Path, prefix: str) -> int | None:
+    """The segment number in ``<prefix>-NNNNN.arrows``, or None for any other file name."""
+    m = re.fullmatch(re.escape(prefix) + r"-(\d+)" + re.escape(SUFFIX), path.name)
+    return int(m.group(1)) if m else None
+
+
+def segment_paths(directory: str | os.PathLike, prefix: str) -> list[Path]:
+    """The segments of one prefix in ``directory``, in segment-number order (empty if none)."""
+    found = []
+    for path in Path(directory).glob(f"{prefix}-*{SUFFIX}"):
+        number = segment_number(path, prefix)
+        if number is not None:
+            found.append((number, path))
+    return [path for _, path in sorted(found)]
+
+
+def next_segment_number(directory: str | os.PathLike, prefixes: Sequence[str]) -> int:
+    """One past the highest segment number used by any of ``prefixes`` (0 in a new directory)."""
+    numbers = [segment_number(p, prefix) for prefix in prefixes for p in segment_paths(directory, prefix)]
+    return max(numbers, default=-1) + 1
+
+
+class SegmentWriter:
+    """Writes record batches to a new segment ``<directory>/<prefix>-NNNNN.arrows``.
+
+    The file is created exclusively: if ``number`` is taken, ``FileExistsError`` is raised and
+    the caller picks another number. The schema message is flushed at once, so even a writer
+    that crashes before its first batch leaves a readable (empty) segment.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        kind: SegmentKind,
+        number: int,
+        run_id: str = "",
+        fsync: bool = False,
+        compression: str | None = None,
+    ) -> None:
+        self.kind = kind
+        self.fsync = fsync
+        self.path = Path(directory) / f"{kind.prefix}-{number:05d}{SUFFIX}"
+        self.schema = kind.schema_for(run_id)
+        self._file = open(self.path, "xb", buffering=_WRITE_BUFFER_BYTES)
+        try:
+            options = ipc.IpcWriteOptions(compression=compression)
+            self._writer = ipc.new_stream(self._file, self.schema, options=options)
+            self._sync()
+        except BaseException:
+            self._file.close()
+            raise
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Append one record batch and hand it to the OS (and to the disk when ``fsync``)."""
+        if not batch.schema.equals(self.kind.schema, check_metadata=False):
+            raise SegmentFormatError(
+                f"record batch schema {batch.schema} does not match the {self.kind.prefix} segment schema "
+                f"{self.kind.schema}; build batches with the writer's kind.schema"
+            )
+        self._writer.write_batch(batch)
+        self._sync()
+
+    def close(self) -> None:
+        """Write the end-of-stream marker and close the file (idempotent)."""
+        if self._file.closed:
+            return
+        try:
+            self._writer.close()
+            self._sync()
+        finally:
+            self._file.close()
+
+    def _sync(self) -> None:
+        self._file.flush()
+        if self.fsync:
+            os.fsync(self._file.fileno())
+
+    def __enter__(self) -> SegmentWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class SegmentRead:
+    """The complete record batches of one segment, and whether its tail was torn."""
+
+    path: Path
+    batches: tuple[pa.RecordBatch, ...]
+    run_id: str
+    torn: bool
+
+
+def read_segment(
+    path: str | os.PathLike,
+    kind: SegmentKind,
+    error: type[SegmentFormatError] = SegmentFormatError,
+    memory_map: bool = False,
+) -> SegmentRead:
+    """Read every complete record batch of one segment.
+
+    A tail cut inside a message (a writer killed mid-batch) ends the read cleanly with
+    ``torn=True``. A missing file, a file that is not an Arrow stream, or a segment of another
+    kind, version or column layout raises ``error`` naming the file. ``memory_map`` avoids
+    copying (the caller must then not truncate the file while it holds the batches).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{path} does not exist or is not a file; pass a {kind.prefix} segment or its directory")
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head.startswith(b"ARROW1"):
+        raise error(f"{path} is an Arrow IPC *file* (random-access format); railgate segments are Arrow IPC streams")
+    if not _CONTINUATION.startswith(head[:4]):
+        raise error(f"{path} is not an Arrow IPC stream (it does not start with the stream continuation marker)")
+    source = pa.memory_map(str(path)) if memory_map else pa.OSFile(str(path), "r")
+    with source:
+        try:
+            reader = ipc.open_stream(source)
+        except (pa.ArrowInvalid, OSError):
+            # The writer died before its schema message was complete: nothing was recorded.
+            return SegmentRead(path, (), "", torn=True)
+        run_id = _check_schema(path, reader.schema, kind, error)
+        batches, torn = [], False
+        while True:
+            try:
+                batches.append(reader.read_next_batch())
+            except StopIteration:
+                break
+            except (pa.ArrowInvalid, OSError):
+                torn = True
+                break
+    return SegmentRead(path, tuple(batches), run_id, torn)
+
+
+def _check_schema(path: Path, schema: pa.Schema, kind: SegmentKind, error: type[SegmentFormatError]) -> str:
+    meta = schema.metadata or {}
+    if VERSION_KEY not in meta or KIND_KEY not in meta:
+        raise error(
+            f"{path} is an Arrow stream but not a railgate segment (no {VERSION_KEY.decode()} in its schema "
+            f"metadata); railgate writes these with pipeline.tracelog / pipeline.buffer"
+        )
+    found_kind = meta[KIND_KEY].decode()
+    if found_kind != kind.prefix:
+        raise error(f"{path} holds {found_kind!r} records, not {kind.prefix!r}; rename it or read it as {found_kind}")
+    version = meta[VERSION_KEY].decode()
+    if version != str(kind.version):
+        raise error(
+            f"{path} has {kind.prefix} schema version {version}; this reader supports version {kind.version}; "
+            f"read it with the railgate release that wrote it"
+        )
+    if not schema.remove_metadata().equals(kind.schema):
+        raise error(f"{path} claims {kind.prefix} version {version} but its columns differ: {schema.remove_metadata()}")
+    return meta.get(RUN_ID_KEY, b"").decode()
+
+
+def read_segments(
+    paths: Sequence[str | os.PathLike],
+    kind: SegmentKind,
+    error: type[SegmentFormatError] = SegmentFormatError,
+) -> tuple[pa.Table, list[SegmentRead]]:
+    """All complete batches of ``paths``, concatenated in order into one table (with the kind's
+    schema even when there are no rows), and the per-segment reads (tears, run ids)."""
+    reads = [read_segment(p, kind, error) for p in paths]
+    schema = kind.schema.with_metadata(kind.table_metadata())
+    batches = [b.replace_schema_metadata(schema.metadata) for r in reads for b in r.batches]
+    return pa.Table.from_batches(batches, schema=schema), reads
+
+
+def warn_torn(reads: Sequence[SegmentRead]) -> None:
+    """Emit one ``TornSegmentWarning`` naming every torn segment, if any."""
+    torn = [str(r.path) for r in reads if r.torn]
+    if torn:
+        warnings.warn(
+            f"torn tail (a writer crashed mid-batch) in {', '.join(torn)}; every complete batch before it was read",
+            TornSegmentWarning,
+            stacklevel=3,
+        )
