@@ -59,7 +59,7 @@ class SimConfig:
     """Mean response length (tokens) of a wrong answer (wrong answers ramble)."""
     length_spread: float = 0.3
     """Log-normal sigma of response lengths."""
-    chunk_tokens: int = 16
+    chunk_tokens: int = 32
     """Tokens per streamed delta."""
     vocab_size: int = 256
     """Token ids are drawn from [3, vocab_size); 1 and 2 are the correct/wrong answer tokens."""

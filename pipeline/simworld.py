@@ -40,6 +40,9 @@ are effective ("normalised steps"). Optionally every d_i takes a random-walk ste
 
 from __future__ import annotations
 
+import bisect
+import math
+import random
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,14 +70,22 @@ class SimPolicyState:
 class Trajectory:
     """A sampled latent trajectory: progress at knot positions (in tokens) and its length."""
 
-    positions: np.ndarray  # token positions of the knots, increasing, last == length
-    z: np.ndarray  # progress at those positions
+    positions: tuple[float, ...]  # token positions of the knots, increasing
+    z: tuple[float, ...]  # progress at those positions
     length: int
     correct: bool
     truncated: bool = False  # hit max_tokens before writing an answer
 
-    def progress_at(self, position: int) -> float:
-        return float(np.interp(position, self.positions, self.z))
+    def progress_at(self, position: float) -> float:
+        """z at ``position``, linear between knots."""
+        pos, z = self.positions, self.z
+        i = bisect.bisect_right(pos, position)
+        if i <= 0:
+            return z[0]
+        if i >= len(pos):
+            return z[-1]
+        x0, x1 = pos[i - 1], pos[i]
+        return z[i - 1] + (z[i] - z[i - 1]) * (position - x0) / (x1 - x0) if x1 > x0 else z[i]
 
 
 class SimWorld:
@@ -136,7 +147,7 @@ class SimWorld:
 
     def sample_trajectory(
         self,
-        rng: np.random.Generator,
+        rng: random.Random,
         p: float,
         temperature: float,
         max_tokens: int,
@@ -144,7 +155,9 @@ class SimWorld:
         prefix_len: int = 0,
     ) -> Trajectory:
         """Sample a trajectory of a prompt with success probability ``p`` (at T = 1),
-        optionally continuing the first ``prefix_len`` tokens of ``prefix``."""
+        optionally continuing the first ``prefix_len`` tokens of ``prefix``.
+
+        Pure Python on purpose: with 8 knots, numpy's per-call overhead dominates."""
         cfg = self.config
         c = self.threshold(p)
         if prefix is not None and prefix_len > 0:
@@ -154,39 +167,40 @@ class SimWorld:
         else:
             prefix_len, f0, z0 = 0, 0.0, 0.0
         rest = 1.0 - f0
-        steps = rng.standard_normal(KNOTS) * temperature * np.sqrt(rest / KNOTS)
-        z_rest = z0 + np.cumsum(steps)
-        correct = bool(z_rest[-1] > c)
+        step_sd = temperature * math.sqrt(rest / KNOTS)
+        z_rest, z = [], z0
+        for _ in range(KNOTS):
+            z += rng.gauss(0.0, step_sd)
+            z_rest.append(z)
+        correct = z > c
         mean_len = cfg.length_success if correct else cfg.length_failure
-        total = float(mean_len * np.exp(cfg.length_spread * rng.standard_normal() - cfg.length_spread**2 / 2))
+        sigma = cfg.length_spread
+        total = mean_len * math.exp(sigma * rng.gauss(0.0, 1.0) - sigma * sigma / 2)
         new_tokens = max(1, int(round(total * rest)))
         length = prefix_len + new_tokens
-        pos_rest = prefix_len + new_tokens * np.arange(1, KNOTS + 1) / KNOTS
+        pos_rest = [prefix_len + new_tokens * k / KNOTS for k in range(1, KNOTS + 1)]
         if prefix is not None and prefix_len > 0:
-            keep = prefix.positions < prefix_len
-            positions = np.concatenate([[0.0], prefix.positions[keep], [prefix_len], pos_rest])
-            z = np.concatenate([[0.0], prefix.z[keep], [z0], z_rest])
+            keep = [i for i, x in enumerate(prefix.positions) if 0 < x < prefix_len]
+            positions = (0.0, *(prefix.positions[i] for i in keep), float(prefix_len), *pos_rest)
+            zs = (0.0, *(prefix.z[i] for i in keep), z0, *z_rest)
         else:
-            positions = np.concatenate([[0.0], pos_rest])
-            z = np.concatenate([[0.0], z_rest])
+            positions = (0.0, *pos_rest)
+            zs = (0.0, *z_rest)
         if length > max_tokens:
             # Truncated: the answer was never written, so it cannot be correct.
-            return Trajectory(positions, z, max_tokens, False, truncated=True)
-        return Trajectory(positions, z, length, correct)
+            return Trajectory(positions, zs, max_tokens, False, truncated=True)
+        return Trajectory(positions, zs, length, correct)
 
-    def render(self, rng: np.random.Generator, traj: Trajectory, start: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Token ids, log-probs and entropies of ``traj``'s tokens from ``start`` on."""
+    def knot_entropy(self, traj: Trajectory, start: int) -> list[tuple[int, float]]:
+        """(offset from ``start``, extra entropy) at each knot inside the rendered range:
+        a fork of the path (a large coming move of z) shows as an uncertain token."""
+        out = []
         n = traj.length - start
-        tokens = rng.integers(3, self.config.vocab_size, size=n)
-        entropy = 0.3 * rng.exponential(size=n)
-        moves = np.abs(np.diff(traj.z))
-        knot_pos = traj.positions[:-1].astype(int) - start
-        ok = (knot_pos >= 0) & (knot_pos < n)
-        entropy[knot_pos[ok]] += 2.0 * moves[ok]
-        logprobs = -entropy * rng.uniform(0.5, 1.5, size=n)
-        if n > 0 and not traj.truncated:
-            tokens[-1] = CORRECT_TOKEN if traj.correct else WRONG_TOKEN
-        return tokens, logprobs, entropy
+        for i in range(len(traj.z) - 1):
+            k = int(traj.positions[i]) - start
+            if 0 <= k < n:
+                out.append((k, 2.0 * abs(traj.z[i + 1] - traj.z[i])))
+        return out
 
     # --- training ----------------------------------------------------------------------
 
@@ -217,3 +231,34 @@ class SimWorld:
         if cfg.drift_std > 0:
             self.difficulty += cfg.drift_std * rng.standard_normal(len(self.difficulty))
         return new
+
+
+class SimAnswerScorer:
+    """Reward of a simulated response: 1 if its last token is the correct-answer token.
+
+    >>> SimAnswerScorer()(None, [7, 9, CORRECT_TOKEN]), SimAnswerScorer()(None, [7, WRONG_TOKEN])
+    (1.0, 0.0)
+    """
+
+    runs_inline = True  # one comparison: cheaper than any thread hop
+
+    def __call__(self, prompt, token_ids) -> float:
+        return 1.0 if len(token_ids) > 0 and token_ids[-1] == CORRECT_TOKEN else 0.0
+
+
+class SimEvaluator:
+    """Exact held-out accuracy of the sim engine's current policy (no sampling noise)."""
+
+    def __init__(self, world: SimWorld, engine):
+        self.world = world
+        self.engine = engine
+
+    async def evaluate(self, step: int) -> dict[str, float]:
+        state = self.engine.state
+        train_p = self.world.success_probabilities(state)
+        return {
+            "eval/accuracy": self.world.eval_accuracy(state),
+            "eval/train_accuracy": float(np.mean(train_p)),
+            "eval/train_solved_fraction": float(np.mean(train_p > 0.95)),
+            "eval/train_unsolved_fraction": float(np.mean(train_p < 0.05)),
+        }

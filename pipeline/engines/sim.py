@@ -22,17 +22,18 @@ produce them, on a ``VirtualClock`` (fast, exact ordering) or a ``WallClock`` (r
 from __future__ import annotations
 
 import collections
+import random
 import zlib
 from typing import Any
 
 import numpy as np
 
 from pipeline.clock import VirtualClock, WallClock
-from pipeline.simworld import SimPolicyState, SimWorld, Trajectory
+from pipeline.simworld import CORRECT_TOKEN, WRONG_TOKEN, SimPolicyState, SimWorld, Trajectory
 from pipeline.types import FinishReason, Prompt, RolloutEvent, SampleFinished, SampleRequest, TokenDelta
 
 # Finished trajectories kept for branching (least recently used are dropped).
-_BRANCH_MEMORY = 65536
+_BRANCH_MEMORY = 16384
 
 
 class SimEngineFault(RuntimeError):
@@ -59,6 +60,7 @@ class SimEngine:
         self._started = 0
         self._open: dict[str, _SimStream] = {}
         self._finished: collections.OrderedDict[str, Trajectory] = collections.OrderedDict()
+        self._tables = _TokenTables(world.config.vocab_size, world.config.seed)
 
     # --- Engine protocol ---------------------------------------------------------------
 
@@ -125,6 +127,37 @@ class SimEngine:
         return self._finished.get(request_id)
 
 
+class _TokenTables:
+    """Pre-drawn token ids, log-probs and base entropies; a response is a slice at a random
+    offset. Drawing fresh arrays per response would cost more than the rest of the engine."""
+
+    SIZE = 1 << 16
+
+    def __init__(self, vocab_size: int, seed: int):
+        rng = np.random.default_rng([seed, 104729])
+        self.tokens = rng.integers(3, vocab_size, size=self.SIZE)
+        self.entropy = 0.3 * rng.exponential(size=self.SIZE)
+        self.logprobs = -self.entropy * rng.uniform(0.5, 1.5, size=self.SIZE)
+
+    def render(self, rng: random.Random, traj: Trajectory, start: int, world: SimWorld):
+        """Token ids, log-probs and entropies of ``traj``'s tokens from ``start`` on."""
+        n = traj.length - start
+        if n <= 0:
+            return [], [], []
+        if n > self.SIZE:
+            raise ValueError(f"sim response of {n} tokens exceeds the token table ({self.SIZE}); lower max_tokens")
+        off = rng.randrange(self.SIZE - n + 1)
+        tokens = self.tokens[off : off + n].tolist()
+        logprobs = self.logprobs[off : off + n].tolist()
+        entropy = self.entropy[off : off + n].tolist()
+        for k, extra in world.knot_entropy(traj, start):
+            entropy[k] += extra
+            logprobs[k] -= extra / 2
+        if not traj.truncated:
+            tokens[-1] = CORRECT_TOKEN if traj.correct else WRONG_TOKEN
+        return tokens, logprobs, entropy
+
+
 class _SimStream:
     """One request's event stream. Registered with the clock from creation until closed."""
 
@@ -170,7 +203,7 @@ class _SimStream:
         cfg = world.config
         version = eng.policy_version
         state = eng.state
-        rng = np.random.default_rng([cfg.seed, req.params.seed, zlib.crc32(req.request_id.encode())])
+        rng = random.Random((cfg.seed << 64) ^ (req.params.seed << 32) ^ zlib.crc32(req.request_id.encode()))
         start = max(self._clock.now(), req.launch_time)
         if not self._aborted:
             await self._clock.sleep_until(self._token, start + cfg.prefill_s)
@@ -194,13 +227,11 @@ class _SimStream:
             prefix_len=req.branch.prefix_len if req.branch else 0,
         )
         self.trajectory = traj
-        start_pos = req.branch.prefix_len if req.branch else 0
-        start_pos = min(start_pos, traj.length)
+        start_pos = min(req.branch.prefix_len if req.branch else 0, traj.length)
         if len(prefix_tokens) != start_pos:
             prefix_tokens = tuple(range(3, 3 + start_pos))  # stand-in tokens when the caller sent none
             prefix_lps = (0.0,) * start_pos
-        tokens, lps, ents = world.render(rng, traj, start_pos)
-        tokens_l, lps_l, ents_l = tokens.tolist(), lps.tolist(), ents.tolist()
+        tokens_l, lps_l, ents_l = eng._tables.render(rng, traj, start_pos, world)
         out_tokens: list[int] = list(prefix_tokens)
         out_lps: list[float] = list(prefix_lps)
         t = self._clock.now()

@@ -1,0 +1,32 @@
+"""The controller that never intervenes: the baseline every intervention policy is compared to."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.types import CommittedGroup, GroupAction, GroupSnapshot, TokenDelta
+
+
+class NoopController:
+    """Decides nothing. ``wants_tokens = False`` tells the orchestrator to skip token hooks.
+
+    >>> NoopController().on_group(None)
+    []
+    """
+
+    wants_tokens = False
+
+    def on_group(self, snapshot: GroupSnapshot) -> list[GroupAction]:
+        return []
+
+    def on_tokens(self, snapshot: GroupSnapshot, sample_index: int, delta: TokenDelta) -> list[GroupAction]:
+        return []
+
+    def on_closed(self, group: CommittedGroup | None, group_id: int) -> None:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None

@@ -1,0 +1,71 @@
+"""Per-group state in the tracker: what was launched, what finished, what it cost.
+
+Only the orchestrator's tracker task mutates a ``GroupRun`` (single writer); everything else
+sees immutable ``GroupSnapshot``\\ s and ``CommittedGroup``\\ s derived from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import anyio
+
+from pipeline.types import CommittedGroup, GroupSnapshot, Prompt, Rollout, ScoredSample
+
+
+@dataclass
+class GroupRun:
+    group_id: int
+    prompt: Prompt
+    target_size: int
+    opened_step: int
+    launched: int = 0
+    queued: int = 0  # launches waiting for engine capacity
+    failed: int = 0
+    aborted: int = 0
+    tokens: int = 0
+    sealed: bool = False
+    closed: bool = False
+    samples: list[ScoredSample] = field(default_factory=list)
+    in_flight: dict[str, anyio.CancelScope] = field(default_factory=dict)
+    decision_ids: list[int] = field(default_factory=list)
+
+    @property
+    def rewards(self) -> tuple[float, ...]:
+        return tuple(s.reward for s in self.samples if s.is_valid)
+
+    def snapshot(self, policy_version: int) -> GroupSnapshot:
+        return GroupSnapshot(
+            group_id=self.group_id,
+            prompt=self.prompt,
+            target_size=self.target_size,
+            rewards=self.rewards,
+            in_flight=len(self.in_flight),
+            launched=self.launched,
+            failed=self.failed,
+            tokens=self.tokens,
+            policy_version=policy_version,
+        )
+
+    def committed(self) -> CommittedGroup:
+        rollouts = tuple(
+            Rollout(
+                request_id=s.request.request_id,
+                sample_index=s.request.sample_index,
+                prompt_token_ids=s.request.prompt.token_ids,
+                token_ids=s.result.token_ids,
+                logprobs=s.result.logprobs,
+                reward=s.reward,
+                finish_reason=s.result.finish_reason,
+                policy_version=s.result.policy_version,
+            )
+            for s in sorted(self.samples, key=lambda s: s.request.sample_index)
+            if s.is_valid
+        )
+        return CommittedGroup(
+            group_id=self.group_id,
+            prompt_id=self.prompt.prompt_id,
+            rollouts=rollouts,
+            launched=self.launched,
+            tokens=self.tokens,
+        )

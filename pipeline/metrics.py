@@ -1,0 +1,116 @@
+"""Budget accounting and metric output.
+
+Metric names are namespaced (``pipeline/``, ``gate/``, ``controller/``, ``learner/``,
+``engine/``, ``eval/``) against one global step -- the learner step -- and are the same in the
+JSONL log, TensorBoard and the final report.
+
+>>> b = Budget()
+>>> b.rollouts_started += 8; b.rollouts_finished += 8; b.groups_opened += 1; b.groups_effective += 1
+>>> b.as_metrics()["pipeline/effective_yield"]
+1.0
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Budget:
+    """Everything the run paid for, and what it got. Cumulative over the run."""
+
+    rollouts_started: int = 0
+    rollouts_finished: int = 0  # completed normally (STOP or LENGTH)
+    rollouts_aborted: int = 0
+    rollouts_failed: int = 0  # the engine raised
+    tokens_generated: int = 0  # every token any sample produced, aborted ones included
+    tokens_trained: int = 0  # tokens of samples that reached the learner
+    groups_opened: int = 0
+    groups_committed: int = 0
+    groups_abandoned: int = 0
+    groups_effective: int = 0  # committed and with non-zero reward spread
+    groups_dropped_empty: int = 0  # committed with fewer than 2 valid samples
+    reward_errors: int = 0
+    reward_timeouts: int = 0
+    staleness_sum: int = 0
+    staleness_max: int = 0
+    rollouts_trained: int = 0
+
+    @property
+    def tokens_wasted(self) -> int:
+        return self.tokens_generated - self.tokens_trained
+
+    def as_metrics(self) -> dict[str, float]:
+        out = {f"pipeline/{f.name}": float(getattr(self, f.name)) for f in fields(self)}
+        out["pipeline/tokens_wasted"] = float(self.tokens_wasted)
+        out["pipeline/effective_yield"] = self.groups_effective / max(1, self.groups_opened)
+        out["pipeline/rollouts_per_effective_group"] = (
+            self.rollouts_started / self.groups_effective if self.groups_effective else math.nan
+        )
+        out["pipeline/staleness_mean"] = self.staleness_sum / max(1, self.rollouts_trained)
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        for f in fields(self):
+            if f.name in state:
+                setattr(self, f.name, int(state[f.name]))
+
+
+class MetricsWriter:
+    """Appends one JSON line per step to ``metrics.jsonl`` (and TensorBoard scalars when the
+    ``tensorboard`` package is installed and enabled)."""
+
+    def __init__(self, run_dir: str | Path, tensorboard: bool = True):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", buffering=1)
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+
+                self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+            except Exception:  # tensorboard is optional; JSONL is the record
+                self._tb = None
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        clean = {k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}
+        record = {"step": step, **{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in clean.items()}}
+        self._file.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for k, v in clean.items():
+                if isinstance(v, float) and math.isfinite(v):
+                    self._tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+class NullMetricsWriter:
+    """Writes nothing (benchmarks that collect metrics in memory)."""
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Every complete line of a ``metrics.jsonl`` (a torn last line is ignored)."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return out

@@ -1,0 +1,74 @@
+"""Rewards for finished samples, computed off the event loop with a timeout.
+
+A reward function that raises, or runs past ``timeout_s``, gives reward 0 and is counted; the
+run goes on. Python cannot kill a thread, so a hung reward keeps its worker thread until it
+returns by itself: the limiter slot is freed at the timeout (``abandon_on_cancel``), so the
+pipeline keeps going, but a reward that hangs on every call will pile up threads -- the
+``pipeline/reward_timeouts`` counter tells you to fix it.
+
+Scorers that declare ``runs_inline = True`` (the simulator's one-token check) are called on
+the event loop directly: a thread hop would cost more than the reward.
+
+>>> import anyio
+>>> from pipeline.types import Prompt
+>>> class Boom:
+...     runs_inline = False
+...     def __call__(self, prompt, token_ids):
+...         raise ValueError("bad answer format")
+>>> service = ScoringService(Boom(), timeout_s=1.0, threads=1)
+>>> anyio.run(service.score, Prompt(0, "", ()), (1, 2))
+(0.0, 'reward raised ValueError: bad answer format')
+>>> service.errors
+1
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import anyio
+import anyio.to_thread
+
+from pipeline.protocols import Scorer
+from pipeline.types import Prompt
+
+
+class ScoringService:
+    """Runs a ``Scorer`` with a timeout and error capture; counts errors and timeouts."""
+
+    def __init__(self, scorer: Scorer, timeout_s: float, threads: int):
+        if timeout_s <= 0:
+            raise ValueError(f"reward timeout_s={timeout_s} must be > 0")
+        self.scorer = scorer
+        self.timeout_s = timeout_s
+        self._limiter = anyio.CapacityLimiter(threads)
+        self._inline = bool(getattr(scorer, "runs_inline", False))
+        self.errors = 0
+        self.timeouts = 0
+
+    async def score(self, prompt: Prompt, token_ids: Sequence[int]) -> tuple[float, str]:
+        """``(reward, error)``; ``error`` is empty on success."""
+        if self._inline:
+            return self._checked(lambda: self.scorer(prompt, token_ids))
+        result: tuple[float, str] | None = None
+        with anyio.move_on_after(self.timeout_s):
+            result = await anyio.to_thread.run_sync(
+                self._checked, lambda: self.scorer(prompt, token_ids),
+                limiter=self._limiter, abandon_on_cancel=True,
+            )
+        if result is None:
+            self.timeouts += 1
+            return 0.0, f"reward timed out after {self.timeout_s}s"
+        return result
+
+    def _checked(self, call) -> tuple[float, str]:
+        try:
+            value = float(call())
+        except Exception as exc:  # a user's reward function: any failure is that sample's
+            self.errors += 1
+            return 0.0, f"reward raised {type(exc).__name__}: {exc}"
+        if not math.isfinite(value):
+            self.errors += 1
+            return 0.0, f"reward returned a non-finite value {value!r}"
+        return value, ""
