@@ -97,8 +97,38 @@ class RunSummary:
     wall_s: float = 0.0
 
 
+class HookTimer:
+    """Latency of the decision hooks (snapshot + gate.update + controller.on_group), kept in a
+    bounded ring of the last ``capacity`` calls, in nanoseconds."""
+
+    def __init__(self, capacity: int = 200_000):
+        self.capacity = capacity
+        self.samples: list[int] = []
+        self.calls = 0
+
+    def record(self, ns: int) -> None:
+        if len(self.samples) < self.capacity:
+            self.samples.append(ns)
+        else:
+            self.samples[self.calls % self.capacity] = ns
+        self.calls += 1
+
+    def percentile_us(self, q: float) -> float:
+        if not self.samples:
+            return math.nan
+        ordered = sorted(self.samples)
+        return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))] / 1000.0
+
+
 class NullSink:
-    """A ``DecisionSink`` that keeps nothing."""
+    """A ``DecisionSink`` that keeps nothing (decision ids still increase)."""
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def next_decision_id(self) -> int:
+        self._next += 1
+        return self._next - 1
 
     def log_decision(self, record: DecisionRecord) -> None:
         return None
@@ -135,6 +165,7 @@ class Orchestrator:
         start_step: int = 0,
         start_group_id: int = 0,
         budget: Budget | None = None,
+        hook_timer: "HookTimer | None" = None,
     ):
         self.engine = engine
         self.gate = gate
@@ -152,6 +183,7 @@ class Orchestrator:
         self.run_id = run_id
         self.budget = budget if budget is not None else Budget()
         self.evals: list[dict[str, float]] = []
+        self.hook_timer = hook_timer
 
         self._token_hooks = bool(getattr(controller, "wants_tokens", False))
         self._default_params = SamplingParams(
@@ -159,7 +191,6 @@ class Orchestrator:
         )
         self._groups: dict[int, GroupRun] = {}
         self._next_group_id = start_group_id
-        self._next_decision_id = 0
         self._launch_queue: deque[tuple[GroupRun, SamplingParams | None, BranchSpec | None]] = deque()
         self._in_flight = 0
         self._pending: list = []  # shipped CommittedGroups waiting to fill a batch
@@ -196,12 +227,19 @@ class Orchestrator:
         # so a learner blocked on a full inbox cannot deadlock with it. The step-ahead limit
         # lives in _admit.
         batch_send, batch_recv = anyio.create_memory_object_stream[TrainBatch](1)
-        async with anyio.create_task_group() as tg:
-            self._tg = tg
-            self._inbox = inbox_send
-            tg.start_soon(self._learner_loop, batch_recv, inbox_send.clone())
-            await self._tracker(inbox_recv, batch_send)
-            tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                self._inbox = inbox_send
+                tg.start_soon(self._learner_loop, batch_recv, inbox_send.clone())
+                await self._tracker(inbox_recv, batch_send)
+                tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # One task failed and the rest were cancelled: surface that one error as itself.
+            errors = [e for e in group.exceptions if not isinstance(e, anyio.get_cancelled_exc_class())]
+            if len(errors) == 1 and isinstance(errors[0], Exception):
+                raise errors[0] from None
+            raise
         inbox_send.close()
         self._groups.clear()
         return RunSummary(
@@ -325,14 +363,8 @@ class Orchestrator:
         scored = msg.scored
         group = self._groups.get(scored.request.group_id)
         reason = scored.result.finish_reason
-        if reason is FinishReason.ABORTED:
-            self.budget.rollouts_aborted += 1
-        elif reason is FinishReason.ERROR:
-            self.budget.rollouts_failed += 1
-        else:
-            self.budget.rollouts_finished += 1
         if group is None or group.closed:
-            return  # a straggler of an abandoned group: counted above, nothing to decide
+            return  # a straggler of an abandoned group: counted by its task, nothing to decide
         group.in_flight.pop(scored.request.request_id, None)
         if reason is FinishReason.ERROR:
             group.failed += 1
@@ -340,11 +372,15 @@ class Orchestrator:
             group.aborted += 1
         group.samples.append(scored)
         self._touched.add(group.group_id)
+        started = time.perf_counter_ns() if self.hook_timer is not None else 0
         snapshot = group.snapshot(self.engine.policy_version)
-        actions = [] if group.sealed else self.gate.update(snapshot)
-        self._execute(actions, source="gate")
+        gate_actions = [] if group.sealed else self.gate.update(snapshot)
+        controller_actions = self.controller.on_group(snapshot)
+        if self.hook_timer is not None:
+            self.hook_timer.record(time.perf_counter_ns() - started)
+        self._execute(gate_actions, source="gate")
         if not group.closed:
-            self._execute(self.controller.on_group(group.snapshot(self.engine.policy_version)), source="controller")
+            self._execute(controller_actions, source="controller")
 
     def _execute(self, actions: list[GroupAction] | tuple[GroupAction, ...], source: str) -> None:
         for action in actions:
@@ -407,8 +443,7 @@ class Orchestrator:
             self.trace.log_outcome(decision_id, float(effective), group.tokens)
 
     def _log_gate_decision(self, group: GroupRun, action: GroupAction) -> None:
-        decision_id = self._next_decision_id
-        self._next_decision_id += 1
+        decision_id = self.trace.next_decision_id()
         group.decision_ids.append(decision_id)
         rewards = group.rewards
         successes = sum(1 for r in rewards if r > 0.5)
@@ -462,7 +497,14 @@ class Orchestrator:
                 )
         self._in_flight -= 1
         if finished is None:
-            return  # cancelled: the group was abandoned (cleanup already accounted the tokens)
+            return  # cancelled: the group was abandoned (cleanup already accounted the sample)
+        reason = finished.finish_reason
+        if reason is FinishReason.ABORTED:
+            self.budget.rollouts_aborted += 1
+        elif reason is FinishReason.ERROR:
+            self.budget.rollouts_failed += 1
+        else:
+            self.budget.rollouts_finished += 1
         prefix = request.branch.prefix_len if request.branch else 0
         extra = max(0, finished.num_tokens - prefix - streamed[0])
         self.budget.tokens_generated += extra
@@ -479,6 +521,7 @@ class Orchestrator:
 
     async def _consume(self, group: GroupRun, request: SampleRequest, events, streamed: list[int], inbox) -> SampleFinished | None:
         finished = None
+        cancelled = False
         try:
             async for event in events:
                 if type(event) is TokenDelta:
@@ -497,15 +540,18 @@ class Orchestrator:
             if finished is None:
                 raise RuntimeError(f"engine {self.engine.name} ended stream {request.request_id} without a SampleFinished")
             return finished
+        except anyio.get_cancelled_exc_class():
+            cancelled = True
+            raise
         finally:
             if finished is None:
-                await self._abort_and_account(group, request, events, streamed)
+                await self._abort_and_account(group, request, events, streamed, cancelled)
                 with anyio.CancelScope(shield=True):
                     await events.aclose()
             else:
                 await events.aclose()
 
-    async def _abort_and_account(self, group: GroupRun, request: SampleRequest, events, streamed: list[int]) -> None:
+    async def _abort_and_account(self, group: GroupRun, request: SampleRequest, events, streamed: list[int], cancelled: bool) -> None:
         """Cleanup of a cancelled or failed sample: abort it in the engine and count what it produced."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(_ABORT_GRACE_S):
             await self.engine.abort(request.request_id)
@@ -521,8 +567,9 @@ class Orchestrator:
                         break
             except Exception:
                 pass  # the engine failed while aborting; the request is closed below regardless
-        if group.closed:
+        if cancelled:  # a failure is counted by the caller, as a failed sample
             self.budget.rollouts_aborted += 1
+            group.aborted += 1
 
     # --- learner task ------------------------------------------------------------------
 

@@ -136,6 +136,10 @@ class Evaluator(Protocol):
 class DecisionSink(Protocol):
     """Where decisions and their outcomes go (``pipeline.tracelog.TraceLog`` or a null sink)."""
 
+    def next_decision_id(self) -> int:
+        """A fresh id, unique within the trace (continuing after a resumed run's records)."""
+        ...
+
     def log_decision(self, record: DecisionRecord) -> None:
         ...
 

@@ -1,0 +1,227 @@
+"""``python run.py bench overhead``: what the pipeline costs on top of its engine.
+
+1. **Throughput**: the full pipeline (uniform gate, no-op controller, rewards, tracker, Arrow
+   buffer, trace log, sim learner with a zero learning rate so every pass does identical work)
+   against the raw engine streaming exactly the same requests with the same concurrency limit,
+   interleaved in one process, best of ``repeats``. Two engine-time models:
+   *virtual* (the sim flat out: pure Python cost per rollout, the worst case for the ratio) and
+   *real time* (the sim sleeps through decode time like a real engine; the ratio that matters
+   when the engine is the bottleneck, as a GPU engine is).
+2. **Decision-hook latency**: p50/p99 of snapshot + ``gate.update`` + ``controller.on_group`` at
+   64, 512 and 4096 concurrent groups, with the per-rollout cost at each level.
+3. **Long run**: a small-batch sim run of many steps; resident memory after the warm-up and at
+   the end, and the trace log re-read every so often while it is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psutil
+
+from pipeline.clock import VirtualClock, WallClock
+from pipeline.engines.sim import SimEngine
+from pipeline.orchestrator import HookTimer, NullSink, Orchestrator
+from pipeline.scoring import ScoringService
+from pipeline.tracelog import read_trace
+from pipeline.types import SampleRequest
+from railgate.build import build_components
+from railgate.config import RunConfig
+from railgate.report import markdown_table
+from railgate.train import train
+
+
+class _Recorder:
+    """Wraps an engine and keeps every request it was asked to stream (setup pass only)."""
+
+    def __init__(self, engine: Any):
+        self._engine = engine
+        self.requests: list[SampleRequest] = []
+        self.name = engine.name
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def stream(self, request: SampleRequest):
+        self.requests.append(request)
+        return self._engine.stream(request)
+
+
+def _pipeline_pass(cfg: RunConfig, work_dir: Path, record: bool = False) -> tuple[float, int, list[SampleRequest]]:
+    from pipeline.buffer import ArrowBuffer
+    from pipeline.tracelog import TraceLog
+
+    shutil.rmtree(work_dir, ignore_errors=True)
+    work_dir.mkdir(parents=True)
+    comps = build_components(cfg)
+    engine = _Recorder(comps.engine) if record else comps.engine
+    trace = TraceLog(work_dir / "trace", "bench")
+    buffer = ArrowBuffer(work_dir / "buffer", run_id="bench")
+    orch = Orchestrator(
+        engine=engine, gate=comps.gate, controller=comps.controller,
+        scoring=ScoringService(comps.scorer, 5.0, 2), learner=comps.learner, config=cfg.orchestrator,
+        clock=comps.clock, buffer=buffer, trace=trace, seed=cfg.seed,
+    )
+    started = time.perf_counter()
+    summary = anyio.run(orch.run)
+    elapsed = time.perf_counter() - started
+    trace.close()
+    buffer.close()
+    requests = engine.requests if record else []
+    return elapsed, summary.budget.rollouts_started, requests
+
+
+def _raw_pass(cfg: RunConfig, requests: list[SampleRequest]) -> float:
+    comps = build_components(cfg)
+    engine: SimEngine = comps.engine
+    limiter = anyio.Semaphore(cfg.orchestrator.max_concurrent_samples)
+
+    async def consume(stream) -> None:
+        try:
+            async for _ in stream:
+                pass
+        finally:
+            await stream.aclose()
+            limiter.release()
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            for request in requests:
+                await limiter.acquire()
+                request = dataclasses.replace(request, launch_time=engine.clock.now())
+                tg.start_soon(consume, engine.stream(request))
+
+    started = time.perf_counter()
+    anyio.run(main)
+    return time.perf_counter() - started
+
+
+def throughput(cfg: RunConfig, out: Path, repeats: int = 3) -> list[dict[str, Any]]:
+    rows = []
+    for label, realtime in (("virtual (CPU-bound)", False), ("real-time engine model", True)):
+        sim = dataclasses.replace(cfg.sim, realtime=realtime, learning_rate=0.0, prompt_learning_rate=0.0)
+        c = dataclasses.replace(cfg, sim=sim)
+        _, n, requests = _pipeline_pass(c, out / "work", record=True)
+        pipe_times, raw_times = [], []
+        for _ in range(repeats):
+            pipe_times.append(_pipeline_pass(c, out / "work")[0])
+            raw_times.append(_raw_pass(c, requests[:n]))
+        pipe, raw = min(pipe_times), min(raw_times)
+        rows.append({
+            "engine time": label,
+            "rollouts": n,
+            "raw rollouts/s": n / raw,
+            "pipeline rollouts/s": n / pipe,
+            "ratio": raw / pipe,
+            "overhead us/rollout": (pipe - raw) / n * 1e6,
+        })
+    return rows
+
+
+def hook_latency(cfg: RunConfig, levels: tuple[int, ...] = (64, 512, 4096)) -> list[dict[str, Any]]:
+    rows = []
+    g = cfg.orchestrator.group_size
+    for groups in levels:
+        orch_cfg = dataclasses.replace(
+            cfg.orchestrator, batch_groups=groups, max_open_groups=groups, max_concurrent_samples=groups * g,
+            max_async_steps=0, steps=max(2, 8192 // groups), eval_every=0,
+        )
+        sim = dataclasses.replace(cfg.sim, num_prompts=max(cfg.sim.num_prompts, 2 * groups))
+        c = dataclasses.replace(cfg, orchestrator=orch_cfg, sim=sim)
+        comps = build_components(c)
+        timer = HookTimer()
+        orch = Orchestrator(
+            engine=comps.engine, gate=comps.gate, controller=comps.controller,
+            scoring=ScoringService(comps.scorer, 5.0, 2), learner=comps.learner, config=orch_cfg,
+            clock=comps.clock, trace=NullSink(), seed=c.seed, hook_timer=timer,
+        )
+        started = time.perf_counter()
+        summary = anyio.run(orch.run)
+        elapsed = time.perf_counter() - started
+        rows.append({
+            "concurrent groups": groups,
+            "gate": c.gate.kind,
+            "hook calls": timer.calls,
+            "p50 us": timer.percentile_us(50),
+            "p99 us": timer.percentile_us(99),
+            "pipeline us/rollout": elapsed / max(1, summary.budget.rollouts_started) * 1e6,
+        })
+    return rows
+
+
+def long_run(cfg: RunConfig, out: Path, steps: int) -> dict[str, Any]:
+    run_dir = out / "long_run"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    orch_cfg = dataclasses.replace(
+        cfg.orchestrator, steps=steps, batch_groups=4, group_size=4, max_concurrent_samples=64,
+        max_open_groups=16, eval_every=max(1, steps // 20),
+    )
+    c = dataclasses.replace(cfg, orchestrator=orch_cfg, run_dir=str(run_dir),
+                            log=dataclasses.replace(cfg.log, tensorboard=False, progress=False))
+    process = psutil.Process()
+    marks: dict[str, Any] = {"trace_reads": []}
+    warm = max(1, steps // 10)
+    every = max(1, steps // 10)
+
+    def on_step(step: int, metrics: dict[str, float]) -> None:
+        if step == warm:
+            marks["rss_warm_mb"] = process.memory_info().rss / 2**20
+            marks["step_warm"] = step
+        if step % every == 0:
+            trace = read_trace(run_dir / "trace")
+            marks["trace_reads"].append((step, trace.decisions.num_rows))
+
+    started = time.perf_counter()
+    result = train(c, progress=False, on_step=on_step)
+    final = read_trace(run_dir / "trace")
+    return {
+        "steps": result.summary.steps,
+        "rollouts": result.summary.budget.rollouts_started,
+        "wall_s": time.perf_counter() - started,
+        "rss_start_mb": marks.get("rss_warm_mb"),
+        "rss_start_step": marks.get("step_warm"),
+        "rss_end_mb": process.memory_info().rss / 2**20,
+        "trace_reads": marks["trace_reads"],
+        "trace_decisions_final": final.decisions.num_rows,
+        "trace_torn_files": len(final.torn),
+    }
+
+
+def run_overhead_bench(cfg: RunConfig, out: Path, long_steps: int | None = None, progress: bool = True) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {}
+    sections = []
+    report["throughput"] = throughput(cfg, out)
+    sections.append("## Pipeline vs raw engine (same requests, same run)\n\n" + _table(report["throughput"]))
+    print(sections[-1], flush=True)
+    report["hooks"] = hook_latency(cfg)
+    sections.append("## Decision-hook latency\n\n" + _table(report["hooks"]))
+    print(sections[-1], flush=True)
+    steps = long_steps if long_steps is not None else 20_000
+    if steps > 0:
+        report["long_run"] = long_run(cfg, out, steps)
+        lr = report["long_run"]
+        sections.append(
+            "## Long run\n\n" + markdown_table(
+                ["steps", "rollouts", "wall s", f"RSS MB at step {lr['rss_start_step']}", "RSS MB at end",
+                 "trace re-reads", "decisions in trace", "torn trace files"],
+                [[lr["steps"], lr["rollouts"], lr["wall_s"], lr["rss_start_mb"], lr["rss_end_mb"],
+                  len(lr["trace_reads"]), lr["trace_decisions_final"], lr["trace_torn_files"]]],
+            )
+        )
+        print(sections[-1], flush=True)
+    (out / "overhead.md").write_text("\n\n".join(sections) + "\n")
+    (out / "overhead.json").write_text(json.dumps(report, indent=2, default=str))
+    print(f"\nwritten: {out / 'overhead.md'}")
+    return report
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    headers = list(rows[0].keys())
+    return markdown_table(headers, [[r[h] for h in headers] for r in rows])

@@ -1,0 +1,58 @@
+"""The run configuration: one frozen dataclass composing each package's own settings.
+
+YAML files in configs/ mirror it; ``load_config(path, overrides)`` reads one, applies
+``--set key=value`` overrides and validates everything (unknown keys are errors that name
+the key and the closest valid one).
+
+>>> cfg = load_config(None, ["orchestrator.steps=3", "gate.kind=uniform"])
+>>> cfg.orchestrator.steps, cfg.gate.kind
+(3, 'uniform')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from controller.config import GateConfig
+from pipeline.config import EngineConfig, LogConfig, OrchestratorConfig, SimConfig
+from pipeline.configuration import ConfigError, apply_overrides, build, load_yaml, merge, require, to_dict
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one run needs."""
+
+    seed: int = 0
+    """Run seed; every component's seed is derived from it (pipeline/seeding.py)."""
+    run_dir: str = "runs/default"
+    """Where checkpoints, logs, traces and reports go."""
+    run_id: str = ""
+    """Name of the run in traces (default: the run directory's name)."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    sim: SimConfig = field(default_factory=SimConfig)
+    orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def __post_init__(self) -> None:
+        require(bool(self.run_dir), "run_dir must not be empty; set run_dir: runs/NAME")
+
+    @property
+    def name(self) -> str:
+        return self.run_id or Path(self.run_dir).name
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None, base: dict[str, Any] | None = None) -> RunConfig:
+    """Read ``path`` (or the defaults), apply ``overrides``, validate."""
+    data = merge(base or {}, load_yaml(path) if path else {})
+    data = apply_overrides(data, overrides or [])
+    return build(RunConfig, data)
+
+
+def dump_config(config: RunConfig) -> dict[str, Any]:
+    return to_dict(config)
+
+
+__all__ = ["RunConfig", "load_config", "dump_config", "ConfigError"]

@@ -1,0 +1,36 @@
+"""A progress bar over learner steps that shows the metrics people watch."""
+
+from __future__ import annotations
+
+import sys
+
+from tqdm import tqdm
+
+_SHOWN = {
+    "eval/accuracy": "acc",
+    "pipeline/rollouts_started": "rollouts",
+    "pipeline/effective_yield": "yield",
+    "pipeline/staleness_mean": "stale",
+}
+
+
+class ProgressBar:
+    """tqdm on stderr; a no-op when disabled (CI logs, benchmarks)."""
+
+    def __init__(self, total: int, enabled: bool = True, desc: str = ""):
+        self._bar = tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, mininterval=0.5) if enabled else None
+        self._postfix: dict[str, str] = {}
+
+    def update(self, step: int, metrics: dict[str, float]) -> None:
+        if self._bar is None:
+            return
+        for key, short in _SHOWN.items():
+            if key in metrics:
+                value = metrics[key]
+                self._postfix[short] = f"{value:.0f}" if abs(value) >= 100 else f"{value:.3f}"
+        self._bar.set_postfix(self._postfix, refresh=False)
+        self._bar.update(step - self._bar.n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

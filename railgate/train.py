@@ -1,0 +1,120 @@
+"""The ``train`` job: build the components, run the orchestrator, write the run directory.
+
+Run directory layout (formats users rely on; see the README):
+
+    config.yaml        the resolved configuration
+    metrics.jsonl      one line per learner step, namespaced metric names
+    trace/             decisions-NNNNN.arrows, outcomes-NNNNN.arrows (pipeline.tracelog)
+    buffer/            steps-NNNNN.arrows, one record batch per learner step (pipeline.buffer)
+    summary.json       final budget, evaluations, stop reason
+    report.md          the summary table
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import anyio
+import yaml
+
+from pipeline.buffer import ArrowBuffer
+from pipeline.metrics import MetricsWriter
+from pipeline.orchestrator import NullSink, Orchestrator, RunSummary
+from pipeline.scoring import ScoringService
+from pipeline.tracelog import TraceLog
+from railgate.build import Components, build_components
+from railgate.config import RunConfig, dump_config
+from railgate.progress import ProgressBar
+from railgate.report import summary_table
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    summary: RunSummary
+    components: Components
+
+
+def tune_gc() -> None:
+    """The pipeline allocates many short-lived objects; freezing start-up objects and raising
+    the young-generation threshold cuts the collector's share of a run by about a quarter."""
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 1000)
+
+
+def train(cfg: RunConfig, progress: bool | None = None, on_step: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
+    """Run one training job; ``on_step(step, metrics)`` is called after every learner step."""
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(dump_config(cfg), sort_keys=False))
+    components = build_components(cfg)
+    show = cfg.log.progress if progress is None else progress
+    trace = TraceLog(run_dir / "trace", cfg.name, flush_every=cfg.log.trace_flush_every) if cfg.log.trace else NullSink()
+    buffer = ArrowBuffer(run_dir / "buffer", persist=True, run_id=cfg.name) if cfg.log.buffer else None
+    metrics = MetricsWriter(run_dir, tensorboard=cfg.log.tensorboard)
+    bar = ProgressBar(total=cfg.orchestrator.steps, enabled=show, desc=f"train {cfg.name}")
+    orchestrator = Orchestrator(
+        engine=components.engine,
+        gate=components.gate,
+        controller=components.controller,
+        scoring=ScoringService(components.scorer, cfg.orchestrator.reward_timeout_s, cfg.orchestrator.reward_threads),
+        learner=components.learner,
+        config=cfg.orchestrator,
+        evaluator=components.evaluator,
+        clock=components.clock,
+        buffer=buffer,
+        trace=trace,
+        metrics=metrics,
+        on_step=_chain(bar.update, on_step),
+        seed=cfg.seed,
+        run_id=cfg.name,
+    )
+    try:
+        summary = anyio.run(orchestrator.run)
+    finally:
+        bar.close()
+        for closable in (trace, buffer, metrics):
+            close = getattr(closable, "close", None)
+            if close is not None:
+                close()
+        anyio.run(components.engine.aclose)
+    write_summary(run_dir, cfg, summary)
+    return TrainResult(run_dir, summary, components)
+
+
+def _chain(*callbacks):
+    live = [c for c in callbacks if c is not None]
+
+    def call(step: int, metrics: dict[str, float]) -> None:
+        for c in live:
+            c(step, metrics)
+
+    return call
+
+
+def write_summary(run_dir: Path, cfg: RunConfig, summary: RunSummary) -> None:
+    record: dict[str, Any] = {
+        "run_id": cfg.name,
+        "steps": summary.steps,
+        "stop_reason": summary.stop_reason,
+        "wall_s": summary.wall_s,
+        "budget": summary.budget.as_metrics(),
+        "evals": summary.evals,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(_finite(record), indent=2))
+    (run_dir / "report.md").write_text(summary_table(cfg, summary) + "\n")
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value

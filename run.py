@@ -1,0 +1,80 @@
+"""railgate command line.
+
+    python run.py                                   train the CPU default (configs/default.yaml)
+    python run.py train --config configs/sim.yaml --set gate.kind=sara --set orchestrator.steps=50
+    python run.py bench overhead                    pipeline overhead and decision-hook latency
+    python run.py bench allocation                  every allocation policy side by side
+
+Every command takes ``--config FILE`` and any number of ``--set key.sub=value`` overrides;
+configuration errors name the key, the value and the fix, and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+DEFAULT_CONFIG = ROOT / "configs" / "default.yaml"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="run.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command")
+
+    def common(p: argparse.ArgumentParser, default_config: Path | None) -> None:
+        p.add_argument("--config", type=Path, default=default_config, help="YAML config (default: %(default)s)")
+        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override one config value, e.g. --set orchestrator.steps=20 (repeatable)")
+        p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    train = sub.add_parser("train", help="online RL training (the default command)")
+    common(train, DEFAULT_CONFIG)
+    train.add_argument("--run-dir", type=Path, help="run directory (overrides run_dir)")
+
+    bench = sub.add_parser("bench", help="side-by-side benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    overhead = bench_sub.add_parser("overhead", help="pipeline vs raw engine throughput; hook latency; long-run memory")
+    common(overhead, ROOT / "configs" / "bench_overhead.yaml")
+    overhead.add_argument("--long-steps", type=int, default=None, help="steps of the long-running memory check")
+    overhead.add_argument("--out", type=Path, default=Path("runs/bench_overhead"), help="output directory")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    command = args.command or "train"
+    from pipeline.configuration import ConfigError
+    from railgate.config import load_config
+    from railgate.train import tune_gc
+
+    tune_gc()
+    try:
+        if command == "train":
+            config_path = getattr(args, "config", DEFAULT_CONFIG)
+            overrides = list(getattr(args, "overrides", []))
+            if getattr(args, "run_dir", None):
+                overrides.append(f"run_dir={args.run_dir}")
+            cfg = load_config(config_path, overrides)
+            from railgate.train import train
+
+            result = train(cfg, progress=False if getattr(args, "no_progress", False) else None)
+            print((result.run_dir / "report.md").read_text())
+            print(f"run directory: {result.run_dir}")
+            return 0
+        if command == "bench" and args.bench == "overhead":
+            from railgate.bench.overhead import run_overhead_bench
+
+            cfg = load_config(args.config, args.overrides)
+            run_overhead_bench(cfg, args.out, long_steps=args.long_steps, progress=not args.no_progress)
+            return 0
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    print(f"unknown command {command!r}; see python run.py --help", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""The orchestrator on the sim engine: accounting, faults, cancellation, backpressure."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import anyio
+import pytest
+
+from controller.gates.uniform import UniformGate
+from controller.noop import NoopController
+from controller.prompts import PromptPool
+from learner.sim import SimLearner
+from pipeline.clock import VirtualClock, WallClock
+from pipeline.config import OrchestratorConfig, SimConfig
+from pipeline.engines.sim import SimEngine
+from pipeline.orchestrator import GateStalled, Orchestrator
+from pipeline.scoring import ScoringService
+from pipeline.simworld import SimAnswerScorer, SimEvaluator, SimWorld
+from pipeline.types import ActionKind, GroupAction, GroupPlan
+
+SMALL = OrchestratorConfig(batch_groups=8, group_size=4, steps=5, max_concurrent_samples=64, max_open_groups=32, eval_every=5)
+
+
+def make(cfg=SMALL, sim=None, gate=None, scorer=None, fail_every=0, realtime=False, timeout_s=5.0):
+    world = SimWorld(sim or SimConfig(num_prompts=256, num_eval_prompts=64, seed=3))
+    clock = WallClock() if realtime else VirtualClock()
+    engine = SimEngine(world, clock=clock, fail_every=fail_every)
+    pool = PromptPool([engine.prompt(i) for i in range(world.config.num_prompts)], seed=1)
+    orch = Orchestrator(
+        engine=engine,
+        gate=gate(pool) if gate else UniformGate(pool, cfg.group_size),
+        controller=NoopController(),
+        scoring=ScoringService(scorer or SimAnswerScorer(), timeout_s, 2),
+        learner=SimLearner(world, cfg.group_size, seed=0),
+        config=cfg,
+        evaluator=SimEvaluator(world, engine),
+        clock=clock,
+        seed=7,
+    )
+    return orch, engine
+
+
+def test_uniform_run_accounts_every_rollout_and_learns():
+    orch, engine = make()
+    summary = anyio.run(orch.run)
+    b = summary.budget
+    assert summary.steps == SMALL.steps and summary.stop_reason == "steps"
+    assert b.rollouts_started == b.rollouts_finished + b.rollouts_aborted + b.rollouts_failed
+    assert b.rollouts_trained == SMALL.steps * SMALL.batch_groups * SMALL.group_size
+    assert b.groups_committed >= SMALL.steps * SMALL.batch_groups
+    assert b.tokens_generated >= b.tokens_trained > 0
+    assert engine.open_requests == 0
+    assert engine.policy_version == SMALL.steps
+    assert summary.evals[-1]["eval/accuracy"] > summary.evals[0]["eval/accuracy"]
+
+
+def test_runs_are_reproducible_with_the_same_seed():
+    first = anyio.run(make()[0].run).budget.as_metrics()
+    second = anyio.run(make()[0].run).budget.as_metrics()
+    assert first == second
+
+
+def test_engine_failure_fails_one_sample_and_the_run_goes_on():
+    orch, engine = make(fail_every=7)
+    summary = anyio.run(orch.run)
+    b = summary.budget
+    assert b.rollouts_failed > 0
+    assert summary.steps == SMALL.steps
+    assert b.rollouts_started == b.rollouts_finished + b.rollouts_aborted + b.rollouts_failed
+    assert engine.open_requests == 0
+
+
+class FlakyScorer:
+    runs_inline = False
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, prompt, token_ids):
+        self.calls += 1
+        if self.calls % 5 == 0:
+            raise ValueError("unparseable answer")
+        return SimAnswerScorer()(prompt, token_ids)
+
+
+def test_reward_that_raises_gives_zero_and_is_counted():
+    orch, _ = make(scorer=FlakyScorer())
+    summary = anyio.run(orch.run)
+    assert summary.budget.reward_errors > 0
+    assert summary.steps == SMALL.steps
+
+
+class HangOnceScorer:
+    runs_inline = False
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.calls = 0
+
+    def __call__(self, prompt, token_ids):
+        self.calls += 1
+        if self.calls == 3:
+            self.release.wait(30)  # hangs until the test lets it go
+        return SimAnswerScorer()(prompt, token_ids)
+
+
+def test_reward_that_hangs_times_out_and_the_run_goes_on():
+    scorer = HangOnceScorer()
+    cfg = dataclasses.replace(SMALL, steps=2)
+    orch, _ = make(cfg=cfg, scorer=scorer, timeout_s=0.2)
+    started = time.monotonic()
+    try:
+        summary = anyio.run(orch.run)
+    finally:
+        scorer.release.set()
+    assert summary.budget.reward_timeouts == 1
+    assert summary.steps == 2
+    assert time.monotonic() - started < 20
+
+
+def test_cancelling_the_run_mid_group_leaves_no_orphan_requests():
+    sim = SimConfig(num_prompts=256, num_eval_prompts=64, decode_tokens_per_s=100.0, realtime=True)
+    orch, engine = make(cfg=dataclasses.replace(SMALL, steps=50), sim=sim, realtime=True)
+    seen_open = []
+
+    async def main():
+        with anyio.move_on_after(0.4):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(orch.run)
+                await anyio.sleep(0.3)
+                seen_open.append(engine.open_requests)
+        await anyio.sleep(0)
+
+    anyio.run(main)
+    assert seen_open and seen_open[0] > 0  # it really was mid-group
+    assert engine.open_requests == 0
+
+
+class AbandonAfterFirstGate(UniformGate):
+    """Launches full groups, abandons every other group at its first finished sample."""
+
+    def update(self, snapshot):
+        if snapshot.group_id % 2 == 0 and snapshot.in_flight > 0:
+            return [GroupAction(ActionKind.ABANDON, snapshot.group_id, reason="test")]
+        return super().update(snapshot)
+
+
+def test_abandon_aborts_in_flight_siblings_and_counts_their_tokens():
+    orch, engine = make(gate=lambda pool: AbandonAfterFirstGate(pool, SMALL.group_size))
+    summary = anyio.run(orch.run)
+    b = summary.budget
+    assert b.groups_abandoned > 0
+    assert b.rollouts_aborted > 0
+    assert b.tokens_wasted > 0
+    assert b.rollouts_started == b.rollouts_finished + b.rollouts_aborted + b.rollouts_failed
+    assert engine.open_requests == 0
+
+
+class NothingGate(UniformGate):
+    def admit(self, slots, step):
+        return []
+
+
+def test_a_gate_that_opens_nothing_raises_a_clear_error():
+    orch, _ = make(gate=lambda pool: NothingGate(pool, 4))
+    with pytest.raises(GateStalled, match="prompt pool may be exhausted"):
+        anyio.run(orch.run)
+
+
+class RecordingGate(UniformGate):
+    def __init__(self, pool, group_size):
+        super().__init__(pool, group_size)
+        self.seen = []
+
+    def update(self, snapshot):
+        self.seen.append(snapshot)
+        return super().update(snapshot)
+
+
+def test_virtual_clock_delivers_samples_in_engine_time_order():
+    """Samples of a group start together; with engine time they end shortest first, so the
+    gate sees a group's samples in order of their token counts."""
+    holder = {}
+
+    def gate(pool):
+        holder["gate"] = RecordingGate(pool, 4)
+        return holder["gate"]
+
+    orch, _ = make(gate=gate, cfg=dataclasses.replace(SMALL, steps=1))
+    anyio.run(orch.run)
+    by_group = {}
+    for s in holder["gate"].seen:
+        by_group.setdefault(s.group_id, []).append(s.tokens)
+    assert by_group
+    for tokens in by_group.values():
+        assert tokens == sorted(tokens)
+
+
+def test_step_ahead_limit_bounds_staleness():
+    cfg = dataclasses.replace(SMALL, max_async_steps=0, steps=4)
+    orch, _ = make(cfg=cfg)
+    summary = anyio.run(orch.run)
+    assert summary.budget.staleness_max <= 1
+
+
+def test_stop_at_target_accuracy():
+    cfg = dataclasses.replace(SMALL, steps=200, eval_every=1, target_accuracy=0.52)
+    sim = SimConfig(num_prompts=256, num_eval_prompts=64, seed=3, learning_rate=0.5)
+    orch, _ = make(cfg=cfg, sim=sim)
+    summary = anyio.run(orch.run)
+    assert summary.steps < 200
+    assert "target accuracy" in summary.stop_reason
+    assert summary.evals[-1]["eval/accuracy"] >= 0.52
