@@ -43,8 +43,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        argv.insert(0, "train")  # `python run.py [--set ...]` means train
     args = _parser().parse_args(argv)
-    command = args.command or "train"
+    command = args.command
     from pipeline.configuration import ConfigError
     from railgate.config import load_config
     from railgate.train import tune_gc
