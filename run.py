@@ -39,6 +39,18 @@ def _parser() -> argparse.ArgumentParser:
     common(overhead, ROOT / "configs" / "bench_overhead.yaml")
     overhead.add_argument("--long-steps", type=int, default=None, help="steps of the long-running memory check")
     overhead.add_argument("--out", type=Path, default=Path("runs/bench_overhead"), help="output directory")
+
+    alloc = bench_sub.add_parser("allocation", help="every allocation policy side by side (sim)")
+    alloc.add_argument("--config", type=Path, default=ROOT / "configs" / "bench_allocation.yaml", help="base config")
+    alloc.add_argument("--scenarios", default="balanced",
+                       help="comma-separated names from configs/scenarios/, or 'all' (default: %(default)s)")
+    alloc.add_argument("--policies", default="all", help="comma-separated gate kinds (plus sara_eager), or 'all'")
+    alloc.add_argument("--models", default="effective,normalised", help="sim training models (default: %(default)s)")
+    alloc.add_argument("--seeds", type=int, default=5)
+    alloc.add_argument("--budget", type=int, default=16384, help="rollouts per run (equal for every policy)")
+    alloc.add_argument("--target-gain", type=float, default=0.08, help="target = start accuracy + this")
+    alloc.add_argument("--workers", type=int, default=2, help="parallel runs")
+    alloc.add_argument("--out", type=Path, default=Path("runs/bench_allocation"))
     return parser
 
 
@@ -71,6 +83,17 @@ def main(argv: list[str] | None = None) -> int:
 
             cfg = load_config(args.config, args.overrides)
             run_overhead_bench(cfg, args.out, long_steps=args.long_steps, progress=not args.no_progress)
+            return 0
+        if command == "bench" and args.bench == "allocation":
+            from railgate.bench.allocation import DEFAULT_POLICIES, run_allocation_bench
+
+            scenarios = (sorted(p.stem for p in (ROOT / "configs" / "scenarios").glob("*.yaml"))
+                         if args.scenarios == "all" else args.scenarios.split(","))
+            policies = list(DEFAULT_POLICIES) if args.policies == "all" else args.policies.split(",")
+            if args.seeds < 1 or args.budget < 1:
+                raise ConfigError(f"--seeds={args.seeds} and --budget={args.budget} must be >= 1")
+            run_allocation_bench(args.config, args.out, scenarios, policies, args.seeds, args.budget,
+                                 args.target_gain, args.models.split(","), workers=args.workers)
             return 0
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)

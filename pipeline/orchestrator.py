@@ -258,6 +258,8 @@ class Orchestrator:
             self._admit()
             while self._steps_done < total_steps and not self._stop_reason:
                 self._check_progress_possible()
+                if self._stop_reason:
+                    break
                 msg = await inbox.receive()
                 if isinstance(msg, SampleDone):
                     try:
@@ -287,10 +289,14 @@ class Orchestrator:
             self._batches_sent += 1
 
     def _check_progress_possible(self) -> None:
-        """Raise instead of waiting forever when nothing can produce another message."""
+        """Stop (budget spent) or raise (gate stalled) instead of waiting forever when nothing
+        can produce another message."""
         if self._in_flight or self._launch_queue or self._batches_sent > self._steps_done:
             return
         if len(self._pending) >= self.config.batch_groups:
+            return
+        if self._budget_spent():
+            self._stop_reason = f"rollout budget of {self.config.max_rollouts} spent"
             return
         held = sum(1 for g in self._groups.values() if not g.in_flight)
         raise GateStalled(
@@ -310,7 +316,7 @@ class Orchestrator:
         still_needed = cfg.steps * b - (self._batches_sent * b + len(self._pending) + sealed_open)
         if committed_ahead >= (cfg.max_async_steps + 1) * b or still_needed <= 0 or self._stop_reason:
             return
-        if cfg.max_rollouts and self.budget.rollouts_started >= cfg.max_rollouts:
+        if self._budget_spent():
             return
         free = cfg.max_concurrent_samples - self._in_flight - len(self._launch_queue)
         slots = min(cfg.max_open_groups - len(self._groups), free // cfg.group_size)
@@ -323,6 +329,10 @@ class Orchestrator:
             self.budget.groups_opened += 1
             self._enqueue(group, plan.initial, plan.params, None)
         self._pump_launches()
+
+    def _budget_spent(self) -> bool:
+        limit = self.config.max_rollouts
+        return bool(limit) and self.budget.rollouts_started >= limit
 
     def _pump_launches(self) -> None:
         while self._launch_queue and self._in_flight < self.config.max_concurrent_samples:
@@ -361,6 +371,7 @@ class Orchestrator:
 
     def _on_sample(self, msg: SampleDone) -> None:
         scored = msg.scored
+        self._in_flight -= 1  # counted until the tracker has seen it, so a stall check cannot race it
         group = self._groups.get(scored.request.group_id)
         reason = scored.result.finish_reason
         if group is None or group.closed:
@@ -495,8 +506,8 @@ class Orchestrator:
                     finish_reason=FinishReason.ERROR, policy_version=self.engine.policy_version,
                     error=f"{type(exc).__name__}: {exc}",
                 )
-        self._in_flight -= 1
         if finished is None:
+            self._in_flight -= 1
             return  # cancelled: the group was abandoned (cleanup already accounted the sample)
         reason = finished.finish_reason
         if reason is FinishReason.ABORTED:
