@@ -32,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="online RL training (the default command)")
     common(train, DEFAULT_CONFIG)
     train.add_argument("--run-dir", type=Path, help="run directory (overrides run_dir)")
+    train.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                       help="continue RUN_DIR from its newest checkpoint (its config.yaml, plus any --set)")
 
     bench = sub.add_parser("bench", help="side-by-side benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
@@ -69,12 +71,16 @@ def main(argv: list[str] | None = None) -> int:
         if command == "train":
             config_path = getattr(args, "config", DEFAULT_CONFIG)
             overrides = list(getattr(args, "overrides", []))
+            resume = getattr(args, "resume", None)
+            if resume is not None:
+                config_path = resume / "config.yaml"
+                overrides.append(f"run_dir={resume}")
             if getattr(args, "run_dir", None):
                 overrides.append(f"run_dir={args.run_dir}")
             cfg = load_config(config_path, overrides)
             from railgate.train import train
 
-            result = train(cfg, progress=False if getattr(args, "no_progress", False) else None)
+            result = train(cfg, progress=False if getattr(args, "no_progress", False) else None, resume=resume is not None)
             print((result.run_dir / "report.md").read_text())
             print(f"run directory: {result.run_dir}")
             return 0

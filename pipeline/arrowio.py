@@ -27,6 +27,7 @@ request), so a crash loses at most the batch being written. Such a crash leaves 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import warnings
@@ -35,12 +36,14 @@ from pathlib import Path
 from typing import Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 KIND_KEY = b"railgate.kind"
 VERSION_KEY = b"railgate.schema_version"
 RUN_ID_KEY = b"railgate.run_id"
 SUFFIX = ".arrows"
+SUPERSEDED_FILE = "superseded.jsonl"
 
 # Every IPC stream message since Arrow 0.15 starts with this continuation marker; a file that
 # does not is not an Arrow stream at all (as opposed to a stream whose tail was cut off).
@@ -238,11 +241,52 @@ def read_segments(
     error: type[SegmentFormatError] = SegmentFormatError,
 ) -> tuple[pa.Table, list[SegmentRead]]:
     """All complete batches of ``paths``, concatenated in order into one table (with the kind's
-    schema even when there are no rows), and the per-segment reads (tears, run ids)."""
+    schema even when there are no rows), and the per-segment reads (tears, run ids).
+    Rows superseded by a resumed run (``mark_superseded``) are left out."""
     reads = [read_segment(p, kind, error) for p in paths]
     schema = kind.schema.with_metadata(kind.table_metadata())
-    batches = [b.replace_schema_metadata(schema.metadata) for r in reads for b in r.batches]
+    batches = []
+    for r in reads:
+        rules = _superseded_rules(r.path, kind)
+        for b in r.batches:
+            for column, start in rules:
+                b = b.filter(pc.less(b.column(column), start))
+            batches.append(b.replace_schema_metadata(schema.metadata))
     return pa.Table.from_batches(batches, schema=schema), reads
+
+
+def mark_superseded(directory: str | os.PathLike, prefix: str, before_segment: int, column: str, start: int) -> None:
+    """Record that a resumed run redoes everything from ``column >= start``: rows of ``prefix``
+    segments numbered below ``before_segment`` with such values are dropped on read.
+
+    A run killed after its last checkpoint has written records (decisions, trained steps) that
+    the resumed run writes again; this keeps readers from seeing both, while the files stay
+    append-only. The rules live in ``superseded.jsonl`` beside the segments.
+    """
+    line = json.dumps({"prefix": prefix, "before_segment": before_segment, "column": column, "start": int(start)})
+    path = Path(directory) / SUPERSEDED_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _superseded_rules(path: Path, kind: SegmentKind) -> list[tuple[str, int]]:
+    rules_file = path.parent / SUPERSEDED_FILE
+    if not rules_file.is_file():
+        return []
+    number = segment_number(path, kind.prefix)
+    rules = []
+    for line in rules_file.read_text().splitlines():
+        try:
+            rule = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn last line: its resume never started writing
+        if rule.get("prefix") == kind.prefix and number is not None and number < int(rule["before_segment"]):
+            if rule["column"] in kind.schema.names:
+                rules.append((rule["column"], int(rule["start"])))
+    return rules
 
 
 def warn_torn(reads: Sequence[SegmentRead]) -> None:

@@ -163,13 +163,12 @@ class LogConfig:
     """Show a progress bar."""
     trace_flush_every: int = 256
     """Decision records per Arrow record batch (a crash loses at most this many)."""
+    checkpoint_every: int = 10
+    """Write a checkpoint every this many learner steps (and at the last); 0 = never."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept on disk (older ones are deleted)."""
 
-
-@dataclass(frozen=True)
-class PipelineConfig:
-    """Everything the pipeline package needs."""
-
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    sim: SimConfig = field(default_factory=SimConfig)
-    orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
-    log: LogConfig = field(default_factory=LogConfig)
+    def __post_init__(self) -> None:
+        require(self.trace_flush_every >= 1, f"log.trace_flush_every={self.trace_flush_every} must be >= 1")
+        require(self.checkpoint_every >= 0, f"log.checkpoint_every={self.checkpoint_every} must be >= 0 (0 = never)")
+        require(self.keep_checkpoints >= 1, f"log.keep_checkpoints={self.keep_checkpoints} must be >= 1")

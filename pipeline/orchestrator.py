@@ -21,6 +21,7 @@ cleanup aborts its engine request under a shielded scope, so no request is orpha
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections import deque
@@ -77,6 +78,7 @@ class StepDone:
 
     batch: TrainBatch
     result: StepResult
+    learner_state: dict | None = None  # taken between steps, when a checkpoint is due
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,12 @@ class NullSink:
     def log_outcome(self, decision_id: int, reward: float, tokens: int) -> None:
         return None
 
+    def watermark(self) -> int:
+        return self._next
+
+    def flush(self) -> None:
+        return None
+
 
 class Orchestrator:
     """Runs ``config.steps`` learner steps of online RL; see the module docstring.
@@ -166,6 +174,9 @@ class Orchestrator:
         start_group_id: int = 0,
         budget: Budget | None = None,
         hook_timer: "HookTimer | None" = None,
+        checkpoint: Callable[[dict[str, Any]], None] | None = None,
+        checkpoint_every: int = 0,
+        resume_state: dict[str, Any] | None = None,
     ):
         self.engine = engine
         self.gate = gate
@@ -184,6 +195,8 @@ class Orchestrator:
         self.budget = budget if budget is not None else Budget()
         self.evals: list[dict[str, float]] = []
         self.hook_timer = hook_timer
+        self._checkpoint = checkpoint
+        self._checkpoint_every = checkpoint_every
 
         self._token_hooks = bool(getattr(controller, "wants_tokens", False))
         self._default_params = SamplingParams(
@@ -203,6 +216,9 @@ class Orchestrator:
         self._tg: TaskGroup | None = None
         self._inbox: MemoryObjectSendStream | None = None
         self._step_started = time.monotonic()
+        self._sent_untrained: deque[TrainBatch] = deque()  # sent to the learner, not trained yet
+        if resume_state is not None:
+            self._restore(resume_state)
 
     # --- public ------------------------------------------------------------------------
 
@@ -287,6 +303,7 @@ class Orchestrator:
                 return  # the learner is busy; retried after the next message
             del self._pending[:b]
             self._batches_sent += 1
+            self._sent_untrained.append(batch)
 
     def _check_progress_possible(self) -> None:
         """Stop (budget spent) or raise (gate stalled) instead of waiting forever when nothing
@@ -487,7 +504,47 @@ class Orchestrator:
 
     def _on_step_done(self, msg: StepDone) -> None:
         self._steps_done = msg.batch.step + 1
+        if self._sent_untrained and self._sent_untrained[0].step == msg.batch.step:
+            self._sent_untrained.popleft()
         self._execute(self.gate.on_step(msg.batch.step, msg.batch), source="gate")
+        if msg.learner_state is not None and self._checkpoint is not None:
+            self._checkpoint(self.state_dict(msg.learner_state))
+
+    # --- checkpoints -------------------------------------------------------------------
+
+    def _checkpoint_due(self, step: int) -> bool:
+        every = self._checkpoint_every
+        return self._checkpoint is not None and every > 0 and (step % every == 0 or step == self.config.steps)
+
+    def state_dict(self, learner_state: dict[str, Any]) -> dict[str, Any]:
+        """Everything needed to resume after the step just finished. Groups still open are
+        listed so that a resumed run can tell the gate they are gone; committed groups not yet
+        trained (pending, or in batches sent to the learner) are kept whole."""
+        self.trace.flush()  # decisions before the checkpoint must be on disk with it
+        return {
+            "step": self._steps_done,
+            "decision_watermark": self.trace.watermark(),
+            "next_group_id": self._next_group_id,
+            "budget": self.budget.state_dict(),
+            "evals": list(self.evals),
+            "open_group_ids": sorted(self._groups),
+            "untrained_batches": [b.groups for b in self._sent_untrained],
+            "pending": list(self._pending),
+            "gate": self.gate.state_dict(),
+            "controller": self.controller.state_dict(),
+            "learner": learner_state,
+            "policy_version": self.engine.policy_version,
+        }
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self._steps_done = self._batches_sent = int(state["step"])
+        self._next_group_id = int(state["next_group_id"])
+        self.budget.load_state_dict(state["budget"])
+        self.evals = list(state["evals"])
+        # Committed groups that were never trained go first, in their original order.
+        self._pending = [g for groups in state["untrained_batches"] for g in groups] + list(state["pending"])
+        for group_id in state["open_group_ids"]:
+            self.gate.on_closed(group_id, False)
 
     # --- sample task -------------------------------------------------------------------
 
@@ -593,6 +650,8 @@ class Orchestrator:
                 await self.engine.update_weights(self.learner.weights())
                 metrics = self._step_metrics(batch, result)
                 step = batch.step + 1
+                # A deep copy now, before the next step starts mutating the weights in its thread.
+                learner_state = copy.deepcopy(self.learner.state_dict()) if self._checkpoint_due(step) else None
                 if self.evaluator is not None and (
                     step == self.config.steps or (self.config.eval_every and step % self.config.eval_every == 0)
                 ):
@@ -602,7 +661,7 @@ class Orchestrator:
                 self.metrics.write(step, metrics)
                 if self.on_step is not None:
                     self.on_step(step, metrics)
-                await inbox.send(StepDone(batch, result))
+                await inbox.send(StepDone(batch, result, learner_state))
 
     def _through_buffer(self, batch: TrainBatch) -> TrainBatch:
         record_batch = self.buffer.put(batch)

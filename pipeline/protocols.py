@@ -145,3 +145,11 @@ class DecisionSink(Protocol):
 
     def log_outcome(self, decision_id: int, reward: float, tokens: int) -> None:
         ...
+
+    def watermark(self) -> int:
+        """Every decision id handed out so far is below this."""
+        ...
+
+    def flush(self) -> None:
+        """Make everything logged so far durable (called before a checkpoint)."""
+        ...

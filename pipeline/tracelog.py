@@ -157,6 +157,11 @@ class TraceLog:
             self._next_id += 1
             return i
 
+    def watermark(self) -> int:
+        """The id the next decision will get: every decision logged so far has a smaller one."""
+        with self._lock:
+            return self._next_id
+
     def log_decision(self, record: DecisionRecord) -> None:
         """Buffer one decision; a full buffer is written as one record batch."""
         with self._lock:

@@ -17,8 +17,11 @@ _SHOWN = {
 class ProgressBar:
     """tqdm on stderr; a no-op when disabled (CI logs, benchmarks)."""
 
-    def __init__(self, total: int, enabled: bool = True, desc: str = ""):
-        self._bar = tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, mininterval=0.5) if enabled else None
+    def __init__(self, total: int, enabled: bool = True, desc: str = "", initial: int = 0):
+        self._bar = (
+            tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, mininterval=0.5, initial=initial)
+            if enabled else None
+        )
         self._postfix: dict[str, str] = {}
 
     def update(self, step: int, metrics: dict[str, float]) -> None:
