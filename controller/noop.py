@@ -10,19 +10,19 @@ from pipeline.types import CommittedGroup, GroupAction, GroupSnapshot, TokenDelt
 class NoopController:
     """Decides nothing. ``wants_tokens = False`` tells the orchestrator to skip token hooks.
 
-    >>> NoopController().on_group(None)
+    >>> NoopController().on_group(None, [])
     []
     """
 
     wants_tokens = False
 
-    def on_group(self, snapshot: GroupSnapshot) -> list[GroupAction]:
-        return []
+    def on_group(self, snapshot: GroupSnapshot, proposed: list[GroupAction]) -> list[GroupAction]:
+        return proposed
 
     def on_tokens(self, snapshot: GroupSnapshot, sample_index: int, delta: TokenDelta) -> list[GroupAction]:
         return []
 
-    def on_closed(self, group: CommittedGroup | None, group_id: int) -> None:
+    def on_closed(self, group: CommittedGroup | None, snapshot: GroupSnapshot) -> None:
         return None
 
     def state_dict(self) -> dict[str, Any]:

@@ -34,6 +34,10 @@ class GroupRun:
     def rewards(self) -> tuple[float, ...]:
         return tuple(s.reward for s in self.samples if s.is_valid)
 
+    @property
+    def origins(self) -> tuple[int, ...]:
+        return tuple(s.request.origin for s in self.samples if s.is_valid)
+
     def snapshot(self, policy_version: int) -> GroupSnapshot:
         return GroupSnapshot(
             group_id=self.group_id,
@@ -45,6 +49,7 @@ class GroupRun:
             failed=self.failed,
             tokens=self.tokens,
             policy_version=policy_version,
+            origins=self.origins,
         )
 
     def committed(self) -> CommittedGroup:

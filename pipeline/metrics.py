@@ -39,6 +39,7 @@ class Budget:
     staleness_sum: int = 0
     staleness_max: int = 0
     rollouts_trained: int = 0
+    rollouts_intervention: int = 0  # launched by a controller's intervention (branch, resample)
 
     @property
     def tokens_wasted(self) -> int:

@@ -204,7 +204,7 @@ class Orchestrator:
         )
         self._groups: dict[int, GroupRun] = {}
         self._next_group_id = start_group_id
-        self._launch_queue: deque[tuple[GroupRun, SamplingParams | None, BranchSpec | None]] = deque()
+        self._launch_queue: deque[tuple[GroupRun, SamplingParams | None, BranchSpec | None, int]] = deque()
         self._in_flight = 0
         self._pending: list = []  # shipped CommittedGroups waiting to fill a batch
         self._sealed_open = 0  # open groups that are sealed (committed, still finishing)
@@ -353,18 +353,18 @@ class Orchestrator:
 
     def _pump_launches(self) -> None:
         while self._launch_queue and self._in_flight < self.config.max_concurrent_samples:
-            group, params, branch = self._launch_queue.popleft()
+            group, params, branch, origin = self._launch_queue.popleft()
             group.queued -= 1
             if group.closed:
                 continue
-            self._launch(group, params, branch)
+            self._launch(group, params, branch, origin)
 
-    def _enqueue(self, group: GroupRun, n: int, params: SamplingParams | None, branch: BranchSpec | None) -> None:
+    def _enqueue(self, group: GroupRun, n: int, params: SamplingParams | None, branch: BranchSpec | None, origin: int = -1) -> None:
         for _ in range(n):
-            self._launch_queue.append((group, params, branch))
+            self._launch_queue.append((group, params, branch, origin))
         group.queued += n
 
-    def _launch(self, group: GroupRun, params: SamplingParams | None, branch: BranchSpec | None) -> None:
+    def _launch(self, group: GroupRun, params: SamplingParams | None, branch: BranchSpec | None, origin: int = -1) -> None:
         index = group.launched
         base = params or self._default_params
         params = SamplingParams(base.temperature, base.top_p, base.max_tokens, sample_seed(self.seed, group.group_id, index))
@@ -376,6 +376,7 @@ class Orchestrator:
             params=params,
             branch=branch,
             launch_time=self.clock.now(),
+            origin=origin,
         )
         events = self.engine.stream(request)  # registers the request now, before the task runs
         scope = anyio.CancelScope()
@@ -383,6 +384,8 @@ class Orchestrator:
         group.launched += 1
         self._in_flight += 1
         self.budget.rollouts_started += 1
+        if origin >= 0:
+            self.budget.rollouts_intervention += 1
         assert self._tg is not None and self._inbox is not None
         self._tg.start_soon(self._sample_task, group, request, events, scope, self._inbox)
 
@@ -402,13 +405,14 @@ class Orchestrator:
         self._touched.add(group.group_id)
         started = time.perf_counter_ns() if self.hook_timer is not None else 0
         snapshot = group.snapshot(self.engine.policy_version)
-        gate_actions = [] if group.sealed else self.gate.update(snapshot)
-        controller_actions = self.controller.on_group(snapshot)
+        proposed = [] if group.sealed else self.gate.update(snapshot)
+        for action in proposed:
+            if action.group_id in self._groups:
+                self._log_gate_decision(self._groups[action.group_id], action)
+        final = self.controller.on_group(snapshot, proposed)
         if self.hook_timer is not None:
             self.hook_timer.record(time.perf_counter_ns() - started)
-        self._execute(gate_actions, source="gate")
-        if not group.closed:
-            self._execute(controller_actions, source="controller")
+        self._execute(final, source="gate")
 
     def _execute(self, actions: list[GroupAction] | tuple[GroupAction, ...], source: str) -> None:
         for action in actions:
@@ -419,15 +423,13 @@ class Orchestrator:
                     f"acted on group {action.group_id}, which is not open; a gate may only act on groups it opened "
                     "and has not committed or abandoned"
                 )
-            if source == "gate":
-                self._log_gate_decision(group, action)
             if action.kind is ActionKind.LAUNCH:
-                if group.sealed:
+                if group.sealed and action.origin < 0:
                     raise RuntimeError(
                         f"{source} launched {action.n} samples on sealed group {group.group_id}; "
                         "emit LAUNCH before COMMIT"
                     )
-                self._enqueue(group, action.n, action.params, action.branch)
+                self._enqueue(group, action.n, action.params, action.branch, action.origin)
             elif action.kind is ActionKind.COMMIT:
                 if not group.sealed:
                     group.sealed = True
@@ -462,10 +464,10 @@ class Orchestrator:
                 self.budget.groups_committed += 1
                 self.budget.groups_effective += int(effective)
                 self._pending.append(shipped)
-                self.controller.on_closed(shipped, group.group_id)
+                self.controller.on_closed(shipped, group.snapshot(self.engine.policy_version))
         if not committed:
             self.budget.groups_abandoned += 1
-            self.controller.on_closed(None, group.group_id)
+            self.controller.on_closed(None, group.snapshot(self.engine.policy_version))
         self.gate.on_closed(group.group_id, committed)
         for decision_id in group.decision_ids:
             self.trace.log_outcome(decision_id, float(effective), group.tokens)
@@ -506,7 +508,11 @@ class Orchestrator:
         self._steps_done = msg.batch.step + 1
         if self._sent_untrained and self._sent_untrained[0].step == msg.batch.step:
             self._sent_untrained.popleft()
-        self._execute(self.gate.on_step(msg.batch.step, msg.batch), source="gate")
+        step_actions = self.gate.on_step(msg.batch.step, msg.batch)
+        for action in step_actions:
+            if action.group_id in self._groups:
+                self._log_gate_decision(self._groups[action.group_id], action)
+        self._execute(step_actions, source="gate")
         if msg.learner_state is not None and self._checkpoint is not None:
             self._checkpoint(self.state_dict(msg.learner_state))
 

@@ -9,8 +9,10 @@ Group lifecycle, as the orchestrator runs it
    and launches ``plan.initial`` samples at once (``initial`` may be 0: a group opened to be
    filled later by a LAUNCH action).
 2. Every time one of the group's samples ends (completed, failed, or aborted by the engine),
-   the orchestrator scores it and calls ``gate.update(snapshot)``, then
-   ``controller.on_group(snapshot)``; both return ``GroupAction``\\ s, executed in order:
+   the orchestrator scores it and calls ``gate.update(snapshot)``; the gate's proposed
+   actions go through ``controller.on_group(snapshot, proposed)``, which returns the actions
+   executed, in order (the no-op controller returns them unchanged; RAIL may replace an
+   ABANDON by an intervention that tries to recover the group):
 
    * ``LAUNCH n``   start n more samples (``params``/``branch`` optional);
    * ``COMMIT``     seal the group: no more launches; once its in-flight samples end it is
@@ -19,6 +21,9 @@ Group lifecycle, as the orchestrator runs it
    * ``HOLD``       nothing to do now; the group stays open with nothing running.
 
    Actions may name any open group (HORA decides a whole batch when its last probe ends).
+   A gate may not LAUNCH on a group it committed; a controller's intervention may (its
+   samples join the group until it ships). An action's ``origin`` is the controller decision
+   that made it; the samples it launches carry that origin, visible in ``snapshot.origins``.
    A group whose samples all ended with no pending COMMIT/ABANDON and nothing in flight is
    asked again at its next update; the gate must eventually commit or abandon every group it
    opened, or ``HOLD`` it (the orchestrator counts held groups).
@@ -79,15 +84,20 @@ class Gate(Protocol):
 class Controller(Protocol):
     """Intervention controller (RAIL). ``NoopController`` in ``controller`` does nothing."""
 
-    def on_group(self, snapshot: GroupSnapshot) -> list[GroupAction]:
-        """Group-level decision point, after the gate has seen the same snapshot."""
+    wants_tokens: bool
+    """False: the orchestrator skips ``on_tokens`` altogether (no per-delta cost)."""
+
+    def on_group(self, snapshot: GroupSnapshot, proposed: list[GroupAction]) -> list[GroupAction]:
+        """Group-level decision point: the gate's ``proposed`` actions for this snapshot in,
+        the actions to execute out."""
         ...
 
     def on_tokens(self, snapshot: GroupSnapshot, sample_index: int, delta: TokenDelta) -> list[GroupAction]:
-        """Token-level decision point, for every streamed delta (keep it cheap)."""
+        """Token-level decision point, for every streamed delta of a running sample."""
         ...
 
-    def on_closed(self, group: CommittedGroup | None, group_id: int) -> None:
+    def on_closed(self, group: CommittedGroup | None, snapshot: GroupSnapshot) -> None:
+        """The group shipped (``group``) or was dropped (``None``); ``snapshot`` is its final state."""
         ...
 
     def state_dict(self) -> dict[str, Any]:

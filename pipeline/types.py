@@ -93,6 +93,7 @@ class SampleRequest:
     params: SamplingParams
     branch: BranchSpec | None = None
     launch_time: float = 0.0  # engine time (seconds) at which the request was issued
+    origin: int = -1  # decision id of the intervention that launched it (-1: the gate's own)
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,7 @@ class GroupSnapshot:
     failed: int  # samples that ended with ERROR
     tokens: int  # tokens generated so far by this group's samples
     policy_version: int  # the engine's policy version now
+    origins: tuple[int, ...] = ()  # per entry of ``rewards``: the intervention that made it (-1: none)
 
     @property
     def finished(self) -> int:
@@ -190,6 +192,7 @@ class GroupAction:
     params: SamplingParams | None = None
     branch: BranchSpec | None = None
     reason: str = ""
+    origin: int = -1  # decision id of the controller decision behind this action (-1: a gate's)
 
 
 @dataclass(frozen=True)
