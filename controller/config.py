@@ -1,0 +1,211 @@
+"""Settings of the controller package's gates: one section per gate, under ``gate:``.
+
+``configs/*.yaml`` mirror these classes; ``pipeline.configuration.build`` turns YAML into them
+and rejects unknown keys. Checks that need the group size or batch size (a probe larger than the
+group, a HORA budget below one probe round) run in ``controller.gates.registry.build_gate``.
+
+>>> from pipeline.configuration import build
+>>> build(GateConfig, {"kind": "sara", "sara": {"tau_abandon": 0.4}}).sara.tau_abandon
+0.4
+>>> build(GateConfig, {"kind": "sara", "sara": {"tau_abandon": 0.9, "tau_commit": 0.8}})
+Traceback (most recent call last):
+...
+pipeline.configuration.ConfigError: gate.sara.tau_abandon=0.9 must be below gate.sara.tau_commit=0.8; lower tau_abandon or raise tau_commit
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pipeline.configuration import require
+
+GateKind = Literal["uniform", "ds", "pilot_commit", "hora", "sara", "dps", "sara_dps", "oracle"]
+
+
+def _prior_ok(prior: tuple[float, float], key: str) -> None:
+    require(
+        len(prior) == 2 and all(x > 0 for x in prior),
+        f"{key}={tuple(prior)} must be two positive Beta pseudo-counts (a0, b0), e.g. [1.0, 1.0]",
+    )
+
+
+def _round_cap_ok(max_rounds: int, factor: float, key: str, factor_name: str) -> None:
+    require(max_rounds >= 1, f"{key}.max_rounds={max_rounds} must be >= 1")
+    require(factor >= 1.0, f"{key}.{factor_name}={factor} must be >= 1 (prompts per round / batch_groups)")
+
+
+@dataclass(frozen=True)
+class DsConfig:
+    """DAPO dynamic sampling (``gate.kind: ds``)."""
+
+    oversample: float = 3.0
+    """Prompts per round as a multiple of batch_groups (DAPO: 3)."""
+    max_rounds: int = 10
+    """Rounds per learner step before ``on_round_cap`` applies (never an endless loop)."""
+    keep_surplus: bool = False
+    """False: surplus effective groups of a full step are discarded, as DAPO does. True: up to
+    batch_groups of them are held and committed for the next step."""
+    on_round_cap: Literal["fill", "error"] = "fill"
+    """At the round cap: 'fill' the batch with the last round's all-same groups (then plain
+    groups); 'error' raises RoundCapError, as DAPO does."""
+
+    def __post_init__(self) -> None:
+        _round_cap_ok(self.max_rounds, self.oversample, "gate.ds", "oversample")
+
+
+@dataclass(frozen=True)
+class PilotCommitConfig:
+    """Pilot-Commit (``gate.kind: pilot_commit``). Paper values: pilot_size = group_size / 4,
+    evict_after = 1; ours (for groups of 8) keep the pool alive: pilot_size 4, evict_after 2."""
+
+    pilot_size: int = 4
+    """Pilot rollouts per prompt (n_p); the commit adds group_size - n_p."""
+    p_low: float = 0.125
+    """Keep a pilot iff p_low <= p_hat; below: deferred (too hard for now)."""
+    p_up: float = 0.25
+    """Keep a pilot iff p_hat <= 1 - p_up; above: skipped (too easy)."""
+    p_solve: float = 1.0
+    """A pilot with p_hat >= p_solve counts toward eviction."""
+    evict_after: int = 2
+    """Evict a prompt after this many consecutive pilots at p_hat >= p_solve (0 = never evict;
+    the paper evicts after 1)."""
+    max_buffer_age: int = 4
+    """Kept pilots waiting more than this many steps are dropped (paper: S = 4)."""
+    pilot_factor: float = 3.0
+    """Pilots per round as a multiple of batch_groups (paper: 3)."""
+    max_rounds: int = 10
+    """Pilot rounds per learner step before ``on_round_cap`` applies."""
+    on_round_cap: Literal["fill", "error"] = "fill"
+    """At the round cap: 'fill' with the out-of-band pilots closest to p_hat = 0.5, then keep
+    every pilot; 'error' raises RoundCapError."""
+
+    def __post_init__(self) -> None:
+        key = "gate.pilot_commit"
+        require(self.pilot_size >= 1, f"{key}.pilot_size={self.pilot_size} must be >= 1")
+        require(
+            0 <= self.p_low and 0 <= self.p_up and self.p_low <= 1 - self.p_up,
+            f"{key}: the keep band p_low={self.p_low} <= p_hat <= 1 - p_up={1 - self.p_up} is empty; "
+            "lower p_low or p_up",
+        )
+        require(
+            1 - self.p_up < self.p_solve <= 1,
+            f"{key}.p_solve={self.p_solve} must lie above the keep band (> 1 - p_up = {1 - self.p_up}) and be <= 1",
+        )
+        require(self.evict_after >= 0, f"{key}.evict_after={self.evict_after} must be >= 0 (0 = never evict)")
+        require(self.max_buffer_age >= 0, f"{key}.max_buffer_age={self.max_buffer_age} must be >= 0")
+        _round_cap_ok(self.max_rounds, self.pilot_factor, key, "pilot_factor")
+
+
+@dataclass(frozen=True)
+class HoraConfig:
+    """HORA (``gate.kind: hora``)."""
+
+    probe_size: int = 4
+    """Probe rollouts per prompt (G0), >= 2."""
+    budget: int = 0
+    """Rollouts per allocation batch of batch_groups prompts, probes included; 0 = compute-
+    matched to GRPO (batch_groups * group_size). The extra budget is budget - B * G0."""
+    prior: tuple[float, float] = (1.0, 1.0)
+    """Beta prior of every prompt's success rate (the paper: uniform is as good as learned)."""
+
+    def __post_init__(self) -> None:
+        require(self.probe_size >= 2, f"gate.hora.probe_size={self.probe_size} must be >= 2")
+        require(self.budget >= 0, f"gate.hora.budget={self.budget} must be >= 0 (0 = compute-matched)")
+        _prior_ok(self.prior, "gate.hora.prior")
+
+
+@dataclass(frozen=True)
+class SaraConfig:
+    """SARA (``gate.kind: sara`` and ``sara_dps``)."""
+
+    probe_size: int = 4
+    """Rollouts that must finish before the thresholds apply (k)."""
+    tau_commit: float = 0.5
+    """Commit when P_eff >= tau_commit (not published; 0.5 commits exactly the mixed probes at G=8, k=4)."""
+    tau_abandon: float = 0.45
+    """Abandon when P_eff <= tau_abandon (the paper's 0.45)."""
+    prior: tuple[float, float] = (1.0, 1.0)
+    """Beta prior (a0, b0) of a prompt's success rate."""
+    history_discount: float = 0.0
+    """Our extension: carry each prompt's posterior between its groups, shrunk toward the prior
+    by this factor per carry (0 = off, the paper's setting)."""
+    launch: Literal["probe_first", "eager"] = "probe_first"
+    """probe_first: launch k, the rest on commit. eager: launch all G, abort siblings on abandon."""
+
+    def __post_init__(self) -> None:
+        key = "gate.sara"
+        require(self.probe_size >= 1, f"{key}.probe_size={self.probe_size} must be >= 1")
+        require(0 <= self.tau_abandon <= 1, f"{key}.tau_abandon={self.tau_abandon} must be in [0, 1]")
+        require(0 <= self.tau_commit <= 1, f"{key}.tau_commit={self.tau_commit} must be in [0, 1]")
+        require(
+            self.tau_abandon < self.tau_commit,
+            f"{key}.tau_abandon={self.tau_abandon} must be below {key}.tau_commit={self.tau_commit}; "
+            "lower tau_abandon or raise tau_commit",
+        )
+        _prior_ok(self.prior, f"{key}.prior")
+        require(
+            0 <= self.history_discount <= 1,
+            f"{key}.history_discount={self.history_discount} must be in [0, 1] (0 = no carried prior)",
+        )
+
+
+@dataclass(frozen=True)
+class DpsConfig:
+    """The DPS prompt selector (``gate.kind: dps`` and ``sara_dps``); see controller/selectors/dps.py."""
+
+    success_rates: tuple[float, float, float] = (0.02, 0.5, 0.98)
+    """Per-rollout success rate in the unsolved, partly solved and solved states (emission)."""
+    unsolved_to_partly: float = 0.02
+    """Per learner step probability an unsolved prompt becomes partly solved."""
+    partly_to_solved: float = 0.04
+    """Per learner step probability a partly solved prompt becomes solved."""
+    partly_to_unsolved: float = 0.01
+    """Per learner step probability a partly solved prompt falls back to unsolved."""
+    solved_to_partly: float = 0.01
+    """Per learner step probability a solved prompt falls back to partly solved."""
+    prior: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
+    """Belief over (unsolved, partly, solved) of a never-seen prompt at step 0."""
+    explore: float = 0.1
+    """Share of picks taken from the plain pool cursor, so every prompt is eventually seen."""
+
+    def __post_init__(self) -> None:
+        key = "gate.dps"
+        q = self.success_rates
+        require(
+            len(q) == 3 and all(0 < x < 1 for x in q) and q[0] < q[1] < q[2],
+            f"{key}.success_rates={tuple(q)} must be three increasing rates strictly between 0 and 1",
+        )
+        for name in ("unsolved_to_partly", "partly_to_solved", "partly_to_unsolved", "solved_to_partly"):
+            value = getattr(self, name)
+            require(0 <= value <= 1, f"{key}.{name}={value} must be a probability in [0, 1]")
+        require(
+            self.partly_to_solved + self.partly_to_unsolved <= 1,
+            f"{key}.partly_to_solved + partly_to_unsolved = {self.partly_to_solved + self.partly_to_unsolved} "
+            "exceeds 1; lower one of them",
+        )
+        require(
+            len(self.prior) == 3 and all(x >= 0 for x in self.prior) and abs(sum(self.prior) - 1) < 1e-6,
+            f"{key}.prior={tuple(self.prior)} must be three non-negative probabilities summing to 1",
+        )
+        require(0 <= self.explore <= 1, f"{key}.explore={self.explore} must be in [0, 1]")
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """Which allocation gate runs, and the settings of each (only the chosen one's are used).
+    ``uniform`` (GRPO) and ``oracle`` (benchmarks, sim only) take no settings."""
+
+    kind: GateKind = "uniform"
+    """uniform (GRPO) | ds (DAPO dynamic sampling) | pilot_commit | hora | sara | dps (DPS
+    selection + full groups) | sara_dps (SARA on DPS-selected prompts) | oracle (sim only)."""
+    ds: DsConfig = field(default_factory=DsConfig)
+    """Settings of ``ds``."""
+    pilot_commit: PilotCommitConfig = field(default_factory=PilotCommitConfig)
+    """Settings of ``pilot_commit``."""
+    hora: HoraConfig = field(default_factory=HoraConfig)
+    """Settings of ``hora``."""
+    sara: SaraConfig = field(default_factory=SaraConfig)
+    """Settings of ``sara`` and of the SARA half of ``sara_dps``."""
+    dps: DpsConfig = field(default_factory=DpsConfig)
+    """Settings of the DPS selector of ``dps`` and ``sara_dps``."""

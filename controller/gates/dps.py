@@ -1,0 +1,66 @@
+"""DPS as a gate: uniform GRPO groups over the prompts a ``DpsSelector`` picks.
+
+Dynamics-Predictive Sampling (arXiv 2603.10887) changes *which* prompts get rollouts, not how
+many: every selected prompt gets a full group of ``group_size`` that is trained on. The
+selector learns from every shipped group's rewards (passed in through ``on_step``) and moves
+its beliefs one transition per learner step. SARA + DPS (the SARA paper's best configuration)
+is ``SaraGate`` built on the same selector (``controller.gates.registry``).
+"""
+
+from __future__ import annotations
+
+from controller.gates.base import BaseGate
+from controller.gates.common import abandon, commit, too_many_failures
+from controller.selectors.dps import DpsSelector
+from pipeline.types import GroupAction, GroupPlan, GroupSnapshot
+
+
+class DpsGate(BaseGate):
+    """Full groups, committed at once, for the prompts DPS predicts to be partly solved.
+
+    Parameters
+    ----------
+    selector
+        The ``DpsSelector`` that picks prompts (it wraps the ``PromptPool``).
+    group_size
+        G, the size of every group.
+
+    Examples
+    --------
+    >>> from pipeline.types import Prompt
+    >>> from controller.prompts import PromptPool
+    >>> from controller.selectors.dps import DpsSelector
+    >>> pool = PromptPool([Prompt(i, "", (1,)) for i in range(4)], seed=0)
+    >>> gate = DpsGate(DpsSelector(pool, seed=0), group_size=8)
+    >>> plans = gate.admit(slots=3, step=0)
+    >>> len({p.prompt.prompt_id for p in plans}), [(p.target_size, p.initial) for p in plans][0]
+    (3, (8, 8))
+    """
+
+    name = "dps"
+
+    def __init__(self, selector: DpsSelector, group_size: int):
+        if not isinstance(selector, DpsSelector):
+            raise TypeError(
+                f"DpsGate needs a DpsSelector, got {type(selector).__name__}; "
+                "wrap the pool: DpsSelector(pool, seed)"
+            )
+        super().__init__(selector, group_size)
+
+    def admit(self, slots: int, step: int) -> list[GroupPlan]:
+        plans = []
+        for prompt in self.source.take(max(slots, 0)):
+            self._book.add(prompt.prompt_id, {})
+            plans.append(GroupPlan(prompt, self.group_size, self.group_size))
+        return plans
+
+    def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
+        rec = self._record(snapshot)
+        if rec.get("sealed"):
+            return []
+        if too_many_failures(snapshot):
+            self._verdicts.add("abandon_failures")
+            return [abandon(snapshot.group_id, "failures")]
+        rec["sealed"] = True
+        self._verdicts.add("commit")
+        return [commit(snapshot.group_id, "dps")]

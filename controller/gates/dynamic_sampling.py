@@ -1,0 +1,239 @@
+"""DAPO dynamic sampling (DS): oversample full groups, keep the effective ones.
+
+For each learner step DS opens *rounds* of ``ceil(oversample * batch_groups)`` prompts (3x by
+default), each with a full group of G. When a group has all its samples it is judged:
+
+* reward std 0 (all-same)                     -> ABANDON ("zero_std"; its cost stays counted);
+* effective, and the step still needs groups  -> COMMIT;
+* effective, the step already full            -> ABANDON ("surplus"), as DAPO discards it;
+  or, with ``keep_surplus=True``, HOLD it and COMMIT it for the next step at ``on_step``
+  (at most ``batch_groups`` are held; the rest are abandoned).
+
+A new round opens only once every group of the previous round is judged and the step still
+needs groups, as DAPO's synchronous loop does (the whole round is generated; its surplus is
+paid for). Round sizes stay fixed, like DAPO's generation batch.
+
+Round cap (``max_rounds`` per step): if the last allowed round ends and the step is still
+short, ``on_round_cap`` decides:
+
+* ``"error"``: raise ``RoundCapError`` naming the shortfall and the knobs (DAPO's behaviour);
+* ``"fill"`` (default): the all-same groups of that last round, held for this purpose instead
+  of abandoned, fill the rest of the batch (best available: they cost nothing more); if they
+  are not enough, further rounds commit every finished group with two or more valid samples,
+  like uniform GRPO, until the step is full. ``gate/round_cap`` counts these events.
+
+Commits follow ``StepQuota`` (``controller.gates.common``): exactly ``batch_groups`` per step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from controller.gates.base import BaseGate
+from controller.gates.common import StepQuota, abandon, commit, hold
+from controller.prompts import PromptPool
+from controller.selectors import PromptSelector
+from pipeline.types import GroupAction, GroupPlan, GroupSnapshot, TrainBatch
+
+
+class RoundCapError(RuntimeError):
+    """A gate ran ``max_rounds`` rounds for one step without filling its batch."""
+
+
+class DynamicSamplingGate(BaseGate):
+    """DAPO dynamic sampling with a round cap; see the module docstring.
+
+    Parameters
+    ----------
+    source
+        Where prompts come from (a ``PromptPool``).
+    group_size
+        G, the size of every group.
+    batch_groups
+        Groups per learner step (B_train).
+    oversample
+        Prompts per round as a multiple of ``batch_groups`` (>= 1; DAPO: 3).
+    max_rounds
+        Rounds per step before ``on_round_cap`` applies.
+    keep_surplus
+        Hold surplus effective groups for the next step instead of discarding them.
+    on_round_cap
+        ``"fill"`` or ``"error"``.
+
+    Examples
+    --------
+    >>> from pipeline.types import GroupSnapshot, Prompt
+    >>> from controller.prompts import PromptPool
+    >>> pool = PromptPool([Prompt(i, "", (1,)) for i in range(8)], seed=0)
+    >>> gate = DynamicSamplingGate(pool, group_size=4, batch_groups=1)
+    >>> plans = gate.admit(slots=8, step=0)
+    >>> len(plans)                                   # one round: 3 x batch_groups prompts
+    3
+    >>> def done(gid, prompt, rewards):
+    ...     return GroupSnapshot(gid, prompt, 4, rewards, in_flight=0, launched=4, failed=0, tokens=0, policy_version=0)
+    >>> [a.reason for a in gate.update(done(0, plans[0].prompt, (0.0, 0.0, 0.0, 0.0)))]
+    ['zero_std']
+    >>> [a.reason for a in gate.update(done(1, plans[1].prompt, (1.0, 0.0, 0.0, 1.0)))]
+    ['effective']
+    >>> [a.reason for a in gate.update(done(2, plans[2].prompt, (0.0, 1.0, 1.0, 1.0)))]
+    ['surplus']
+    """
+
+    name = "ds"
+
+    def __init__(
+        self,
+        source: PromptPool | PromptSelector,
+        group_size: int,
+        batch_groups: int,
+        oversample: float = 3.0,
+        max_rounds: int = 10,
+        keep_surplus: bool = False,
+        on_round_cap: Literal["fill", "error"] = "fill",
+    ):
+        super().__init__(source, group_size)
+        if oversample < 1.0:
+            raise ValueError(f"oversample={oversample} must be >= 1 (prompts per round / batch_groups)")
+        if max_rounds < 1:
+            raise ValueError(f"max_rounds={max_rounds} must be >= 1")
+        if on_round_cap not in ("fill", "error"):
+            raise ValueError(f"on_round_cap={on_round_cap!r} must be 'fill' or 'error'")
+        self.batch_groups = batch_groups
+        self.oversample = oversample
+        self.max_rounds = max_rounds
+        self.keep_surplus = keep_surplus
+        self.on_round_cap = on_round_cap
+        self.round_size = math.ceil(oversample * batch_groups)
+        self._quota = StepQuota(batch_groups)
+        # The rounds serving one step: which step, which round, plans left, groups unjudged.
+        self._series = {"step": -1, "round": 0, "to_open": 0, "pending": 0, "fallback": False}
+        self._held: list[int] = []  # surplus kept for a later step (keep_surplus)
+        self._candidates: list[int] = []  # all-same groups of the last round, for on_round_cap=fill
+
+    # --- admission ----------------------------------------------------------------------
+
+    def admit(self, slots: int, step: int) -> list[GroupPlan]:
+        self._quota.see_step(step)
+        if not self._quota.can_commit():
+            return []
+        series = self._series
+        if self._quota.fill_step > series["step"]:
+            series.update(step=self._quota.fill_step, round=0, to_open=0, pending=0, fallback=False)
+        if series["to_open"] == 0 and series["pending"] == 0:
+            series["round"] += 1
+            series["to_open"] = self.round_size
+        prompts = self.source.take(max(0, min(slots, series["to_open"])))
+        series["to_open"] -= len(prompts)
+        series["pending"] += len(prompts)
+        plans = []
+        for prompt in prompts:
+            self._book.add(
+                prompt.prompt_id,
+                {"step": series["step"], "round": series["round"], "fallback": series["fallback"], "verdict": ""},
+            )
+            plans.append(GroupPlan(prompt, self.group_size, self.group_size))
+        return plans
+
+    # --- judging ------------------------------------------------------------------------
+
+    def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
+        rec = self._record(snapshot)
+        if rec["verdict"] or snapshot.in_flight > 0:
+            return []
+        actions = [self._judge(snapshot, rec)]
+        series = self._series
+        if rec["step"] == series["step"] and rec["round"] == series["round"]:
+            series["pending"] -= 1
+            if series["pending"] == 0 and series["to_open"] == 0:
+                actions += self._round_ended()
+        return actions
+
+    def _may_commit(self, rec: dict[str, Any]) -> bool:
+        return self._quota.can_commit() and self._quota.fill_step <= rec["step"]
+
+    def _judge(self, snapshot: GroupSnapshot, rec: dict[str, Any]) -> GroupAction:
+        gid = snapshot.group_id
+        if snapshot.finished < 2:
+            return self._verdict(rec, abandon(gid, "too_few_valid"))
+        if snapshot.is_mixed or rec["fallback"]:
+            if self._may_commit(rec):
+                self._quota.commit()
+                return self._verdict(rec, commit(gid, "effective" if snapshot.is_mixed else "fallback"))
+            if snapshot.is_mixed and self.keep_surplus and len(self._held) < self.batch_groups:
+                self._held.append(gid)
+                return self._verdict(rec, hold(gid, "surplus_held"))
+            return self._verdict(rec, abandon(gid, "surplus" if snapshot.is_mixed else "zero_std"))
+        last_round = rec["round"] >= self.max_rounds and rec["step"] == self._series["step"]
+        if self.on_round_cap == "fill" and last_round and self._may_commit(rec):
+            self._candidates.append(gid)
+            return self._verdict(rec, hold(gid, "fallback_candidate"))
+        return self._verdict(rec, abandon(gid, "zero_std"))
+
+    def _verdict(self, rec: dict[str, Any], action: GroupAction) -> GroupAction:
+        rec["verdict"] = action.kind.value
+        self._verdicts.add(action.reason)
+        return action
+
+    def _round_ended(self) -> list[GroupAction]:
+        series = self._series
+        filled = self._quota.fill_step > series["step"]
+        if not filled and series["round"] >= self.max_rounds and not series["fallback"]:
+            self._verdicts.add("round_cap")
+            if self.on_round_cap == "error":
+                have = self._quota.committed - series["step"] * self.batch_groups
+                raise RoundCapError(
+                    f"dynamic sampling found {have}/{self.batch_groups} effective groups for step {series['step']} "
+                    f"in gate.ds.max_rounds={self.max_rounds} rounds of {self.round_size} prompts; raise "
+                    "gate.ds.max_rounds or gate.ds.oversample, or set gate.ds.on_round_cap=fill to fill the "
+                    "batch with the best groups available"
+                )
+            series["fallback"] = True
+        actions = []
+        for gid in self._candidates:
+            rec = self._groups[gid]
+            if not filled and self._may_commit(rec):
+                self._quota.commit()
+                actions.append(self._verdict(rec, commit(gid, "fallback")))
+            else:
+                actions.append(self._verdict(rec, abandon(gid, "zero_std")))
+        self._candidates = []
+        return actions
+
+    # --- step boundary and closing ------------------------------------------------------
+
+    def _stepped(self, step: int, batch: TrainBatch) -> list[GroupAction]:
+        self._quota.see_step(step + 1)
+        actions = []
+        while self._held and self._quota.can_commit():
+            gid = self._held.pop(0)
+            self._quota.commit()
+            actions.append(self._verdict(self._groups[gid], commit(gid, "surplus_committed")))
+        return actions
+
+    def _closed(self, group_id: int, rec: dict[str, Any], committed: bool) -> None:
+        if rec["verdict"] == "commit" and not committed:
+            self._quota.uncommit()  # dropped by the orchestrator: its place in the batch is free again
+        if not rec["verdict"] and rec["step"] == self._series["step"] and rec["round"] == self._series["round"]:
+            self._series["pending"] -= 1
+        for queue in (self._held, self._candidates):
+            if group_id in queue:
+                queue.remove(group_id)
+
+    def metrics(self) -> dict[str, float]:
+        gauges = {"gate/held_now": float(len(self._held)), "gate/rounds_this_step": float(self._series["round"])}
+        return {**super().metrics(), **gauges}
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {
+            "quota": self._quota.state_dict(),
+            "series": dict(self._series),
+            "held": list(self._held),
+            "candidates": list(self._candidates),
+        }
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        self._quota.load_state_dict(state["quota"])
+        self._series = dict(state["series"])
+        self._held = [int(g) for g in state["held"]]
+        self._candidates = [int(g) for g in state["candidates"]]

@@ -1,0 +1,189 @@
+"""HORA (arXiv 2605.07114, METHODS.md): probe a batch, then split the rest of its budget.
+
+Per learner step HORA opens an *allocation batch* of ``batch_groups`` (B) prompts with
+``probe_size`` (G0) rollouts each. Each group whose probe is in waits (HOLD). When the last
+probe of the batch is in, the extra budget ``R = budget - B * G0`` (compute-matched to GRPO by
+default: ``budget = B * G``) is split by ``controller.allocation.hora_allocate`` (greedy on the
+hit utility, optimal) and every group of the batch gets ``LAUNCH m_i`` then ``COMMIT``. Groups
+are of variable size ``G0 + m_i`` (``m_i`` may be 0), saturated ones included: HORA trains on
+them unchanged (GRPO or RLOO). A plan's ``target_size`` is the nominal ``group_size``; a group's
+real size is only known at allocation, and LAUNCH may take it past ``target_size``.
+
+The next batch opens when the orchestrator asks for the next step (``admit``'s ``step`` or
+``on_step``), so HORA needs ``B`` groups open at once (``orchestrator.max_open_groups >=
+batch_groups``). A probe the engine failed on is relaunched; a group that fails
+``target_size`` times is abandoned and replaced by a fresh prompt in the same batch. A
+committed group the orchestrator drops (fewer than two valid rollouts) is replaced by a plain
+group of ``group_size`` committed at once, so each step still gets B groups.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.allocation import hora_allocate
+from controller.gates.base import BaseGate
+from controller.gates.common import abandon, commit, hold, launch, too_many_failures
+from controller.prompts import PromptPool
+from controller.selectors import PromptSelector
+from pipeline.types import GroupAction, GroupPlan, GroupSnapshot, TrainBatch
+
+
+class HoraGate(BaseGate):
+    """Probe B prompts, then give the batch's remaining budget where a success is likeliest.
+
+    Parameters
+    ----------
+    source
+        Where prompts come from (a ``PromptPool``).
+    group_size
+        G, the nominal group size; with ``budget = 0`` the batch budget is ``B * G``.
+    batch_groups
+        B, prompts per allocation batch = groups per learner step.
+    probe_size
+        G0 >= 2, probe rollouts per prompt.
+    budget
+        Rollouts per batch, probes included (0 = compute-matched ``B * G``); must be at least
+        one probe round ``B * G0``.
+    prior
+        Beta prior (a0, b0) of every prompt's success rate.
+
+    Examples
+    --------
+    >>> from pipeline.types import GroupSnapshot, Prompt
+    >>> from controller.prompts import PromptPool
+    >>> gate = HoraGate(PromptPool([Prompt(i, "", (1,)) for i in range(2)], seed=0), group_size=8, batch_groups=2)
+    >>> a, b = gate.admit(slots=4, step=0)
+    >>> (a.target_size, a.initial), gate.extra_budget
+    ((8, 4), 8)
+    >>> def probed(gid, plan, rewards):
+    ...     return GroupSnapshot(gid, plan.prompt, 8, rewards, in_flight=0, launched=4, failed=0, tokens=0, policy_version=0)
+    >>> [x.kind.value for x in gate.update(probed(0, a, (0.0, 0.0, 0.0, 0.0)))]
+    ['hold']
+    >>> [(x.kind.value, x.group_id, x.n) for x in gate.update(probed(1, b, (1.0, 1.0, 1.0, 1.0)))]
+    [('launch', 0, 6), ('commit', 0, 0), ('launch', 1, 2), ('commit', 1, 0)]
+    """
+
+    name = "hora"
+
+    def __init__(
+        self,
+        source: PromptPool | PromptSelector,
+        group_size: int,
+        batch_groups: int,
+        probe_size: int = 4,
+        budget: int = 0,
+        prior: tuple[float, float] = (1.0, 1.0),
+    ):
+        super().__init__(source, group_size)
+        if probe_size < 2:
+            raise ValueError(
+                f"probe_size={probe_size} must be >= 2: a group that gets no extra rollouts trains on its probe alone"
+            )
+        if batch_groups < 1:
+            raise ValueError(f"batch_groups={batch_groups} must be >= 1")
+        if len(prior) != 2 or min(prior) <= 0:
+            raise ValueError(f"prior={tuple(prior)} must be two positive Beta pseudo-counts, e.g. (1.0, 1.0)")
+        total = budget if budget > 0 else batch_groups * group_size
+        extra = total - batch_groups * probe_size
+        if extra < 0:
+            what = f"gate.hora.budget={budget}" if budget > 0 else f"the compute-matched budget B*G={total}"
+            raise ValueError(
+                f"{what} is below one probe round batch_groups*probe_size={batch_groups * probe_size} "
+                f"(extra budget R={extra} < 0); lower gate.hora.probe_size or raise gate.hora.budget"
+            )
+        self.batch_groups = batch_groups
+        self.probe_size = probe_size
+        self.budget = total
+        self.extra_budget = extra
+        self.prior = (float(prior[0]), float(prior[1]))
+        self._horizon = 0
+        # The allocation batch being probed: its index, plans still to open, probed groups.
+        self._batch = {"index": 0, "to_open": batch_groups, "ready": [], "allocated": False}
+        self._replacements = 0  # plain groups owed for committed groups that were dropped
+
+    # --- admission ----------------------------------------------------------------------
+
+    def admit(self, slots: int, step: int) -> list[GroupPlan]:
+        self._horizon = max(self._horizon, step)
+        plans = []
+        for prompt in self.source.take(max(0, min(slots, self._replacements))):
+            self._replacements -= 1
+            self._book.add(prompt.prompt_id, {"phase": "replacement"})
+            plans.append(GroupPlan(prompt, self.group_size, self.group_size))
+        slots -= len(plans)
+        batch = self._batch
+        if batch["allocated"]:
+            if batch["index"] + 1 > self._horizon:
+                return plans
+            self._batch = batch = {"index": batch["index"] + 1, "to_open": self.batch_groups, "ready": [], "allocated": False}
+        for prompt in self.source.take(max(0, min(slots, batch["to_open"]))):
+            batch["to_open"] -= 1
+            self._book.add(prompt.prompt_id, {"phase": "probe", "batch": batch["index"]})
+            plans.append(GroupPlan(prompt, self.group_size, self.probe_size))
+        return plans
+
+    # --- probes and allocation ----------------------------------------------------------
+
+    def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
+        rec = self._record(snapshot)
+        gid = snapshot.group_id
+        if rec["phase"] == "replacement":
+            rec["phase"] = "commit"
+            self._verdicts.add("replacement")
+            return [commit(gid, "hora replacement")]
+        if rec["phase"] != "probe" or snapshot.in_flight > 0:
+            return []
+        if snapshot.finished < self.probe_size:
+            if too_many_failures(snapshot):
+                rec["phase"] = "abandoned"
+                self._batch["to_open"] += 1  # a fresh prompt takes its place in the batch
+                self._verdicts.add("abandon_failures")
+                return [abandon(gid, "failures")]
+            return [launch(gid, self.probe_size - snapshot.finished, "replace failed")]
+        rec["phase"] = "wait"
+        self._batch["ready"].append(gid)
+        if self._batch["to_open"] == 0 and len(self._batch["ready"]) == self.batch_groups:
+            return self._allocate()
+        return [hold(gid, "await batch")]
+
+    def _allocate(self) -> list[GroupAction]:
+        ready = self._batch["ready"]
+        recs = [self._groups[g] for g in ready]
+        extra = hora_allocate(
+            [r["s"] for r in recs], [r["s"] + r["f"] for r in recs], self.extra_budget, prior=self.prior
+        )
+        actions = []
+        for gid, rec, m in zip(ready, recs, extra):
+            rec["phase"] = "commit"
+            if m > 0:
+                actions.append(launch(gid, m, "hora extra"))
+            actions.append(commit(gid, f"hora m={m}"))
+        self._verdicts.add("commit", len(ready))
+        self._verdicts.add("saturated_commit", sum(1 for r in recs if r["s"] == 0 or r["f"] == 0))
+        self._batch["allocated"] = True
+        return actions
+
+    # --- step boundary and closing ------------------------------------------------------
+
+    def _stepped(self, step: int, batch: TrainBatch) -> list[GroupAction]:
+        self._horizon = max(self._horizon, step + 1)
+        return []
+
+    def _closed(self, group_id: int, rec: dict[str, Any], committed: bool) -> None:
+        if rec["phase"] in ("commit", "replacement") and not committed:
+            self._replacements += 1  # owed again: the step still needs batch_groups groups
+        elif rec["phase"] == "wait" and group_id in self._batch["ready"]:
+            self._batch["ready"].remove(group_id)
+            self._batch["to_open"] += 1
+        elif rec["phase"] == "probe" and rec.get("batch") == self._batch["index"]:
+            self._batch["to_open"] += 1
+
+    def _extra_state(self) -> dict[str, Any]:
+        batch = dict(self._batch, ready=list(self._batch["ready"]))
+        return {"horizon": self._horizon, "batch": batch, "replacements": self._replacements}
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        self._horizon = int(state["horizon"])
+        self._batch = dict(state["batch"], ready=[int(g) for g in state["batch"]["ready"]])
+        self._replacements = int(state["replacements"])

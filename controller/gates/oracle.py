@@ -1,0 +1,126 @@
+"""The oracle gate, for benchmarks only: pays for no probe, no surplus, no abandoned group.
+
+What it knows: ``success_probability(prompt_id)``, each prompt's exact success probability
+under the current policy (the simulator's p_i; no real task has it). What it does not know:
+the outcome of any rollout before the engine draws it.
+
+Rule: for each prompt the pool offers, it draws the number of successes a group of G would
+get, Binomial(G, p), from its own seeded generator -- a simulated foresight -- and opens a full
+group, committed at once, only when that count is mixed (0 < count < G); other prompts are
+skipped at no cost. So a prompt gets a group with probability
+``pi(p) = 1 - p^G - (1 - p)^G``, the same prompts, in distribution, that a perfect-foresight
+oracle pays for, and every opened group costs exactly G rollouts: per learner step
+``batch_groups * G`` rollouts, the floor of any policy that trains on full groups of effective
+prompts (DS pays ``rounds * oversample`` times more; METHODS.md "a perfect-foresight oracle
+0.33 when DS needs one round a step"). Its realised groups are the engine's own draws,
+effective with probability ``pi(p)`` each rather than always: benchmarks that count effective
+groups read the perfect-foresight value ``G`` rollouts per effective group analytically and
+this gate's measured value as the floor reachable from exact p alone. Every rollout it
+launches is counted like any other.
+
+If a whole pass over the pool finds no prompt with a mixed draw (every p is 0 or 1), ``admit``
+returns what it found (possibly nothing) and ``exhausted`` is True until a later pass finds
+one; the orchestrator then reports the stall ("pool exhausted").
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from controller.gates.base import BaseGate
+from controller.gates.common import abandon, commit, too_many_failures
+from controller.prompts import PromptPool
+from controller.selectors import PromptSelector
+from pipeline.types import GroupAction, GroupPlan, GroupSnapshot
+
+
+class OracleGate(BaseGate):
+    """Full groups only for prompts whose simulated group draw is mixed; see the module docstring.
+
+    Parameters
+    ----------
+    source
+        Where prompts come from (a ``PromptPool``).
+    group_size
+        G, the size of every group.
+    success_probability
+        ``success_probability(prompt_id) -> float``, the exact p under the current policy.
+    seed
+        Seed of the oracle's own draws.
+
+    Examples
+    --------
+    >>> from pipeline.types import Prompt
+    >>> from controller.prompts import PromptPool
+    >>> p = {0: 0.0, 1: 0.5, 2: 1.0, 3: 0.5}
+    >>> gate = OracleGate(PromptPool([Prompt(i, "", (1,)) for i in range(4)], seed=0), 8, p.__getitem__, seed=0)
+    >>> sorted(plan.prompt.prompt_id for plan in gate.admit(slots=2, step=0))   # never the p = 0 or 1 prompts
+    [1, 3]
+    """
+
+    name = "oracle"
+
+    def __init__(
+        self,
+        source: PromptPool | PromptSelector,
+        group_size: int,
+        success_probability: Callable[[int], float],
+        seed: int,
+    ):
+        if not callable(success_probability):
+            raise TypeError(
+                "OracleGate needs success_probability(prompt_id) -> float (the simulator's exact p); "
+                "gate.kind=oracle runs only on the sim engine"
+            )
+        super().__init__(source, group_size)
+        self.success_probability = success_probability
+        self.seed = seed
+        self._rng = np.random.default_rng(seed)
+        self._barren = False
+
+    @property
+    def exhausted(self) -> bool:
+        return self._barren or super().exhausted
+
+    def admit(self, slots: int, step: int) -> list[GroupPlan]:
+        plans: list[GroupPlan] = []
+        scanned = 0
+        limit = max(self.source.active, 1)
+        while len(plans) < slots and scanned < limit:
+            got = self.source.take(1)
+            if not got:
+                break
+            prompt = got[0]
+            scanned += 1
+            p = float(self.success_probability(prompt.prompt_id))
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"success_probability({prompt.prompt_id})={p} is not a probability")
+            count = int(self._rng.binomial(self.group_size, p))
+            if 0 < count < self.group_size:
+                self._book.add(prompt.prompt_id, {})
+                plans.append(GroupPlan(prompt, self.group_size, self.group_size))
+            else:
+                self.source.release(prompt.prompt_id)
+                self._verdicts.add("skip")
+        self._barren = slots > 0 and not plans and scanned >= limit
+        return plans
+
+    def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
+        rec = self._record(snapshot)
+        if rec.get("sealed"):
+            return []
+        if too_many_failures(snapshot):
+            self._verdicts.add("abandon_failures")
+            return [abandon(snapshot.group_id, "failures")]
+        rec["sealed"] = True
+        self._verdicts.add("commit")
+        return [commit(snapshot.group_id, "oracle")]
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"rng": self._rng.bit_generator.state, "barren": self._barren}
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        self._rng.bit_generator.state = state["rng"]
+        self._barren = bool(state["barren"])

@@ -1,0 +1,306 @@
+"""Pilot-Commit (PC, arXiv 2605.26606, METHODS.md): pilot a few rollouts, commit the mid-band.
+
+1. Rounds of ``ceil(pilot_factor * batch_groups)`` fresh prompts (3x) get a pilot of
+   ``pilot_size`` (n_p) rollouts each.
+2. When a pilot is in, ``p_hat`` = its success rate. It is kept iff
+   ``p_low <= p_hat <= 1 - p_up``; below the band it is deferred ("defer": too hard for now),
+   above it skipped ("skip": too easy). Both are ABANDONed and cost what they cost.
+3. ``p_hat >= p_solve`` counts toward eviction: after ``evict_after`` consecutive such pilots
+   the prompt is evicted from the pool for good ("evict").
+4. A kept pilot waits in a FIFO buffer (HOLD, nothing running) until a step has room; then it
+   gets ``n_c = group_size - n_p`` more rollouts (LAUNCH) and is COMMITted: the training group
+   is the pilot plus the new rollouts (pilots reused on-policy with no correction, as the
+   paper does). Buffer entries more than ``max_buffer_age`` steps old are ABANDONed ("stale").
+5. Every rollout is counted by the orchestrator, pilots of skipped prompts included.
+
+A new pilot round opens when the previous one is judged and the step's remaining need is not
+covered by the buffer. Round cap (``max_rounds`` per step), as in DS: ``"error"`` raises
+``RoundCapError``; ``"fill"`` (default) keeps the out-of-band pilots of the last round that
+are closest to p_hat = 0.5 (held for this) to fill the step, then pilots of further rounds are
+all kept (except evicted prompts) until the step is covered. Commits follow ``StepQuota``:
+exactly ``batch_groups`` per step.
+
+Defaults, ours vs the paper: the released scripts pilot n_p = 16 or 32 for groups of 64 or 128
+(a quarter of the group) and evict on one all-correct pilot (``evict_after = 1``). With groups
+of 8 a pilot of 2 or 4 is all-correct by chance far too often: one all-correct pilot of 4
+evicted 85-100% of the pool in a reference simulation. So our defaults are ``pilot_size = 4``
+(half of G = 8) and ``evict_after = 2`` consecutive all-correct pilots; band 0.125 / 0.25,
+``p_solve = 1.0``, ``max_buffer_age = 4`` and 3x pilots per round are the paper's.
+``evict_after = 0`` turns eviction off. When every prompt is evicted, ``admit`` returns no
+plan, ``exhausted`` turns True once the buffer is empty, and the orchestrator reports the stall
+("the prompt pool may be exhausted or emptied by eviction").
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from controller.gates.base import BaseGate
+from controller.gates.common import StepQuota, abandon, commit, hold, launch, too_many_failures
+from controller.gates.dynamic_sampling import RoundCapError
+from controller.prompts import PromptPool
+from controller.selectors import PromptSelector
+from pipeline.types import GroupAction, GroupPlan, GroupSnapshot, TrainBatch
+
+
+class PilotCommitGate(BaseGate):
+    """Pilot, keep the mid-band, buffer, commit with the rest of the group; see the module docstring.
+
+    Parameters
+    ----------
+    source
+        Where prompts come from (a ``PromptPool``; evicted prompts are never offered again).
+    group_size
+        G = n_p + n_c, the size of a committed group.
+    batch_groups
+        Groups per learner step (B_train).
+    pilot_size
+        n_p, rollouts per pilot (1 <= n_p <= G).
+    p_low, p_up
+        Keep band ``p_low <= p_hat <= 1 - p_up``.
+    p_solve
+        ``p_hat >= p_solve`` counts toward eviction (above the band, <= 1).
+    evict_after
+        Consecutive such pilots that evict a prompt (0 = never).
+    max_buffer_age
+        Steps a kept pilot may wait in the buffer.
+    pilot_factor
+        Pilots per round as a multiple of ``batch_groups``.
+    max_rounds, on_round_cap
+        The round cap, as in ``DynamicSamplingGate``.
+
+    Examples
+    --------
+    >>> from pipeline.types import GroupSnapshot, Prompt
+    >>> from controller.prompts import PromptPool
+    >>> gate = PilotCommitGate(PromptPool([Prompt(i, "", (1,)) for i in range(6)], seed=0), group_size=8, batch_groups=1)
+    >>> plans = gate.admit(slots=6, step=0)
+    >>> len(plans), (plans[0].target_size, plans[0].initial)
+    (3, (8, 4))
+    >>> pilot = GroupSnapshot(0, plans[0].prompt, 8, (1.0, 0.0, 1.0, 0.0), in_flight=0, launched=4, failed=0,
+    ...                       tokens=0, policy_version=0)
+    >>> [(a.kind.value, a.n) for a in gate.update(pilot)]      # p_hat = 0.5: n_c = 4 more, then commit
+    [('launch', 4), ('commit', 0)]
+    """
+
+    name = "pilot_commit"
+
+    def __init__(
+        self,
+        source: PromptPool | PromptSelector,
+        group_size: int,
+        batch_groups: int,
+        pilot_size: int = 4,
+        p_low: float = 0.125,
+        p_up: float = 0.25,
+        p_solve: float = 1.0,
+        evict_after: int = 2,
+        max_buffer_age: int = 4,
+        pilot_factor: float = 3.0,
+        max_rounds: int = 10,
+        on_round_cap: Literal["fill", "error"] = "fill",
+    ):
+        super().__init__(source, group_size)
+        if not 1 <= pilot_size <= group_size:
+            raise ValueError(
+                f"pilot_size={pilot_size} must be between 1 and group_size={group_size}; "
+                "lower gate.pilot_commit.pilot_size or raise group_size"
+            )
+        if not (0.0 <= p_low and 0.0 <= p_up and p_low <= 1.0 - p_up):
+            raise ValueError(
+                f"the keep band p_low={p_low} <= p_hat <= 1 - p_up={1.0 - p_up} is empty or invalid; "
+                "lower gate.pilot_commit.p_low or gate.pilot_commit.p_up"
+            )
+        if not 1.0 - p_up < p_solve <= 1.0:
+            raise ValueError(
+                f"p_solve={p_solve} must be above the keep band (> 1 - p_up = {1.0 - p_up}) and <= 1"
+            )
+        if evict_after < 0 or max_buffer_age < 0 or max_rounds < 1 or pilot_factor < 1.0:
+            raise ValueError(
+                f"need evict_after >= 0, max_buffer_age >= 0, max_rounds >= 1, pilot_factor >= 1; got "
+                f"{evict_after}, {max_buffer_age}, {max_rounds}, {pilot_factor}"
+            )
+        if on_round_cap not in ("fill", "error"):
+            raise ValueError(f"on_round_cap={on_round_cap!r} must be 'fill' or 'error'")
+        self.batch_groups = batch_groups
+        self.pilot_size = pilot_size
+        self.p_low, self.p_up, self.p_solve = p_low, p_up, p_solve
+        self.evict_after = evict_after
+        self.max_buffer_age = max_buffer_age
+        self.pilot_factor = pilot_factor
+        self.max_rounds = max_rounds
+        self.on_round_cap = on_round_cap
+        self.round_size = math.ceil(pilot_factor * batch_groups)
+        self._quota = StepQuota(batch_groups)
+        self._series = {"step": -1, "round": 0, "to_open": 0, "pending": 0, "fallback": False}
+        self._buffer: list[int] = []  # kept pilots waiting for a step with room, oldest first
+        self._candidates: list[int] = []  # out-of-band pilots of the last round (on_round_cap=fill)
+        self._streak: dict[int, int] = {}  # prompt_id -> consecutive pilots at p_hat >= p_solve
+
+    @property
+    def exhausted(self) -> bool:
+        return super().exhausted and not self._buffer and not self._candidates
+
+    # --- admission ----------------------------------------------------------------------
+
+    def _uncovered(self) -> int:
+        """Groups the current series' step still needs beyond what the buffer holds."""
+        if self._quota.fill_step > self._series["step"]:
+            return 0
+        return self._quota.need() - len(self._buffer)
+
+    def admit(self, slots: int, step: int) -> list[GroupPlan]:
+        self._quota.see_step(step)
+        if not self._quota.can_commit():
+            return []
+        series = self._series
+        if self._quota.fill_step > series["step"]:
+            series.update(step=self._quota.fill_step, round=0, to_open=0, pending=0, fallback=False)
+        if series["to_open"] == 0 and series["pending"] == 0:
+            if self._uncovered() <= 0:
+                return []  # buffered pilots cover the step; they commit at the next update or on_step
+            series["round"] += 1
+            series["to_open"] = self.round_size
+        prompts = self.source.take(max(0, min(slots, series["to_open"])))
+        series["to_open"] -= len(prompts)
+        series["pending"] += len(prompts)
+        plans = []
+        for prompt in prompts:
+            plan = {"step": series["step"], "round": series["round"], "fallback": series["fallback"], "verdict": ""}
+            self._book.add(prompt.prompt_id, plan)
+            plans.append(GroupPlan(prompt, self.group_size, self.pilot_size))
+        return plans
+
+    # --- judging pilots -----------------------------------------------------------------
+
+    def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
+        rec = self._record(snapshot)
+        gid = snapshot.group_id
+        if rec["verdict"] or snapshot.in_flight > 0:
+            return []
+        if snapshot.finished < self.pilot_size:
+            if too_many_failures(snapshot):
+                actions = [self._verdict(rec, abandon(gid, "failures"))]
+            else:
+                return [launch(gid, self.pilot_size - snapshot.finished, "replace failed")]
+        else:
+            actions = self._judge(snapshot, rec)
+        actions += self._drain()
+        if rec["verdict"] == "" and gid in self._buffer:
+            actions.append(self._verdict(rec, hold(gid, "buffered")))
+        series = self._series
+        if rec["step"] == series["step"] and rec["round"] == series["round"]:
+            series["pending"] -= 1
+            if series["pending"] == 0 and series["to_open"] == 0:
+                actions += self._round_ended()
+        return actions
+
+    def _judge(self, snapshot: GroupSnapshot, rec: dict[str, Any]) -> list[GroupAction]:
+        gid, pid = snapshot.group_id, snapshot.prompt.prompt_id
+        p_hat = snapshot.successes / snapshot.finished
+        rec["p_hat"] = p_hat
+        if p_hat >= self.p_solve:
+            self._streak[pid] = self._streak.get(pid, 0) + 1
+            if self.evict_after and self._streak[pid] >= self.evict_after:
+                del self._streak[pid]
+                self.source.evict(pid)
+                return [self._verdict(rec, abandon(gid, "evict"))]
+        else:
+            self._streak.pop(pid, None)
+        if self.p_low <= p_hat <= 1.0 - self.p_up or rec["fallback"]:
+            self._buffer.append(gid)
+            rec["born"] = self._quota.horizon
+            return []
+        reason = "defer" if p_hat < self.p_low else "skip"
+        last_round = rec["round"] >= self.max_rounds and rec["step"] == self._series["step"]
+        if self.on_round_cap == "fill" and last_round and self._uncovered() > 0:
+            self._candidates.append(gid)
+            rec["reason"] = reason
+            return [self._verdict(rec, hold(gid, "fallback_candidate"))]
+        return [self._verdict(rec, abandon(gid, reason))]
+
+    def _verdict(self, rec: dict[str, Any], action: GroupAction) -> GroupAction:
+        rec["verdict"] = action.kind.value
+        self._verdicts.add(action.reason)
+        return action
+
+    def _drain(self) -> list[GroupAction]:
+        """Commit buffered pilots, oldest first, while the step being produced has room."""
+        actions = []
+        while self._buffer and self._quota.can_commit():
+            gid = self._buffer.pop(0)
+            rec = self._groups[gid]
+            self._quota.commit()
+            rest = self.group_size - (rec["s"] + rec["f"])
+            if rest > 0:
+                actions.append(launch(gid, rest, "pilot_commit n_c"))
+            actions.append(self._verdict(rec, commit(gid, "commit")))
+        return actions
+
+    def _round_ended(self) -> list[GroupAction]:
+        series = self._series
+        uncovered = self._uncovered()
+        if uncovered > 0 and series["round"] >= self.max_rounds and not series["fallback"]:
+            self._verdicts.add("round_cap")
+            if self.on_round_cap == "error":
+                raise RoundCapError(
+                    f"pilot-commit kept too few pilots for step {series['step']} ({uncovered} groups short) in "
+                    f"gate.pilot_commit.max_rounds={self.max_rounds} rounds of {self.round_size} pilots; raise "
+                    "max_rounds or pilot_factor, widen the band (p_low, p_up), or set on_round_cap=fill"
+                )
+            series["fallback"] = True
+        actions = []
+        best = sorted(self._candidates, key=lambda g: (abs(self._groups[g]["p_hat"] - 0.5), g))
+        for gid in best:
+            rec = self._groups[gid]
+            if self._uncovered() > 0:
+                self._buffer.append(gid)  # already held: it waits like any kept pilot
+                rec["born"] = self._quota.horizon
+                self._verdicts.add("fallback_kept")
+            else:
+                actions.append(self._verdict(rec, abandon(gid, rec["reason"])))
+        self._candidates = []
+        actions += self._drain()
+        return actions
+
+    # --- step boundary and closing ------------------------------------------------------
+
+    def _stepped(self, step: int, batch: TrainBatch) -> list[GroupAction]:
+        self._quota.see_step(step + 1)
+        actions = []
+        for gid in list(self._buffer):
+            rec = self._groups[gid]
+            if step + 1 - rec["born"] > self.max_buffer_age:
+                self._buffer.remove(gid)
+                actions.append(self._verdict(rec, abandon(gid, "stale")))
+        return actions + self._drain()
+
+    def _closed(self, group_id: int, rec: dict[str, Any], committed: bool) -> None:
+        if rec["verdict"] == "commit" and not committed:
+            self._quota.uncommit()
+        if not rec["verdict"] and rec["step"] == self._series["step"] and rec["round"] == self._series["round"]:
+            self._series["pending"] -= 1
+        for queue in (self._buffer, self._candidates):
+            if group_id in queue:
+                queue.remove(group_id)
+
+    def metrics(self) -> dict[str, float]:
+        gauges = {"gate/buffer_now": float(len(self._buffer)), "gate/active_prompts": float(self.source.active)}
+        return {**super().metrics(), **gauges}
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {
+            "quota": self._quota.state_dict(),
+            "series": dict(self._series),
+            "buffer": list(self._buffer),
+            "candidates": list(self._candidates),
+            "streak": {str(k): v for k, v in self._streak.items()},
+        }
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        self._quota.load_state_dict(state["quota"])
+        self._series = dict(state["series"])
+        self._buffer = [int(g) for g in state["buffer"]]
+        self._candidates = [int(g) for g in state["candidates"]]
+        self._streak = {int(k): int(v) for k, v in state["streak"].items()}

@@ -1,0 +1,119 @@
+"""Build the gate a ``GateConfig`` names.
+
+Seeds: a gate's random sources derive from the run seed here, in one place
+(``pipeline.seeding.derive_seed(seed, "gate", kind, ...)``); the prompt pool keeps its own.
+
+>>> from pipeline.types import Prompt
+>>> from controller.config import GateConfig, SaraConfig
+>>> from controller.prompts import PromptPool
+>>> pool = PromptPool([Prompt(i, "", (1,)) for i in range(8)], seed=0)
+>>> type(build_gate(GateConfig(kind="sara_dps"), pool, group_size=8, batch_groups=4, seed=0)).__name__
+'SaraGate'
+>>> build_gate(GateConfig(kind="sara", sara=SaraConfig(probe_size=10)), pool, group_size=8, batch_groups=4, seed=0)
+Traceback (most recent call last):
+...
+pipeline.configuration.ConfigError: gate.sara.probe_size=10 is above orchestrator.group_size=8; lower gate.sara.probe_size or raise orchestrator.group_size
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Callable
+
+from controller.config import DpsConfig, GateConfig
+from controller.gates.dps import DpsGate
+from controller.gates.dynamic_sampling import DynamicSamplingGate
+from controller.gates.hora import HoraGate
+from controller.gates.oracle import OracleGate
+from controller.gates.pilot_commit import PilotCommitGate
+from controller.gates.sara import SaraGate
+from controller.gates.uniform import UniformGate
+from controller.prompts import PromptPool
+from controller.selectors.dps import DpsSelector
+from pipeline.configuration import ConfigError, require
+from pipeline.protocols import Gate
+from pipeline.seeding import derive_seed
+
+__all__ = ["GATE_KINDS", "build_gate", "build_dps_selector"]
+
+GATE_KINDS = ("uniform", "ds", "pilot_commit", "hora", "sara", "dps", "sara_dps", "oracle")
+
+
+def build_dps_selector(config: DpsConfig, pool: PromptPool, seed: int) -> DpsSelector:
+    """The DPS selector of ``config`` over ``pool``, seeded from the run seed."""
+    return DpsSelector(pool, seed=derive_seed(seed, "gate", "dps"), **asdict(config))
+
+
+def _check_sizes(config: GateConfig, group_size: int, batch_groups: int) -> None:
+    """Checks that need the orchestrator's group and batch sizes."""
+    require(group_size >= 2, f"orchestrator.group_size={group_size} must be >= 2 for a group-relative advantage")
+    require(batch_groups >= 1, f"orchestrator.batch_groups={batch_groups} must be >= 1")
+    kind = config.kind
+    if kind in ("sara", "sara_dps"):
+        k = config.sara.probe_size
+        require(
+            k <= group_size,
+            f"gate.sara.probe_size={k} is above orchestrator.group_size={group_size}; "
+            "lower gate.sara.probe_size or raise orchestrator.group_size",
+        )
+    if kind == "pilot_commit":
+        n_p = config.pilot_commit.pilot_size
+        require(
+            n_p <= group_size,
+            f"gate.pilot_commit.pilot_size={n_p} is above orchestrator.group_size={group_size}; "
+            "lower gate.pilot_commit.pilot_size or raise orchestrator.group_size",
+        )
+    if kind == "hora":
+        h = config.hora
+        total = h.budget or batch_groups * group_size
+        probes = batch_groups * h.probe_size
+        source = f"gate.hora.budget={h.budget}" if h.budget else f"the compute-matched budget batch_groups*group_size={total}"
+        require(
+            total >= probes,
+            f"{source} is below one probe round batch_groups*probe_size={probes} (extra budget R={total - probes} < 0); "
+            "lower gate.hora.probe_size or raise gate.hora.budget",
+        )
+
+
+def build_gate(
+    config: GateConfig,
+    pool: PromptPool,
+    group_size: int,
+    batch_groups: int,
+    seed: int,
+    success_probability: Callable[[int], float] | None = None,
+) -> Gate:
+    """The gate ``config.kind`` over ``pool``.
+
+    ``success_probability(prompt_id)`` (the simulator's exact p) is needed by ``oracle`` only.
+    Configuration mistakes raise ``ConfigError`` naming the key.
+    """
+    _check_sizes(config, group_size, batch_groups)
+    kind = config.kind
+    try:
+        if kind == "uniform":
+            return UniformGate(pool, group_size)
+        if kind == "ds":
+            return DynamicSamplingGate(pool, group_size, batch_groups, **asdict(config.ds))
+        if kind == "pilot_commit":
+            return PilotCommitGate(pool, group_size, batch_groups, **asdict(config.pilot_commit))
+        if kind == "hora":
+            return HoraGate(pool, group_size, batch_groups, **asdict(config.hora))
+        if kind == "sara":
+            return SaraGate(pool, group_size, **asdict(config.sara))
+        if kind == "dps":
+            return DpsGate(build_dps_selector(config.dps, pool, seed), group_size)
+        if kind == "sara_dps":
+            return SaraGate(build_dps_selector(config.dps, pool, seed), group_size, **asdict(config.sara))
+        if kind == "oracle":
+            if success_probability is None:
+                raise ConfigError(
+                    "gate.kind=oracle needs the simulator's success_probability(prompt_id); "
+                    "run it with engine.kind=sim, or pick another gate.kind"
+                )
+            return OracleGate(pool, group_size, success_probability, seed=derive_seed(seed, "gate", "oracle"))
+    except (ValueError, TypeError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"gate.{kind}: {exc}") from exc
+    raise ConfigError(f"gate.kind={kind!r} is not one of {', '.join(GATE_KINDS)}")

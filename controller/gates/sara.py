@@ -1,0 +1,182 @@
+"""SARA (arXiv 2607.26253, METHODS.md): a sequential test on each partial group.
+
+After every ended rollout of a group, once its probe of ``probe_size`` (k) rollouts has
+finished, SARA computes the chance that the finished group of ``group_size`` (G) will be
+effective (hold a success and a failure) under the Beta posterior of the prompt's success
+rate, ``controller.posterior.effective_probability``, and decides
+
+* ``P_eff >= tau_commit``  -> COMMIT (probe-first mode launches the rest of the group first);
+* ``P_eff <= tau_abandon`` -> ABANDON (eager mode: the orchestrator aborts running siblings);
+* otherwise                -> continue: one more rollout (probe-first) or wait for the next
+  running sibling (eager).
+
+A mixed group has ``P_eff = 1`` and always commits; a full all-same group has ``P_eff = 0`` and
+always ends abandoned, so every group ends. With the uniform prior, G = 8 and k = 4 an
+all-same probe gives 4/9 = 0.444 <= 0.45: the rule "abandon iff the probe is all-same".
+The budget an abandoned group frees goes to fresh prompts: ``admit`` opens a group for every
+slot the orchestrator offers.
+
+Launch modes (``launch``): ``probe_first`` starts k rollouts and the rest on commit;
+``eager`` starts all G at once and pays for the aborted siblings' tokens, buying latency.
+
+Prior: uniform ``prior = (1, 1)`` by default. Our extension, off by default: with
+``history_discount = gamma > 0`` each prompt carries its posterior between groups, shrunk
+toward the prior by gamma each time (``controller.posterior.discount_posterior``), so a prompt
+seen all-wrong before needs less evidence to be abandoned. ``tau_commit`` is not published;
+0.5 is our default (with G = 8, k = 4 it commits exactly the mixed probes).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from controller.gates.base import BaseGate
+from controller.gates.common import abandon, commit, launch, too_many_failures
+from controller.posterior import discount_posterior, effective_probability
+from controller.prompts import PromptPool
+from controller.selectors import PromptSelector
+from pipeline.types import GroupAction, GroupPlan, GroupSnapshot
+
+
+class SaraGate(BaseGate):
+    """Commit / abandon / continue partial groups by their odds of ending effective.
+
+    Parameters
+    ----------
+    source
+        Where prompts come from: a ``PromptPool``, or a ``DpsSelector`` for SARA + DPS.
+    group_size
+        G, the size of a committed group.
+    probe_size
+        k, the rollouts that must finish before any verdict (1 <= k <= G).
+    tau_commit, tau_abandon
+        Thresholds on ``P_eff``, ``0 <= tau_abandon < tau_commit <= 1``.
+    prior
+        Beta prior (a0, b0) of a prompt's success rate, both > 0.
+    history_discount
+        gamma in [0, 1]: carry each prompt's posterior to its next group, shrunk toward the
+        prior by gamma; 0 turns it off.
+    launch
+        ``"probe_first"`` or ``"eager"``.
+
+    Examples
+    --------
+    >>> from pipeline.types import GroupSnapshot, Prompt
+    >>> from controller.prompts import PromptPool
+    >>> gate = SaraGate(PromptPool([Prompt(0, "", (1,))], seed=0), group_size=8)
+    >>> [(p.target_size, p.initial) for p in gate.admit(slots=1, step=0)]
+    [(8, 4)]
+    >>> probe = GroupSnapshot(group_id=7, prompt=Prompt(0, "", (1,)), target_size=8, rewards=(1.0, 0.0, 0.0, 0.0),
+    ...                      in_flight=0, launched=4, failed=0, tokens=100, policy_version=0)
+    >>> [(a.kind.value, a.n) for a in gate.update(probe)]
+    [('launch', 4), ('commit', 0)]
+    """
+
+    name = "sara"
+
+    def __init__(
+        self,
+        source: PromptPool | PromptSelector,
+        group_size: int,
+        probe_size: int = 4,
+        tau_commit: float = 0.5,
+        tau_abandon: float = 0.45,
+        prior: tuple[float, float] = (1.0, 1.0),
+        history_discount: float = 0.0,
+        launch: Literal["probe_first", "eager"] = "probe_first",
+    ):
+        super().__init__(source, group_size)
+        if not 1 <= probe_size <= group_size:
+            raise ValueError(
+                f"probe_size={probe_size} must be between 1 and group_size={group_size}; "
+                "lower gate.sara.probe_size or raise group_size"
+            )
+        if not 0.0 <= tau_abandon < tau_commit <= 1.0:
+            raise ValueError(
+                f"need 0 <= tau_abandon < tau_commit <= 1, got tau_abandon={tau_abandon}, tau_commit={tau_commit}; "
+                "lower gate.sara.tau_abandon or raise gate.sara.tau_commit"
+            )
+        if len(prior) != 2 or min(prior) <= 0:
+            raise ValueError(f"prior={tuple(prior)} must be two positive Beta pseudo-counts, e.g. (1.0, 1.0)")
+        if not 0.0 <= history_discount <= 1.0:
+            raise ValueError(f"history_discount={history_discount} must be in [0, 1] (0 = no carried prior)")
+        if launch not in ("probe_first", "eager"):
+            raise ValueError(f"launch={launch!r} must be 'probe_first' or 'eager'")
+        self.probe_size = probe_size
+        self.tau_commit = tau_commit
+        self.tau_abandon = tau_abandon
+        self.prior = (float(prior[0]), float(prior[1]))
+        self.history_discount = history_discount
+        self.launch = launch
+        # prompt_id -> carried posterior (a, b); only kept when history_discount > 0.
+        self._carried: dict[int, tuple[float, float]] = {}
+
+    # --- admission ----------------------------------------------------------------------
+
+    def admit(self, slots: int, step: int) -> list[GroupPlan]:
+        initial = self.probe_size if self.launch == "probe_first" else self.group_size
+        plans = []
+        for prompt in self.source.take(max(slots, 0)):
+            a, b = self._prior_of(prompt.prompt_id)
+            self._book.add(prompt.prompt_id, {"a": a, "b": b})
+            plans.append(GroupPlan(prompt, self.group_size, initial))
+        return plans
+
+    def _prior_of(self, prompt_id: int) -> tuple[float, float]:
+        carried = self._carried.get(prompt_id)
+        if carried is None:
+            return self.prior
+        return discount_posterior(carried[0], carried[1], self.history_discount, self.prior)
+
+    # --- the sequential test ------------------------------------------------------------
+
+    def predict(self, successes: int, failures: int, prior: tuple[float, float] | None = None) -> float:
+        """``P_eff`` of a partial group with these counts (the number the thresholds see)."""
+        size = max(self.group_size, successes + failures)
+        return effective_probability(successes, failures, size, prior or self.prior)
+
+    def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
+        rec = self._record(snapshot)
+        gid, t, running = snapshot.group_id, snapshot.finished, snapshot.in_flight
+        if too_many_failures(snapshot):
+            self._verdicts.add("abandon_failures")
+            return [abandon(gid, "failures")]
+        if t < self.probe_size:
+            # The probe is not in yet; replace samples the engine failed on.
+            wanted = self.probe_size if self.launch == "probe_first" else self.group_size
+            missing = wanted - t - running
+            return [launch(gid, missing, "replace failed")] if running == 0 and missing > 0 else []
+        p_eff = self.predict(snapshot.successes, snapshot.failures, (rec["a"], rec["b"]))
+        if p_eff >= self.tau_commit:
+            self._verdicts.add("commit")
+            rest = self.group_size - t - running
+            return ([launch(gid, rest, "sara rest")] if rest > 0 else []) + [commit(gid, f"sara p_eff={p_eff:.3f}")]
+        if p_eff <= self.tau_abandon:
+            self._verdicts.add("abandon")
+            return [abandon(gid, f"sara p_eff={p_eff:.3f}")]
+        self._verdicts.add("continue")
+        if running > 0:
+            return []
+        more = 1 if self.launch == "probe_first" else self.group_size - t
+        return [launch(gid, more, f"sara continue p_eff={p_eff:.3f}")]
+
+    # --- history ------------------------------------------------------------------------
+
+    def _closed(self, group_id: int, rec: dict[str, Any], committed: bool) -> None:
+        if not committed and rec.get("s", 0) + rec.get("f", 0) > 0:
+            self._carry(rec["prompt_id"], rec["s"], rec["f"])
+
+    def _shipped(self, prompt_id: int, successes: int, samples: int) -> None:
+        self._carry(prompt_id, successes, samples - successes)
+
+    def _carry(self, prompt_id: int, successes: int, failures: int) -> None:
+        if self.history_discount <= 0.0:
+            return
+        a, b = self._prior_of(prompt_id)
+        self._carried[prompt_id] = (a + successes, b + failures)
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"carried": {str(k): list(v) for k, v in self._carried.items()}}
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        self._carried = {int(k): (float(v[0]), float(v[1])) for k, v in state["carried"].items()}

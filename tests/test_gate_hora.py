@@ -1,0 +1,86 @@
+"""HoraGate: probes, the batch allocation (= hora_allocate), variable group sizes, budgets."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.allocation import hora_allocate
+from controller.gates.hora import HoraGate
+from gate_harness import GateHarness, HarnessConfig, kinds, pool_of, snap
+from pipeline.types import ActionKind, TrainBatch
+
+METHODS_SUCCESSES = (0, 0, 1, 2, 2, 3, 4, 4)
+
+
+def probe_batch(gate, successes, probe=4, target=8):
+    plans = gate.admit(slots=100, step=0)
+    actions = []
+    for gid, (plan, s) in enumerate(zip(plans, successes)):
+        actions.append(gate.update(snap(gid, plan.prompt, (1,) * s + (0,) * (probe - s), target=target)))
+    return plans, actions
+
+
+def test_methods_example_allocation():
+    # G0 = 4, B = 8, G = 16: R = 8*16 - 8*4 = 96, as in METHODS.md
+    gate = HoraGate(pool_of(20), group_size=16, batch_groups=8, probe_size=4)
+    assert gate.extra_budget == 96
+    plans, actions = probe_batch(gate, METHODS_SUCCESSES, target=16)
+    assert len(plans) == 8 and all((p.target_size, p.initial) == (16, 4) for p in plans)
+    assert all(kinds(a) == [("hold", gid, 0)] for gid, a in enumerate(actions[:-1]))
+    launches = [a.n for a in actions[-1] if a.kind is ActionKind.LAUNCH]
+    assert launches == hora_allocate(list(METHODS_SUCCESSES), 4, 96) == [25, 24, 15, 9, 9, 6, 4, 4]
+    commits = [a.group_id for a in actions[-1] if a.kind is ActionKind.COMMIT]
+    assert commits == list(range(8))  # saturated groups (0/4 and 4/4) are committed too
+
+
+def test_zero_extra_budget_commits_the_probes_alone():
+    gate = HoraGate(pool_of(5), group_size=8, batch_groups=2, probe_size=4, budget=8)
+    _, actions = probe_batch(gate, (1, 3))
+    assert kinds(actions[-1]) == [("commit", 0, 0), ("commit", 1, 0)]
+
+
+def test_next_batch_waits_for_the_next_step():
+    gate = HoraGate(pool_of(20), group_size=8, batch_groups=2)
+    probe_batch(gate, (1, 2))
+    assert gate.admit(10, step=0) == []
+    gate.on_closed(0, committed=True)
+    gate.on_closed(1, committed=True)
+    gate.on_step(0, TrainBatch(0, ()))
+    assert len(gate.admit(10, step=1)) == 2
+
+
+def test_failed_probe_is_relaunched_and_a_hopeless_group_replaced():
+    gate = HoraGate(pool_of(20), group_size=8, batch_groups=2)
+    plans = gate.admit(10, step=0)
+    assert kinds(gate.update(snap(0, plans[0].prompt, (1, 0, 0), failed=1))) == [("launch", 0, 1)]
+    assert kinds(gate.update(snap(0, plans[0].prompt, (1,), failed=8))) == [("abandon", 0, 0)]
+    gate.on_closed(0, committed=False)
+    (replacement,) = gate.admit(10, step=0)
+    assert kinds(gate.update(snap(1, plans[1].prompt, (1, 0, 0, 0)))) == [("hold", 1, 0)]
+    actions = gate.update(snap(2, replacement.prompt, (0, 0, 0, 0)))
+    assert [a.kind.value for a in actions].count("commit") == 2
+
+
+def test_compute_matched_batches_in_the_harness():
+    p = {i: (i % 7) / 6 for i in range(300)}
+    gate = HoraGate(pool_of(300), group_size=8, batch_groups=8)
+    harness = GateHarness(gate, p, HarnessConfig(batch_groups=8, steps=5)).run()
+    harness.check_invariants()
+    for batch in harness.batch_log:
+        assert batch.num_rollouts == 8 * 8  # variable sizes, same total as GRPO
+    sizes = {len(g.rollouts) for b in harness.batch_log for g in b.groups}
+    assert len(sizes) > 1 and min(sizes) >= 4
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"batch_groups": 8, "probe_size": 10}, r"R=-16 < 0"),
+        ({"batch_groups": 2, "probe_size": 4, "budget": 7}, r"gate.hora.budget=7 is below one probe round"),
+        ({"batch_groups": 8, "probe_size": 1}, "probe_size=1"),
+        ({"batch_groups": 8, "prior": (0.0, 1.0)}, "positive Beta"),
+    ],
+)
+def test_bad_settings_are_rejected(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        HoraGate(pool_of(5), group_size=8, **kwargs)

@@ -1,0 +1,48 @@
+"""OracleGate: what it knows (exact p), what it pays (G per opened group), when it gives up."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.gates.oracle import OracleGate
+from gate_harness import GateHarness, HarnessConfig, pool_of
+
+
+def test_never_opens_prompts_it_knows_are_saturated():
+    p = {i: [0.0, 1.0, 0.5][i % 3] for i in range(30)}
+    gate = OracleGate(pool_of(30), 8, p.__getitem__, seed=0)
+    opened = [plan.prompt.prompt_id for _ in range(10) for plan in gate.admit(3, step=0)]
+    assert opened and all(p[i] == 0.5 for i in opened)
+    assert gate.metrics()["gate/skip"] >= 2 * len(opened) - 5
+
+
+def test_opens_a_prompt_with_the_probability_its_group_is_mixed():
+    p = {0: 0.05}
+    gate = OracleGate(pool_of(1), 8, p.__getitem__, seed=0)
+    trials = 4000
+    opened = sum(len(gate.admit(1, step=0)) for _ in range(trials))
+    mixed = 1 - 0.95**8 - 0.05**8
+    assert abs(opened / trials - mixed) < 4 * (mixed * (1 - mixed) / trials) ** 0.5
+
+
+def test_pays_exactly_g_per_group_and_nothing_for_skips():
+    p = {i: [0.0, 0.3, 1.0, 0.7][i % 4] for i in range(200)}
+    gate = OracleGate(pool_of(200), 8, p.__getitem__, seed=0)
+    harness = GateHarness(gate, p, HarnessConfig(batch_groups=8, steps=5, cap_slots=True)).run()
+    harness.check_invariants()
+    assert harness.stats["rollouts"] == 8 * harness.stats["opened"]
+    trained = [g for b in harness.batch_log for g in b.groups]
+    assert {g.prompt_id % 4 for g in trained} <= {1, 3}
+
+
+def test_all_saturated_pool_is_exhausted():
+    p = {i: float(i % 2) for i in range(10)}
+    gate = OracleGate(pool_of(10), 8, p.__getitem__, seed=0)
+    assert gate.admit(4, step=0) == [] and gate.exhausted
+    harness = GateHarness(OracleGate(pool_of(10), 8, p.__getitem__, seed=0), p, HarnessConfig(batch_groups=2)).run()
+    assert harness.stop_reason == "stalled"
+
+
+def test_needs_the_success_probability():
+    with pytest.raises(TypeError, match="success_probability"):
+        OracleGate(pool_of(3), 8, None, seed=0)  # type: ignore[arg-type]

@@ -1,0 +1,164 @@
+"""SaraGate: verdicts at the thresholds, launch modes, carried prior, and the closed forms."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from controller.gates.sara import SaraGate
+from controller.posterior import effective_probability, sara_expected_rollouts, sara_false_abandonment
+from controller.selectors.dps import DpsSelector
+from gate_harness import GateHarness, HarnessConfig, kinds, pool_of, snap
+
+
+def opened(gate: SaraGate, n: int = 1):
+    """Admit n groups and return their prompts, numbering the groups 0..n-1 in order."""
+    return [plan.prompt for plan in gate.admit(n, step=0)]
+
+
+def test_all_same_probe_of_four_in_eight_is_four_ninths():
+    assert math.isclose(effective_probability(0, 4, 8), 4 / 9)
+    gate = SaraGate(pool_of(2), group_size=8, tau_abandon=0.45)
+    (prompt,) = opened(gate)
+    assert kinds(gate.update(snap(0, prompt, (0, 0, 0, 0)))) == [("abandon", 0, 0)]
+
+
+def test_just_above_four_ninths_continues_one_rollout_at_a_time():
+    gate = SaraGate(pool_of(2), group_size=8, tau_abandon=0.44)
+    (prompt,) = opened(gate)
+    assert kinds(gate.update(snap(0, prompt, (1, 1, 1, 1)))) == [("launch", 0, 1)]
+    # 5 all-correct: P_eff = 3/9 <= 0.44
+    assert kinds(gate.update(snap(0, prompt, (1, 1, 1, 1, 1)))) == [("abandon", 0, 0)]
+
+
+def test_continue_band_ends_in_a_commit_when_the_group_turns_mixed():
+    gate = SaraGate(pool_of(2), group_size=16, tau_abandon=0.3, tau_commit=0.9)
+    (prompt,) = opened(gate)
+    assert kinds(gate.update(snap(0, prompt, (0, 0, 0, 0), target=16))) == [("launch", 0, 1)]
+    assert kinds(gate.update(snap(0, prompt, (0, 0, 0, 0, 1), target=16))) == [("launch", 0, 11), ("commit", 0, 0)]
+
+
+def test_mixed_probe_commits_and_launches_the_rest():
+    gate = SaraGate(pool_of(2), group_size=8)
+    (prompt,) = opened(gate)
+    assert kinds(gate.update(snap(0, prompt, (1, 0, 0, 0)))) == [("launch", 0, 4), ("commit", 0, 0)]
+
+
+def test_commit_threshold_applies_to_all_same_probes():
+    gate = SaraGate(pool_of(2), group_size=8, tau_commit=0.4, tau_abandon=0.1)
+    (prompt,) = opened(gate)
+    assert kinds(gate.update(snap(0, prompt, (0, 0, 0, 0)))) == [("launch", 0, 4), ("commit", 0, 0)]
+
+
+def test_no_verdict_before_the_probe_is_in():
+    gate = SaraGate(pool_of(2), group_size=8)
+    (prompt,) = opened(gate)
+    assert gate.update(snap(0, prompt, (0, 0, 0), in_flight=1)) == []
+
+
+def test_failed_probe_samples_are_replaced():
+    gate = SaraGate(pool_of(2), group_size=8)
+    (prompt,) = opened(gate)
+    assert kinds(gate.update(snap(0, prompt, (0, 1, 0), failed=1))) == [("launch", 0, 1)]
+    assert kinds(gate.update(snap(0, prompt, (0,), failed=8))) == [("abandon", 0, 0)]
+
+
+def test_eager_launches_the_whole_group_and_abandons_with_siblings_running():
+    gate = SaraGate(pool_of(2), group_size=8, launch="eager")
+    plans = gate.admit(2, step=0)
+    assert [(p.target_size, p.initial) for p in plans] == [(8, 8), (8, 8)]
+    assert gate.update(snap(0, plans[0].prompt, (0, 0, 0), in_flight=5)) == []
+    assert kinds(gate.update(snap(0, plans[0].prompt, (0, 0, 0, 0), in_flight=4))) == [("abandon", 0, 0)]
+    # mixed after 4 with 4 running: commit, nothing more to launch
+    assert kinds(gate.update(snap(1, plans[1].prompt, (0, 1, 0, 0), in_flight=4))) == [("commit", 1, 0)]
+
+
+@pytest.mark.parametrize("launch", ["probe_first", "eager"])
+def test_launch_modes_pay_differently(launch):
+    p = {i: 0.1 + 0.8 * (i % 5) / 4 for i in range(400)}
+    harness = GateHarness(SaraGate(pool_of(400), 8, launch=launch), p, HarnessConfig(batch_groups=16, steps=10)).run()
+    harness.check_invariants()
+    if launch == "eager":
+        assert harness.stats["aborted"] > 0  # siblings running when the group was abandoned
+    else:
+        assert harness.stats["aborted"] == 0
+
+
+def test_carried_prior_abandons_a_known_hard_prompt_sooner():
+    def gate(discount):
+        return SaraGate(pool_of(1), group_size=8, tau_abandon=0.35, tau_commit=0.5, history_discount=discount)
+
+    for discount, second_verdict in [(0.0, "launch"), (1.0, "abandon")]:
+        g = gate(discount)
+        (prompt,) = opened(g)
+        assert kinds(g.update(snap(0, prompt, (0, 0, 0, 0)))) == [("launch", 0, 1)]  # 4/9 > 0.35
+        assert kinds(g.update(snap(0, prompt, (0, 0, 0, 0, 0)))) == [("abandon", 0, 0)]  # 3/9
+        g.on_closed(0, committed=False)
+        (again,) = opened(g)  # the same prompt, carrying Beta(1, 6) when discount = 1
+        assert g.update(snap(1, again, (0, 0, 0, 0)))[0].kind.value == second_verdict
+
+
+def test_carried_prior_follows_discount_posterior():
+    g = SaraGate(pool_of(1), group_size=8, history_discount=0.5)
+    (prompt,) = opened(g)
+    g.update(snap(0, prompt, (0, 0, 0, 0)))
+    g.on_closed(0, committed=False)
+    assert g._prior_of(prompt.prompt_id) == (1.0, 1.0 + 0.5 * 4)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"tau_abandon": 0.9, "tau_commit": 0.8}, "tau_abandon < tau_commit"),
+        ({"tau_abandon": 0.5, "tau_commit": 0.5}, "tau_abandon < tau_commit"),
+        ({"probe_size": 9}, "probe_size=9"),
+        ({"probe_size": 0}, "probe_size=0"),
+        ({"prior": (-1.0, 1.0)}, "positive Beta"),
+        ({"history_discount": 1.5}, "history_discount"),
+        ({"launch": "lazy"}, "probe_first"),
+    ],
+)
+def test_bad_settings_are_rejected(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SaraGate(pool_of(2), group_size=8, **kwargs)
+
+
+def test_sara_on_dps_releases_and_learns_from_abandoned_probes():
+    selector = DpsSelector(pool_of(3), seed=0, explore=0.0)
+    gate = SaraGate(selector, group_size=8)
+    plans = gate.admit(3, step=0)
+    assert len({p.prompt.prompt_id for p in plans}) == 3
+    assert gate.admit(1, step=0) == []  # every prompt has an open group
+    first = plans[0].prompt
+    gate.update(snap(0, first, (0, 0, 0, 0)))
+    gate.on_closed(0, committed=False)
+    assert selector.belief(first.prompt_id)[0] > 0.9  # all wrong: unsolved
+    assert [p.prompt.prompt_id for p in gate.admit(1, step=0)] == [first.prompt_id]
+
+
+def _closed_form_run(n: int, p: float, seed: int):
+    gate = SaraGate(pool_of(n, seed=seed), group_size=8, probe_size=4)  # abandon iff the 4-probe is all-same
+    cfg = HarnessConfig(batch_groups=256, steps=10_000, max_groups=n, max_async_steps=10_000, learner_time=0.0,
+                        seed=seed)
+    harness = GateHarness(gate, {i: p for i in range(n)}, cfg).run()
+    assert harness.stop_reason == "max_groups" and not harness.groups
+    harness.check_invariants()
+    rollouts = harness.stats["rollouts"] / n
+    false_abandonment = harness.stats["false_abandoned"] / n
+    # standard errors: rollouts per prompt are k or G; false abandonment is a Bernoulli
+    mixed = 1 - p**4 - (1 - p) ** 4
+    se_rollouts = 4 * math.sqrt(mixed * (1 - mixed) / n)
+    fa = sara_false_abandonment(p, 4, 8)
+    se_fa = math.sqrt(fa * (1 - fa) / n)
+    assert abs(rollouts - sara_expected_rollouts(p, 4, 8)) < 4 * se_rollouts, (rollouts, sara_expected_rollouts(p, 4, 8))
+    assert abs(false_abandonment - fa) < 4 * se_fa, (false_abandonment, fa)
+
+
+def test_closed_forms_monte_carlo_small():
+    _closed_form_run(3000, 0.3, seed=1)
+
+
+@pytest.mark.slow
+def test_closed_forms_monte_carlo_20k_prompts():
+    _closed_form_run(20_000, 0.3, seed=2)
