@@ -59,6 +59,8 @@ class HarnessConfig:
     learner_time: float = 0.5
     max_groups: int = 0  # stop admitting after this many groups (0 = no limit)
     cap_slots: bool = False  # also cap slots by the step-ahead room (the orchestrator does not)
+    override_abandon: float = 0.0  # a RAIL-like controller replaces a gate's ABANDON by LAUNCH 2 (<= 2x a group)
+    extend_commit: float = 0.0  # ... or adds one intervention sample after a gate's COMMIT
     seed: int = 0
 
 
@@ -77,6 +79,7 @@ class FakeGroup:
     held: bool = False
     rewards: list[float] = field(default_factory=list)
     running: dict[int, float] = field(default_factory=dict)  # sample index -> start time
+    interventions: int = 0  # abandons the fake controller replaced
     status: str = "open"  # open | shipped | abandoned | dropped
 
     def snapshot(self) -> GroupSnapshot:
@@ -279,9 +282,25 @@ class GateHarness:
         if group.sealed:
             self._ship_ready([group_id])
             return
-        actions = self.gate.update(group.snapshot())
+        actions = self._controller(group, self.gate.update(group.snapshot()))
         self._execute(actions, "update")
         self._check_not_idle(group_id)
+
+    def _controller(self, group: FakeGroup, proposed: list[GroupAction]) -> list[GroupAction]:
+        """What ``controller.on_group(snapshot, proposed)`` returns: the gate's actions, or, as
+        RAIL may, an intervention instead of an ABANDON and extra samples for a committed group."""
+        final = []
+        for a in proposed:
+            mine = a.group_id == group.group_id
+            if (mine and a.kind is ActionKind.ABANDON and group.interventions < 2
+                    and self._uniform() < self.cfg.override_abandon):
+                group.interventions += 1
+                final.append(GroupAction(ActionKind.LAUNCH, a.group_id, n=2, reason="intervene", origin=1))
+                continue
+            final.append(a)
+            if mine and a.kind is ActionKind.COMMIT and self._uniform() < self.cfg.extend_commit:
+                final.append(GroupAction(ActionKind.LAUNCH, a.group_id, n=1, reason="extend", origin=2))
+        return final
 
     def _check_not_idle(self, group_id: int) -> None:
         g = self.groups.get(group_id)
@@ -299,7 +318,7 @@ class GateHarness:
             if group is None:
                 raise ProtocolViolation(f"{where}: {a.kind.value} on group {a.group_id}, which is not open")
             if a.kind is ActionKind.LAUNCH:
-                if group.sealed:
+                if group.sealed and a.origin < 0:
                     raise ProtocolViolation(f"{where}: LAUNCH on sealed group {a.group_id}")
                 if a.n < 1:
                     raise ProtocolViolation(f"{where}: LAUNCH n={a.n} on group {a.group_id}")

@@ -37,6 +37,8 @@ SETTINGS = {
     "tight": HarnessConfig(batch_groups=8, steps=6, max_open_groups=12, max_concurrent_samples=96),
     "batch_of_one": HarnessConfig(batch_groups=1, steps=10),
     "capped_slots": HarnessConfig(batch_groups=8, steps=8, cap_slots=True),
+    # a RAIL-like controller replaces ABANDONs by interventions and extends committed groups
+    "intervening": HarnessConfig(batch_groups=8, steps=8, override_abandon=0.5, extend_commit=0.2),
 }
 
 
@@ -45,7 +47,7 @@ def test_is_a_gate(kind):
     assert isinstance(make_gate(kind, probabilities(20), batch_groups=4), Gate)
 
 
-FAST = ("default", "failures", "capped_slots")
+FAST = ("default", "failures", "capped_slots", "intervening")
 
 
 def settings(names):
@@ -87,7 +89,7 @@ def test_adaptive_gates_train_only_on_effective_groups(kind):
         assert 0.0 < effective <= 1.0
 
 
-@pytest.mark.parametrize("setting", settings(["default", "failures", "run_ahead", "capped_slots"]))
+@pytest.mark.parametrize("setting", settings(["default", "failures", "run_ahead", "capped_slots", "intervening"]))
 @pytest.mark.parametrize("kind", GATE_KINDS)
 def test_checkpoint_restore_is_exact(kind, setting):
     cfg = SETTINGS[setting]

@@ -117,3 +117,11 @@ def test_cost_is_rounds_times_oversample_when_surplus_is_discarded():
 def test_bad_settings_are_rejected(kwargs, match):
     with pytest.raises(ValueError, match=match):
         DynamicSamplingGate(pool_of(5), group_size=8, batch_groups=2, **kwargs)
+
+
+def test_an_abandon_replaced_by_an_intervention_is_judged_again():
+    gate, prompts = gate_with_round()
+    assert [a.reason for a in gate.update(snap(0, prompts[0], ZEROS, target=4))] == ["zero_std"]
+    # the controller launched 2 recovery samples instead of abandoning; one of them succeeded
+    assert gate.update(snap(0, prompts[0], ZEROS + (1,), in_flight=1, target=4)) == []
+    assert [a.reason for a in gate.update(snap(0, prompts[0], ZEROS + (1, 0), target=4))] == ["effective"]

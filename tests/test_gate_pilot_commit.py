@@ -146,3 +146,12 @@ def test_round_cap_error_and_fill_in_the_harness():
 def test_bad_settings_are_rejected(kwargs, match):
     with pytest.raises(ValueError, match=match):
         PilotCommitGate(pool_of(5), group_size=8, batch_groups=2, **kwargs)
+
+
+def test_an_abandon_replaced_by_an_intervention_is_judged_again_without_a_second_eviction_count():
+    gate = PilotCommitGate(pool_of(20), group_size=8, batch_groups=4)
+    prompt = gate.admit(1, step=0)[0].prompt
+    assert [a.reason for a in gate.update(snap(0, prompt, (1, 1, 1, 1)))] == ["skip"]
+    actions = gate.update(snap(0, prompt, (1, 1, 1, 1, 0, 0)))  # two recovery samples failed: 4/6 in band
+    assert kinds(actions) == [("launch", 0, 2), ("commit", 0, 0)]
+    assert gate._streak == {prompt.prompt_id: 1}

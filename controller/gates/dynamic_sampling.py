@@ -130,7 +130,8 @@ class DynamicSamplingGate(BaseGate):
         for prompt in prompts:
             self._book.add(
                 prompt.prompt_id,
-                {"step": series["step"], "round": series["round"], "fallback": series["fallback"], "verdict": ""},
+                {"step": series["step"], "round": series["round"], "fallback": series["fallback"], "verdict": "",
+                 "counted": False},
             )
             plans.append(GroupPlan(prompt, self.group_size, self.group_size))
         return plans
@@ -139,9 +140,14 @@ class DynamicSamplingGate(BaseGate):
 
     def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
         rec = self._record(snapshot)
+        if rec["verdict"] == "abandon":
+            rec["verdict"] = ""  # a controller replaced our ABANDON by an intervention: judge again
         if rec["verdict"] or snapshot.in_flight > 0:
             return []
         actions = [self._judge(snapshot, rec)]
+        if rec["counted"]:
+            return actions
+        rec["counted"] = True
         series = self._series
         if rec["step"] == series["step"] and rec["round"] == series["round"]:
             series["pending"] -= 1
@@ -214,7 +220,7 @@ class DynamicSamplingGate(BaseGate):
     def _closed(self, group_id: int, rec: dict[str, Any], committed: bool) -> None:
         if rec["verdict"] == "commit" and not committed:
             self._quota.uncommit()  # dropped by the orchestrator: its place in the batch is free again
-        if not rec["verdict"] and rec["step"] == self._series["step"] and rec["round"] == self._series["round"]:
+        if not rec["counted"] and rec["step"] == self._series["step"] and rec["round"] == self._series["round"]:
             self._series["pending"] -= 1
         for queue in (self._held, self._candidates):
             if group_id in queue:

@@ -132,6 +132,10 @@ class HoraGate(BaseGate):
             rec["phase"] = "commit"
             self._verdicts.add("replacement")
             return [commit(gid, "hora replacement")]
+        if rec["phase"] == "abandoned":
+            return [abandon(gid, "failures")]  # a controller replaced our ABANDON: propose it again
+        if rec["phase"] == "wait" and snapshot.in_flight == 0:
+            return [hold(gid, "await batch")]  # a controller added samples while it waited
         if rec["phase"] != "probe" or snapshot.in_flight > 0:
             return []
         if snapshot.finished < self.probe_size:

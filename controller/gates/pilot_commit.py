@@ -167,7 +167,8 @@ class PilotCommitGate(BaseGate):
         series["pending"] += len(prompts)
         plans = []
         for prompt in prompts:
-            plan = {"step": series["step"], "round": series["round"], "fallback": series["fallback"], "verdict": ""}
+            plan = {"step": series["step"], "round": series["round"], "fallback": series["fallback"], "verdict": "",
+                    "counted": False}
             self._book.add(prompt.prompt_id, plan)
             plans.append(GroupPlan(prompt, self.group_size, self.pilot_size))
         return plans
@@ -177,6 +178,10 @@ class PilotCommitGate(BaseGate):
     def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
         rec = self._record(snapshot)
         gid = snapshot.group_id
+        if rec["verdict"] == "abandon":
+            # A controller replaced our ABANDON by an intervention: judge the grown pilot again
+            # (its eviction count already happened).
+            rec["verdict"], rec["rejudge"] = "", True
         if rec["verdict"] or snapshot.in_flight > 0:
             return []
         if snapshot.finished < self.pilot_size:
@@ -189,8 +194,9 @@ class PilotCommitGate(BaseGate):
         actions += self._drain()
         if rec["verdict"] == "" and gid in self._buffer:
             actions.append(self._verdict(rec, hold(gid, "buffered")))
+        counted, rec["counted"] = rec["counted"], True
         series = self._series
-        if rec["step"] == series["step"] and rec["round"] == series["round"]:
+        if not counted and rec["step"] == series["step"] and rec["round"] == series["round"]:
             series["pending"] -= 1
             if series["pending"] == 0 and series["to_open"] == 0:
                 actions += self._round_ended()
@@ -200,14 +206,8 @@ class PilotCommitGate(BaseGate):
         gid, pid = snapshot.group_id, snapshot.prompt.prompt_id
         p_hat = snapshot.successes / snapshot.finished
         rec["p_hat"] = p_hat
-        if p_hat >= self.p_solve:
-            self._streak[pid] = self._streak.get(pid, 0) + 1
-            if self.evict_after and self._streak[pid] >= self.evict_after:
-                del self._streak[pid]
-                self.source.evict(pid)
-                return [self._verdict(rec, abandon(gid, "evict"))]
-        else:
-            self._streak.pop(pid, None)
+        if not rec.get("rejudge") and self._evicts(pid, p_hat):
+            return [self._verdict(rec, abandon(gid, "evict"))]
         if self.p_low <= p_hat <= 1.0 - self.p_up or rec["fallback"]:
             self._buffer.append(gid)
             rec["born"] = self._quota.horizon
@@ -219,6 +219,18 @@ class PilotCommitGate(BaseGate):
             rec["reason"] = reason
             return [self._verdict(rec, hold(gid, "fallback_candidate"))]
         return [self._verdict(rec, abandon(gid, reason))]
+
+    def _evicts(self, prompt_id: int, p_hat: float) -> bool:
+        """Count a pilot toward eviction; True (and evicted) after ``evict_after`` in a row."""
+        if p_hat < self.p_solve:
+            self._streak.pop(prompt_id, None)
+            return False
+        self._streak[prompt_id] = self._streak.get(prompt_id, 0) + 1
+        if not self.evict_after or self._streak[prompt_id] < self.evict_after:
+            return False
+        del self._streak[prompt_id]
+        self.source.evict(prompt_id)
+        return True
 
     def _verdict(self, rec: dict[str, Any], action: GroupAction) -> GroupAction:
         rec["verdict"] = action.kind.value
@@ -279,7 +291,7 @@ class PilotCommitGate(BaseGate):
     def _closed(self, group_id: int, rec: dict[str, Any], committed: bool) -> None:
         if rec["verdict"] == "commit" and not committed:
             self._quota.uncommit()
-        if not rec["verdict"] and rec["step"] == self._series["step"] and rec["round"] == self._series["round"]:
+        if not rec["counted"] and rec["step"] == self._series["step"] and rec["round"] == self._series["round"]:
             self._series["pending"] -= 1
         for queue in (self._buffer, self._candidates):
             if group_id in queue:
