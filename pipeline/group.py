@@ -44,7 +44,7 @@ class GroupRun:
             prompt=self.prompt,
             target_size=self.target_size,
             rewards=self.rewards,
-            in_flight=len(self.in_flight),
+            in_flight=len(self.in_flight) + self.queued,  # queued launches are as good as running
             launched=self.launched,
             failed=self.failed,
             tokens=self.tokens,

@@ -11,7 +11,9 @@ One anyio task group owns every task:
   groups while the step-ahead, open-group and concurrency limits allow;
 * the **learner task** writes each ``TrainBatch`` to the Arrow buffer, runs the learner step in
   a worker thread, pushes the new weights into the engine, evaluates, and reports a ``StepDone``
-  to the tracker.
+  to the tracker. Generation and learning overlap; ``max_async_steps`` bounds how far ahead.
+  On a ``VirtualClock`` (the simulator) learning takes no engine time, so the tracker trains
+  each batch inline the moment it fills: same results, and reproducible runs.
 
 Streams are bounded (``orchestrator.stream_buffer``; the batch stream holds
 ``max_async_steps`` batches), so a slow learner or reward function back-pressures generation
@@ -199,6 +201,7 @@ class Orchestrator:
         self._checkpoint_every = checkpoint_every
 
         self._token_hooks = bool(getattr(controller, "wants_tokens", False))
+        self._inline_learner = isinstance(self.clock, VirtualClock)
         self._default_params = SamplingParams(
             temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens
         )
@@ -247,7 +250,8 @@ class Orchestrator:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 self._inbox = inbox_send
-                tg.start_soon(self._learner_loop, batch_recv, inbox_send.clone())
+                if not self._inline_learner:
+                    tg.start_soon(self._learner_loop, batch_recv, inbox_send.clone())
                 await self._tracker(inbox_recv, batch_send)
                 tg.cancel_scope.cancel()
         except BaseExceptionGroup as group:
@@ -287,11 +291,26 @@ class Orchestrator:
                 elif isinstance(msg, ControllerActions):
                     self._execute(msg.actions, source="controller")
                 self._ship_ready()
-                self._send_batches(batches)
+                if self._inline_learner:
+                    await self._train_inline()
+                else:
+                    self._send_batches(batches)
                 self._pump_launches()
                 self._admit()
         if not self._stop_reason:
             self._stop_reason = "steps"
+
+    async def _train_inline(self) -> None:
+        """Virtual engine time: learning takes none of it, so each batch is trained at the very
+        moment it fills, before anything else happens -- which also makes runs reproducible
+        (a learner thread would finish at a wall-clock-dependent point between events)."""
+        b = self.config.batch_groups
+        while len(self._pending) >= b and self._batches_sent < self.config.steps and not self._stop_reason:
+            batch = TrainBatch(step=self._batches_sent, groups=tuple(self._pending[:b]))
+            del self._pending[:b]
+            self._batches_sent += 1
+            self._sent_untrained.append(batch)
+            self._on_step_done(await self._learn(batch, in_thread=False))
 
     def _send_batches(self, batches: MemoryObjectSendStream) -> None:
         b = self.config.batch_groups
@@ -336,7 +355,8 @@ class Orchestrator:
         if self._budget_spent():
             return
         free = cfg.max_concurrent_samples - self._in_flight - len(self._launch_queue)
-        slots = min(cfg.max_open_groups - len(self._groups), free // cfg.group_size)
+        room = (cfg.max_async_steps + 1) * b - committed_ahead
+        slots = min(cfg.max_open_groups - len(self._groups), free // cfg.group_size, room)
         if slots <= 0:
             return
         for plan in self.gate.admit(slots, self._batches_sent):
@@ -650,24 +670,33 @@ class Orchestrator:
     async def _learner_loop(self, batches: MemoryObjectReceiveStream, inbox: MemoryObjectSendStream) -> None:
         async with batches, inbox:
             async for batch in batches:
-                if self.buffer is not None:
-                    batch = await anyio.to_thread.run_sync(self._through_buffer, batch)
-                result = await anyio.to_thread.run_sync(self.learner.step, batch)
-                await self.engine.update_weights(self.learner.weights())
-                metrics = self._step_metrics(batch, result)
-                step = batch.step + 1
-                # A deep copy now, before the next step starts mutating the weights in its thread.
-                learner_state = copy.deepcopy(self.learner.state_dict()) if self._checkpoint_due(step) else None
-                if self.evaluator is not None and (
-                    step == self.config.steps or (self.config.eval_every and step % self.config.eval_every == 0)
-                ):
-                    evaluation = await self.evaluator.evaluate(step)
-                    metrics.update(evaluation)
-                    self._record_eval(step, evaluation)
-                self.metrics.write(step, metrics)
-                if self.on_step is not None:
-                    self.on_step(step, metrics)
-                await inbox.send(StepDone(batch, result, learner_state))
+                await inbox.send(await self._learn(batch, in_thread=True))
+
+    async def _learn(self, batch: TrainBatch, in_thread: bool) -> StepDone:
+        """One learner step on ``batch``: buffer, step, new weights, evaluation, metrics."""
+        if in_thread:
+            if self.buffer is not None:
+                batch = await anyio.to_thread.run_sync(self._through_buffer, batch)
+            result = await anyio.to_thread.run_sync(self.learner.step, batch)
+        else:
+            if self.buffer is not None:
+                batch = self._through_buffer(batch)
+            result = self.learner.step(batch)
+        await self.engine.update_weights(self.learner.weights())
+        metrics = self._step_metrics(batch, result)
+        step = batch.step + 1
+        # A deep copy now, before the next step starts mutating the weights in its thread.
+        learner_state = copy.deepcopy(self.learner.state_dict()) if self._checkpoint_due(step) else None
+        if self.evaluator is not None and (
+            step == self.config.steps or (self.config.eval_every and step % self.config.eval_every == 0)
+        ):
+            evaluation = await self.evaluator.evaluate(step)
+            metrics.update(evaluation)
+            self._record_eval(step, evaluation)
+        self.metrics.write(step, metrics)
+        if self.on_step is not None:
+            self.on_step(step, metrics)
+        return StepDone(batch, result, learner_state)
 
     def _through_buffer(self, batch: TrainBatch) -> TrainBatch:
         record_batch = self.buffer.put(batch)

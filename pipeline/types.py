@@ -150,7 +150,7 @@ class GroupSnapshot:
     prompt: Prompt
     target_size: int
     rewards: tuple[float, ...]  # rewards of valid finished samples, in finishing order
-    in_flight: int  # samples launched and not yet finished
+    in_flight: int  # samples launched (or queued for engine capacity) and not yet finished
     launched: int  # samples ever launched for this group (including failed and aborted)
     failed: int  # samples that ended with ERROR
     tokens: int  # tokens generated so far by this group's samples
