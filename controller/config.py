@@ -130,8 +130,9 @@ class SaraConfig:
     history_discount: float = 0.0
     """Our extension: carry each prompt's posterior between its groups, shrunk toward the prior
     by this factor per carry (0 = off, the paper's setting)."""
-    launch: Literal["probe_first", "eager"] = "probe_first"
-    """probe_first: launch k, the rest on commit. eager: launch all G, abort siblings on abandon."""
+    launch: Literal["probe_first", "eager", "streaming"] = "probe_first"
+    """probe_first: launch k, the rest on commit. eager: launch all G, abort siblings on abandon.
+    streaming: launch k, commit (and launch the rest) as soon as the group is mixed."""
 
     def __post_init__(self) -> None:
         key = "gate.sara"

@@ -17,7 +17,12 @@ The budget an abandoned group frees goes to fresh prompts: ``admit`` opens a gro
 slot the orchestrator offers.
 
 Launch modes (``launch``): ``probe_first`` starts k rollouts and the rest on commit;
-``eager`` starts all G at once and pays for the aborted siblings' tokens, buying latency.
+``eager`` starts all G at once and pays for the aborted siblings' tokens, buying latency;
+``streaming`` (ours) starts k like probe-first but commits the moment the group is mixed,
+even before the probe is in -- a mixed group's ``P_eff`` is 1 whatever comes next -- so the
+rest of the group starts while the probe's stragglers are still generating. It spends exactly
+what probe-first spends (the same groups are abandoned, after the same k) and cuts the time a
+committed group waits for its probe's slowest sample.
 
 Prior: uniform ``prior = (1, 1)`` by default. Our extension, off by default: with
 ``history_discount = gamma > 0`` each prompt carries its posterior between groups, shrunk
@@ -57,7 +62,7 @@ class SaraGate(BaseGate):
         gamma in [0, 1]: carry each prompt's posterior to its next group, shrunk toward the
         prior by gamma; 0 turns it off.
     launch
-        ``"probe_first"`` or ``"eager"``.
+        ``"probe_first"``, ``"eager"`` or ``"streaming"``.
 
     Examples
     --------
@@ -83,7 +88,7 @@ class SaraGate(BaseGate):
         tau_abandon: float = 0.45,
         prior: tuple[float, float] = (1.0, 1.0),
         history_discount: float = 0.0,
-        launch: Literal["probe_first", "eager"] = "probe_first",
+        launch: Literal["probe_first", "eager", "streaming"] = "probe_first",
     ):
         super().__init__(source, group_size)
         if not 1 <= probe_size <= group_size:
@@ -100,8 +105,8 @@ class SaraGate(BaseGate):
             raise ValueError(f"prior={tuple(prior)} must be two positive Beta pseudo-counts, e.g. (1.0, 1.0)")
         if not 0.0 <= history_discount <= 1.0:
             raise ValueError(f"history_discount={history_discount} must be in [0, 1] (0 = no carried prior)")
-        if launch not in ("probe_first", "eager"):
-            raise ValueError(f"launch={launch!r} must be 'probe_first' or 'eager'")
+        if launch not in ("probe_first", "eager", "streaming"):
+            raise ValueError(f"launch={launch!r} must be 'probe_first', 'eager' or 'streaming'")
         self.probe_size = probe_size
         self.tau_commit = tau_commit
         self.tau_abandon = tau_abandon
@@ -114,7 +119,7 @@ class SaraGate(BaseGate):
     # --- admission ----------------------------------------------------------------------
 
     def admit(self, slots: int, step: int) -> list[GroupPlan]:
-        initial = self.probe_size if self.launch == "probe_first" else self.group_size
+        initial = self.group_size if self.launch == "eager" else self.probe_size
         plans = []
         for prompt in self.source.take(max(slots, 0)):
             a, b = self._prior_of(prompt.prompt_id)
@@ -141,9 +146,13 @@ class SaraGate(BaseGate):
         if too_many_failures(snapshot):
             self._verdicts.add("abandon_failures")
             return [abandon(gid, "failures")]
+        if t < self.probe_size and self.launch == "streaming" and snapshot.is_mixed:
+            self._verdicts.add("commit_early")
+            rest = self.group_size - t - running
+            return ([launch(gid, rest, "sara rest")] if rest > 0 else []) + [commit(gid, "sara mixed before the probe is in")]
         if t < self.probe_size:
             # The probe is not in yet; replace samples the engine failed on.
-            wanted = self.probe_size if self.launch == "probe_first" else self.group_size
+            wanted = self.group_size if self.launch == "eager" else self.probe_size
             missing = wanted - t - running
             return [launch(gid, missing, "replace failed")] if running == 0 and missing > 0 else []
         p_eff = self.predict(snapshot.successes, snapshot.failures, (rec["a"], rec["b"]))
@@ -157,7 +166,7 @@ class SaraGate(BaseGate):
         self._verdicts.add("continue")
         if running > 0:
             return []
-        more = 1 if self.launch == "probe_first" else self.group_size - t
+        more = self.group_size - t if self.launch == "eager" else 1
         return [launch(gid, more, f"sara continue p_eff={p_eff:.3f}")]
 
     # --- history ------------------------------------------------------------------------
