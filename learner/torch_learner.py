@@ -1,0 +1,356 @@
+"""The real learner: PPO-clip policy-gradient steps on a transformers causal LM.
+
+One ``step(batch)``:
+
+1. advantages per group (``learner.advantages``; variable-size groups), and which groups
+   enter the loss (all, or only the non-saturated ones with ``mask_saturated``);
+2. rollouts packed into right-padded micro-batches (``learner.packing``);
+3. for each of ``ppo_epochs``: for every micro-batch, the response tokens' log-probs under
+   the current policy, the clipped surrogate against the engine's log-probs (the "old"
+   policy; the engines report log-probs at temperature 1, the distribution scored here),
+   aggregated with batch-wide normalisers so that micro-batching does not change the
+   gradient; backward; then one clipped-gradient AdamW step;
+4. ``policy_version`` + 1 and ``learner/…`` metrics.
+
+On-policy data gives a ratio of 1 up to numerics (engine and learner run the same weights);
+stale samples (from an engine that ran ahead by ``max_async_steps``) are clipped like any
+off-policy PPO sample. The model stays in eval mode: dropout would make the ratio of
+on-policy data differ from 1. The learner draws its random numbers (dropout, if ever turned
+on) from a private stream saved in ``state_dict``, so a resumed run repeats exactly.
+
+>>> import torch
+>>> from transformers import LlamaConfig, LlamaForCausalLM
+>>> from pipeline.types import CommittedGroup, FinishReason, Rollout, TrainBatch
+>>> _ = torch.manual_seed(0)
+>>> model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32,
+...     num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=32))
+>>> learner = TorchLearner(model, LearnerConfig(), pad_id=0)
+>>> def rollout(i, tokens, reward):
+...     r = Rollout(f"g0.s{i}", i, (1, 5), tokens, (0.0,) * len(tokens), reward, FinishReason.STOP, 0)
+...     return Rollout(r.request_id, i, r.prompt_token_ids, tokens, learner.logprobs([r])[0], reward, r.finish_reason, 0)
+>>> batch = TrainBatch(0, (CommittedGroup(0, 0, (rollout(0, (7, 2), 1.0), rollout(1, (8, 9, 2), 0.0)), 2, 5),))
+>>> result = learner.step(batch)
+>>> result.policy_version, result.metrics["learner/tokens"], result.metrics["learner/clip_frac"]
+(1, 5.0, 0.0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from learner.advantages import compute_advantages, saturated_mask
+from learner.config import LearnerConfig
+from learner.losses import ppo_clip_loss
+from learner.packing import BatchError, Chunk, pack
+from pipeline.types import Rollout, StepResult, TrainBatch
+
+
+class TorchLearner:
+    """Implements the ``pipeline.protocols.Learner`` protocol for a transformers causal LM.
+
+    Parameters
+    ----------
+    model
+        The policy (any ``AutoModelForCausalLM``-style module returning ``.logits``); trained
+        in place. The engine must hold its own copy (it is fed through ``weights()``).
+    config
+        ``LearnerConfig``.
+    pad_id
+        Token id used to right-pad rows; never scored.
+    ref_model
+        Reference policy for the KL penalty; used only when ``config.kl_coef > 0``, and then
+        defaulting to a frozen copy of ``model`` as it is at construction.
+    """
+
+    def __init__(self, model: torch.nn.Module, config: LearnerConfig, pad_id: int, ref_model: torch.nn.Module | None = None):
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.model = model
+        self.config = config
+        self.pad_id = int(pad_id)
+        self.ref_model = None
+        if config.kl_coef > 0:
+            self.ref_model = ref_model if ref_model is not None else copy.deepcopy(model)
+            self.ref_model.requires_grad_(False).eval()
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        if not self._params:
+            raise ValueError("the model has no trainable parameters (all requires_grad=False); unfreeze it before training")
+        self.device = self._params[0].device
+        self.optimizer = torch.optim.AdamW(
+            self._params, lr=config.lr, betas=tuple(config.betas), eps=config.adam_eps, weight_decay=config.weight_decay
+        )
+        vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+        self.vocab_size = int(vocab) if vocab else None
+        self._version = 0
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            self._rng_state = torch.get_rng_state()
+
+    @property
+    def policy_version(self) -> int:
+        """Optimisation steps taken (a batch counts once, whatever ``ppo_epochs``)."""
+        return self._version
+
+    # --- the protocol ----------------------------------------------------------------------
+
+    def advantages(self, batch: TrainBatch) -> tuple[tuple[float, ...], ...]:
+        """Per-group advantages of ``batch`` under ``config.algorithm`` (what the buffer stores)."""
+        return compute_advantages(batch.groups, self.config.algorithm, eps=self.config.adv_eps, ddof=self.config.std_ddof)
+
+    def step(self, batch: TrainBatch) -> StepResult:
+        """One optimisation step (``ppo_epochs`` of them) on ``batch``; see the module docstring."""
+        start = time.perf_counter()
+        cfg = self.config
+        plan = self._plan(batch)  # 1) and 2)
+        # 3) ppo_epochs optimiser steps over the whole batch
+        totals = dict(loss=0.0, grad_norm=0.0, clip=0.0, kl=0.0, kl_ref=0.0, ent=0.0, tokens=0.0, skipped=0.0)
+        epochs = cfg.ppo_epochs if plan.chunks else 0
+        with self._private_rng(keep=True):
+            for _ in range(epochs):
+                self.optimizer.zero_grad(set_to_none=True)
+                self._backward(plan, totals)
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf))
+                totals["grad_norm"] += grad_norm
+                if math.isfinite(grad_norm):
+                    self.optimizer.step()
+                else:  # a NaN/inf gradient would destroy the weights: skip, and say so
+                    totals["skipped"] += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        # 4) report
+        self._version += 1
+        tok = totals["tokens"] or 1.0
+        metrics = dict(plan.metrics)
+        metrics.update({
+            "learner/loss": totals["loss"] / max(epochs, 1),
+            "learner/grad_norm": totals["grad_norm"] / max(epochs, 1),
+            "learner/clip_frac": totals["clip"] / tok,
+            "learner/approx_kl": totals["kl"] / tok,
+            "learner/entropy": totals["ent"] / tok,
+            "learner/tokens": plan.num_tokens,
+            # an all-saturated batch under mask_saturated has nothing to train on: no update
+            "learner/skipped_steps": totals["skipped"] if plan.chunks else float(cfg.ppo_epochs),
+            "learner/lr": float(self.optimizer.param_groups[0]["lr"]),
+            "learner/step_s": time.perf_counter() - start,
+        })
+        if self.ref_model is not None:
+            metrics["learner/kl_ref"] = totals["kl_ref"] / tok
+        return StepResult(step=batch.step, policy_version=self._version, metrics=metrics)
+
+    def compute_gradients(self, batch: TrainBatch) -> dict[str, torch.Tensor]:
+        """The gradient of ``batch``'s loss under the current policy, by parameter name, with no
+        optimiser step and no change of state (for tests and diagnostics)."""
+        plan = self._plan(batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        with self._private_rng(keep=False):
+            self._backward(plan, dict.fromkeys(("loss", "clip", "kl", "kl_ref", "ent", "tokens"), 0.0))
+        grads = {
+            name: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+            for name, p in self.model.named_parameters() if p.requires_grad
+        }
+        self.optimizer.zero_grad(set_to_none=True)
+        return grads
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """A detached copy of the policy's state dict, for the engine's in-place ``load_state_dict``."""
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Model, optimiser, RNG stream and version: everything an exact resume needs (copies)."""
+        state = {
+            "model": self.weights(),
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "rng": self._rng_state.clone(),
+            "version": self._version,
+        }
+        if self.ref_model is not None:
+            state["ref_model"] = {k: v.detach().clone() for k, v in self.ref_model.state_dict().items()}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        missing = [k for k in ("model", "optimizer", "rng", "version") if k not in state]
+        if missing:
+            raise KeyError(f"learner state lacks {', '.join(missing)}; pass what TorchLearner.state_dict() returned")
+        self.model.load_state_dict(state["model"])
+        # load_state_dict keeps tensors it is given when dtype and device already match:
+        # copy, or later steps would mutate the caller's checkpoint in place.
+        self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
+        self._rng_state = state["rng"].clone()
+        self._version = int(state["version"])
+        if self.ref_model is not None and "ref_model" in state:
+            self.ref_model.load_state_dict(state["ref_model"])
+
+    # --- one step's pieces -------------------------------------------------------------------
+
+    def _plan(self, batch: TrainBatch) -> "_Plan":
+        cfg = self.config
+        _check_batch(batch)
+        # 1) advantages, and the rollouts that enter the loss
+        advantages = self.advantages(batch)
+        saturated = saturated_mask(batch.groups)
+        rows: list[Rollout] = []
+        row_adv: list[float] = []
+        for group, adv, sat in zip(batch.groups, advantages, saturated):
+            if not (sat and cfg.mask_saturated):
+                rows.extend(group.rollouts)
+                row_adv.extend(adv)
+        # 2) micro-batches; the loss normalisers are the whole batch's
+        chunks = pack(rows, row_adv, self.pad_id, cfg.micro_batch, self.vocab_size, self.device, cfg.share_prompts)
+        return _Plan(
+            chunks=chunks,
+            num_tokens=float(sum(len(r.token_ids) for r in rows)),
+            num_seqs=float(len(rows)),
+            metrics=_batch_metrics(batch, advantages, saturated, row_adv, self._version),
+        )
+
+    def _backward(self, plan: "_Plan", totals: dict[str, float]) -> None:
+        """Accumulate the gradient of the whole batch's loss, one micro-batch at a time."""
+        self.model.train(False)
+        for chunk in plan.chunks:
+            out = self._chunk_loss(chunk, plan.num_tokens, plan.num_seqs)
+            out.loss.backward()
+            totals["loss"] += float(out.loss.detach())
+            for key, value in (("clip", out.clip_frac), ("kl", out.approx_kl), ("kl_ref", out.kl_ref), ("ent", out.entropy)):
+                totals[key] += value * out.tokens
+            totals["tokens"] += out.tokens
+
+    @contextlib.contextmanager
+    def _private_rng(self, keep: bool):
+        """Run with the learner's own torch RNG stream (saved back when ``keep``); the
+        process-wide stream is left as it was."""
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(self._rng_state)
+            yield
+            if keep:
+                self._rng_state = torch.get_rng_state()
+
+    # --- scoring -----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def logprobs(self, rollouts: Sequence[Rollout]) -> list[tuple[float, ...]]:
+        """Log-probs of each rollout's response tokens under the current policy (temperature 1),
+        in the order given; the rollouts' own ``logprobs`` are not used."""
+        stub = [Rollout(r.request_id, r.sample_index, r.prompt_token_ids, r.token_ids, (0.0,) * len(r.token_ids),
+                        r.reward, r.finish_reason, r.policy_version) for r in rollouts]
+        out: list[tuple[float, ...]] = [()] * len(stub)
+        self.model.train(False)
+        chunks = pack(stub, [0.0] * len(stub), self.pad_id, self.config.micro_batch, self.vocab_size, self.device,
+                      self.config.share_prompts)
+        for chunk in chunks:
+            lp, _ = self._response_logprobs(self.model, chunk, entropy=False)
+            for row, i in enumerate(chunk.index):
+                out[i] = tuple(lp[row][chunk.loss_mask[row]].tolist())
+        return out
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.config.dtype == "bfloat16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _response_logprobs(self, model: torch.nn.Module, chunk: Chunk, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``[b, L]`` log-probs of the response tokens (0 past each end) and, optionally, entropies."""
+        with self._autocast():
+            logits = _shared_logits(model, chunk) if chunk.shared else _full_logits(model, chunk)
+        # Normalise only at response positions: prompt and pad rows of a large vocabulary
+        # would cost a full log-softmax each for nothing.
+        selected = torch.log_softmax(logits[chunk.loss_mask].float(), dim=-1)
+        token_lp = selected.gather(-1, chunk.targets[chunk.loss_mask][:, None])[:, 0]
+        full = torch.zeros(chunk.loss_mask.shape, dtype=torch.float32, device=token_lp.device)
+        full = full.masked_scatter(chunk.loss_mask, token_lp)
+        ent = None
+        if entropy:
+            with torch.no_grad():
+                p_logp = selected.detach().exp() * selected.detach()
+                ent = torch.zeros_like(full).masked_scatter(chunk.loss_mask, -p_logp.sum(-1))
+        return full, ent
+
+    def _chunk_loss(self, chunk: Chunk, num_tokens: float, num_seqs: float):
+        cfg = self.config
+        logprobs, entropy = self._response_logprobs(self.model, chunk, entropy=True)
+        if self.ref_model is not None and chunk.ref_logprobs is None:
+            with torch.no_grad():  # the reference is fixed: score it once per batch, not per epoch
+                chunk.ref_logprobs = self._response_logprobs(self.ref_model, chunk, entropy=False)[0]
+        return ppo_clip_loss(
+            logprobs, chunk.old_logprobs, chunk.advantages, chunk.loss_mask,
+            clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.loss_agg,
+            num_tokens=num_tokens, num_seqs=num_seqs,
+            ref_logprobs=chunk.ref_logprobs, kl_coef=cfg.kl_coef, entropy=entropy,
+        )
+
+
+@dataclass
+class _Plan:
+    """A batch made ready for the loss: its micro-batches, normalisers and batch metrics."""
+
+    chunks: list[Chunk]
+    num_tokens: float
+    num_seqs: float
+    metrics: dict[str, float]
+
+
+def _full_logits(model: torch.nn.Module, chunk: Chunk) -> torch.Tensor:
+    """``[b, L, V]`` logits predicting each response token, from full prompt + response rows."""
+    logits = model(input_ids=chunk.input_ids, attention_mask=chunk.attention_mask, use_cache=False).logits
+    index = chunk.score_positions[..., None].expand(-1, -1, logits.shape[-1])
+    return logits.gather(1, index)
+
+
+def _shared_logits(model: torch.nn.Module, chunk: Chunk) -> torch.Tensor:
+    """``[b, L, V]`` logits predicting each response token: each distinct prompt runs once,
+    its cache is copied to its rows (differentiably), the responses run on top of it."""
+    prompts = model(input_ids=chunk.prompt_ids, attention_mask=chunk.prompt_mask, use_cache=True)
+    rows = torch.arange(len(chunk.prompt_lengths), device=chunk.prompt_ids.device)
+    first = prompts.logits[rows, chunk.prompt_lengths - 1][chunk.row_prompt]  # predicts response token 0
+    width = chunk.targets.shape[1]
+    if width == 1:  # one-token responses: the prompts' last logits are all there is to score
+        return first[:, None]
+    cache = prompts.past_key_values
+    if cache is None or not hasattr(cache, "batch_select_indices"):
+        raise TypeError(
+            f"{type(model).__name__} returned no key/value cache to share prompts with; set learner.share_prompts=false"
+        )
+    cache.batch_select_indices(chunk.row_prompt)
+    attention = torch.cat([chunk.prompt_mask[chunk.row_prompt], chunk.loss_mask.to(chunk.prompt_mask.dtype)], dim=1)
+    positions = chunk.prompt_lengths[chunk.row_prompt][:, None] + torch.arange(width, device=rows.device)
+    # The last response token predicts nothing we score: leave it out of the forward pass.
+    rest = model(
+        input_ids=chunk.targets[:, :-1], attention_mask=attention[:, :-1], position_ids=positions[:, :-1],
+        past_key_values=cache, use_cache=True,
+    ).logits
+    return torch.cat([first[:, None], rest], dim=1)
+
+
+def _check_batch(batch: TrainBatch) -> None:
+    if not batch.groups:
+        raise BatchError(f"TrainBatch(step={batch.step}) has no groups; the learner needs at least one committed group")
+    for group in batch.groups:
+        if not group.rollouts:
+            raise BatchError(
+                f"group {group.group_id} of step {batch.step} has no rollouts; commit only groups with finished samples"
+            )
+
+
+def _batch_metrics(
+    batch: TrainBatch, advantages: Sequence[Sequence[float]], saturated: Sequence[bool], trained_adv: Sequence[float], version: int
+) -> dict[str, float]:
+    rewards = [r.reward for g in batch.groups for r in g.rollouts]
+    versions = [r.policy_version for g in batch.groups for r in g.rollouts]
+    n = len(trained_adv)
+    mean_adv = sum(trained_adv) / n if n else 0.0
+    return {
+        "learner/reward_mean": sum(rewards) / len(rewards),
+        "learner/adv_std": math.sqrt(sum((a - mean_adv) ** 2 for a in trained_adv) / n) if n else 0.0,
+        "learner/adv_abs_mean": sum(abs(a) for g in advantages for a in g) / len(rewards),
+        "learner/rollouts": float(len(rewards)),
+        "learner/rollouts_trained": float(n),
+        "learner/groups": float(len(batch.groups)),
+        "learner/saturated_frac": sum(saturated) / len(saturated),
+        "learner/staleness_max": float(version - min(versions)),
+        "learner/staleness_mean": version - sum(versions) / len(versions),
+    }
