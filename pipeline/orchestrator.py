@@ -731,9 +731,10 @@ class Orchestrator:
 
     def _record_eval(self, step: int, evaluation: dict[str, float]) -> None:
         b = self.budget
+        gate_metrics = getattr(self.gate, "metrics", None)
         record = {"step": float(step), "pipeline/rollouts_started": float(b.rollouts_started),
                   "pipeline/tokens_generated": float(b.tokens_generated), "pipeline/engine_time": float(self.clock.now()),
-                  **evaluation}
+                  **(gate_metrics() if callable(gate_metrics) else {}), **evaluation}
         self.evals.append(record)
         target = self.config.target_accuracy
         accuracy = evaluation.get("eval/accuracy", math.nan)

@@ -16,7 +16,10 @@ prompts (DS pays ``rounds * oversample`` times more; METHODS.md "a perfect-fores
 effective with probability ``pi(p)`` each rather than always: benchmarks that count effective
 groups read the perfect-foresight value ``G`` rollouts per effective group analytically and
 this gate's measured value as the floor reachable from exact p alone. Every rollout it
-launches is counted like any other.
+launches runs like any other, but a group whose real draw turns out saturated is dropped and
+its cost booked as *uncounted* (``gate/uncounted_rollouts``, ``gate/uncounted_tokens``):
+perfect foresight would not have paid for it. Benchmarks subtract the uncounted cost, so the
+floor's cost is exactly the rollouts of the effective groups it trains on.
 
 If a whole pass over the pool finds no prompt with a mixed draw (every p is 0 or 1), ``admit``
 returns what it found (possibly nothing) and ``exhausted`` is True until a later pass finds
@@ -79,6 +82,8 @@ class OracleGate(BaseGate):
         self.seed = seed
         self._rng = np.random.default_rng(seed)
         self._barren = False
+        self._uncounted_rollouts = 0
+        self._uncounted_tokens = 0
 
     @property
     def exhausted(self) -> bool:
@@ -114,13 +119,36 @@ class OracleGate(BaseGate):
         if too_many_failures(snapshot):
             self._verdicts.add("abandon_failures")
             return [abandon(snapshot.group_id, "failures")]
-        rec["sealed"] = True
-        self._verdicts.add("commit")
-        return [commit(snapshot.group_id, "oracle")]
+        if snapshot.in_flight > 0 or snapshot.finished + snapshot.failed < snapshot.launched:
+            return []  # judge the whole group
+        if snapshot.is_mixed:
+            rec["sealed"] = True
+            self._verdicts.add("commit")
+            return [commit(snapshot.group_id, "oracle")]
+        # Perfect foresight would not have paid for this group: drop it and book its cost as
+        # uncounted (once it is really gone: a controller may override the abandon), so the
+        # floor's cost is the rollouts of the effective groups it trains on.
+        rec["saturated_cost"] = [snapshot.launched, snapshot.tokens]
+        self._verdicts.add("uncounted")
+        return [abandon(snapshot.group_id, "oracle: saturated, uncounted")]
+
+    def _closed(self, group_id: int, rec: dict[str, Any], committed: bool) -> None:
+        if not committed and "saturated_cost" in rec:
+            self._uncounted_rollouts += int(rec["saturated_cost"][0])
+            self._uncounted_tokens += int(rec["saturated_cost"][1])
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            **super().metrics(),
+            "gate/uncounted_rollouts": float(self._uncounted_rollouts),
+            "gate/uncounted_tokens": float(self._uncounted_tokens),
+        }
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"rng": self._rng.bit_generator.state, "barren": self._barren}
+        return {"rng": self._rng.bit_generator.state, "barren": self._barren,
+                "uncounted": [self._uncounted_rollouts, self._uncounted_tokens]}
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
         self._rng.bit_generator.state = state["rng"]
         self._barren = bool(state["barren"])
+        self._uncounted_rollouts, self._uncounted_tokens = (int(x) for x in state["uncounted"])

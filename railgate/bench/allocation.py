@@ -31,7 +31,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-DEFAULT_POLICIES = ("uniform", "ds", "pilot_commit", "hora", "sara", "sara_eager", "dps", "sara_dps", "oracle")
+DEFAULT_POLICIES = ("uniform", "ds", "pilot_commit", "hora", "sara", "sara_eager", "sara_stream", "dps", "sara_dps", "oracle")
 MODELS = {"effective": 1.0, "normalised": 0.1}
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,7 +48,7 @@ class RunSpec:
     budget: int
 
     def overrides(self) -> list[str]:
-        kind = "sara" if self.policy == "sara_eager" else self.policy
+        kind = "sara" if self.policy in ("sara_eager", "sara_stream") else self.policy
         out = [
             f"gate.kind={kind}",
             f"seed={self.seed}",
@@ -60,6 +60,8 @@ class RunSpec:
         ]
         if self.policy == "sara_eager":
             out.append("gate.sara.launch=eager")
+        if self.policy == "sara_stream":
+            out.append("gate.sara.launch=streaming")
         return out
 
 
@@ -141,9 +143,11 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
     return {
         "scenario": spec.scenario, "model": spec.model, "policy": spec.policy, "seed": spec.seed,
         "budget": spec.budget, "steps": summary.steps, "wall_s": time.perf_counter() - started,
-        "curve": [(e["pipeline/rollouts_started"], e["pipeline/tokens_generated"], e["pipeline/engine_time"],
-                   e["eval/accuracy"], e["step"]) for e in summary.evals],
-        "effective_yield": m["pipeline/effective_yield"],
+        # The oracle's saturated draws are booked as uncounted (perfect foresight skips them).
+        "curve": [(e["pipeline/rollouts_started"] - e.get("gate/uncounted_rollouts", 0.0),
+                   e["pipeline/tokens_generated"] - e.get("gate/uncounted_tokens", 0.0),
+                   e["pipeline/engine_time"], e["eval/accuracy"], e["step"]) for e in summary.evals],
+        "effective_yield": (m["pipeline/groups_effective"] / max(1.0, m["pipeline/groups_opened"] - probe.metrics().get("gate/uncounted", 0.0))),
         "rollouts": m["pipeline/rollouts_started"], "tokens": m["pipeline/tokens_generated"],
         "false_abandonment": (probe.false_abandonment_sum / probe.abandoned_incomplete) if probe.abandoned_incomplete else math.nan,
         "abandoned_incomplete": probe.abandoned_incomplete,
