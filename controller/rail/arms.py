@@ -1,0 +1,145 @@
+"""RAIL's arms: the interventions the controller can choose at a decision point.
+
+* ``noop``                      leave the group to the gate (its reward is 0 by construction);
+* ``branch(b, T)``              launch b samples that continue a chosen prefix at temperature T;
+* ``resample(n, T)``            launch n fresh samples of the prompt at temperature T.
+
+An arm turns into one ``GroupAction`` (``LAUNCH``) carrying the decision id as its ``origin``,
+so the samples it launches show up in ``GroupSnapshot.origins`` and its reward can be computed
+when the group closes. Each arm has an expected token cost, derived from two context features
+(``length_estimate`` and ``prefix_fraction``) so that an offline replay can recompute it from a
+logged record.
+
+>>> from pipeline.types import SamplingParams, BranchSpec
+>>> arm = parse_arm("branch_b2_t0.7")
+>>> arm.kind, arm.n, arm.temperature
+('branch', 2, 0.7)
+>>> expected_tokens(arm, length_estimate=100.0, prefix_fraction=0.25)
+150.0
+>>> spec = BranchSpec("g3-s1", 2, (5, 6), (-0.1, -0.2))
+>>> [(a.kind.value, a.n, a.params.temperature, a.branch.prefix_len, a.origin)
+...  for a in arm.actions(group_id=3, decision_id=11, default=SamplingParams(max_tokens=64), branch=spec)]
+[('launch', 2, 0.7, 2, 11)]
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from controller.rail.config import RailConfig
+from pipeline.types import ActionKind, BranchSpec, GroupAction, SamplingParams
+
+ArmKind = Literal["noop", "branch", "resample"]
+
+_NAME = re.compile(r"^(branch)_b(\d+)_t([0-9.eE+-]+)$|^(resample)_n(\d+)_t([0-9.eE+-]+)$")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One intervention: its kind, how many samples it launches and at which temperature."""
+
+    kind: ArmKind
+    n: int = 0
+    temperature: float = 1.0
+    _name: str = field(default="", init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("noop", "branch", "resample"):
+            raise ValueError(f"arm kind={self.kind!r} must be 'noop', 'branch' or 'resample'")
+        if self.kind != "noop" and self.n < 1:
+            raise ValueError(f"{self.kind} arm with n={self.n}: an intervention launches at least one sample")
+        if not self.temperature > 0:
+            raise ValueError(f"arm temperature={self.temperature} must be > 0")
+        letter = "b" if self.kind == "branch" else "n"
+        name = "noop" if self.kind == "noop" else f"{self.kind}_{letter}{self.n}_t{self.temperature:g}"
+        object.__setattr__(self, "_name", name)  # names are looked up on every decision
+
+    @property
+    def name(self) -> str:
+        """Stable text id, as logged in ``DecisionRecord.actions`` / ``chosen``."""
+        return self._name
+
+    @property
+    def is_noop(self) -> bool:
+        return self.kind == "noop"
+
+    def features(self, cost_tokens: float) -> dict[str, float]:
+        """The arm's features (the bandit's action namespace), given its expected token cost."""
+        if self.kind == "noop":
+            return {"noop": 1.0}
+        return {
+            self.kind: 1.0,
+            "n": self.n / 4.0,
+            "temp": self.temperature,
+            "temp_dev": self.temperature - 1.0,
+            "cost_k": cost_tokens / 1000.0,
+        }
+
+    def actions(
+        self, group_id: int, decision_id: int, default: SamplingParams, branch: BranchSpec | None = None
+    ) -> list[GroupAction]:
+        """The ``GroupAction``\\ s that carry out this arm (none for the no-op).
+
+        ``default`` supplies ``top_p`` and ``max_tokens``; the orchestrator sets the seed.
+        """
+        if self.kind == "noop":
+            return []
+        if self.kind == "branch" and branch is None:
+            raise ValueError(f"arm {self.name} needs a BranchSpec (the prefix to continue); none was given")
+        params = SamplingParams(temperature=self.temperature, top_p=default.top_p, max_tokens=default.max_tokens)
+        return [
+            GroupAction(
+                kind=ActionKind.LAUNCH,
+                group_id=group_id,
+                n=self.n,
+                params=params,
+                branch=branch if self.kind == "branch" else None,
+                reason=f"rail {self.name}",
+                origin=decision_id,
+            )
+        ]
+
+
+NOOP = Arm("noop")
+
+
+def parse_arm(name: str) -> Arm:
+    """The arm a logged name stands for (inverse of ``Arm.name``)."""
+    if name == "noop":
+        return NOOP
+    m = _NAME.match(name)
+    if m is None:
+        raise ValueError(
+            f"arm name {name!r} is not 'noop', 'branch_b<n>_t<T>' or 'resample_n<n>_t<T>'; "
+            "was the trace written by another controller?"
+        )
+    if m.group(1):
+        return Arm("branch", int(m.group(2)), float(m.group(3)))
+    return Arm("resample", int(m.group(5)), float(m.group(6)))
+
+
+def build_arms(config: RailConfig) -> tuple[Arm, ...]:
+    """Every arm the configuration allows, no-op first, then branches, then resamples."""
+    arms = [NOOP]
+    arms += [Arm("branch", int(b), float(t)) for b in config.branch_sizes for t in config.branch_temperatures]
+    arms += [Arm("resample", int(n), float(t)) for n in config.resample_sizes for t in config.resample_temperatures]
+    seen: set[str] = set()
+    unique = []
+    for arm in arms:
+        if arm.name not in seen:  # duplicate sizes or temperatures in the config
+            seen.add(arm.name)
+            unique.append(arm)
+    return tuple(unique)
+
+
+def expected_tokens(arm: Arm, length_estimate: float, prefix_fraction: float) -> float:
+    """Tokens the arm is expected to generate: each branch writes the rest of a response
+    (``1 - prefix_fraction`` of it), each fresh sample a whole one."""
+    if arm.kind == "noop":
+        return 0.0
+    if arm.kind == "branch":
+        rest = min(max(1.0 - prefix_fraction, 0.0), 1.0)
+        return float(arm.n * length_estimate * rest)
+    return float(arm.n * length_estimate)

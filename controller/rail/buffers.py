@@ -1,0 +1,190 @@
+"""Per-request prefix buffers: what RAIL needs to branch from a sample's prefix.
+
+A branch request carries its prefix (token ids and log-probs, ``BranchSpec``), so the
+controller keeps, per streamed request, the tokens, log-probs and entropies it saw in
+``on_tokens`` -- only while token hooks are on, capped at ``max_tokens`` per request and
+``max_requests`` requests (oldest first out), and dropped when the group closes.
+
+A branched sample streams from its prefix length on, so its buffer would start mid-response.
+When the controller launches branches it registers the prefix it sent (``expect_branch``); the
+first delta of a new request of that group that starts exactly there takes it over, so a branch
+of a branch still knows its whole prefix. A request whose start is unknown (a branch the
+controller did not make) is kept for its statistics but never branched from.
+
+>>> from pipeline.types import TokenDelta
+>>> bufs = PrefixBuffers(max_tokens=64, max_requests=8)
+>>> b = bufs.observe(3, 0, TokenDelta("g3-s0", (7, 8, 9), (-0.5, -1.0, -1.5), (0.1, 2.0, 0.3), position=0))
+>>> b.prefix(2), b.mean_logprob(2), b.entropy_at(1)
+(((7, 8), (-0.5, -1.0)), -0.75, 2.0)
+>>> bufs.expect_branch(3, b, position=2, n=1)
+>>> c = bufs.observe(3, 1, TokenDelta("g3-s1", (5,), (-0.2,), None, position=2))
+>>> c.known, c.prefix(3)
+(True, ((7, 8, 5), (-0.5, -1.0, -0.2)))
+"""
+
+from __future__ import annotations
+
+import itertools
+from array import array
+from collections import OrderedDict
+
+from pipeline.types import TokenDelta
+
+
+class RequestBuffer:
+    """Tokens, log-probs (and their running sum) and entropies of one request, from ``start``."""
+
+    __slots__ = ("request_id", "group_id", "sample_index", "start", "tokens", "logprobs", "cum_logprob",
+                 "entropies", "has_entropy", "broken", "last_decision")
+
+    def __init__(self, request_id: str, group_id: int, sample_index: int, start: int):
+        self.request_id = request_id
+        self.group_id = group_id
+        self.sample_index = sample_index
+        self.start = start
+        self.tokens = array("q")
+        self.logprobs = array("d")
+        self.cum_logprob = array("d", [0.0])
+        self.entropies = array("d")
+        self.has_entropy = True
+        self.broken = False  # a gap in the positions: stop recording, never branch
+        self.last_decision = -(10**9)
+
+    @property
+    def known(self) -> bool:
+        """The buffer holds the response from its first token (it can be branched from)."""
+        return self.start == 0 and not self.broken
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, tokens, logprobs, entropies, room: int) -> None:
+        take = min(len(tokens), max(room, 0))
+        if take <= 0:
+            return
+        self.tokens.extend(tokens[:take])
+        lps = logprobs[:take]
+        self.logprobs.extend(lps)
+        sums = itertools.accumulate(lps, initial=self.cum_logprob[-1])
+        next(sums)  # the initial value is already the last entry
+        self.cum_logprob.extend(sums)
+        if entropies is None:
+            self.has_entropy = False
+            self.entropies.extend([0.0] * take)
+        else:
+            self.entropies.extend(entropies[:take])
+
+    def prefix(self, position: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        """Token ids and log-probs of the first ``position`` tokens (needs ``known``)."""
+        if not self.known or not 0 <= position <= self.length:
+            raise ValueError(
+                f"request {self.request_id}: no known prefix of {position} tokens (buffered {self.length} "
+                f"from position {self.start})"
+            )
+        return tuple(self.tokens[:position]), tuple(self.logprobs[:position])
+
+    def mean_logprob(self, position: int) -> float:
+        """Mean log-prob of the buffered tokens before ``position`` (0 for an empty prefix)."""
+        k = min(max(position - self.start, 0), self.length)
+        return self.cum_logprob[k] / k if k else 0.0
+
+    def entropy_at(self, position: int) -> float:
+        k = position - self.start
+        return float(self.entropies[k]) if 0 <= k < self.length else 0.0
+
+
+class PrefixBuffers:
+    """Bounded per-request buffers, indexed by group; see the module docstring."""
+
+    def __init__(self, max_tokens: int, max_requests: int):
+        if max_tokens < 1 or max_requests < 1:
+            raise ValueError(f"max_tokens={max_tokens} and max_requests={max_requests} must both be >= 1")
+        self.max_tokens = max_tokens
+        self.max_requests = max_requests
+        self._buffers: OrderedDict[str, RequestBuffer] = OrderedDict()
+        self._groups: dict[int, dict[str, RequestBuffer]] = {}
+        # (group_id, prefix_len) -> [source buffer, its prefix length, launches left]
+        self._expected: dict[tuple[int, int], list] = {}
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._buffers)
+
+    def get(self, request_id: str) -> RequestBuffer | None:
+        return self._buffers.get(request_id)
+
+    def group(self, group_id: int) -> list[RequestBuffer]:
+        return list(self._groups.get(group_id, {}).values())
+
+    def expect_branch(self, group_id: int, source: RequestBuffer, position: int, n: int) -> None:
+        """``n`` branches of ``source`` at ``position`` were launched in ``group_id``."""
+        key = (group_id, position)
+        entry = self._expected.get(key)
+        if entry is not None and entry[0] is not source:
+            entry[2] = -1  # two sources at one position: ambiguous, adopt neither
+            return
+        if entry is None:
+            self._expected[key] = [source, position, n]
+        elif entry[2] >= 0:
+            entry[2] += n
+
+    def observe(self, group_id: int, sample_index: int, delta: TokenDelta) -> RequestBuffer:
+        """Record a delta; returns the request's buffer."""
+        buf = self._buffers.get(delta.request_id)
+        if buf is None:
+            buf = self._open(delta.request_id, group_id, sample_index, delta.position)
+        elif delta.position != buf.start + buf.length and buf.length < self.max_tokens:
+            buf.broken = True  # a gap: positions we cannot account for
+        if not buf.broken:
+            buf.extend(delta.token_ids, delta.logprobs, delta.entropies, self.max_tokens - (buf.start + buf.length))
+        return buf
+
+    def _open(self, request_id: str, group_id: int, sample_index: int, position: int) -> RequestBuffer:
+        buf = RequestBuffer(request_id, group_id, sample_index, position)
+        if position > 0:
+            entry = self._expected.get((group_id, position))
+            if entry is not None and entry[2] > 0 and entry[0].known and entry[0].length >= position:
+                source = entry[0]
+                buf.start = 0
+                buf.extend(source.tokens[:position], source.logprobs[:position],
+                           source.entropies[:position] if source.has_entropy else None, self.max_tokens)
+                entry[2] -= 1
+                if entry[2] == 0:
+                    del self._expected[(group_id, position)]
+        self._buffers[request_id] = buf
+        self._groups.setdefault(group_id, {})[request_id] = buf
+        while len(self._buffers) > self.max_requests:
+            old_id, old = self._buffers.popitem(last=False)
+            members = self._groups.get(old.group_id)
+            if members is not None:
+                members.pop(old_id, None)
+                if not members:
+                    del self._groups[old.group_id]
+            self.evicted += 1
+        return buf
+
+    def drop_group(self, group_id: int) -> None:
+        """Forget every buffer and expected branch of a closed group."""
+        for request_id in self._groups.pop(group_id, {}):
+            self._buffers.pop(request_id, None)
+        for key in [k for k in self._expected if k[0] == group_id]:
+            del self._expected[key]
+
+    def best_prefix(self, group_id: int, highest: bool, room: int) -> tuple[RequestBuffer, int] | None:
+        """The (buffer, cut position) of the group whose prefix has the highest (or lowest) mean
+        log-prob, over cuts at 1/4, 1/2 and 3/4 of each known response, strictly before its
+        last token (which may be the end-of-sequence token) and below ``room`` tokens."""
+        best, best_score = None, None
+        for buf in self._groups.get(group_id, {}).values():
+            if not buf.known or buf.length < 2:
+                continue
+            for q in (1, 2, 3):
+                pos = min(max(1, buf.length * q // 4), buf.length - 1, room - 1)
+                if pos < 1:
+                    continue
+                score = buf.mean_logprob(pos)
+                score = score if highest else -score
+                if best_score is None or score > best_score:
+                    best, best_score = (buf, pos), score
+        return best

@@ -1,0 +1,358 @@
+"""RAIL: a learned intervention controller behind the orchestrator's ``Controller`` protocol.
+
+Decision points (METHODS.md, RAIL; the hooks are in ``pipeline/protocols.py``):
+
+1. **rescue** -- ``on_group`` sees the gate propose ABANDON of a saturated group: the controller
+   may replace the abandon by an intervention (branch the most promising prefix of the group's
+   samples, or resample, at a temperature). The group stays open and the gate decides again
+   on the new samples; ``max_rescues_per_group`` bounds how often.
+2. **extend** -- the gate proposes COMMIT: the controller may add samples to the group.
+3. **token** -- ``on_tokens`` sees a token whose entropy reaches ``entropy_threshold``: the
+   controller may branch the running sample's prefix there (rate-limited per group and sample).
+
+Every decision is logged (``DecisionRecord``, its features, the arms, the chosen arm and its
+propensity; ``controller.rail.decider`` says what each field holds in live and shadow mode);
+its reward (``controller.rail.reward``) is logged with ``sink.log_outcome`` and learned from
+when the group closes. ``controller.rail.promotion`` switches shadow <-> live on doubly-robust
+evidence, and every switch is logged as a ``"promotion"`` decision.
+
+While an intervention's samples are still running, a gate's ABANDON of that group is held
+back (dropped, to be proposed again at the next update): otherwise they would be aborted
+before they count, and a token-level LAUNCH still on its way to the tracker would name a
+group that no longer exists.
+
+>>> from pipeline.orchestrator import NullSink
+>>> from pipeline.types import ActionKind, GroupAction, GroupSnapshot, Prompt, SamplingParams
+>>> from controller.rail.config import RailConfig
+>>> rail = RailController(RailConfig(mode="live", backend="river", token_decisions=False,
+...                                  branch_sizes=()), NullSink(), SamplingParams(max_tokens=64), seed=0)
+>>> snap = GroupSnapshot(group_id=1, prompt=Prompt(0, "", (1,)), target_size=8, rewards=(0.0,) * 4,
+...                      in_flight=0, launched=4, failed=0, tokens=200, policy_version=0, origins=(-1,) * 4)
+>>> out = rail.on_group(snap, [GroupAction(ActionKind.ABANDON, 1)])
+>>> [a.kind.value for a in out] in (["abandon"], ["launch"])
+True
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from controller.rail.arms import Arm, build_arms
+from controller.rail.bandit import BanditLearner, Decision
+from controller.rail.behaviour import build_behaviour
+from controller.rail.buffers import PrefixBuffers, RequestBuffer
+from controller.rail.config import RailConfig
+from controller.rail.decider import Decider
+from controller.rail.features import Context, PrefixInfo, group_features
+from controller.rail.gain_error import GainErrorTracker
+from controller.rail.learners import build_learner, clone_learner
+from controller.rail.promotion import Evidence, Promoter, WindowEntry
+from controller.rail.records import controller_metrics, decision_record, switch_record
+from controller.rail.reward import decision_reward
+from controller.rail import state as state_io
+from pipeline.protocols import DecisionSink
+from pipeline.seeding import derive_seed
+from pipeline.types import ActionKind, BranchSpec, CommittedGroup, GroupAction, GroupSnapshot, SamplingParams, TokenDelta
+
+
+@dataclass
+class _Pending:
+    """A logged decision waiting for its group to close."""
+
+    decision_id: int
+    point: str
+    context: Context
+    acted: Decision
+    other_prob: float
+    q_other: float
+    online_gain: float
+    frozen_exists: bool  # the frozen copy existed at decision time (it never changes after)
+    expected_tokens: float
+    tokens_at: int
+
+    @property
+    def noop(self) -> bool:
+        return self.context.arms[self.acted.action].is_noop
+
+    @property
+    def n(self) -> int:
+        return self.context.arms[self.acted.action].n
+
+
+@dataclass
+class _Group:
+    first_version: int
+    decisions: list[_Pending] = field(default_factory=list)
+    token_decisions: int = 0
+    interventions: int = 0
+    rescues: int = 0
+
+
+class RailController:
+    """The RAIL controller; see the module docstring.
+
+    Parameters
+    ----------
+    config
+        ``RailConfig``.
+    sink
+        Where decisions and outcomes go (``pipeline.tracelog.TraceLog`` in a run).
+    default_params
+        The run's sampling settings: interventions take its ``top_p`` and ``max_tokens``.
+    seed
+        Run seed; the learner, behaviour policy and sampling derive theirs from it.
+    run_id, clock
+        Stamped on logged records (``clock`` defaults to wall time; pass the engine clock's ``now``).
+    """
+
+    def __init__(
+        self,
+        config: RailConfig,
+        sink: DecisionSink,
+        default_params: SamplingParams,
+        seed: int,
+        run_id: str = "",
+        clock: Callable[[], float] | None = None,
+    ):
+        self.config = config
+        self.sink = sink
+        self.default_params = default_params
+        self.seed = seed
+        self.run_id = run_id
+        self._clock = clock or time.time
+        self.arms = build_arms(config)
+        self._branch_arms = tuple(a for a in self.arms if a.kind == "branch")
+        self._other_arms = tuple(a for a in self.arms if a.kind != "branch")
+        self.learner: BanditLearner = build_learner(config, derive_seed(seed, "rail", "learner"))
+        self.behaviour = build_behaviour(config, derive_seed(seed, "rail", "behaviour"))
+        self.decider = Decider(config, self.learner, self.behaviour, derive_seed(seed, "rail", "decider"))
+        self.promoter = Promoter(
+            config.evaluate_every, config.min_decisions, config.window, config.confidence,
+            config.weight_clip, config.mode, config.auto_promote,
+        )
+        self.frozen: BanditLearner | None = None
+        self.gain_errors = GainErrorTracker()
+        # Token hooks are needed for token decisions, and to know prefixes for group-level branches.
+        self.wants_tokens = bool(config.token_decisions or self._branch_arms)
+        self.buffers = PrefixBuffers(config.buffer_max_tokens, config.buffer_max_requests)
+        self._groups: dict[int, _Group] = {}
+        self.length_estimate = config.initial_length or default_params.max_tokens / 2.0
+        """Running mean response length (tokens), for the arms' expected costs."""
+        self.counts: Counter[str] = Counter()
+        self.latency_ns: deque[int] = deque(maxlen=20000)
+        """Durations of the last decisions (features, choice, logging), in nanoseconds."""
+        self.recent_rewards: deque[float] = deque(maxlen=1000)
+
+    @property
+    def mode(self) -> str:
+        return self.promoter.mode
+
+    # --- Controller protocol -------------------------------------------------------------
+
+    def on_group(self, snapshot: GroupSnapshot, proposed: list[GroupAction]) -> list[GroupAction]:
+        gid = snapshot.group_id
+        mine = [a.kind for a in proposed if a.group_id == gid]
+        if not mine:
+            return proposed
+        group = self._group(snapshot)
+        cfg = self.config
+        if ActionKind.ABANDON in mine:
+            rest = [a for a in proposed if not (a.group_id == gid and a.kind is ActionKind.ABANDON)]
+            if snapshot.in_flight > 0 and self._outstanding(group, snapshot):
+                self.counts["abandons_deferred"] += 1
+                return rest
+            if (
+                cfg.rescue_on_abandon
+                and group.rescues < cfg.max_rescues_per_group
+                and snapshot.finished >= 1
+                and not snapshot.is_mixed
+                and snapshot.failed <= snapshot.finished
+            ):
+                actions = self._group_decision(snapshot, group, "rescue")
+                if actions:
+                    group.rescues += 1
+                    return rest + actions
+            return proposed
+        if ActionKind.COMMIT in mine and cfg.extend_on_commit and group.interventions < cfg.max_interventions_per_group:
+            return proposed + self._group_decision(snapshot, group, "extend")
+        return proposed
+
+    def on_tokens(self, snapshot: GroupSnapshot, sample_index: int, delta: TokenDelta) -> list[GroupAction]:
+        gid = snapshot.group_id
+        buf = self.buffers.observe(gid, sample_index, delta)
+        cfg = self.config
+        entropies = delta.entropies
+        if not cfg.token_decisions or not entropies:
+            return []
+        peak = max(entropies)
+        if not peak >= cfg.entropy_threshold:  # also false for NaN
+            return []
+        group = self._group(snapshot)
+        if group.token_decisions >= cfg.max_token_decisions_per_group or group.interventions >= cfg.max_interventions_per_group:
+            return []
+        position = delta.position + entropies.index(peak)
+        if position < 1 or position - buf.last_decision < cfg.min_tokens_between_decisions:
+            return []
+        buf.last_decision = position
+        group.token_decisions += 1
+        can_branch = buf.known and position <= buf.length and position < self.default_params.max_tokens - 1
+        prefix = PrefixInfo(
+            position_fraction=min(position / max(self.length_estimate, 1.0), 0.95),
+            token_entropy=peak,
+            entropy_known=True,
+            prefix_mean_logprob=buf.mean_logprob(position),
+        )
+        arms = self._arms(can_branch)
+        return self._decide("token", snapshot, group, prefix, arms, buf if can_branch else None, position)
+
+    def on_closed(self, group: CommittedGroup | None, snapshot: GroupSnapshot) -> None:
+        gid = snapshot.group_id
+        self.buffers.drop_group(gid)
+        if group is not None and group.rollouts:
+            a = self.config.length_ema
+            for r in group.rollouts:
+                self.length_estimate = (1 - a) * self.length_estimate + a * len(r.token_ids)
+        state = self._groups.pop(gid, None)
+        if state is None:
+            return
+        committed = group is not None
+        for d in state.decisions:
+            self._settle(d, snapshot, committed)
+
+    # --- decisions -----------------------------------------------------------------------
+
+    def _group(self, snapshot: GroupSnapshot) -> _Group:
+        group = self._groups.get(snapshot.group_id)
+        if group is None:
+            group = self._groups[snapshot.group_id] = _Group(first_version=snapshot.policy_version)
+        return group
+
+    def _outstanding(self, group: _Group, snapshot: GroupSnapshot) -> bool:
+        """Some intervention of this group has samples that have not come back yet."""
+        for d in group.decisions:
+            if not d.noop and snapshot.origins.count(d.decision_id) < d.n:
+                return True
+        return False
+
+    def _arms(self, can_branch: bool) -> tuple[Arm, ...]:
+        return self.arms if can_branch else self._other_arms
+
+    def _group_decision(self, snapshot: GroupSnapshot, group: _Group, point: str) -> list[GroupAction]:
+        best = None
+        if self._branch_arms:
+            # All failures so far: continue the most promising prefix; all successes: the least.
+            best = self.buffers.best_prefix(snapshot.group_id, snapshot.successes == 0, self.default_params.max_tokens - 1)
+        prefix = PrefixInfo()
+        if best is not None:
+            buf, pos = best
+            prefix = PrefixInfo(pos / buf.length, buf.entropy_at(pos), buf.has_entropy, buf.mean_logprob(pos))
+        arms = self._arms(best is not None)
+        if len(arms) < 2:
+            return []  # only the no-op: nothing to decide
+        return self._decide(point, snapshot, group, prefix, arms, best[0] if best else None, best[1] if best else -1)
+
+    def _decide(
+        self,
+        point: str,
+        snapshot: GroupSnapshot,
+        group: _Group,
+        prefix: PrefixInfo,
+        arms: tuple[Arm, ...],
+        source: RequestBuffer | None,
+        position: int,
+    ) -> list[GroupAction]:
+        started = time.perf_counter_ns()
+        features = group_features(
+            snapshot, point, prefix, self.length_estimate, snapshot.policy_version - group.first_version, group.interventions
+        )
+        context = Context.build(point, features, arms)
+        choice = self.decider.choose(context, self.mode)
+        i = choice.acted.action
+        arm = arms[i]
+        decision_id = self.sink.next_decision_id()
+        sample = source.sample_index if source is not None else -1
+        self.sink.log_decision(
+            decision_record(decision_id, float(self._clock()), self.run_id, self.mode, point, snapshot, sample,
+                            position, context, choice)
+        )
+        group.decisions.append(
+            _Pending(decision_id, point, context, choice.acted, choice.other_prob, choice.q_other,
+                     choice.predicted_gain, self.frozen is not None, context.costs[i], snapshot.tokens)
+        )
+        self.counts["decisions"] += 1
+        self.counts[f"decisions_{point}"] += 1
+        actions: list[GroupAction] = []
+        if not arm.is_noop:
+            group.interventions += 1
+            self.counts["interventions"] += 1
+            self.counts[f"interventions_{arm.kind}"] += 1
+            branch = None
+            if arm.kind == "branch":
+                assert source is not None  # branch arms are only offered with a known prefix
+                tokens, logprobs = source.prefix(position)
+                branch = BranchSpec(source.request_id, position, tokens, logprobs)
+                self.buffers.expect_branch(snapshot.group_id, source, position, arm.n)
+            actions = arm.actions(snapshot.group_id, decision_id, self.default_params, branch)
+        self.latency_ns.append(time.perf_counter_ns() - started)
+        return actions
+
+    def _settle(self, d: _Pending, snapshot: GroupSnapshot, committed: bool) -> None:
+        """Reward, log, learn and promote for one decision of a closed group."""
+        reward, _gain, tokens = decision_reward(
+            d.point, snapshot.rewards, snapshot.origins, d.decision_id, committed,
+            d.expected_tokens, snapshot.tokens - d.tokens_at, self.config.cost_lambda, noop=d.noop,
+        )
+        self.sink.log_outcome(d.decision_id, reward, tokens)
+        self.counts["outcomes"] += 1
+        self.recent_rewards.append(reward)
+        self.learner.learn_one(d.context, d.acted, reward)
+        # The frozen copy never learns, so predicting now equals predicting at decision time,
+        # and keeps this cost out of the decision hooks.
+        frozen_gain = self.frozen.predict_gains(d.context)[d.acted.action] if d.frozen_exists else math.nan
+        self.gain_errors.add(d.online_gain, frozen_gain, reward)
+        if self.frozen is None and self.learner.learned >= self.config.warmup_decisions:
+            self.frozen = clone_learner(self.learner, self.config, derive_seed(self.seed, "rail", "frozen"))
+        entry = WindowEntry(reward, d.acted.propensity, d.other_prob, d.online_gain, d.q_other)
+        evidence = self.promoter.record(entry)
+        if evidence is not None:
+            self._log_switch(evidence, snapshot.policy_version)
+
+    def _log_switch(self, evidence: Evidence | None, policy_version: int, manual: bool = False) -> None:
+        record = switch_record(self.sink.next_decision_id(), float(self._clock()), self.run_id, self.mode, evidence,
+                               policy_version, manual)
+        self.sink.log_decision(record)
+
+    def set_mode(self, mode: str, policy_version: int = 0) -> None:
+        """Switch by hand; logged like an automatic switch, with the current evidence if any."""
+        if mode not in ("live", "shadow"):
+            raise ValueError(f"mode={mode!r} must be 'live' or 'shadow'")
+        if mode == self.mode:
+            return
+        evidence = self.promoter.evaluate() or self.promoter.last
+        self.promoter.switch(mode)
+        self._log_switch(evidence, policy_version, manual=True)
+
+    # --- reporting and state ---------------------------------------------------------------
+
+    def metrics(self) -> dict[str, float]:
+        """``controller/...`` metrics for the step log (``controller.rail.records``)."""
+        return controller_metrics(self)
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state (open groups are not kept: a resumed run starts them afresh)."""
+        return state_io.controller_state(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        state_io.load_controller_state(self, state)
+
+    def save(self, path: str) -> None:
+        """Write ``state_dict()`` to ``path`` as JSON, atomically."""
+        state_io.save_file(self.state_dict(), path)
+
+    def load(self, path: str) -> None:
+        """Load a file written by ``save``; ``ControllerStateError`` names a corrupt file."""
+        self.load_state_dict(state_io.load_file(path))

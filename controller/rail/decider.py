@@ -1,0 +1,132 @@
+"""Who acts at a decision point, and what gets logged about it: live vs shadow.
+
+* **live**: the learned policy acts. Its SquareCB distribution goes through the live rule
+  (intervene only when some intervention's predicted gain exceeds ``gain_threshold``; below it
+  the intervention mass shrinks to ``below_threshold_explore`` of itself and the rest goes to
+  the no-op) and the arm is sampled from the result. The logged propensity is that of the
+  distribution actually sampled from; ``behaviour_propensity`` equals it (types.py's rule).
+* **shadow**: the behaviour policy acts (its logged ``behaviour_propensity``). The learned
+  policy -- its distribution after the live rule, i.e. what would act once promoted --
+  gives the record's ``propensity``: its probability of that same executed arm, exactly the
+  target propensity off-policy evaluation needs; its predicted gain for the arm is the
+  record's ``predicted_gain``. The learned policy's own sampled choice is logged too, in the record's
+  features under ``shadow.choice`` (index into ``actions``), ``shadow.choice_propensity`` and
+  ``shadow.choice_gain``; replay strips every ``shadow.`` key from the context.
+
+Either way the learner later learns from the executed arm with the acting policy's
+propensity, and the promotion window gets the other policy's view of the same arm.
+
+>>> from controller.rail.arms import build_arms
+>>> from controller.rail.behaviour import NoneBehaviour
+>>> from controller.rail.config import RailConfig
+>>> from controller.rail.features import Context
+>>> from controller.rail.river_backend import RiverLearner
+>>> decider = Decider(RailConfig(), RiverLearner(seed=0), NoneBehaviour(0.0, seed=0), seed=0)
+>>> ctx = Context.build("rescue", {"length_estimate": 0.1}, build_arms(RailConfig())[:3])
+>>> choice = decider.choose(ctx, "shadow")
+>>> choice.acted.arm, choice.behaviour_propensity, sorted(choice.extra_features)
+('noop', 1.0, ['shadow.choice', 'shadow.choice_gain', 'shadow.choice_propensity'])
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+from controller.rail.bandit import BanditLearner, Decision, normalise, sample_index
+from controller.rail.behaviour import BehaviourPolicy
+from controller.rail.config import RailConfig
+from controller.rail.features import Context
+
+SHADOW_PREFIX = "shadow."
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The executed decision and everything the log, the learner and the promoter need."""
+
+    acted: Decision  # executed arm, with the acting policy's distribution and propensity
+    propensity: float  # DecisionRecord.propensity (see the module docstring)
+    behaviour_propensity: float  # DecisionRecord.behaviour_propensity
+    predicted_gain: float  # the learned model's prediction for the executed arm
+    other_prob: float  # the non-acting policy's probability of the executed arm
+    q_other: float  # sum over arms of the non-acting policy's probability x predicted gain
+    extra_features: dict[str, float] = field(default_factory=dict)
+
+
+class Decider:
+    """Applies the mode and the live rule; see the module docstring."""
+
+    def __init__(self, config: RailConfig, learner: BanditLearner, behaviour: BehaviourPolicy, seed: int):
+        self.config = config
+        self.learner = learner
+        self.behaviour = behaviour
+        self._rng = random.Random(seed)
+
+    def live_distribution(self, context: Context, probs: tuple[float, ...], gains: tuple[float, ...]) -> tuple[float, ...]:
+        """The learned distribution after the live threshold rule."""
+        noop = next((i for i, a in enumerate(context.arms) if a.is_noop), None)
+        interventions = [i for i, a in enumerate(context.arms) if not a.is_noop]
+        if noop is None or not interventions:
+            return probs
+        if max(gains[i] for i in interventions) > self.config.gain_threshold:
+            return probs
+        keep = self.config.below_threshold_explore
+        out = list(probs)
+        moved = 0.0
+        for i in interventions:
+            moved += out[i] * (1.0 - keep)
+            out[i] *= keep
+        out[noop] += moved
+        return normalise(out)
+
+    def choose(self, context: Context, mode: str) -> Choice:
+        probs, gains = self.learner.distribution(context)
+        if mode == "live":
+            acting = self.live_distribution(context, probs, gains)
+            i = sample_index(acting, self._rng.random())
+            acted = Decision(i, context.arms[i].name, acting[i], gains[i], acting, gains)
+            behaviour = self.behaviour.distribution(context)[0]
+            return Choice(
+                acted=acted,
+                propensity=acting[i],
+                behaviour_propensity=acting[i],
+                predicted_gain=gains[i],
+                other_prob=behaviour[i],
+                q_other=_expected(behaviour, gains),
+            )
+        if mode != "shadow":
+            raise ValueError(f"mode={mode!r} must be 'live' or 'shadow'")
+        # The policy that would act once promoted is the learned one under the live rule, so
+        # that is the one whose choice and propensities are logged and evaluated.
+        target = self.live_distribution(context, probs, gains)
+        acted = self.behaviour.predict_one(context)
+        i = acted.action
+        j = sample_index(target, self._rng.random())  # the learned policy's own choice, logged only
+        return Choice(
+            acted=acted,
+            propensity=target[i],
+            behaviour_propensity=acted.propensity,
+            predicted_gain=gains[i],
+            other_prob=target[i],
+            q_other=_expected(target, gains),
+            extra_features={
+                SHADOW_PREFIX + "choice": float(j),
+                SHADOW_PREFIX + "choice_propensity": target[j],
+                SHADOW_PREFIX + "choice_gain": gains[j],
+            },
+        )
+
+    def state_dict(self) -> dict:
+        version, internal, gauss = self._rng.getstate()
+        return {"rng": [version, list(internal), gauss]}
+
+    def load_state_dict(self, state: dict) -> None:
+        version, internal, gauss = state["rng"]
+        self._rng.setstate((int(version), tuple(int(x) for x in internal), gauss))
+
+
+def _expected(probs: tuple[float, ...], gains: tuple[float, ...]) -> float:
+    total = sum(p * g for p, g in zip(probs, gains))
+    return total if math.isfinite(total) else math.nan

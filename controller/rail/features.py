@@ -1,0 +1,185 @@
+"""The context RAIL's bandit sees at a decision point, and its sanitisation rule.
+
+A ``Context`` is the shared feature dict (the bandit's ``s`` namespace), the arms available at
+this decision point, and each arm's expected token cost (which feeds the arm's own features,
+namespace ``a``). Features are scaled to stay O(1) for both backends:
+
+=====================  ===========================================================================
+``point_rescue``,      one-hot decision point: the gate proposed ABANDON (rescue), COMMIT
+``point_extend``,      (extend), or a high-entropy token of a running sample (token)
+``point_token``
+``post_a``, ``post_b`` Beta posterior of the prompt's success rate, uniform prior, from the
+                       group's rewards so far, divided by the group's target size
+``post_mean``          a / (a + b)
+``probe_all_fail``,    outcome of the rewards so far (one-hot; all zero before any reward)
+``probe_all_success``,
+``probe_mixed``
+``prompt_len``         log1p(prompt tokens) / 10
+``position_fraction``  where the branch would start, as a fraction of the response (0 for none)
+``token_entropy``      entropy (nats) at the decision token / cut point
+``entropy_known``      1 when the engine reports entropies, else 0 (and ``token_entropy`` is 0)
+``prefix_mean_logprob`` mean log-prob of the prefix tokens (0 when there is no prefix)
+``successes``,         partial-group statistics, divided by the target size
+``failures``,
+``in_flight``,
+``launched``
+``policy_age``         policy versions since the controller first saw the group
+``interventions``      interventions the controller already made on this group
+``length_estimate``    expected response length, in thousands of tokens
+=====================  ===========================================================================
+
+Sanitisation (the rule, tested): a log-prob of ``-inf`` (a token the policy gave probability 0)
+and an infinite entropy are legitimate extremes, clamped to ``[-LOGPROB_FLOOR, 0]`` and
+``[0, ENTROPY_CAP]`` where they enter. After that every feature must be finite: a NaN anywhere,
+or an infinity in any other feature, is a bug upstream, and ``check_features`` raises a
+``ValueError`` that names the feature rather than feeding garbage to the learner.
+
+>>> from controller.rail.arms import build_arms
+>>> from controller.rail.config import RailConfig
+>>> arms = build_arms(RailConfig(branch_sizes=(2,), branch_temperatures=(1.0,), resample_sizes=()))
+>>> ctx = Context.build("token", {"length_estimate": 0.1, "position_fraction": 0.5}, arms)
+>>> [a.name for a in ctx.arms], ctx.costs
+(['noop', 'branch_b2_t1'], (0.0, 100.0))
+>>> check_features({"token_entropy": float("nan")})
+Traceback (most recent call last):
+...
+ValueError: feature 'token_entropy'=nan is not finite; the controller's inputs must be numbers (a NaN here is a bug upstream: check the engine's log-probs and entropies)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+from controller.rail.arms import Arm, expected_tokens
+from pipeline.types import GroupSnapshot
+
+POINTS = ("rescue", "extend", "token")
+"""Decision points; ``DecisionRecord.decision_point`` holds ``DECISION_POINTS[point]``."""
+DECISION_POINTS = {"rescue": "group_rescue", "extend": "group_extend", "token": "token"}
+LOGPROB_FLOOR = 30.0
+ENTROPY_CAP = 30.0
+
+
+def clamp_logprob(value: float) -> float:
+    """A log-prob in ``[-LOGPROB_FLOOR, 0]`` (``-inf`` becomes the floor; NaN stays NaN)."""
+    if math.isnan(value):
+        return value
+    return min(max(value, -LOGPROB_FLOOR), 0.0)
+
+
+def clamp_entropy(value: float) -> float:
+    """An entropy in ``[0, ENTROPY_CAP]`` (``inf`` becomes the cap; NaN stays NaN)."""
+    if math.isnan(value):
+        return value
+    return min(max(value, 0.0), ENTROPY_CAP)
+
+
+def check_features(features: Mapping[str, float]) -> dict[str, float]:
+    """The features as a plain dict of floats; ``ValueError`` naming the first non-finite one."""
+    out = {}
+    for name, value in features.items():
+        v = float(value)
+        if not math.isfinite(v):
+            raise ValueError(
+                f"feature {name!r}={v!r} is not finite; the controller's inputs must be numbers (a NaN "
+                "here is a bug upstream: check the engine's log-probs and entropies)"
+            )
+        out[name] = v
+    return out
+
+
+@dataclass(frozen=True)
+class PrefixInfo:
+    """Where a branch would start and what the prefix looks like (all zero when there is none)."""
+
+    position_fraction: float = 0.0
+    token_entropy: float = 0.0
+    entropy_known: bool = False
+    prefix_mean_logprob: float = 0.0
+
+
+def group_features(
+    snapshot: GroupSnapshot,
+    point: str,
+    prefix: PrefixInfo,
+    length_estimate: float,
+    policy_age: int,
+    interventions: int,
+) -> dict[str, float]:
+    """The shared context of a decision on ``snapshot``'s group (see the module table)."""
+    if point not in POINTS:
+        raise ValueError(f"decision point {point!r} is not one of {', '.join(POINTS)}")
+    size = float(max(snapshot.target_size, 1))
+    s, f = snapshot.successes, snapshot.failures
+    a, b = 1.0 + s, 1.0 + f
+    done = s + f
+    return check_features(
+        {
+            "point_rescue": float(point == "rescue"),
+            "point_extend": float(point == "extend"),
+            "point_token": float(point == "token"),
+            "post_a": a / size,
+            "post_b": b / size,
+            "post_mean": a / (a + b),
+            "probe_all_fail": float(done > 0 and s == 0),
+            "probe_all_success": float(done > 0 and f == 0),
+            "probe_mixed": float(0 < s < done),
+            "prompt_len": math.log1p(len(snapshot.prompt.token_ids)) / 10.0,
+            "position_fraction": prefix.position_fraction,
+            "token_entropy": clamp_entropy(prefix.token_entropy) if prefix.entropy_known else 0.0,
+            "entropy_known": float(prefix.entropy_known),
+            "prefix_mean_logprob": clamp_logprob(prefix.prefix_mean_logprob),
+            "successes": s / size,
+            "failures": f / size,
+            "in_flight": snapshot.in_flight / size,
+            "launched": snapshot.launched / size,
+            "policy_age": float(policy_age),
+            "interventions": float(interventions),
+            "length_estimate": length_estimate / 1000.0,
+        }
+    )
+
+
+@dataclass(frozen=True)
+class Context:
+    """A decision point as the bandit sees it: shared features, available arms, arm costs.
+
+    ``features`` must not be mutated after construction (it is the logged context).
+    """
+
+    point: str
+    features: dict[str, float]
+    arms: tuple[Arm, ...]
+    costs: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.arms:
+            raise ValueError(
+                f"a {self.point!r} decision has no arms; pass at least one (the no-op is always available "
+                "through build_arms)"
+            )
+        if len(self.costs) != len(self.arms):
+            raise ValueError(f"{len(self.costs)} costs for {len(self.arms)} arms; give one expected cost per arm")
+
+    @classmethod
+    def build(cls, point: str, features: Mapping[str, float], arms: tuple[Arm, ...] | list[Arm]) -> "Context":
+        """Validate ``features`` and derive every arm's cost from ``length_estimate`` (thousands
+        of tokens) and ``position_fraction``, as a replay of a logged record does."""
+        checked = check_features(features)
+        length = checked.get("length_estimate", 0.0) * 1000.0
+        fraction = checked.get("position_fraction", 0.0)
+        arms = tuple(arms)
+        return cls(point, checked, arms, tuple(expected_tokens(a, length, fraction) for a in arms))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.arms)
+
+    def index(self, name: str) -> int:
+        """Position of the arm called ``name`` in this context's arms."""
+        for i, arm in enumerate(self.arms):
+            if arm.name == name:
+                return i
+        raise ValueError(f"arm {name!r} is not available here; available: {', '.join(self.names)}")

@@ -1,0 +1,55 @@
+"""Pick RAIL's learner backend from the config (adapters are imported only when chosen).
+
+>>> from controller.rail.config import RailConfig
+>>> type(build_learner(RailConfig(backend="river"), seed=0)).__name__
+'RiverLearner'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.rail.bandit import BanditLearner, ControllerStateError
+from controller.rail.config import RailConfig
+
+
+def build_learner(config: RailConfig, seed: int) -> BanditLearner:
+    """The ``config.backend`` learner, seeded with ``seed``."""
+    if config.backend == "vw":
+        from controller.rail.vw_backend import VWLearner
+
+        return VWLearner(
+            learning_rate=config.learning_rate,
+            power_t=config.power_t,
+            gamma_scale=config.gamma_scale,
+            gamma_exponent=config.gamma_exponent,
+            extra_args=config.vw_extra_args,
+            seed=seed,
+        )
+    if config.backend == "river":
+        from controller.rail.river_backend import RiverLearner
+
+        return RiverLearner(
+            learning_rate=config.learning_rate * config.river_lr_scale,
+            huber_epsilon=config.huber_epsilon,
+            gamma_scale=config.gamma_scale,
+            gamma_exponent=config.gamma_exponent,
+            seed=seed,
+        )
+    raise ValueError(f"controller.rail.backend={config.backend!r} must be 'vw' or 'river'")
+
+
+def clone_learner(learner: BanditLearner, config: RailConfig, seed: int) -> BanditLearner:
+    """An independent copy of ``learner`` (same weights, own future), e.g. the frozen baseline."""
+    copy = build_learner(config, seed)
+    copy.load_state_dict(learner.state_dict())
+    return copy
+
+
+def learner_from_state(state: Any, config: RailConfig, seed: int) -> BanditLearner:
+    """A learner restored from ``state``; ``ControllerStateError`` if it is not a learner state."""
+    if not isinstance(state, dict):
+        raise ControllerStateError(f"learner state must be a dict, got {type(state).__name__}")
+    learner = build_learner(config, seed)
+    learner.load_state_dict(state)
+    return learner

@@ -1,0 +1,115 @@
+"""What the RAIL controller reports: its trace records and its step metrics.
+
+* a **decision** record per decision point (``decision_point`` ``group_rescue``,
+  ``group_extend`` or ``token``): the context features (plus the shadow-only ``shadow.*``
+  keys, ``controller.rail.decider``), the available arms, the executed arm, its propensities
+  and the learned model's predicted gain;
+* a **promotion** record per mode switch (``chosen`` = the new mode, ``actions`` = both modes),
+  whose features hold the evidence: the window size, the acting policy's on-policy value and
+  the other policy's doubly-robust value with their bounds, the old mode and whether the switch
+  was made by hand;
+* ``controller/...`` metrics: counters, the mode, the latest evidence, decision latency
+  percentiles, and the online-vs-frozen gain-prediction error.
+
+>>> rec = switch_record(3, 1.5, "run", "live", None, policy_version=2, manual=True)
+>>> rec.decision_point, rec.chosen, rec.features
+('promotion', 'live', {'manual': 1.0})
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from controller.rail.features import DECISION_POINTS
+from controller.rail.promotion import Evidence
+from pipeline.types import DecisionRecord, GroupSnapshot
+
+if TYPE_CHECKING:
+    from controller.rail.controller import RailController
+    from controller.rail.decider import Choice
+    from controller.rail.features import Context
+
+
+def decision_record(
+    decision_id: int,
+    time: float,
+    run_id: str,
+    mode: str,
+    point: str,
+    snapshot: GroupSnapshot,
+    sample_index: int,
+    position: int,
+    context: "Context",
+    choice: "Choice",
+) -> DecisionRecord:
+    return DecisionRecord(
+        decision_id=decision_id,
+        time=time,
+        run_id=run_id,
+        mode=mode,
+        decision_point=DECISION_POINTS[point],
+        prompt_id=snapshot.prompt.prompt_id,
+        group_id=snapshot.group_id,
+        sample_index=sample_index,
+        token_position=position,
+        features={**context.features, **choice.extra_features},
+        actions=context.names,
+        chosen=context.arms[choice.acted.action].name,
+        propensity=choice.propensity,
+        behaviour_propensity=choice.behaviour_propensity,
+        predicted_gain=choice.predicted_gain,
+        policy_version=snapshot.policy_version,
+    )
+
+
+def switch_record(
+    decision_id: int, time: float, run_id: str, new_mode: str, evidence: Evidence | None, policy_version: int,
+    manual: bool = False,
+) -> DecisionRecord:
+    features = evidence.features() if evidence is not None else {}
+    features["manual"] = float(manual)
+    return DecisionRecord(
+        decision_id=decision_id,
+        time=time,
+        run_id=run_id,
+        mode=new_mode,
+        decision_point="promotion",
+        prompt_id=-1,
+        group_id=-1,
+        sample_index=-1,
+        token_position=-1,
+        features=features,
+        actions=("shadow", "live"),
+        chosen=new_mode,
+        propensity=1.0,
+        behaviour_propensity=1.0,
+        predicted_gain=evidence.other.value if evidence is not None else float("nan"),
+        policy_version=policy_version,
+    )
+
+
+def controller_metrics(c: "RailController") -> dict[str, float]:
+    out = {f"controller/{k}": float(v) for k, v in sorted(c.counts.items())}
+    out["controller/live"] = float(c.mode == "live")
+    out["controller/promotions"] = float(c.promoter.promotions)
+    out["controller/demotions"] = float(c.promoter.demotions)
+    out["controller/length_estimate"] = float(c.length_estimate)
+    out["controller/buffered_requests"] = float(len(c.buffers))
+    out["controller/buffer_evictions"] = float(c.buffers.evicted)
+    out["controller/open_groups"] = float(len(c._groups))
+    rewards = c.recent_rewards
+    if rewards:
+        out["controller/mean_reward"] = sum(rewards) / len(rewards)
+    latency = sorted(c.latency_ns)
+    if latency:
+        out["controller/decision_p50_us"] = latency[len(latency) // 2] / 1000.0
+        out["controller/decision_p99_us"] = latency[min(len(latency) - 1, int(0.99 * len(latency)))] / 1000.0
+    last = c.promoter.last
+    if last is not None:
+        out["controller/acting_value"] = last.acting.value
+        out["controller/other_value"] = last.other.value
+        out["controller/other_lower"] = last.other.lower
+        out["controller/other_upper"] = last.other.upper
+        out["controller/window_decisions"] = float(last.n)
+    out.update(c.gain_errors.metrics())
+    return out

@@ -1,0 +1,127 @@
+"""The RAIL controller's saved state: a versioned, JSON-able dict, and its file form.
+
+What is kept: the learner (its model bytes, base64, with a SHA-256 checksum), the frozen copy,
+the behaviour policy's and the decider's random states, the promotion window and mode, the
+gain-error window, the response-length estimate and the counters. Open groups are not kept: a
+resumed run closes them, so their decisions simply have no outcome in the trace.
+
+A file that is missing, not JSON, of another format or version, or whose model fails its
+checksum raises ``ControllerStateError`` naming the file and the fix; nothing is half-loaded
+from a state whose header is wrong.
+
+>>> import json, os, tempfile
+>>> path = os.path.join(tempfile.mkdtemp(), "rail.json")
+>>> with open(path, "w") as f:
+...     _ = f.write('{"format": "railgate.rail", "version": 1, "learner": ')
+>>> load_file(path)  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+controller.rail.bandit.ControllerStateError: controller state file ... is not valid JSON (...); it is truncated or not a controller state -- delete it or restore an intact copy
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from controller.rail.bandit import ControllerStateError
+from controller.rail.learners import learner_from_state
+from pipeline.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from controller.rail.controller import RailController
+
+FORMAT = "railgate.rail"
+VERSION = 1
+
+
+def controller_state(c: "RailController") -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "backend": c.config.backend,
+        "learner": c.learner.state_dict(),
+        "frozen": c.frozen.state_dict() if c.frozen is not None else None,
+        "behaviour": c.behaviour.state_dict(),
+        "decider": c.decider.state_dict(),
+        "promoter": c.promoter.state_dict(),
+        "gain_errors": c.gain_errors.state_dict(),
+        "length": c.length_estimate,
+        "counts": dict(c.counts),
+    }
+
+
+def check_header(state: Any, where: str) -> None:
+    if not isinstance(state, dict):
+        raise ControllerStateError(f"{where} is a {type(state).__name__}, not a RAIL controller state (a dict)")
+    if state.get("format") != FORMAT:
+        raise ControllerStateError(
+            f"{where} has format {state.get('format')!r}, not {FORMAT!r}: it is not a RAIL controller state"
+        )
+    if state.get("version") != VERSION:
+        raise ControllerStateError(
+            f"{where} has version {state.get('version')!r}; this railgate reads version {VERSION} -- "
+            "start the controller fresh or use the release that wrote it"
+        )
+
+
+def load_controller_state(c: "RailController", state: Any, where: str = "controller state") -> None:
+    check_header(state, where)
+    if state.get("backend") != c.config.backend:
+        raise ControllerStateError(
+            f"{where} was saved by backend {state.get('backend')!r} but controller.rail.backend="
+            f"{c.config.backend!r}; set the backend that saved it or start fresh"
+        )
+    try:
+        frozen = None
+        if state["frozen"] is not None:
+            frozen = learner_from_state(state["frozen"], c.config, derive_seed(c.seed, "rail", "frozen"))
+        # Validate everything that can fail before touching the live learner.
+        promoter = dict(state["promoter"])
+        length = float(state["length"])
+        counts = {str(k): int(v) for k, v in state["counts"].items()}
+        c.learner.load_state_dict(state["learner"])
+        c.behaviour.load_state_dict(state["behaviour"])
+        c.decider.load_state_dict(state["decider"])
+        c.promoter.load_state_dict(promoter)
+        c.gain_errors.load_state_dict(state["gain_errors"])
+    except ControllerStateError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ControllerStateError(
+            f"{where} is corrupt ({type(exc).__name__}: {exc}); delete it or start the controller fresh"
+        ) from exc
+    c.frozen = frozen
+    c.length_estimate = length
+    c.counts.clear()
+    c.counts.update(counts)
+
+
+def save_file(state: dict[str, Any], path: str | os.PathLike) -> None:
+    """Write ``state`` as JSON through a temporary file, so a crash never leaves half a file."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, target)
+
+
+def load_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a state file; ``ControllerStateError`` for a missing, truncated or foreign file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ControllerStateError(f"controller state file {p} does not exist; pass the file RailController.save wrote")
+    try:
+        state = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ControllerStateError(
+            f"controller state file {p} is not valid JSON ({exc}); it is truncated or not a controller "
+            "state -- delete it or restore an intact copy"
+        ) from exc
+    check_header(state, f"controller state file {p}")
+    return state
