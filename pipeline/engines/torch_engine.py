@@ -1,0 +1,452 @@
+"""The ``torch`` engine: in-process, continuously batched sampling over any transformers causal LM.
+
+**Design.** One decode thread (``torch_worker.DecodeWorker``) owns the model and the batch
+and runs decode steps back to back while it has rows, at most two steps ahead of the event
+loop. Torch never runs on the event loop. The loop side hands it joins and removals without
+awaiting; a stream's consumer that needs its next event and finds nobody collecting becomes
+the *collector*: it waits (in an anyio worker thread) for the step results not read yet,
+hands every row's new tokens to its request and wakes that request's consumer. Other
+consumers wait on their own event. Every await belongs to a consumer's task (no background
+task), decoding stops once nobody reads (backpressure), and a collector cancelled while it
+waits finishes handing out the step it waited for (a few milliseconds, shielded) before the
+cancellation propagates.
+
+**Batching.** New requests join between decode steps, up to ``max_batch`` rows (the rest
+wait in FIFO order). Requests that arrive together with the same prompt share one prefill;
+a later request whose prompt (or branch context) a resident row already holds copies that
+row's cache instead (see ``torch_batch``). Aborted, closed and finished rows leave at the
+next step.
+
+**Handoff.** A request's tokens accumulate in its own state; a consumer's next event is one
+``TokenDelta`` of every token produced since its last read (at least ``delta_tokens`` of
+them, or the rest once the sample ends), then one ``SampleFinished``. This 1-step coalescing
+handoff is unbounded by design but never holds more than the response itself, which the
+final event carries anyway; a slow reader simply gets bigger deltas.
+
+**Numbers.** Log-probs and entropies are those of the policy at temperature 1 (what the
+learner scores; see ``torch_sampling``). Sampling uses one counter-based uniform per row and
+token, keyed by (engine seed, ``params.seed``, request id): a sample is reproducible whatever
+else runs beside it, up to floating-point differences of the logits between batch shapes
+(a token can flip only when its uniform falls within ~1e-6 of a CDF boundary).
+
+**Weights.** ``update_weights(state_dict)`` waits for the running step, loads the weights in
+place (``load_state_dict``, in the worker thread) and bumps ``policy_version``. Rows in
+flight continue under the new weights with their old KV cache, like in-flight updates in
+PipelineRL; each token's log-prob is that of the weights that sampled it, and a sample's
+``policy_version`` is the version it started with (the oldest weights it saw).
+
+**Limits.** Full-attention decoder models (see ``torch_batch``); one process, one device;
+the engine owns ``model`` (it is cast to ``dtype`` and moved to ``device`` in place; give it
+a copy if a learner trains the original). ``bfloat16`` halves memory but is 2-3x *slower* than
+float32 on CPUs without AVX-512 BF16 (measured on this project's AVX2 machine). Consumers
+must ``aclose()`` a stream they stop reading (cancellation does it for them).
+
+>>> import anyio, torch
+>>> from transformers import LlamaConfig, LlamaForCausalLM
+>>> from pipeline.types import Prompt, SampleRequest, SamplingParams
+>>> _ = torch.manual_seed(0)
+>>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+...     num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=128))
+>>> engine = TorchEngine(model, tokenizer_eos_id=2)
+>>> prompt = Prompt(prompt_id=0, text="", token_ids=(5, 6, 7))
+>>> req = SampleRequest("g0.s0", group_id=0, sample_index=0, prompt=prompt,
+...                     params=SamplingParams(max_tokens=8, seed=1))
+>>> async def main():
+...     return [ev async for ev in engine.stream(req)]
+>>> events = anyio.run(main)
+>>> final = events[-1]
+>>> sum((ev.token_ids for ev in events[:-1]), ()) == final.token_ids, engine.open_requests
+(True, 0)
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import torch
+
+from pipeline.engines.base import EngineError
+from pipeline.engines.torch_batch import DecodeBatch, RowSpec, StepOutput
+from pipeline.engines.torch_sampling import stream_key
+from pipeline.engines.torch_worker import DecodeWorker
+from pipeline.types import FinishReason, RolloutEvent, SampleFinished, SampleRequest, TokenDelta
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class _Request:
+    """Engine-side state of one open request (touched on the event loop only)."""
+
+    __slots__ = ("request", "key", "prompt", "prefix", "params", "tokens", "logprobs", "entropies",
+                 "prefix_logprobs", "delivered", "finish", "error", "version", "end_time", "wakeup", "final_sent")
+
+    def __init__(self, request: SampleRequest, key: int, prefix: tuple[int, ...], version: int):
+        self.request = request
+        self.key = key  # serial number: the decode thread's name for this row
+        self.prompt = tuple(request.prompt.token_ids)
+        self.prefix = prefix
+        self.tokens: list[int] = []  # generated tokens (after the branch prefix)
+        self.logprobs: list[float] = []
+        self.entropies: list[float] = []
+        self.prefix_logprobs: tuple[float, ...] | None = None
+        self.delivered = 0
+        self.finish: FinishReason | None = None
+        self.error = ""
+        self.version = version
+        self.end_time = 0.0
+        self.wakeup: anyio.Event | None = None
+        self.final_sent = False
+
+    def wake(self) -> None:
+        if self.wakeup is not None:
+            self.wakeup.set()
+
+
+class TorchEngine:
+    """Continuously batched sampler over a transformers causal LM; see the module docstring.
+
+    Parameters
+    ----------
+    model : a transformers causal LM (``AutoModelForCausalLM``-like); the engine owns it.
+    tokenizer_eos_id : the token that ends a sample (``FinishReason.STOP``); None: only
+        ``max_tokens`` ends samples (for benchmarks).
+    max_batch : most rows decoded together; further requests queue in arrival order.
+    dtype : ``"float32"``, ``"bfloat16"`` or ``"float16"`` for the model's weights and cache.
+    device : torch device of the model and cache.
+    seed : engine seed, part of every request's random stream key.
+    max_context : longest prompt + response allowed; default the model's
+        ``max_position_embeddings`` (or ``n_positions``).
+    delta_tokens : fewest tokens per ``TokenDelta`` (fewer consumer wake-ups per token).
+    torch_lock : a ``threading.Lock`` (or ``Semaphore``) held for every decode step and
+        weight load; share it with a learner thread that must not compute at the same time.
+        Default: none (the engine's single thread is its only limit).
+    ahead : decode steps the thread may run ahead of the readers.
+    """
+
+    name = "torch"
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer_eos_id: int | None,
+        *,
+        max_batch: int = 256,
+        dtype: str = "float32",
+        device: str = "cpu",
+        seed: int = 0,
+        max_context: int | None = None,
+        delta_tokens: int = 1,
+        torch_lock: Any = None,
+        ahead: int = 2,
+    ):
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype={dtype!r} is not one of {sorted(_DTYPES)}; pick one of those")
+        if max_batch < 1:
+            raise ValueError(f"max_batch={max_batch} must be >= 1")
+        if delta_tokens < 1:
+            raise ValueError(f"delta_tokens={delta_tokens} must be >= 1")
+        if torch_lock is not None and not (hasattr(torch_lock, "__enter__") and hasattr(torch_lock, "acquire")):
+            raise TypeError(
+                f"torch_lock must be a threading.Lock or Semaphore (held by the decode thread), got "
+                f"{type(torch_lock).__name__}; an anyio CapacityLimiter cannot be taken from a plain thread"
+            )
+        self.model = model.to(device=device, dtype=_DTYPES[dtype]).eval()
+        self.eos_id = tokenizer_eos_id
+        self.max_batch = max_batch
+        self.seed = seed
+        self.delta_tokens = delta_tokens
+        self.max_context = max_context if max_context is not None else _model_context(model)
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self._torch_lock = torch_lock if torch_lock is not None else threading.Lock()
+        self._worker = DecodeWorker(DecodeBatch(self.model, tokenizer_eos_id, device), ahead=ahead, lock=torch_lock)
+        self._serials = itertools.count()
+        self._open: dict[str, _Request] = {}  # by request id: streams not closed yet
+        self._pending: collections.deque[_Request] = collections.deque()  # waiting for room in the batch
+        self._rows: dict[int, _Request] = {}  # by key: handed to the decode thread, still running
+        self._waiting: dict[int, _Request] = {}  # consumers waiting on their own event
+        self._collecting = False
+        self._collected: anyio.Event | None = None
+        self._version = 0
+        self._update_lock = threading.Lock()  # one weight update at a time
+        self._loaded_version = 0  # guarded by _update_lock
+        self._closed = False
+        self._t0 = time.monotonic()
+
+    # --- Engine protocol ---------------------------------------------------------------
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    @property
+    def open_requests(self) -> int:
+        return len(self._open)
+
+    def stream(self, request: SampleRequest) -> "_TorchStream":
+        if self._closed:
+            raise EngineError("the torch engine is closed; create a new one")
+        rid = request.request_id
+        if rid in self._open:
+            raise ValueError(f"request_id {rid!r} is already running; request ids must be unique")
+        req = _Request(request, next(self._serials), self._check(request), self._version)
+        self._open[rid] = req
+        self._pending.append(req)
+        self._submit()
+        return _TorchStream(self, req)
+
+    async def abort(self, request_id: str) -> None:
+        req = self._open.get(request_id)
+        if req is not None and req.finish is None:
+            self._end(req, FinishReason.ABORTED)
+            req.wake()
+            self._submit()
+
+    async def update_weights(self, weights: Any) -> int:
+        if isinstance(weights, torch.nn.Module):
+            weights = weights.state_dict()
+        if not isinstance(weights, Mapping):
+            raise TypeError(f"the torch engine takes a state_dict (a mapping of tensors), got {type(weights).__name__}")
+
+        def load() -> int:
+            # Between two decode steps: the thread is paused while the weights change.
+            with self._update_lock:
+                self._worker.pause()
+                try:
+                    with self._torch_lock:
+                        self.model.load_state_dict(weights)
+                    self._loaded_version += 1
+                    self._worker.set_version(self._loaded_version)
+                finally:
+                    self._worker.resume()
+                return self._loaded_version
+
+        with anyio.CancelScope(shield=True):
+            version = await anyio.to_thread.run_sync(load)
+        self._version = max(self._version, version)
+        return version
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for req in list(self._open.values()):
+            if req.finish is None:
+                self._end(req, FinishReason.ABORTED)
+                req.wake()
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self._worker.stop)
+
+    # --- requests ------------------------------------------------------------------------
+
+    def _check(self, request: SampleRequest) -> tuple[int, ...]:
+        """Validate a request; return its branch prefix (empty without a branch)."""
+        n_prompt = len(request.prompt.token_ids)
+        params = request.params
+        rid = request.request_id
+        if not n_prompt:
+            raise ValueError(f"request {rid!r} has an empty prompt; the torch engine needs >= 1 prompt token")
+        for name, ids in (("prompt", request.prompt.token_ids), ("branch prefix", request.branch.prefix_token_ids if request.branch else ())):
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(
+                    f"request {rid!r}: {name} token ids {bad[:5]} are outside the model's vocabulary [0, {self.vocab_size}); "
+                    "tokenize with the model's own tokenizer"
+                )
+        total = n_prompt + params.max_tokens
+        if self.max_context is not None and total > self.max_context:
+            raise ValueError(
+                f"request {rid!r}: prompt of {n_prompt} tokens + max_tokens={params.max_tokens} = {total} exceeds "
+                f"the model's context of {self.max_context} tokens; lower max_tokens to at most "
+                f"{self.max_context - n_prompt} or shorten the prompt"
+            )
+        b = request.branch
+        if b is None:
+            return ()
+        prefix = tuple(b.prefix_token_ids)
+        if len(prefix) != b.prefix_len:
+            raise ValueError(
+                f"branch of {rid!r}: prefix_len={b.prefix_len} but {len(prefix)} prefix_token_ids were sent; "
+                "send the prefix tokens with the request"
+            )
+        if b.prefix_len >= params.max_tokens:
+            raise ValueError(
+                f"branch of {rid!r}: prefix_len={b.prefix_len} leaves no room under max_tokens={params.max_tokens} "
+                "(max_tokens counts the prefix); branch earlier or raise max_tokens"
+            )
+        if self.eos_id is not None and self.eos_id in prefix:
+            raise ValueError(
+                f"branch of {rid!r}: the prefix holds the end-of-sequence token {self.eos_id}; branch before the end"
+            )
+        return prefix
+
+    def _row_spec(self, req: _Request) -> RowSpec:
+        params = req.request.params
+        source = None
+        if req.request.branch is not None:
+            src = self._open.get(req.request.branch.source_request_id)
+            source = src.key if src is not None else None
+        return RowSpec(
+            key=req.key, prompt=req.prompt, prefix=req.prefix, max_tokens=params.max_tokens,
+            temperature=params.temperature, top_p=params.top_p,
+            seed_key=stream_key(self.seed, params.seed, req.request.request_id), source=source,
+        )
+
+    def _submit(self, removals: list[int] | None = None) -> None:
+        """Hand queued requests to the decode thread while the batch has room (never awaits)."""
+        joins: list[RowSpec] = []
+        room = self.max_batch - len(self._rows)
+        while room > 0 and self._pending:
+            req = self._pending.popleft()
+            if req.finish is not None:
+                continue
+            req.version = self._version
+            self._rows[req.key] = req
+            joins.append(self._row_spec(req))
+            room -= 1
+        self._worker.submit(joins, removals or [])
+
+    def _end(self, req: _Request, reason: FinishReason, error: str = "") -> None:
+        """Mark a request finished; an aborted or failed row leaves the batch at the next step."""
+        req.finish, req.error, req.end_time = reason, error, time.monotonic() - self._t0
+        if self._rows.pop(req.key, None) is not None and reason >= FinishReason.ABORTED:
+            self._worker.submit([], [req.key])
+
+    def _release(self, req: _Request) -> None:
+        """The consumer is done with the stream (final event read, closed, or cancelled)."""
+        rid = req.request.request_id
+        if self._open.get(rid) is req:
+            del self._open[rid]
+        if req.finish is None:
+            self._end(req, FinishReason.ABORTED)
+            self._submit()
+
+    def _pop_event(self, req: _Request) -> RolloutEvent | None:
+        new = len(req.tokens) - req.delivered
+        if new and (new >= self.delta_tokens or req.finish is not None):
+            i = req.delivered
+            req.delivered = len(req.tokens)
+            return TokenDelta(
+                request_id=req.request.request_id, token_ids=tuple(req.tokens[i:]),
+                logprobs=tuple(req.logprobs[i:]), entropies=tuple(req.entropies[i:]),
+                position=len(req.prefix) + i,
+            )
+        if req.finish is None or req.final_sent:
+            return None
+        req.final_sent = True
+        prefix_lps = req.prefix_logprobs
+        if prefix_lps is None:  # never reached the batch: the caller's values, if any
+            b = req.request.branch
+            k = len(req.prefix)
+            prefix_lps = tuple(b.prefix_logprobs) if b is not None and len(b.prefix_logprobs) == k else (0.0,) * k
+        return SampleFinished(
+            request_id=req.request.request_id, token_ids=req.prefix + tuple(req.tokens),
+            logprobs=prefix_lps + tuple(req.logprobs), finish_reason=req.finish,
+            policy_version=req.version, error=req.error, engine_time=req.end_time,
+        )
+
+    # --- collecting step results -------------------------------------------------------------
+
+    async def _next_event(self, req: _Request) -> RolloutEvent:
+        while True:
+            # Collecting is shielded, so check here: a cancelled consumer stops even when data is ready.
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            event = self._pop_event(req)
+            if event is not None:
+                return event
+            if not self._collecting:
+                await self._collect()
+                continue
+            req.wakeup = anyio.Event()
+            self._waiting[req.key] = req
+            try:
+                await req.wakeup.wait()
+            finally:
+                self._waiting.pop(req.key, None)
+
+    async def _collect(self) -> None:
+        """Wait for the decode thread's unread results and hand their tokens out."""
+        self._collecting = True
+        try:
+            with anyio.CancelScope(shield=True):
+                results = await anyio.to_thread.run_sync(self._worker.take)
+        finally:
+            self._collecting = False
+        for out in results:
+            if isinstance(out, BaseException):  # the batch was reset: every row it held failed
+                msg = f"torch engine step failed: {type(out).__name__}: {out}"
+                for req in list(self._rows.values()):
+                    self._end(req, FinishReason.ERROR, msg)
+                    req.wake()
+            else:
+                self._dispatch(out)
+        self._submit()
+        if not results:
+            await anyio.sleep(0.001)  # the thread had nothing to do (a race with an abort): look again
+        # Some waiter must collect the next results: wake one that got nothing this time.
+        for waiter in self._waiting.values():
+            if waiter.wakeup is not None and not waiter.wakeup.is_set():
+                waiter.wakeup.set()
+                break
+
+    def _dispatch(self, out: StepOutput) -> None:
+        for key, lps in out.prefix_logprobs.items():
+            req = self._rows.get(key)
+            if req is not None:
+                req.prefix_logprobs = lps
+        for key, tok, lp, ent, fin in zip(out.keys, out.tokens, out.logprobs, out.entropies, out.finished):
+            req = self._rows.get(key)
+            if req is None:  # aborted or closed while the step ran: its token is dropped
+                continue
+            req.tokens.append(tok)
+            req.logprobs.append(lp)
+            req.entropies.append(ent)
+            if fin is not None:
+                self._end(req, fin)
+                req.wake()
+            elif len(req.tokens) - req.delivered >= self.delta_tokens:
+                req.wake()
+
+
+class _TorchStream:
+    """One request's event stream: ``TokenDelta``\\ s, then one ``SampleFinished``."""
+
+    def __init__(self, engine: TorchEngine, req: _Request):
+        self._engine = engine
+        self._req = req
+        self._done = False
+
+    def __aiter__(self) -> "_TorchStream":
+        return self
+
+    async def __anext__(self) -> RolloutEvent:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            event = await self._engine._next_event(self._req)
+        except BaseException:
+            await self.aclose()
+            raise
+        if isinstance(event, SampleFinished):
+            await self.aclose()
+        return event
+
+    async def aclose(self) -> None:
+        if not self._done:
+            self._done = True
+            self._engine._release(self._req)
+
+
+def _model_context(model: torch.nn.Module) -> int | None:
+    config = model.config.get_text_config(decoder=True) if hasattr(model, "config") else None
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
