@@ -1,9 +1,19 @@
-"""Small fakes for the RAIL controller tests: a sink that keeps records in lists, and
-snapshot/delta builders."""
+"""Small fakes for the RAIL controller tests: a sink that keeps records in lists,
+snapshot/delta builders, and one scripted rescue round."""
 
 from __future__ import annotations
 
-from pipeline.types import CommittedGroup, DecisionRecord, FinishReason, GroupSnapshot, Prompt, Rollout, TokenDelta
+from pipeline.types import (
+    ActionKind,
+    CommittedGroup,
+    DecisionRecord,
+    FinishReason,
+    GroupAction,
+    GroupSnapshot,
+    Prompt,
+    Rollout,
+    TokenDelta,
+)
 
 
 class ListSink:
@@ -66,3 +76,20 @@ def committed(group_id, rewards, length=40) -> CommittedGroup:
         for i, r in enumerate(rewards)
     )
     return CommittedGroup(group_id, PROMPT.prompt_id, rollouts, len(rollouts), length * len(rollouts))
+
+
+def rescue_round(rail, gid, pays):
+    """One rescue decision; an intervention recovers the group (variance 0.1875) when ``pays``,
+    else it burns 400 tokens on a group that is dropped anyway."""
+    out = rail.on_group(snapshot(group_id=gid, tokens=400), [GroupAction(ActionKind.ABANDON, gid)])
+    launches = [a for a in out if a.kind is ActionKind.LAUNCH]
+    if not launches:
+        rail.on_closed(None, snapshot(group_id=gid))
+        return
+    d = launches[0].origin
+    if pays:
+        rewards = (0.0,) * 4 + (1.0, 0.0, 1.0, 0.0)
+        final = snapshot(group_id=gid, rewards=rewards, origins=(-1,) * 4 + (d,) * 2 + (-1,) * 2, tokens=500)
+        rail.on_closed(committed(gid, rewards), final)
+    else:
+        rail.on_closed(None, snapshot(group_id=gid, rewards=(0.0,) * 6, origins=(-1,) * 4 + (d, d), tokens=800))

@@ -10,7 +10,7 @@ import pytest
 from controller.rail import RailConfig, RailController
 from controller.rail.promotion import Promoter, WindowEntry
 from pipeline.types import ActionKind, GroupAction, SamplingParams
-from tests.rail_fakes import ListSink, committed, snapshot
+from tests.rail_fakes import ListSink, rescue_round
 
 
 def shadow_log(n, learned_better, seed=0):
@@ -83,23 +83,6 @@ def test_unusable_entries_are_ignored_and_state_round_trips():
     q = Promoter(evaluate_every=10, min_decisions=20, window=50)
     q.load_state_dict(p.state_dict())
     assert q.evaluate() == p.evaluate()
-
-
-def rescue_round(rail, gid, pays):
-    """One rescue decision; an intervention recovers the group (variance 0.1875) when ``pays``,
-    else it burns 400 tokens on a group that is dropped anyway."""
-    out = rail.on_group(snapshot(group_id=gid, tokens=400), [GroupAction(ActionKind.ABANDON, gid)])
-    launches = [a for a in out if a.kind is ActionKind.LAUNCH]
-    if not launches:
-        rail.on_closed(None, snapshot(group_id=gid))
-        return
-    d = launches[0].origin
-    if pays:
-        rewards = (0.0,) * 4 + (1.0, 0.0, 1.0, 0.0)
-        final = snapshot(group_id=gid, rewards=rewards, origins=(-1,) * 4 + (d,) * 2 + (-1,) * 2, tokens=500)
-        rail.on_closed(committed(gid, rewards), final)
-    else:
-        rail.on_closed(None, snapshot(group_id=gid, rewards=(0.0,) * 6, origins=(-1,) * 4 + (d, d), tokens=800))
 
 
 def rail_for(**kw):

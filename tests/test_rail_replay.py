@@ -12,7 +12,7 @@ from controller.rail.replay import ReplayError, load_logged, replay, train
 from pipeline.arrowio import SegmentKind, SegmentWriter
 from pipeline.tracelog import DECISIONS, TraceFormatError, TraceLog
 from pipeline.types import TRACE_SCHEMA_VERSION, DecisionRecord, SamplingParams
-from tests.test_rail_promotion import rescue_round
+from tests.rail_fakes import rescue_round
 
 CFG = RailConfig(mode="shadow", backend="river", behaviour="none", behaviour_epsilon=0.5, token_decisions=False,
                  branch_sizes=(), auto_promote=False)

@@ -4,8 +4,10 @@ Decision points (METHODS.md, RAIL; the hooks are in ``pipeline/protocols.py``):
 
 1. **rescue** -- ``on_group`` sees the gate propose ABANDON of a saturated group: the controller
    may replace the abandon by an intervention (branch the most promising prefix of the group's
-   samples, or resample, at a temperature). The group stays open and the gate decides again
-   on the new samples; ``max_rescues_per_group`` bounds how often.
+   buffered samples -- highest prefix mean log-prob when all failed, lowest when all
+   succeeded; at a probe-first probe's end every buffered sample has ended -- or resample, at
+   a temperature). The group stays open and the gate decides again on the new samples;
+   ``max_rescues_per_group`` bounds how often.
 2. **extend** -- the gate proposes COMMIT: the controller may add samples to the group.
 3. **token** -- ``on_tokens`` sees a token whose entropy reaches ``entropy_threshold``: the
    controller may branch the running sample's prefix there (rate-limited per group and sample).
