@@ -9,7 +9,7 @@ import pytest
 
 from controller.rail import RailConfig, RailController
 from controller.rail.promotion import Promoter, WindowEntry
-from pipeline.types import ActionKind, GroupAction, SamplingParams
+from pipeline.types import SamplingParams
 from tests.rail_fakes import ListSink, rescue_round
 
 
