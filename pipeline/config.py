@@ -172,3 +172,44 @@ class LogConfig:
         require(self.trace_flush_every >= 1, f"log.trace_flush_every={self.trace_flush_every} must be >= 1")
         require(self.checkpoint_every >= 0, f"log.checkpoint_every={self.checkpoint_every} must be >= 0 (0 = never)")
         require(self.keep_checkpoints >= 1, f"log.keep_checkpoints={self.keep_checkpoints} must be >= 1")
+
+
+@dataclass(frozen=True)
+class TorchEngineConfig:
+    """The in-process torch engine (``engine.kind: torch``)."""
+
+    max_batch: int = 256
+    """Rows decoded together (continuous batching); more requests wait in FIFO order."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype. bfloat16 is slower than float32 on CPUs without AVX-512 BF16."""
+    delta_tokens: int = 4
+    """Tokens per streamed delta (fewer events per sample; 1 = every token)."""
+    threads: int = 1
+    """torch threads of the decode thread; the learner has its own (learner.num_threads)."""
+
+    def __post_init__(self) -> None:
+        require(self.max_batch >= 1, f"torch_engine.max_batch={self.max_batch} must be >= 1")
+        require(self.delta_tokens >= 1, f"torch_engine.delta_tokens={self.delta_tokens} must be >= 1")
+        require(self.threads >= 1, f"torch_engine.threads={self.threads} must be >= 1")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """How many prompts of the task are trained on and evaluated (real tasks; the sim has its own)."""
+
+    num_train_prompts: int = 4096
+    """Training prompts drawn from the task's training split."""
+    num_eval_prompts: int = 512
+    """Held-out prompts; 200 prompts x 16 samples is +-2-3 points of noise (DESIGN.md)."""
+    eval_samples: int = 4
+    """Samples per held-out prompt (accuracy = their mean reward; pass@k with k = this)."""
+    eval_temperature: float = 1.0
+    """Sampling temperature of the evaluation."""
+    seed: int = 0
+    """Seed of which problems are drawn."""
+
+    def __post_init__(self) -> None:
+        require(self.num_train_prompts >= 1, f"data.num_train_prompts={self.num_train_prompts} must be >= 1")
+        require(self.num_eval_prompts >= 1, f"data.num_eval_prompts={self.num_eval_prompts} must be >= 1")
+        require(self.eval_samples >= 1, f"data.eval_samples={self.eval_samples} must be >= 1")
+        require(self.eval_temperature > 0, f"data.eval_temperature={self.eval_temperature} must be > 0")

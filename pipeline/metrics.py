@@ -40,6 +40,7 @@ class Budget:
     staleness_max: int = 0
     rollouts_trained: int = 0
     rollouts_intervention: int = 0  # launched by a controller's intervention (branch, resample)
+    interventions_dropped: int = 0  # token-level interventions that arrived after their group closed
 
     @property
     def tokens_wasted(self) -> int:

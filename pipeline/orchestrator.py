@@ -426,17 +426,23 @@ class Orchestrator:
         started = time.perf_counter_ns() if self.hook_timer is not None else 0
         snapshot = group.snapshot(self.engine.policy_version)
         proposed = [] if group.sealed else self.gate.update(snapshot)
-        for action in proposed:
-            if action.group_id in self._groups:
-                self._log_gate_decision(self._groups[action.group_id], action)
         final = self.controller.on_group(snapshot, proposed)
         if self.hook_timer is not None:
             self.hook_timer.record(time.perf_counter_ns() - started)
+        for action in proposed:
+            if action.group_id in self._groups:
+                # The trace says what the gate proposed and whether it ran (the controller may
+                # replace an abandon by an intervention).
+                self._log_gate_decision(self._groups[action.group_id], action, executed=action in final)
         self._execute(final, source="gate")
 
     def _execute(self, actions: list[GroupAction] | tuple[GroupAction, ...], source: str) -> None:
         for action in actions:
             group = self._groups.get(action.group_id)
+            if group is None and (source == "controller" or action.origin >= 0):
+                # An intervention chosen at a token while the tracker was closing its group.
+                self.budget.interventions_dropped += 1
+                continue
             if group is None:
                 raise RuntimeError(
                     f"{source} ({type(self.gate if source == 'gate' else self.controller).__name__}) "
@@ -492,7 +498,7 @@ class Orchestrator:
         for decision_id in group.decision_ids:
             self.trace.log_outcome(decision_id, float(effective), group.tokens)
 
-    def _log_gate_decision(self, group: GroupRun, action: GroupAction) -> None:
+    def _log_gate_decision(self, group: GroupRun, action: GroupAction, executed: bool = True) -> None:
         decision_id = self.trace.next_decision_id()
         group.decision_ids.append(decision_id)
         rewards = group.rewards
@@ -514,6 +520,7 @@ class Orchestrator:
                     "in_flight": float(len(group.in_flight)),
                     "launched": float(group.launched),
                     "target_size": float(group.target_size),
+                    "executed": float(executed),
                 },
                 actions=("launch", "commit", "abandon", "hold"),
                 chosen=action.kind.value,
@@ -724,9 +731,10 @@ class Orchestrator:
             "engine/policy_version": float(version),
         }
         self._step_started = now
-        gate_metrics = getattr(self.gate, "metrics", None)
-        if callable(gate_metrics):
-            metrics.update(gate_metrics())
+        for part in (self.gate, self.controller):
+            extra = getattr(part, "metrics", None)
+            if callable(extra):
+                metrics.update(extra())
         return metrics
 
     def _record_eval(self, step: int, evaluation: dict[str, float]) -> None:

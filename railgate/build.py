@@ -34,12 +34,65 @@ class Components:
     world: SimWorld | None = None
 
 
-def build_components(cfg: RunConfig) -> Components:
+def build_components(cfg: RunConfig, progress: bool = True) -> Components:
     if cfg.engine.kind == "sim":
         return _build_sim(cfg)
+    if cfg.engine.kind == "torch":
+        return _build_torch(cfg, progress)
     raise ConfigError(
-        f"engine.kind={cfg.engine.kind!r} is not wired into run.py yet; use engine.kind=sim "
-        "(the torch, vllm and ray engines land with their issues)"
+        f"engine.kind={cfg.engine.kind!r} is not wired into run.py yet; use engine.kind=sim or torch "
+        "(the vllm and ray engines land with their issue)"
+    )
+
+
+def _build_torch(cfg: RunConfig, progress: bool) -> Components:
+    """A real language model: the task, its base policy (warm-started and cached in the run
+    directory on first use, or loaded from model.path), the torch engine on a copy of it and
+    the learner on the original."""
+    import copy
+
+    import torch
+
+    from learner.torch_learner import TorchLearner
+    from pipeline.engines.torch_engine import TorchEngine
+    from pipeline.evaluation import SamplingEvaluator
+    from pipeline.models import ensure_base_model
+    from pipeline.tasks import build_task
+
+    if cfg.gate.kind == "oracle":
+        raise ConfigError("gate.kind=oracle needs exact success probabilities, which only engine.kind=sim has")
+    base = ensure_base_model(cfg.run_dir, cfg.task, cfg.model, progress=progress)
+    task = build_task(cfg.task)
+    tokenizer = base.tokenizer
+    encode = tokenizer.encode_prompt
+    max_prompt = cfg.model.max_len - cfg.orchestrator.max_tokens
+    train_prompts = task.train_prompts(cfg.data.num_train_prompts, derive_seed(cfg.data.seed, "train"), encode)
+    eval_prompts = task.eval_prompts(cfg.data.num_eval_prompts, derive_seed(cfg.data.seed, "eval"), encode)
+    too_long = [p for p in train_prompts + eval_prompts if len(p.token_ids) > max_prompt]
+    if too_long:
+        raise ConfigError(
+            f"{len(too_long)} prompts are longer than model.max_len={cfg.model.max_len} minus "
+            f"orchestrator.max_tokens={cfg.orchestrator.max_tokens} = {max_prompt} tokens (e.g. {too_long[0].text!r}); "
+            "raise model.max_len (a new base model) or lower orchestrator.max_tokens"
+        )
+    torch.set_num_threads(max(cfg.torch_engine.threads, cfg.learner.num_threads or 1))
+    engine = TorchEngine(
+        copy.deepcopy(base.model), tokenizer.eos_id, max_batch=cfg.torch_engine.max_batch,
+        dtype=cfg.torch_engine.dtype, seed=derive_seed(cfg.seed, "engine"), max_context=cfg.model.max_len,
+        delta_tokens=cfg.torch_engine.delta_tokens,
+    )
+    pool = PromptPool(train_prompts, seed=derive_seed(cfg.seed, "prompts"))
+    gate = build_gate(cfg.gate, pool, group_size=cfg.orchestrator.group_size,
+                      batch_groups=cfg.orchestrator.batch_groups, seed=derive_seed(cfg.seed, "gate"))
+    scorer = task.scorer(tokenizer.decode)
+    evaluator = SamplingEvaluator(
+        engine, eval_prompts, scorer, samples_per_prompt=cfg.data.eval_samples,
+        temperature=cfg.data.eval_temperature, max_tokens=cfg.orchestrator.max_tokens, seed=derive_seed(cfg.seed, "eval"),
+    )
+    learner = TorchLearner(base.model, cfg.learner, pad_id=tokenizer.pad_id)
+    return Components(
+        engine=engine, clock=WallClock(), gate=gate, controller=NoopController(), scorer=scorer,
+        learner=learner, evaluator=evaluator, pool=pool,
     )
 
 

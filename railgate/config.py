@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from controller.config import GateConfig
-from pipeline.config import EngineConfig, LogConfig, OrchestratorConfig, SimConfig
+from learner.config import LearnerConfig
+from pipeline.config import DataConfig, EngineConfig, LogConfig, OrchestratorConfig, SimConfig, TorchEngineConfig
+from pipeline.models import BaseModelConfig
+from pipeline.tasks.config import TaskConfig
 from pipeline.configuration import ConfigError, apply_overrides, build, load_yaml, merge, require, to_dict
 
 
@@ -34,6 +37,11 @@ class RunConfig:
     sim: SimConfig = field(default_factory=SimConfig)
     orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
     gate: GateConfig = field(default_factory=GateConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: BaseModelConfig = field(default_factory=BaseModelConfig)
+    torch_engine: TorchEngineConfig = field(default_factory=TorchEngineConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self) -> None:

@@ -66,11 +66,11 @@ def train(
     state = load_checkpoint(latest_checkpoint(run_dir)) if resume else None
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(dump_config(cfg), sort_keys=False))
-    components = build_components(cfg)
+    show = cfg.log.progress if progress is None else progress
+    components = build_components(cfg, progress=show)
     if state is not None:
         _restore_components(components, state)
         _supersede(run_dir, state)
-    show = cfg.log.progress if progress is None else progress
     trace = TraceLog(run_dir / "trace", cfg.name, flush_every=cfg.log.trace_flush_every) if cfg.log.trace else NullSink()
     buffer = ArrowBuffer(run_dir / "buffer", persist=True, run_id=cfg.name) if cfg.log.buffer else None
     metrics = MetricsWriter(run_dir, tensorboard=cfg.log.tensorboard)
