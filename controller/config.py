@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from controller.rail.config import RailConfig
 from pipeline.configuration import require
 
 GateKind = Literal["uniform", "ds", "pilot_commit", "hora", "sara", "dps", "sara_dps", "oracle"]
@@ -210,3 +211,13 @@ class GateConfig:
     """Settings of ``sara`` and of the SARA half of ``sara_dps``."""
     dps: DpsConfig = field(default_factory=DpsConfig)
     """Settings of the DPS selector of ``dps`` and ``sara_dps``."""
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """The intervention controller (``controller:``): none, or RAIL."""
+
+    kind: Literal["none", "rail"] = "none"
+    """``none``: never intervene (the baseline). ``rail``: the learned intervention controller."""
+    rail: RailConfig = field(default_factory=RailConfig)
+    """RAIL's settings (controller/rail/config.py)."""

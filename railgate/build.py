@@ -13,7 +13,7 @@ from learner.sim import SimLearner
 from pipeline.clock import VirtualClock, WallClock
 from pipeline.configuration import ConfigError
 from pipeline.engines.sim import SimEngine
-from pipeline.protocols import Controller, Evaluator, Gate, Learner, Scorer
+from pipeline.protocols import Controller, DecisionSink, Evaluator, Gate, Learner, Scorer
 from pipeline.seeding import derive_seed
 from pipeline.simworld import SimAnswerScorer, SimEvaluator, SimWorld
 from railgate.config import RunConfig
@@ -34,14 +34,36 @@ class Components:
     world: SimWorld | None = None
 
 
-def build_components(cfg: RunConfig, progress: bool = True) -> Components:
+def build_components(cfg: RunConfig, progress: bool = True, sink: DecisionSink | None = None) -> Components:
+    """``sink`` receives the controller's decisions (the run's TraceLog; none: not logged)."""
     if cfg.engine.kind == "sim":
-        return _build_sim(cfg)
-    if cfg.engine.kind == "torch":
-        return _build_torch(cfg, progress)
-    raise ConfigError(
-        f"engine.kind={cfg.engine.kind!r} is not wired into run.py yet; use engine.kind=sim or torch "
-        "(the vllm and ray engines land with their issue)"
+        components = _build_sim(cfg)
+    elif cfg.engine.kind == "torch":
+        components = _build_torch(cfg, progress)
+    else:
+        raise ConfigError(
+            f"engine.kind={cfg.engine.kind!r} is not wired into run.py yet; use engine.kind=sim or torch "
+            "(the vllm and ray engines land with their issue)"
+        )
+    components.controller = build_controller(cfg, sink, components.clock)
+    return components
+
+
+def build_controller(cfg: RunConfig, sink: DecisionSink | None, clock: Any) -> Controller:
+    if cfg.controller.kind == "none":
+        return NoopController()
+    from controller.rail.controller import RailController
+    from pipeline.orchestrator import NullSink
+    from pipeline.types import SamplingParams
+
+    o = cfg.orchestrator
+    return RailController(
+        cfg.controller.rail,
+        sink=sink if sink is not None else NullSink(),
+        default_params=SamplingParams(temperature=o.temperature, top_p=o.top_p, max_tokens=o.max_tokens),
+        seed=derive_seed(cfg.seed, "controller"),
+        run_id=cfg.name,
+        clock=clock.now,
     )
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controller.config import GateConfig
+from controller.config import ControllerConfig, GateConfig
 from learner.config import LearnerConfig
 from pipeline.config import DataConfig, EngineConfig, LogConfig, OrchestratorConfig, SimConfig, TorchEngineConfig
 from pipeline.models import BaseModelConfig
@@ -37,6 +37,7 @@ class RunConfig:
     sim: SimConfig = field(default_factory=SimConfig)
     orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
     gate: GateConfig = field(default_factory=GateConfig)
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     data: DataConfig = field(default_factory=DataConfig)
     model: BaseModelConfig = field(default_factory=BaseModelConfig)

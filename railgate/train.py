@@ -67,11 +67,12 @@ def train(
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(dump_config(cfg), sort_keys=False))
     show = cfg.log.progress if progress is None else progress
-    components = build_components(cfg, progress=show)
+    if state is not None:
+        _supersede(run_dir, state)  # before the trace opens its new segments
+    trace = TraceLog(run_dir / "trace", cfg.name, flush_every=cfg.log.trace_flush_every) if cfg.log.trace else NullSink()
+    components = build_components(cfg, progress=show, sink=trace)
     if state is not None:
         _restore_components(components, state)
-        _supersede(run_dir, state)
-    trace = TraceLog(run_dir / "trace", cfg.name, flush_every=cfg.log.trace_flush_every) if cfg.log.trace else NullSink()
     buffer = ArrowBuffer(run_dir / "buffer", persist=True, run_id=cfg.name) if cfg.log.buffer else None
     metrics = MetricsWriter(run_dir, tensorboard=cfg.log.tensorboard)
     start = int(state["step"]) if state else 0
