@@ -1,0 +1,138 @@
+"""Multi-digit arithmetic with the answer written backwards: ``037+415=`` -> ``254``.
+
+Why reversed: a model writes its answer left to right, and the low digit of a sum is the
+one that depends on the fewest inputs. Written backwards, each output digit needs only one
+digit pair and the carry from the digit just written, so a 0.4M-parameter character model
+learns addition digit by digit; in the usual order the first digit written depends on every
+carry, which a tiny model does not learn in minutes. Multiplication stays hard even
+reversed: it is there as a harder variant.
+
+Why the shorter operand is zero-padded to the longer one's length (``padding="pair"``):
+then, for each operand width, answer digit k reads the operand digits at two fixed
+positions, a pattern learned position embeddings pick up in a few hundred steps, one width
+at a time (narrow ones first: pass rates then spread by difficulty, as RL needs). Measured
+here (GPT-2 d=128, 2 layers, batch 64, 1-5 digits), sampled accuracy at steps 450/600/750:
+
+=========  ===================  =========================================================
+padding    accuracy             notes
+=========  ===================  =========================================================
+``none``   0.04 at step 600     digits to read move with both operands' lengths
+``pair``   0.10 / 0.23 / 0.34   by width at 750: 0.82 0.59 0.04 0.14 0.02; 47% saturated
+``max``    0.98 at step 600     (0.76 at 400) every width at once, so pass rates are
+                                even across prompts: only 25-30% of groups saturated
+=========  ===================  =========================================================
+
+Difficulty is the number of digits of the longer operand (``min_digits``..``max_digits``,
+drawn uniformly); the other operand has between 1 and that many digits. Subtraction puts
+the larger operand first, so answers are never negative.
+"""
+
+from __future__ import annotations
+
+import random
+
+from pipeline.tasks.base import Problem, Task
+
+PADDINGS = ("none", "pair", "max")
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+class ArithmeticTask(Task):
+    """Additions (and optionally subtractions, multiplications) of ``min_digits``..``max_digits``
+    digit numbers; the answer is the result's digits reversed (``reverse_answer``).
+
+    Parameters
+    ----------
+    min_digits, max_digits
+        Range of the longer operand's digit count (the difficulty knob).
+    ops
+        The operators to draw from, a subset of ``"+-*"``.
+    reverse_answer
+        Write answers least-significant digit first (see the module docstring).
+    padding
+        ``"pair"``: zero-pad the shorter operand to the longer one's length; ``"max"``: both
+        to ``max_digits``; ``"none"``: as written (see the module docstring).
+    eval_share
+        Share of the problem space held out for evaluation.
+
+    Examples
+    --------
+    >>> task = ArithmeticTask(min_digits=1, max_digits=3)
+    >>> problem = task.train_problems(1, seed=0)[0]
+    >>> prompt_text, target = task.sft_example(problem)
+    >>> prompt_text.endswith("="), target == problem.answer
+    (True, True)
+    >>> p = task.eval_prompts(1, seed=0)[0]
+    >>> task.score(p, p.answer), task.score(p, p.answer + "1")
+    (1.0, 0.0)
+    >>> ArithmeticTask().sft_example(ArithmeticTask().make_problem(37, "+", 415))
+    ('037+415=', '254')
+    >>> [ArithmeticTask(padding=p).make_problem(37, "+", 415).text for p in ("none", "max")]
+    ['37+415', '00037+00415']
+    """
+
+    name = "arithmetic"
+    reward = "exact"
+
+    def __init__(
+        self,
+        min_digits: int = 1,
+        max_digits: int = 5,
+        ops: str = "+",
+        reverse_answer: bool = True,
+        padding: str = "pair",
+        eval_share: float = 0.1,
+    ) -> None:
+        super().__init__(eval_share)
+        if not 1 <= min_digits <= max_digits:
+            raise ValueError(
+                f"min_digits={min_digits}, max_digits={max_digits}: need 1 <= min_digits <= max_digits"
+            )
+        bad = sorted(set(ops) - set(_OPS))
+        if not ops or bad:
+            raise ValueError(f"ops={ops!r} must be a non-empty subset of '+-*' (unknown: {bad})")
+        self.min_digits = min_digits
+        self.max_digits = max_digits
+        self.ops = "".join(sorted(set(ops), key="+-*".index))
+        self.reverse_answer = reverse_answer
+        if padding not in PADDINGS:
+            raise ValueError(f"padding={padding!r} must be one of {', '.join(PADDINGS)}")
+        self.padding = padding
+
+    @property
+    def alphabet(self) -> str:
+        return "0123456789=" + self.ops
+
+    def make_problem(self, a: int, op: str, b: int) -> Problem:
+        """The problem ``a op b`` (for tests and examples)."""
+        result = _OPS[op](a, b)
+        answer = str(result)[::-1] if self.reverse_answer else str(result)
+        width = {"none": 0, "pair": max(len(str(a)), len(str(b))), "max": self.max_digits}[self.padding]
+        text = f"{a:0{width}d}{op}{b:0{width}d}"
+        return Problem(key=text, text=text, answer=answer, solution=answer, difficulty=float(max(len(str(a)), len(str(b)))))
+
+    def sample_problem(self, rng: random.Random) -> Problem:
+        op = rng.choice(self.ops)
+        digits = rng.randint(self.min_digits, self.max_digits)
+        a = _number_with_digits(rng, digits)
+        b = _number_with_digits(rng, rng.randint(1, digits))
+        if rng.random() < 0.5:
+            a, b = b, a
+        if op == "-" and a < b:
+            a, b = b, a
+        return self.make_problem(a, op, b)
+
+    def format_prompt(self, problem: Problem) -> str:
+        return problem.text + "="
+
+    def __repr__(self) -> str:
+        return (
+            f"ArithmeticTask(min_digits={self.min_digits}, max_digits={self.max_digits}, ops={self.ops!r}, "
+            f"reverse_answer={self.reverse_answer}, padding={self.padding!r})"
+        )
+
+
+def _number_with_digits(rng: random.Random, digits: int) -> int:
+    if digits == 1:
+        return rng.randint(0, 9)
+    return rng.randint(10 ** (digits - 1), 10**digits - 1)

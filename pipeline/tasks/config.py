@@ -1,0 +1,102 @@
+"""Settings of the real tasks (``task:`` in the YAML configs); ``build_task`` turns them into a Task."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pipeline.configuration import require
+
+
+@dataclass(frozen=True)
+class ArithmeticConfig:
+    """``task.name: arithmetic``: multi-digit arithmetic, answers written backwards."""
+
+    min_digits: int = 1
+    """Fewest digits of the longer operand."""
+    max_digits: int = 5
+    """Most digits of the longer operand (difficulty is drawn uniformly in between)."""
+    ops: str = "+"
+    """Operators drawn from, a subset of '+-*'."""
+    reverse_answer: bool = True
+    """Write answers least-significant digit first (learnable by a tiny model)."""
+    padding: Literal["none", "pair", "max"] = "pair"
+    """Zero-pad the shorter operand to the longer one's length ('pair'), both to max_digits
+    ('max', learned fastest but pass rates even across prompts) or not at all ('none')."""
+
+    def __post_init__(self) -> None:
+        require(1 <= self.min_digits <= self.max_digits, f"task.arithmetic min_digits={self.min_digits}, "
+                f"max_digits={self.max_digits}: need 1 <= min_digits <= max_digits")
+        require(bool(self.ops) and set(self.ops) <= set("+-*"), f"task.arithmetic.ops={self.ops!r} must be a non-empty subset of '+-*'")
+
+
+@dataclass(frozen=True)
+class CountdownConfig:
+    """``task.name: countdown``: reach a target from a few numbers."""
+
+    min_numbers: int = 2
+    """Fewest numbers given."""
+    max_numbers: int = 4
+    """Most numbers given (difficulty is the count)."""
+    max_number: int = 20
+    """Numbers are drawn from 1..max_number."""
+    max_target: int = 200
+    """Targets lie in 1..max_target."""
+    ops: str = "+-*"
+    """Operators of the reference solutions (responses may use + - * / and parentheses)."""
+
+    def __post_init__(self) -> None:
+        require(2 <= self.min_numbers <= self.max_numbers, f"task.countdown min_numbers={self.min_numbers}, "
+                f"max_numbers={self.max_numbers}: need 2 <= min_numbers <= max_numbers")
+        require(self.max_number >= 2, f"task.countdown.max_number={self.max_number} must be >= 2")
+        require(self.max_target >= 1, f"task.countdown.max_target={self.max_target} must be >= 1")
+        require("+" in self.ops and set(self.ops) <= set("+-*/"), f"task.countdown.ops={self.ops!r} must be a subset of '+-*/' with '+'")
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """``task.name: dataset``: prompts and answers from local JSONL or Parquet files."""
+
+    train_path: str = ""
+    """JSONL or Parquet file of training rows."""
+    eval_path: str = ""
+    """Optional file of held-out rows; without it eval_share of the train rows are held out."""
+    prompt_field: str = "prompt"
+    """Field holding the prompt text (e.g. 'problem')."""
+    answer_field: str = "answer"
+    """Field holding the graded answer (e.g. 'solution' with a \\boxed{} answer)."""
+    solution_field: str = ""
+    """Optional field of a full reference response, the warm-start target (else the answer)."""
+    difficulty_field: str = ""
+    """Optional numeric field copied into Prompt.difficulty (for reports)."""
+    template: str = "{prompt}"
+    """Prompt template; {prompt} is replaced by the row's prompt."""
+    reward: Literal["math_verify", "exact", "numeric"] = "math_verify"
+    """How responses are graded against the answer."""
+    on_bad_row: Literal["skip", "error"] = "skip"
+    """Rows with a missing, non-string or empty field, or a prompt over max_prompt_chars:
+    skip and count them, or stop with an error naming the row."""
+    max_prompt_chars: int = 0
+    """Prompts longer than this are bad rows (0: no limit)."""
+
+    def __post_init__(self) -> None:
+        require("{prompt}" in self.template, f"task.dataset.template={self.template!r} must contain '{{prompt}}'")
+        require(self.max_prompt_chars >= 0, f"task.dataset.max_prompt_chars={self.max_prompt_chars} must be >= 0")
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """Which task the policy is trained and evaluated on."""
+
+    name: Literal["arithmetic", "countdown", "dataset"] = "arithmetic"
+    """The task; its settings are in the section of the same name."""
+    eval_share: float = 0.1
+    """Share of the problem space held out for evaluation (disjoint from training by hash)."""
+    arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
+    countdown: CountdownConfig = field(default_factory=CountdownConfig)
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+
+    def __post_init__(self) -> None:
+        require(0 < self.eval_share < 1, f"task.eval_share={self.eval_share} must be in (0, 1)")
+        require(self.name != "dataset" or bool(self.dataset.train_path),
+                "task.name=dataset needs task.dataset.train_path; set it to a JSONL or Parquet file")

@@ -1,0 +1,277 @@
+"""Tasks from local files: JSONL or Parquet rows in the common prompt/answer layout.
+
+Field names are configurable (``prompt_field="problem", answer_field="solution"`` reads the
+MATH layout). A row is *bad* when a needed field is missing, not a string, or empty, or when
+its prompt is longer than ``max_prompt_chars``. ``on_bad_row="skip"`` skips and counts bad
+rows (``task.load_report``); ``"error"`` raises at the first one, naming the file, the row
+and the fix. A file whose columns lack a needed field always raises.
+
+Splits: with ``eval_path`` the eval file is the eval split (and any of its prompts found in
+the train file are dropped from training); without it, the stable hash of each prompt puts
+a share ``eval_share`` of the rows in the eval split.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Literal
+
+from pipeline.tasks.base import Problem, Split, Task
+
+log = logging.getLogger(__name__)
+
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+class DatasetError(ValueError):
+    """A dataset file cannot be used as asked; the message names the file, the row and the fix."""
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What loading one file gave: rows kept, rows skipped and why (reason -> count)."""
+
+    path: str
+    rows: int
+    skipped: int
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+def read_records(path: Path, fields: list[str]) -> Iterator[tuple[str, Any]]:
+    """``(where, record)`` for each row of a JSONL or Parquet file; ``where`` reads "line 7"."""
+    suffix = path.suffix.lower()
+    if not path.is_file():
+        raise DatasetError(f"dataset file {path} does not exist; check the path (relative paths start at the working directory)")
+    if suffix in JSONL_SUFFIXES:
+        with path.open(encoding="utf-8") as fh:
+            for number, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue  # blank lines (a trailing newline) are not rows
+                try:
+                    yield f"line {number}", json.loads(line)
+                except json.JSONDecodeError as exc:
+                    yield f"line {number}", _Invalid(f"invalid JSON ({exc.msg})")
+    elif suffix in PARQUET_SUFFIXES:
+        import pyarrow.parquet as pq
+
+        try:
+            schema = pq.read_schema(path)
+        except Exception as exc:  # pyarrow raises several types for unreadable files
+            raise DatasetError(f"{path} is not a readable Parquet file ({exc}); re-export it") from None
+        missing = [f for f in fields if f not in schema.names]
+        if missing:
+            raise DatasetError(
+                f"{path} has no column {missing[0]!r} (columns: {', '.join(schema.names)}); "
+                "set the task's field names to the file's columns"
+            )
+        table = pq.read_table(path, columns=fields)
+        for number, record in enumerate(table.to_pylist(), start=1):
+            yield f"row {number}", record
+    else:
+        raise DatasetError(
+            f"{path}: unknown file type {suffix!r}; use JSONL ({', '.join(JSONL_SUFFIXES)}) or Parquet "
+            f"({', '.join(PARQUET_SUFFIXES)})"
+        )
+
+
+@dataclass(frozen=True)
+class _Invalid:
+    reason: str
+
+
+def load_problems(
+    path: str | Path,
+    prompt_field: str = "prompt",
+    answer_field: str = "answer",
+    solution_field: str = "",
+    difficulty_field: str = "",
+    on_bad_row: Literal["skip", "error"] = "skip",
+    max_prompt_chars: int = 0,
+) -> tuple[list[Problem], LoadReport]:
+    """The problems of one file and a report of what was skipped.
+
+    The SFT target is ``solution_field`` when given, else the answer; ``max_prompt_chars=0``
+    means no limit.
+    """
+    if on_bad_row not in ("skip", "error"):
+        raise ValueError(f"on_bad_row={on_bad_row!r} must be 'skip' or 'error'")
+    p = Path(path)
+    text_fields = [prompt_field, answer_field] + ([solution_field] if solution_field else [])
+    problems: list[Problem] = []
+    reasons: Counter[str] = Counter()
+    for where, record in read_records(p, text_fields + ([difficulty_field] if difficulty_field else [])):
+        problem, reason = _problem_of(record, text_fields, difficulty_field, max_prompt_chars)
+        if problem is not None:
+            problems.append(problem)
+            continue
+        if on_bad_row == "error":
+            raise DatasetError(f"{p}, {where}: {reason}; fix the row, or set on_bad_row='skip' to skip such rows")
+        reasons[reason.split(" (")[0]] += 1
+    report = LoadReport(path=str(p), rows=len(problems), skipped=sum(reasons.values()), reasons=dict(reasons))
+    if not problems:
+        detail = "; ".join(f"{n} x {r}" for r, n in reasons.most_common(3)) or "the file is empty"
+        raise DatasetError(f"{p}: no usable rows ({detail}); check the field names and the file")
+    if report.skipped:
+        log.warning("%s: skipped %d bad rows of %d: %s", p, report.skipped, report.skipped + report.rows, report.reasons)
+    return problems, report
+
+
+def _problem_of(record: Any, text_fields: list[str], difficulty_field: str, max_chars: int) -> tuple[Problem | None, str]:
+    if isinstance(record, _Invalid):
+        return None, record.reason
+    if not isinstance(record, dict):
+        return None, f"row is a JSON {type(record).__name__}, not an object"
+    values = []
+    for name in text_fields:
+        if name not in record or record[name] is None:
+            keys = ", ".join(map(str, record)) or "none"
+            return None, f"field {name!r} is missing (keys: {keys})"
+        value = record[name]
+        if not isinstance(value, str):
+            return None, f"field {name!r} is not a string ({type(value).__name__} {value!r:.40}); write it as a string"
+        if not value.strip():
+            return None, f"field {name!r} is empty"
+        values.append(value)
+    prompt, answer = values[0], values[1]
+    if max_chars and len(prompt) > max_chars:
+        return None, f"prompt is longer than max_prompt_chars={max_chars} ({len(prompt)} characters); raise the limit"
+    difficulty = 0.0
+    if difficulty_field:
+        d = record.get(difficulty_field)
+        if isinstance(d, bool) or not isinstance(d, (int, float)):
+            return None, f"field {difficulty_field!r} is not a number ({d!r:.40})"
+        difficulty = float(d)
+    solution = values[2] if len(values) > 2 else answer
+    return Problem(key=prompt, text=prompt, answer=answer, solution=solution, difficulty=difficulty), ""
+
+
+class DatasetTask(Task):
+    """A task over the rows of a local JSONL or Parquet file.
+
+    Parameters
+    ----------
+    train_path
+        The file of training rows (and of eval rows too, when ``eval_path`` is empty).
+    eval_path
+        Optional file of held-out rows.
+    prompt_field, answer_field
+        Field names of the prompt text and of the graded answer.
+    solution_field
+        Optional field of a full reference response (the SFT target); else the answer.
+    difficulty_field
+        Optional numeric field copied into ``Prompt.difficulty``.
+    template
+        Prompt template; ``{prompt}`` is replaced by the row's prompt (other braces are kept,
+        so LaTeX is safe).
+    reward
+        ``"math_verify"``, ``"exact"`` or ``"numeric"`` (a key of ``pipeline.rewards.REWARDS``).
+    eval_share
+        Share of rows held out when there is no ``eval_path``.
+    on_bad_row
+        ``"skip"`` (count them in ``load_report``) or ``"error"``.
+    max_prompt_chars
+        Rows whose prompt is longer are bad rows (0: no limit).
+
+    Examples
+    --------
+    >>> import json, tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> rows = [{"problem": f"What is {i}+{i}?", "solution": str(2 * i)} for i in range(40)] + [{"problem": "x"}]
+    >>> _ = (d / "train.jsonl").write_text("\\n".join(json.dumps(r) for r in rows))
+    >>> task = DatasetTask(d / "train.jsonl", prompt_field="problem", answer_field="solution", reward="exact")
+    >>> task.load_report.rows, task.load_report.skipped
+    (40, 1)
+    >>> p = task.train_prompts(1, seed=0)[0]
+    >>> task.score(p, p.answer)
+    1.0
+    """
+
+    reward = "math_verify"
+
+    def __init__(
+        self,
+        train_path: str | Path,
+        eval_path: str | Path = "",
+        prompt_field: str = "prompt",
+        answer_field: str = "answer",
+        solution_field: str = "",
+        difficulty_field: str = "",
+        template: str = "{prompt}",
+        reward: str = "math_verify",
+        eval_share: float = 0.1,
+        on_bad_row: Literal["skip", "error"] = "skip",
+        max_prompt_chars: int = 0,
+        name: str = "dataset",
+    ) -> None:
+        super().__init__(eval_share)
+        if "{prompt}" not in template:
+            raise ValueError(f"template={template!r} must contain '{{prompt}}' where the row's prompt goes")
+        self.name, self.template, self.reward = name, template, reward
+        kwargs = dict(
+            prompt_field=prompt_field,
+            answer_field=answer_field,
+            solution_field=solution_field,
+            difficulty_field=difficulty_field,
+            on_bad_row=on_bad_row,
+            max_prompt_chars=max_prompt_chars,
+        )
+        train, self.load_report = load_problems(train_path, **kwargs)
+        if eval_path:
+            held_out, self.eval_load_report = load_problems(eval_path, **kwargs)
+            eval_keys = {p.key for p in held_out}
+            self._pools = {"train": [p for p in train if p.key not in eval_keys], "eval": held_out}
+            self.dropped_overlap = len(train) - len(self._pools["train"])
+        else:
+            self.eval_load_report = None
+            self._pools = {"train": [], "eval": []}
+            for p in train:
+                self._pools[super().split_of(p)].append(p)
+            self.dropped_overlap = 0
+        self._eval_keys = {p.key for p in self._pools["eval"]}
+        self._sources = {"train": str(train_path), "eval": str(eval_path or train_path)}
+
+    @property
+    def alphabet(self) -> str:
+        chars: set[str] = set()
+        for pool in self._pools.values():
+            for p in pool:
+                chars.update(self.format_prompt(p), p.solution)
+        return "".join(sorted(chars))
+
+    def format_prompt(self, problem: Problem) -> str:
+        return self.template.replace("{prompt}", problem.text)
+
+    def split_of(self, problem: Problem) -> Split:
+        return "eval" if problem.key in self._eval_keys else "train"
+
+    def sample_problem(self, rng: random.Random) -> Problem:
+        return rng.choice(self._pools["train"] + self._pools["eval"])
+
+    def problems(self, split: Split, n: int, seed: int, unique: bool = False) -> list[Problem]:
+        """``n`` rows of ``split`` in a seeded order, reshuffled after each pass over the pool."""
+        if split not in self._pools:
+            raise ValueError(f"split={split!r} must be 'train' or 'eval'")
+        pool = self._pools[split]
+        if not pool and n:
+            raise DatasetError(
+                f"{self._sources[split]}: the {split} split is empty; pass an eval file (eval_path) or raise eval_share"
+            )
+        if unique and n > len(pool):
+            raise DatasetError(f"n={n} distinct {split} rows asked of a pool of {len(pool)}; ask for fewer or pass unique=False")
+        rng = random.Random(f"{self.name}:{split}:{seed}")
+        out: list[Problem] = []
+        while len(out) < n:
+            order = list(pool)
+            rng.shuffle(order)
+            out.extend(order[: n - len(out)])
+        return out
+
+    def __repr__(self) -> str:
+        sizes = {k: len(v) for k, v in self._pools.items()}
+        return f"DatasetTask(name={self.name!r}, source={self._sources['train']!r}, rows={sizes})"
