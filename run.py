@@ -2,6 +2,8 @@
 
     python run.py                                   train the CPU default (configs/default.yaml)
     python run.py train --config configs/sim.yaml --set gate.kind=sara --set orchestrator.steps=50
+    python run.py shadow --set gate.kind=sara       RAIL decides in shadow; off-policy value of promoting it
+    python run.py replay runs/x/trace               train/evaluate controllers offline from traces
     python run.py bench overhead                    pipeline overhead and decision-hook latency
     python run.py bench allocation                  every allocation policy side by side
 
@@ -35,6 +37,16 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", type=Path, metavar="RUN_DIR",
                        help="continue RUN_DIR from its newest checkpoint (its config.yaml, plus any --set)")
 
+    shadow = sub.add_parser("shadow", help="train with RAIL in shadow mode; report the estimated value of promoting it")
+    common(shadow, DEFAULT_CONFIG)
+    shadow.add_argument("--run-dir", type=Path, help="run directory (overrides run_dir)")
+
+    replay = sub.add_parser("replay", help="train and evaluate RAIL controllers offline from trace directories")
+    replay.add_argument("traces", type=Path, nargs="+", metavar="TRACE", help="trace directories (RUN_DIR/trace) or files")
+    common(replay, None)
+    replay.add_argument("--run-id", default=None, help="which run of a trace holding several")
+    replay.add_argument("--out", type=Path, default=Path("runs/replay"), help="where the report goes")
+
     bench = sub.add_parser("bench", help="side-by-side benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     overhead = bench_sub.add_parser("overhead", help="pipeline vs raw engine throughput; hook latency; long-run memory")
@@ -54,6 +66,19 @@ def _parser() -> argparse.ArgumentParser:
     alloc.add_argument("--workers", type=int, default=2, help="parallel runs")
     alloc.add_argument("--out", type=Path, default=Path("runs/bench_allocation"))
     return parser
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors caused by input (files, directories, traces, datasets): one clear line, exit 2."""
+    from controller.rail.replay import ReplayError
+    from pipeline.arrowio import SegmentFormatError
+    from pipeline.models import ModelDirError
+    from pipeline.orchestrator import GateStalled
+    from pipeline.tasks.dataset import DatasetError
+    from pipeline.tokenizer import TokenizerError
+    from railgate.checkpoint import CheckpointError
+
+    return (SegmentFormatError, ModelDirError, DatasetError, TokenizerError, CheckpointError, ReplayError, GateStalled)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,6 +109,18 @@ def main(argv: list[str] | None = None) -> int:
             print((result.run_dir / "report.md").read_text())
             print(f"run directory: {result.run_dir}")
             return 0
+        if command == "shadow":
+            overrides = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
+            from railgate.offpolicy import shadow
+
+            shadow(load_config(args.config, overrides), progress=False if args.no_progress else None)
+            return 0
+        if command == "replay":
+            from railgate.offpolicy import replay_traces
+
+            cfg = load_config(args.config, args.overrides)
+            replay_traces(args.traces, cfg.controller.rail, args.out, run_id=args.run_id, seed=cfg.seed)
+            return 0
         if command == "bench" and args.bench == "overhead":
             from railgate.bench.overhead import run_overhead_bench
 
@@ -103,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    except _user_errors() as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"unknown command {command!r}; see python run.py --help", file=sys.stderr)
     return 2

@@ -1,0 +1,115 @@
+"""``python run.py shadow`` and ``python run.py replay TRACE...``: evaluating RAIL before it acts.
+
+``shadow`` trains with the RAIL controller in shadow mode: the behaviour policy (the ARPO-like
+heuristic, randomised for IPS) acts, the learned controller decides and logs alongside, and no
+promotion happens. At the end the run's own trace is replayed to estimate, with IPS, SNIPS
+and doubly-robust confidence intervals, what promoting the controller would be worth.
+
+``replay`` does the same offline for any traces: it trains a fresh controller on the logged
+decisions (progressive validation) and evaluates it, always-no-op and the heuristic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from controller.rail.config import RailConfig
+from controller.rail.replay import LoggedSet, ReplayError, ReplayReport, load_logged, replay
+from pipeline.configuration import ConfigError
+from railgate.config import RunConfig
+from railgate.report import markdown_table
+
+
+def shadow(cfg: RunConfig, progress: bool | None = None) -> ReplayReport:
+    """Train in shadow mode, then report the off-policy estimate of promoting the controller."""
+    from railgate.train import train
+
+    rail = dataclasses.replace(cfg.controller.rail, mode="shadow", auto_promote=False)
+    cfg = dataclasses.replace(cfg, controller=dataclasses.replace(cfg.controller, kind="rail", rail=rail))
+    if not cfg.log.trace:
+        raise ConfigError("shadow mode needs the trace log; remove log.trace=false")
+    result = train(cfg, progress=progress)
+    report = replay(load_logged(result.run_dir / "trace", run_id=cfg.name), rail, seed=cfg.seed)
+    write_report(report, result.run_dir, title=f"Shadow evaluation of run {cfg.name}")
+    return report
+
+
+def replay_traces(paths: Sequence[Path], rail: RailConfig, out: Path, run_id: str | None = None, seed: int = 0) -> ReplayReport:
+    """Train and evaluate a controller offline from one or more trace directories."""
+    sets = []
+    for path in paths:
+        try:
+            sets.append(load_logged(path, run_id=run_id))
+        except ReplayError as exc:
+            raise ConfigError(f"replay {path}: {exc}") from None
+    logged = _concat(sets)
+    report = replay(logged, rail, seed=seed)
+    write_report(report, out, title=f"Offline replay of {', '.join(map(str, paths))}")
+    return report
+
+
+def _concat(sets: list[LoggedSet]) -> LoggedSet:
+    if len(sets) == 1:
+        return sets[0]
+    return LoggedSet(
+        records=tuple(r for s in sets for r in s.records),
+        run_ids=tuple(dict.fromkeys(i for s in sets for i in s.run_ids)),
+        torn=tuple(t for s in sets for t in s.torn),
+        skipped_no_outcome=sum(s.skipped_no_outcome for s in sets),
+        skipped_zero_propensity=sum(s.skipped_zero_propensity for s in sets),
+        skipped_not_rail=sum(s.skipped_not_rail for s in sets),
+    )
+
+
+def report_rows(report: ReplayReport) -> list[list[Any]]:
+    rows = [["logged (on-policy)", "mean", report.logged_value.value, report.logged_value.lower, report.logged_value.upper]]
+    for policy in report.policies:
+        for name in ("ips", "snips", "dr"):
+            e = getattr(policy, name)
+            rows.append([policy.name, name.upper(), e.value, e.lower, e.upper])
+    return rows
+
+
+def write_report(report: ReplayReport, out: Path, title: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    logged = report.logged
+    notes = (
+        f"{report.n} decisions used; skipped: {logged.skipped_no_outcome} without outcome, "
+        f"{logged.skipped_zero_propensity} with zero behaviour propensity, {logged.skipped_not_rail} not RAIL's. "
+        f"Runs: {', '.join(logged.run_ids) or '-'}."
+        + (f" Torn files (complete batches used): {', '.join(map(str, logged.torn))}." if logged.torn else "")
+    )
+    table = markdown_table(["policy", "estimator", "value", "lower", "upper"], report_rows(report))
+    text = f"# {title}\n\n{notes}\n\nValue = mean reward per decision (variance gain minus token cost).\n\n{table}\n"
+    (out / "offpolicy.md").write_text(text)
+    (out / "offpolicy.json").write_text(json.dumps({"n": report.n, "rows": report_rows(report)}, default=float))
+    _plot(report, out / "offpolicy.png")
+    print(text)
+
+
+def _plot(report: ReplayReport, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    labels, values, lows, highs = [], [], [], []
+    for policy in report.policies:
+        for name in ("ips", "snips", "dr"):
+            e = getattr(policy, name)
+            labels.append(f"{policy.name}\n{name.upper()}")
+            values.append(e.value)
+            lows.append(e.value - e.lower)
+            highs.append(e.upper - e.value)
+    ax.errorbar(range(len(values)), values, yerr=[lows, highs], fmt="o", capsize=3)
+    ax.axhline(report.logged_value.value, color="grey", linestyle="--", label="logged policy")
+    ax.set_xticks(range(len(values)), labels, fontsize=7)
+    ax.set_ylabel("value per decision")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
