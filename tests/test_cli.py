@@ -1,0 +1,74 @@
+"""run.py in a subprocess, as a user runs it: train, shadow, replay, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--set", "orchestrator.batch_groups=8", "--set", "orchestrator.group_size=4", "--set", "sim.num_prompts=256",
+         "--set", "sim.num_eval_prompts=64", "--set", "log.tensorboard=false", "--no-progress"]
+
+
+def run(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_train_writes_the_run_directory(tmp_path):
+    result = run("train", "--config", "configs/sim.yaml", "--run-dir", str(tmp_path), "--set", "orchestrator.steps=3",
+                 "--set", "orchestrator.eval_every=1", *SMALL)
+    assert result.returncode == 0, result.stderr
+    assert "held-out accuracy at end" in result.stdout
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
+    assert "pipeline/rollouts_started" in json.loads(lines[-1])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["stop_reason"] == "steps"
+    assert any((tmp_path / "trace").glob("decisions-*.arrows"))
+    assert any((tmp_path / "buffer").glob("steps-*.arrows"))
+
+
+def test_unknown_config_key_names_the_key_and_the_fix(tmp_path):
+    result = run("train", "--run-dir", str(tmp_path), "--set", "orchestrator.group_sise=8")
+    assert result.returncode == 2
+    assert "unknown key 'orchestrator.group_sise'" in result.stderr and "group_size" in result.stderr
+
+
+def test_invalid_value_names_the_value_and_the_constraint(tmp_path):
+    result = run("train", "--run-dir", str(tmp_path), "--set", "gate.kind=sara", "--set", "gate.sara.tau_abandon=0.9")
+    assert result.returncode == 2
+    assert "tau_abandon=0.9" in result.stderr and "tau_commit" in result.stderr
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path):
+    result = run("train", "--config", str(tmp_path / "nope.yaml"))
+    assert result.returncode == 2 and "does not exist" in result.stderr
+
+
+def test_resume_without_a_checkpoint_says_what_to_do(tmp_path):
+    (tmp_path / "config.yaml").write_text("run_dir: x\n")
+    result = run("train", "--resume", str(tmp_path))
+    assert result.returncode == 2 and "no checkpoint" in result.stderr
+
+
+def test_shadow_then_replay(tmp_path):
+    run_dir = tmp_path / "shadow"
+    result = run("shadow", "--config", "configs/sim.yaml", "--run-dir", str(run_dir), "--set", "gate.kind=sara",
+                 "--set", "orchestrator.steps=4", *SMALL)
+    assert result.returncode == 0, result.stderr
+    assert (run_dir / "offpolicy.md").is_file()
+    assert "learned" in result.stdout and "DR" in result.stdout
+    out = tmp_path / "replay"
+    result = run("replay", str(run_dir / "trace"), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert (out / "offpolicy.png").is_file()
+
+
+def test_replay_of_a_missing_trace_is_a_clear_error(tmp_path):
+    result = run("replay", str(tmp_path / "no-trace"))
+    assert result.returncode == 2 and "does not exist" in result.stderr
