@@ -7,7 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from controller.rail import ControllerStateError, RailConfig, RailController
+from controller.rail.bandit import ControllerStateError
+from controller.rail.config import RailConfig
+from controller.rail.controller import RailController
 from pipeline.protocols import Controller
 from pipeline.types import ActionKind, GroupAction, SamplingParams
 from tests.rail_fakes import ListSink, committed, delta, snapshot

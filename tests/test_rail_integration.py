@@ -8,7 +8,8 @@ import pytest
 from controller.config import GateConfig, SaraConfig
 from controller.gates.registry import build_gate
 from controller.prompts import PromptPool
-from controller.rail import RailConfig, RailController
+from controller.rail.config import RailConfig
+from controller.rail.controller import RailController
 from learner.sim import SimLearner
 from pipeline.clock import VirtualClock
 from pipeline.config import OrchestratorConfig, SimConfig

@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from controller.rail import RailConfig, RailController
+from controller.rail.config import RailConfig
+from controller.rail.controller import RailController
 from controller.rail.promotion import Promoter, WindowEntry
 from pipeline.types import SamplingParams
 from tests.rail_fakes import ListSink, rescue_round

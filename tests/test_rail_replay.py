@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from controller.rail import RailConfig, RailController
+from controller.rail.config import RailConfig
+from controller.rail.controller import RailController
 from controller.rail.learners import build_learner
 from controller.rail.replay import ReplayError, load_logged, replay, train
 from pipeline.arrowio import SegmentKind, SegmentWriter

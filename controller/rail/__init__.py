@@ -17,8 +17,7 @@ rollout generation. One concept per module:
 * ``replay``      offline training and evaluation from traces
 """
 
-from controller.rail.bandit import ControllerStateError, Decision
-from controller.rail.config import RailConfig
-from controller.rail.controller import RailController
 
-__all__ = ["ControllerStateError", "Decision", "RailConfig", "RailController"]
+# Nothing is imported here on purpose: ``controller.rail.config`` is read by every run's
+# configuration, and the controller's modules pull in scipy/vowpalwabbit/river. Import
+# ``controller.rail.controller.RailController`` where it is used.
