@@ -369,3 +369,55 @@ async def test_a_group_shares_one_prefill_and_late_members_copy_the_cache():
         assert len({results[r.request_id][-1].token_ids for r in first}) > 1  # members differ
     finally:
         await engine.aclose()
+
+
+async def test_random_mix_of_aborts_closes_branches_and_updates_keeps_the_contract():
+    import random
+
+    rng = random.Random(0)
+    model = tiny_llama()
+    engine = TorchEngine(model, EOS, max_batch=5)
+    finished: dict[str, SampleFinished] = {}
+    updates = []
+
+    async def reader(i: int):
+        await anyio.sleep(rng.random() * 0.02)
+        branch = None
+        done = [f for f in finished.values() if f.num_tokens >= 3 and f.finish_reason.is_success and EOS not in f.token_ids[:2]]
+        if done and rng.random() < 0.3:
+            src = rng.choice(done)
+            branch = BranchSpec(src.request_id, 2, src.token_ids[:2], src.logprobs[:2])
+        prompt = PROMPTS[i % 4] if branch is None else PROMPTS[int(branch.source_request_id[1:]) % 4]
+        req = request(f"m{i}", prompt, temperature=1.0, seed=i, max_tokens=12, branch=branch)
+        action = rng.choice(["read", "read", "abort", "close"])
+        events = []
+        stream = engine.stream(req)
+        async for ev in stream:
+            events.append(ev)
+            if action == "abort" and len(events) == 1 and isinstance(ev, TokenDelta):
+                await engine.abort(req.request_id)
+            if action == "close" and len(events) == 2:
+                await stream.aclose()
+                return
+        final = events[-1]
+        assert isinstance(final, SampleFinished) and sum(1 for e in events if isinstance(e, SampleFinished)) == 1
+        start = len(branch.prefix_token_ids) if branch else 0
+        assert final.token_ids[:start] == (branch.prefix_token_ids if branch else ())
+        assert sum((e.token_ids for e in events[:-1]), ()) == final.token_ids[start:]
+        assert final.finish_reason.is_success or final.finish_reason == FinishReason.ABORTED
+        finished[req.request_id] = final
+
+    async def updater():
+        for _ in range(3):
+            await anyio.sleep(0.01)
+            updates.append(await engine.update_weights({k: v * 1.01 for k, v in engine.model.state_dict().items()}))
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(updater)
+            for i in range(40):
+                tg.start_soon(reader, i)
+    finally:
+        await engine.aclose()
+    assert updates == [1, 2, 3] and engine.open_requests == 0
+    assert len(finished) >= 20

@@ -21,10 +21,13 @@ however many group members arrive together).
 **Rebuilds.** Rows that finished or were removed leave, and new rows join, in one rebuild at
 the start of a step: a fresh buffer sized ``width + longest remaining response``, so no
 decode step ever reallocates or concatenates. Leading columns that no row uses are trimmed.
+A rebuild copies the whole cache once; steps in which nobody joins or leaves copy nothing
+(when samples end at scattered times, most steps rebuild: the cost of one concatenation).
 
 Limits: full-attention decoder models only (sliding-window, linear-attention or hybrid caches
-are rejected); all rows attend over the batch's longest context (padding costs compute when a
-short row decodes next to a long one).
+are rejected), written against transformers' ``Cache`` layer API (``DynamicLayer.update``);
+all rows attend over the batch's longest context (padding costs compute when a short row
+decodes next to a long one).
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from pipeline.engines.torch_attention import use_decode_attention
 from pipeline.engines.torch_sampling import sample_rows, uniforms
 from pipeline.types import FinishReason
 
@@ -126,7 +128,6 @@ class DecodeBatch:
         self.model = model
         self.eos_id = -1 if eos_id is None else int(eos_id)
         self.device = torch.device(device)
-        use_decode_attention(model)
         self._layers, self._kv_heads, self._head_dim, self._dtype = _probe_cache(model, self.device)
         self.prefilled_contexts = 0  # distinct contexts run through a prefill forward (cumulative)
         self.copied_rows = 0  # new rows that copied a resident row's cache instead (cumulative)

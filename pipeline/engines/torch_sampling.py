@@ -18,6 +18,8 @@ probability the token was actually drawn with differs when ``temperature != 1`` 
 >>> u = uniforms(np.array([key, key], dtype=np.uint64), np.array([0, 0]))
 >>> bool(u[0] == u[1]) and 0.0 <= float(u[0]) < 1.0
 True
+>>> int(_splitmix64(np.array([12345], dtype=np.uint64))[0]) == _splitmix64_int(12345)
+True
 >>> logits = torch.tensor([[0.0, 3.0, 1.0], [0.0, 3.0, 1.0]])
 >>> tok, lp, ent = sample_rows(logits, torch.tensor([[1e-3], [1.0]]), torch.ones(2),
 ...                            torch.tensor([0.99, 0.99], dtype=torch.float64), use_top_p=False)
@@ -54,11 +56,18 @@ def stream_key(engine_seed: int, sample_seed: int, request_id: str) -> int:
     The request id is part of the key (as in the ``sim`` engine) so that members of a group
     that share ``params.seed`` still draw different samples.
     """
-    words = (engine_seed & _MASK64, sample_seed & _MASK64, zlib.crc32(request_id.encode()))
-    h = np.zeros(1, dtype=np.uint64)
-    for w in words:
-        h = _splitmix64(h ^ np.uint64(w))
-    return int(h[0])
+    h = 0
+    for w in (engine_seed & _MASK64, sample_seed & _MASK64, zlib.crc32(request_id.encode())):
+        h = _splitmix64_int(h ^ w)
+    return h
+
+
+def _splitmix64_int(x: int) -> int:
+    """``_splitmix64`` on one Python int (the same values; no array round trip per request)."""
+    z = (x + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
 
 
 def uniforms(keys: np.ndarray, positions: np.ndarray) -> np.ndarray:
