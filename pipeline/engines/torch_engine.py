@@ -35,7 +35,8 @@ loads the weights in place (``load_state_dict``, off the event loop) and bumps
 old ones (in-flight updates, as in PipelineRL); each token's log-prob is that of the weights
 that sampled it, and a sample's ``policy_version`` is the version current when it was handed
 to the decode thread (the oldest weights it can have seen). Up to ``ahead`` steps decoded
-before the update may still be delivered after it.
+before the update may still be delivered after it. The state dict is read during the call:
+pass a snapshot if a learner keeps changing its tensors meanwhile.
 
 **Limits.** Full-attention decoder models (see ``torch_batch``); one process, one device.
 The engine owns ``model``: it is cast to ``dtype`` and moved to ``device`` in place, so give
@@ -49,11 +50,12 @@ samples of a tiny model ``delta_tokens`` of 4 or more is noticeably faster than 
 **Speed** (``python -m pipeline.engines.bench``: 16 prompts x 8 samples x 32 tokens, every
 sample streamed to its own reader task, against one ``generate(do_sample=True)`` call, 2
 torch threads). On this project's shared 2-core CPU, whose neighbours swing single figures
-by +-20%, medians over 7 interleaved rounds put a 0.5M-parameter GPT-2 or Llama at 0.9-1.0x
-``generate`` with ``delta_tokens=1`` and 0.95-1.3x with 4, and a 19M GPT-2 at 1.0x and
-1.16x. Without the readers (``DecodeBatch`` alone) decoding is 1.1-1.3x ``generate``: one
-prefill per prompt instead of per sample, a cache written in place instead of concatenated
-every step; the per-token wake-ups of 128 reader tasks on the event loop eat most of that.
+by +-20%, medians over interleaved rounds put a 0.5M-parameter GPT-2 or Llama at 0.9-1.0x
+``generate`` with ``delta_tokens=1`` and 0.95-1.3x with 4, and a 19M GPT-2 (6 layers,
+d=512) at 1.0-1.35x and 1.15-1.4x. Without the readers (``DecodeBatch`` alone) the small
+models decode at 1.1-1.3x ``generate``: one prefill per prompt instead of per sample, a
+cache written in place instead of concatenated every step; the per-token wake-ups of 128
+reader tasks on the event loop eat most of that.
 
 >>> import anyio, torch
 >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -78,6 +80,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import threading
 import time
@@ -92,38 +95,11 @@ import torch
 from pipeline.engines.base import EngineError
 from pipeline.engines.torch_batch import DecodeBatch, RowSpec, StepOutput
 from pipeline.engines.torch_sampling import stream_key
+from pipeline.engines.torch_requests import RequestState, TorchStream, check_request
 from pipeline.engines.torch_worker import DecodeWorker
-from pipeline.types import FinishReason, RolloutEvent, SampleFinished, SampleRequest, TokenDelta
+from pipeline.types import FinishReason, RolloutEvent, SampleRequest
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class _Request:
-    """Engine-side state of one open request (touched on the event loop only)."""
-
-    __slots__ = ("request", "key", "prompt", "prefix", "params", "tokens", "logprobs", "entropies",
-                 "prefix_logprobs", "delivered", "finish", "error", "version", "end_time", "wakeup", "final_sent")
-
-    def __init__(self, request: SampleRequest, key: int, prefix: tuple[int, ...], version: int):
-        self.request = request
-        self.key = key  # serial number: the decode thread's name for this row
-        self.prompt = tuple(request.prompt.token_ids)
-        self.prefix = prefix
-        self.tokens: list[int] = []  # generated tokens (after the branch prefix)
-        self.logprobs: list[float] = []
-        self.entropies: list[float] = []
-        self.prefix_logprobs: tuple[float, ...] | None = None
-        self.delivered = 0
-        self.finish: FinishReason | None = None
-        self.error = ""
-        self.version = version
-        self.end_time = 0.0
-        self.wakeup: anyio.Event | asyncio.Event | None = None
-        self.final_sent = False
-
-    def wake(self) -> None:
-        if self.wakeup is not None:
-            self.wakeup.set()
 
 
 class TorchEngine:
@@ -181,13 +157,13 @@ class TorchEngine:
         self.delta_tokens = delta_tokens
         self.max_context = max_context if max_context is not None else _model_context(model)
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
-        self._torch_lock = torch_lock if torch_lock is not None else threading.Lock()
+        self._torch_lock = torch_lock if torch_lock is not None else contextlib.nullcontext()
         self._worker = DecodeWorker(DecodeBatch(self.model, tokenizer_eos_id, device), ahead=ahead, lock=torch_lock)
         self._serials = itertools.count()
-        self._open: dict[str, _Request] = {}  # by request id: streams not closed yet
-        self._pending: collections.deque[_Request] = collections.deque()  # waiting for room in the batch
-        self._rows: dict[int, _Request] = {}  # by key: handed to the decode thread, still running
-        self._waiting: dict[int, _Request] = {}  # consumers waiting on their own event
+        self._open: dict[str, RequestState] = {}  # by request id: streams not closed yet
+        self._pending: collections.deque[RequestState] = collections.deque()  # waiting for room in the batch
+        self._rows: dict[int, RequestState] = {}  # by key: handed to the decode thread, still running
+        self._waiting: dict[int, RequestState] = {}  # consumers waiting on their own event
         self._collecting = False
         self._event_type: type | None = None
         self._version = 0
@@ -206,17 +182,18 @@ class TorchEngine:
     def open_requests(self) -> int:
         return len(self._open)
 
-    def stream(self, request: SampleRequest) -> "_TorchStream":
+    def stream(self, request: SampleRequest) -> TorchStream:
         if self._closed:
             raise EngineError("the torch engine is closed; create a new one")
         rid = request.request_id
         if rid in self._open:
             raise ValueError(f"request_id {rid!r} is already running; request ids must be unique")
-        req = _Request(request, next(self._serials), self._check(request), self._version)
+        prefix = check_request(request, vocab_size=self.vocab_size, max_context=self.max_context, eos_id=self.eos_id)
+        req = RequestState(request, next(self._serials), prefix, self._version)
         self._open[rid] = req
         self._pending.append(req)
         self._submit()
-        return _TorchStream(self, req)
+        return TorchStream(self, req)
 
     async def abort(self, request_id: str) -> None:
         req = self._open.get(request_id)
@@ -262,48 +239,7 @@ class TorchEngine:
 
     # --- requests ------------------------------------------------------------------------
 
-    def _check(self, request: SampleRequest) -> tuple[int, ...]:
-        """Validate a request; return its branch prefix (empty without a branch)."""
-        n_prompt = len(request.prompt.token_ids)
-        params = request.params
-        rid = request.request_id
-        if not n_prompt:
-            raise ValueError(f"request {rid!r} has an empty prompt; the torch engine needs >= 1 prompt token")
-        for name, ids in (("prompt", request.prompt.token_ids), ("branch prefix", request.branch.prefix_token_ids if request.branch else ())):
-            bad = [t for t in ids if not 0 <= t < self.vocab_size]
-            if bad:
-                raise ValueError(
-                    f"request {rid!r}: {name} token ids {bad[:5]} are outside the model's vocabulary [0, {self.vocab_size}); "
-                    "tokenize with the model's own tokenizer"
-                )
-        total = n_prompt + params.max_tokens
-        if self.max_context is not None and total > self.max_context:
-            raise ValueError(
-                f"request {rid!r}: prompt of {n_prompt} tokens + max_tokens={params.max_tokens} = {total} exceeds "
-                f"the model's context of {self.max_context} tokens; lower max_tokens to at most "
-                f"{self.max_context - n_prompt} or shorten the prompt"
-            )
-        b = request.branch
-        if b is None:
-            return ()
-        prefix = tuple(b.prefix_token_ids)
-        if len(prefix) != b.prefix_len:
-            raise ValueError(
-                f"branch of {rid!r}: prefix_len={b.prefix_len} but {len(prefix)} prefix_token_ids were sent; "
-                "send the prefix tokens with the request"
-            )
-        if b.prefix_len >= params.max_tokens:
-            raise ValueError(
-                f"branch of {rid!r}: prefix_len={b.prefix_len} leaves no room under max_tokens={params.max_tokens} "
-                "(max_tokens counts the prefix); branch earlier or raise max_tokens"
-            )
-        if self.eos_id is not None and self.eos_id in prefix:
-            raise ValueError(
-                f"branch of {rid!r}: the prefix holds the end-of-sequence token {self.eos_id}; branch before the end"
-            )
-        return prefix
-
-    def _row_spec(self, req: _Request) -> RowSpec:
+    def _row_spec(self, req: RequestState) -> RowSpec:
         params = req.request.params
         source = None
         if req.request.branch is not None:
@@ -315,7 +251,7 @@ class TorchEngine:
             seed_key=stream_key(self.seed, params.seed, req.request.request_id), source=source,
         )
 
-    def _submit(self, removals: list[int] | None = None) -> None:
+    def _submit(self) -> None:
         """Hand queued requests to the decode thread while the batch has room (never awaits)."""
         joins: list[RowSpec] = []
         room = self.max_batch - len(self._rows)
@@ -327,15 +263,15 @@ class TorchEngine:
             self._rows[req.key] = req
             joins.append(self._row_spec(req))
             room -= 1
-        self._worker.submit(joins, removals or [])
+        self._worker.submit(joins, [])
 
-    def _end(self, req: _Request, reason: FinishReason, error: str = "") -> None:
+    def _end(self, req: RequestState, reason: FinishReason, error: str = "") -> None:
         """Mark a request finished; an aborted or failed row leaves the batch at the next step."""
         req.finish, req.error, req.end_time = reason, error, time.monotonic() - self._t0
         if self._rows.pop(req.key, None) is not None and reason >= FinishReason.ABORTED:
             self._worker.submit([], [req.key])
 
-    def _release(self, req: _Request) -> None:
+    def _release(self, req: RequestState) -> None:
         """The consumer is done with the stream (final event read, closed, or cancelled)."""
         rid = req.request.request_id
         if self._open.get(rid) is req:
@@ -344,35 +280,11 @@ class TorchEngine:
             self._end(req, FinishReason.ABORTED)
             self._submit()
 
-    def _pop_event(self, req: _Request) -> RolloutEvent | None:
-        new = len(req.tokens) - req.delivered
-        if new and (new >= self.delta_tokens or req.finish is not None):
-            i = req.delivered
-            req.delivered = len(req.tokens)
-            return TokenDelta(
-                request_id=req.request.request_id, token_ids=tuple(req.tokens[i:]),
-                logprobs=tuple(req.logprobs[i:]), entropies=tuple(req.entropies[i:]),
-                position=len(req.prefix) + i,
-            )
-        if req.finish is None or req.final_sent:
-            return None
-        req.final_sent = True
-        prefix_lps = req.prefix_logprobs
-        if prefix_lps is None:  # never reached the batch: the caller's values, if any
-            b = req.request.branch
-            k = len(req.prefix)
-            prefix_lps = tuple(b.prefix_logprobs) if b is not None and len(b.prefix_logprobs) == k else (0.0,) * k
-        return SampleFinished(
-            request_id=req.request.request_id, token_ids=req.prefix + tuple(req.tokens),
-            logprobs=prefix_lps + tuple(req.logprobs), finish_reason=req.finish,
-            policy_version=req.version, error=req.error, engine_time=req.end_time,
-        )
-
     # --- collecting step results -------------------------------------------------------------
 
-    async def _next_event(self, req: _Request) -> RolloutEvent:
+    async def _next_event(self, req: RequestState) -> RolloutEvent:
         while True:
-            event = self._pop_event(req)
+            event = req.pop_event(self.delta_tokens)
             if event is not None:
                 return event
             if not self._collecting:
@@ -429,43 +341,12 @@ class TorchEngine:
             req = self._rows.get(key)
             if req is None:  # aborted or closed while the step ran: its token is dropped
                 continue
-            req.tokens.append(tok)
-            req.logprobs.append(lp)
-            req.entropies.append(ent)
+            req.append(tok, lp, ent)
             if fin is not None:
                 self._end(req, fin)
                 req.wake()
             elif len(req.tokens) - req.delivered >= self.delta_tokens:
                 req.wake()
-
-
-class _TorchStream:
-    """One request's event stream: ``TokenDelta``\\ s, then one ``SampleFinished``."""
-
-    def __init__(self, engine: TorchEngine, req: _Request):
-        self._engine = engine
-        self._req = req
-        self._done = False
-
-    def __aiter__(self) -> "_TorchStream":
-        return self
-
-    async def __anext__(self) -> RolloutEvent:
-        if self._done:
-            raise StopAsyncIteration
-        try:
-            event = await self._engine._next_event(self._req)
-        except BaseException:
-            await self.aclose()
-            raise
-        if isinstance(event, SampleFinished):
-            await self.aclose()
-        return event
-
-    async def aclose(self) -> None:
-        if not self._done:
-            self._done = True
-            self._engine._release(self._req)
 
 
 def _model_context(model: torch.nn.Module) -> int | None:
