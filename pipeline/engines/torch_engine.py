@@ -50,7 +50,7 @@ samples of a tiny model ``delta_tokens`` of 4 or more is noticeably faster than 
 **Speed** (``python -m pipeline.engines.bench``: 16 prompts x 8 samples x 32 tokens, every
 sample streamed to its own reader task, against one ``generate(do_sample=True)`` call, 2
 torch threads). On this project's shared 2-core CPU, whose neighbours swing single figures
-by +-20%, medians over interleaved rounds put a 0.5M-parameter GPT-2 or Llama at 0.9-1.0x
+by +-20%, medians over interleaved rounds put a 0.5M-parameter GPT-2 or Llama at 0.9-1.1x
 ``generate`` with ``delta_tokens=1`` and 0.95-1.3x with 4, and a 19M GPT-2 (6 layers,
 d=512) at 1.0-1.35x and 1.15-1.4x. Without the readers (``DecodeBatch`` alone) the small
 models decode at 1.1-1.3x ``generate``: one prefill per prompt instead of per sample, a
