@@ -6,6 +6,7 @@
     python run.py replay runs/x/trace               train/evaluate controllers offline from traces
     python run.py bench overhead                    pipeline overhead and decision-hook latency
     python run.py bench allocation                  every allocation policy side by side
+    python run.py bench engine --arch gpt2          torch engine vs transformers generate
 
 Every command takes ``--config FILE`` and any number of ``--set key.sub=value`` overrides;
 configuration errors name the key, the value and the fix, and exit with status 2.
@@ -54,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     overhead.add_argument("--long-steps", type=int, default=None, help="steps of the long-running memory check")
     overhead.add_argument("--out", type=Path, default=Path("runs/bench_overhead"), help="output directory")
 
+    bench_sub.add_parser("engine", help="the torch engine's tokens/s against transformers generate, same run "
+                         "(options: python run.py bench engine --help)")
+
     alloc = bench_sub.add_parser("allocation", help="every allocation policy side by side (sim)")
     alloc.add_argument("--config", type=Path, default=ROOT / "configs" / "bench_allocation.yaml", help="base config")
     alloc.add_argument("--scenarios", default="balanced",
@@ -85,6 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv.insert(0, "train")  # `python run.py [--set ...]` means train
+    if argv[:2] == ["bench", "engine"]:  # its options belong to pipeline/engines/bench.py
+        from pipeline.engines.bench import main as bench_engine_main
+
+        bench_engine_main(argv[2:])
+        return 0
     args = _parser().parse_args(argv)
     command = args.command
     from pipeline.configuration import ConfigError
