@@ -113,7 +113,10 @@ class VirtualClock:
         self._waiting[token] = event
         heapq.heappush(self._heap, (t, token))
         self._maybe_advance()
-        await event.wait()
+        if event.is_set():
+            await anyio.lowlevel.checkpoint()  # woken at once: still a cancellation point
+        else:
+            await event.wait()
 
     def _new_event(self):
         # anyio.Event looks up the running backend on every construction; on asyncio, whose
