@@ -4,6 +4,7 @@
     python run.py train --config configs/sim.yaml --set gate.kind=sara --set orchestrator.steps=50
     python run.py shadow --set gate.kind=sara       RAIL decides in shadow; off-policy value of promoting it
     python run.py replay runs/x/trace               train/evaluate controllers offline from traces
+    python run.py eval RUN_DIR                      held-out accuracy and pass@k of a run's newest checkpoint
     python run.py bench overhead                    pipeline overhead and decision-hook latency
     python run.py bench allocation                  every allocation policy side by side
     python run.py bench engine --arch gpt2          torch engine vs transformers generate
@@ -47,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
     common(replay, None)
     replay.add_argument("--run-id", default=None, help="which run of a trace holding several")
     replay.add_argument("--out", type=Path, default=Path("runs/replay"), help="where the report goes")
+
+    ev = sub.add_parser("eval", help="held-out accuracy and pass@k of a run's newest checkpoint")
+    ev.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    ev.add_argument("--base", action="store_true", help="evaluate the base policy instead of the checkpoint")
+    ev.add_argument("--samples", type=int, default=None, help="samples per prompt (k of pass@k); default: data.eval_samples")
+    ev.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
 
     bench = sub.add_parser("bench", help="side-by-side benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
@@ -129,6 +136,12 @@ def main(argv: list[str] | None = None) -> int:
 
             cfg = load_config(args.config, args.overrides)
             replay_traces(args.traces, cfg.controller.rail, args.out, run_id=args.run_id, seed=cfg.seed)
+            return 0
+        if command == "eval":
+            from railgate.evaluate import evaluate_run
+
+            cfg = load_config(args.run_dir / "config.yaml", list(args.overrides) + [f"run_dir={args.run_dir}"])
+            evaluate_run(cfg, base=args.base, samples=args.samples)
             return 0
         if command == "bench" and args.bench == "overhead":
             from railgate.bench.overhead import run_overhead_bench

@@ -32,6 +32,11 @@ def test_train_writes_the_run_directory(tmp_path):
     assert any((tmp_path / "trace").glob("decisions-*.arrows"))
     assert any((tmp_path / "buffer").glob("steps-*.arrows"))
 
+    evaluated = run("eval", str(tmp_path))
+    assert evaluated.returncode == 0, evaluated.stderr
+    result = json.loads((tmp_path / "eval_step3.json").read_text())
+    assert result["eval/accuracy"] == summary["evals"][-1]["eval/accuracy"]  # the checkpoint's policy
+
 
 def test_unknown_config_key_names_the_key_and_the_fix(tmp_path):
     result = run("train", "--run-dir", str(tmp_path), "--set", "orchestrator.group_sise=8")
