@@ -246,7 +246,8 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
                 x = np.array([c[0] for c in r["curve"]])
                 y = np.array([c[3] for c in r["curve"]])
                 curves.append(np.interp(grid, x, y, right=np.nan))
-            ax.plot(grid, np.nanmean(np.array(curves), axis=0), label=policy)
+            # A plain mean: the line stops where any seed's run has ended (no survivor bias).
+            ax.plot(grid, np.mean(np.array(curves), axis=0), label=policy)
         ax.set_title(f"{scenario}, {model} training model")
         ax.set_xlabel("cumulative rollouts")
         ax.set_ylabel("held-out accuracy (exact)")
