@@ -6,7 +6,9 @@ when it needs a heavy optional dependency):
     ENGINE_FACTORIES.append(EngineCase("vllm", make_vllm_case, max_tokens=16, marks=(pytest.mark.integration,)))
 
 A factory returns the engine, a prompt maker (``prompt(i) -> Prompt``) and a weights maker
-(``new_weights(engine) -> weights`` accepted by ``update_weights``).
+(``new_weights(engine) -> weights`` accepted by ``update_weights``). An engine that is slow to
+start (vllm, ray) sets ``shared=True``: one engine serves every test of the module and is
+closed at its end (the module runs on one event loop).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class EngineCase:
     make: Callable[[], Opened]
     max_tokens: int  # long enough for several deltas per sample
     marks: tuple = field(default_factory=tuple)
+    shared: bool = False  # one engine for the whole module (slow start); closed at the module's end
 
 
 def make_sim() -> Opened:
@@ -76,20 +79,74 @@ def make_torch() -> Opened:
     return Opened(engine, prompt, new_weights)
 
 
+def engine_prompt(i: int) -> Prompt:
+    """Prompts of the model-backed cases (vocabulary 64)."""
+    return Prompt(prompt_id=i, text="", token_ids=tuple(3 + (i * 7 + j) % 60 for j in range(2 + i % 5)))
+
+
+def perturbed_tiny_gpt2(eng) -> dict:
+    from engine_models import tiny_gpt2
+
+    return {k: v + 0.1 * torch.randn_like(v) for k, v in tiny_gpt2(vocab_size=64).state_dict().items()}
+
+
+def make_vllm() -> Opened:
+    import tempfile
+
+    from engine_models import save_tiny_gpt2
+    from pipeline.engines.vllm_engine import VllmEngine
+
+    root = tempfile.mkdtemp(prefix="railgate-vllm-conformance-")
+    model_dir = save_tiny_gpt2(f"{root}/model", vocab_size=64)
+    return Opened(VllmEngine(model_dir, f"{root}/cache", eos_id=None, seed=0), engine_prompt, perturbed_tiny_gpt2)
+
+
+def make_ray() -> Opened:
+    import tempfile
+
+    from engine_models import save_tiny_gpt2
+    from pipeline.engines.ray_engine import RayEngine, TorchEngineFactory
+
+    model_dir = save_tiny_gpt2(f"{tempfile.mkdtemp(prefix='railgate-ray-conformance-')}/model", vocab_size=64)
+    engine = RayEngine(TorchEngineFactory(str(model_dir), eos_id=None), replicas=2, ray_init_kwargs={"log_to_driver": False})
+    return Opened(engine, engine_prompt, perturbed_tiny_gpt2)
+
+
 ENGINE_FACTORIES: list[EngineCase] = [
     EngineCase("sim", make_sim, max_tokens=512),
     EngineCase("torch", make_torch, max_tokens=24),
+    EngineCase("vllm", make_vllm, max_tokens=16, shared=True,
+               marks=(pytest.mark.integration, pytest.mark.timeout(600))),
+    EngineCase("ray", make_ray, max_tokens=24, shared=True,
+               marks=(pytest.mark.integration, pytest.mark.timeout(300))),
 ]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def anyio_backend():
     return "asyncio"
 
 
+@pytest.fixture(scope="module")
+async def shared_engines():
+    """Engines of ``shared`` cases by name, started on first use, closed when the module ends."""
+    engines: dict[str, Opened] = {}
+    try:
+        yield engines
+    finally:
+        for o in engines.values():
+            await o.engine.aclose()
+
+
 @pytest.fixture(params=[pytest.param(c, id=c.name, marks=c.marks) for c in ENGINE_FACTORIES])
-async def opened(request):
-    o = dataclasses.replace(request.param.make(), max_tokens=request.param.max_tokens)
+async def opened(request, shared_engines):
+    case = request.param
+    if case.shared:
+        if case.name not in shared_engines:
+            shared_engines[case.name] = case.make()
+        yield dataclasses.replace(shared_engines[case.name], max_tokens=case.max_tokens)
+        return
+    o = dataclasses.replace(case.make(), max_tokens=case.max_tokens)
     try:
         yield o
     finally:

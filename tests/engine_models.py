@@ -1,0 +1,30 @@
+"""Tiny GPT-2 model directories for engine tests (the project's model shape, built in seconds).
+
+Head size 32: vLLM's CPU attention kernels take 32, 64, 80, ... but not 16.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def tiny_gpt2(vocab_size: int = 64, d_model: int = 64, n_heads: int = 2, n_layers: int = 2, max_len: int = 64, seed: int = 0):
+    """A seeded ``GPT2LMHeadModel`` like ``pipeline.models.build_model`` makes (no dropout, tied head)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=vocab_size, n_positions=max_len, n_embd=d_model, n_layer=n_layers, n_head=n_heads,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return GPT2LMHeadModel(config).eval()
+
+
+def save_tiny_gpt2(directory: str | Path, **kwargs) -> Path:
+    """Build ``tiny_gpt2(**kwargs)`` and ``save_pretrained`` it into ``directory``."""
+    d = Path(directory)
+    tiny_gpt2(**kwargs).save_pretrained(str(d))
+    return d
