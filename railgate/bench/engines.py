@@ -95,8 +95,12 @@ async def _latency(engine, prompt: Sequence[int], n: int, tag: str) -> float:
     return statistics.median(times)
 
 
-async def bench_ray(model_dir: str | Path, prompts, group_size: int, max_tokens: int, rounds: int = 3, latency_n: int = 50) -> dict[str, Any]:
-    """Torch engine in 1 vs 2 Ray replicas (tokens/s), and the Ray hop's per-request overhead (us)."""
+async def bench_ray(model_dir: str | Path, prompts, group_size: int, max_tokens: int, rounds: int = 3, latency_n: int = 50,
+                    delta_tokens: int = 1) -> dict[str, Any]:
+    """Torch engine in 1 vs 2 Ray replicas (tokens/s), and the Ray hop's per-request overhead (us).
+
+    ``delta_tokens`` is the torch engines' fewest tokens per delta (the in-process one too).
+    """
     import ray
     import torch
     from transformers import AutoModelForCausalLM
@@ -109,9 +113,9 @@ async def bench_ray(model_dir: str | Path, prompts, group_size: int, max_tokens:
     if owns:
         ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}})
-    factory = TorchEngineFactory(str(model_dir), eos_id=None)
+    factory = TorchEngineFactory(str(model_dir), eos_id=None, engine_kwargs=(("delta_tokens", delta_tokens),))
     one, two = RayEngine(factory, replicas=1), RayEngine(factory, replicas=2)
-    local = TorchEngine(AutoModelForCausalLM.from_pretrained(str(model_dir)), None)
+    local = TorchEngine(AutoModelForCausalLM.from_pretrained(str(model_dir)), None, delta_tokens=delta_tokens)
     try:
         tps: dict[str, list[float]] = {"1": [], "2": [], "local": []}
         for r in range(rounds + 1):
@@ -156,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--delta-tokens", type=int, default=1, help="ray: the torch engines' fewest tokens per delta")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix=f"railgate-bench-{args.which}-"))
     model_dir = Path(args.model) if args.model else _tiny_model(work / "model", args.vocab, args.hidden, args.layers, 128)
@@ -173,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
         result = asyncio.run(run())
     else:
-        result = anyio.run(bench_ray, model_dir, prompts, args.group, args.max_tokens, args.rounds)
+        result = anyio.run(bench_ray, model_dir, prompts, args.group, args.max_tokens, args.rounds, 50, args.delta_tokens)
     result.update(load_before=load_before, load_after=os.getloadavg(), workload=f"{args.prompts}x{args.group}x{args.max_tokens}")
     for k, v in result.items():
         print(f"{k}: {v}")
