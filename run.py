@@ -8,6 +8,7 @@
     python run.py bench overhead                    pipeline overhead and decision-hook latency
     python run.py bench allocation                  every allocation policy side by side
     python run.py bench engine --arch gpt2          torch engine vs transformers generate
+    python run.py bench engine vllm|ray             vLLM engine vs raw AsyncLLM; Ray 2 replicas vs 1
 
 Every command takes ``--config FILE`` and any number of ``--set key.sub=value`` overrides;
 configuration errors name the key, the value and the fix, and exit with status 2.
@@ -96,10 +97,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv.insert(0, "train")  # `python run.py [--set ...]` means train
-    if argv[:2] == ["bench", "engine"]:  # its options belong to pipeline/engines/bench.py
-        from pipeline.engines.bench import main as bench_engine_main
+    if argv[:2] == ["bench", "engine"]:  # its options belong to the engine benchmarks
+        if argv[2:3] in (["vllm"], ["ray"]):
+            from railgate.bench.engines import main as bench_engines_main
 
-        bench_engine_main(argv[2:])
+            bench_engines_main(argv[2:])
+        else:
+            from pipeline.engines.bench import main as bench_engine_main
+
+            bench_engine_main(argv[2:])
         return 0
     args = _parser().parse_args(argv)
     command = args.command
