@@ -4,6 +4,7 @@ learner and evaluator. The only module that chooses concrete classes."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from controller.gates.registry import build_gate
@@ -38,12 +39,12 @@ def build_components(cfg: RunConfig, progress: bool = True, sink: DecisionSink |
     """``sink`` receives the controller's decisions (the run's TraceLog; none: not logged)."""
     if cfg.engine.kind == "sim":
         components = _build_sim(cfg)
-    elif cfg.engine.kind == "torch":
+    elif cfg.engine.kind in ("torch", "vllm"):
         components = _build_torch(cfg, progress)
     else:
         raise ConfigError(
-            f"engine.kind={cfg.engine.kind!r} is not wired into run.py yet; use engine.kind=sim or torch "
-            "(the vllm and ray engines land with their issue)"
+            f"engine.kind={cfg.engine.kind!r} is not wired into run.py yet; use engine.kind=sim, torch or vllm "
+            "(the ray engine is used from Python, see the README)"
         )
     components.controller = build_controller(cfg, sink, components.clock)
     return components
@@ -98,11 +99,19 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
             "raise model.max_len (a new base model) or lower orchestrator.max_tokens"
         )
     torch.set_num_threads(max(cfg.torch_engine.threads, cfg.learner.num_threads or 1))
-    engine = TorchEngine(
-        copy.deepcopy(base.model), tokenizer.eos_id, max_batch=cfg.torch_engine.max_batch,
-        dtype=cfg.torch_engine.dtype, seed=derive_seed(cfg.seed, "engine"), max_context=cfg.model.max_len,
-        delta_tokens=cfg.torch_engine.delta_tokens,
-    )
+    if cfg.engine.kind == "vllm":
+        from pipeline.engines.vllm_engine import VllmEngine
+
+        engine = VllmEngine(
+            base.path, Path(cfg.run_dir) / "vllm_cache", eos_id=tokenizer.eos_id, seed=derive_seed(cfg.seed, "engine"),
+            max_batch=cfg.torch_engine.max_batch, max_context=cfg.model.max_len,
+        )
+    else:
+        engine = TorchEngine(
+            copy.deepcopy(base.model), tokenizer.eos_id, max_batch=cfg.torch_engine.max_batch,
+            dtype=cfg.torch_engine.dtype, seed=derive_seed(cfg.seed, "engine"), max_context=cfg.model.max_len,
+            delta_tokens=cfg.torch_engine.delta_tokens,
+        )
     pool = PromptPool(train_prompts, seed=derive_seed(cfg.seed, "prompts"))
     gate = build_gate(cfg.gate, pool, group_size=cfg.orchestrator.group_size,
                       batch_groups=cfg.orchestrator.batch_groups, seed=derive_seed(cfg.seed, "gate"))
