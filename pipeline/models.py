@@ -200,10 +200,13 @@ def ensure_base_model(run_dir: str | Path, task_cfg, model_cfg: BaseModelConfig 
     from pipeline.warmstart import warm_start
 
     model_cfg = model_cfg or BaseModelConfig()
+    task = build_task(task_cfg)
     if model_cfg.path:
-        return load_model(model_cfg.path)
+        return _check_alphabet(load_model(model_cfg.path), task)
     target = Path(run_dir) / BASE_DIR_NAME
-    wanted = {"task": to_dict(task_cfg), "model": to_dict(model_cfg)}
+    # settings that change the weights; threads and path do not
+    model_settings = {k: v for k, v in to_dict(model_cfg).items() if k not in ("threads", "path")}
+    wanted = {"task": to_dict(task_cfg), "model": model_settings}
     if target.exists():
         base = load_model(target)
         stale = [k for k in wanted if base.meta.get(k) != wanted[k]]
@@ -213,7 +216,6 @@ def ensure_base_model(run_dir: str | Path, task_cfg, model_cfg: BaseModelConfig 
                 "delete it to rebuild, or use a new run directory"
             )
         return base
-    task = build_task(task_cfg)
     tokenizer = CharTokenizer.for_tasks(task)
     model = build_model(
         tokenizer.vocab_size, model_cfg.d_model, model_cfg.n_layers, model_cfg.n_heads, model_cfg.max_len, model_cfg.seed
@@ -234,3 +236,13 @@ def ensure_base_model(run_dir: str | Path, task_cfg, model_cfg: BaseModelConfig 
         raise
     model.eval()
     return BaseModel(model=model, tokenizer=tokenizer, path=target, meta=meta)
+
+
+def _check_alphabet(base: BaseModel, task) -> BaseModel:
+    missing = sorted(set(task.alphabet) - set(base.tokenizer.alphabet))
+    if missing:
+        raise ModelDirError(
+            f"the tokenizer in {base.path} cannot encode {''.join(missing)!r}, which task {task.name!r} uses; "
+            "point model.path at a model built for this task, or leave it empty to build one"
+        )
+    return base

@@ -112,9 +112,9 @@ def warm_start(
     AdamW, linear warm-up over the first 5% of steps, cosine decay to a tenth of ``lr``.
     With ``target_accuracy`` > 0, every ``check_every`` steps the sampled accuracy (T = 1, 4
     samples each) on ``check_prompts`` training prompts is measured, and training stops once
-    it reaches the target. Why a target and not a step count: competence jumps steeply
-    (arithmetic went from 0.11 to 0.76 between steps 200 and 400), so a fixed step count
-    lands at very different places for other seeds, tasks and model sizes.
+    it reaches the target. Why a target and not a step count: competence can jump steeply
+    (arithmetic with ``padding="max"`` went from 0.11 to 0.76 between steps 200 and 400), so
+    a fixed step count lands at very different places for other seeds, tasks and models.
     ``threads`` sets torch's thread count for the duration (None: leave it).
     """
     if not 0 <= target_accuracy < 1:
@@ -157,7 +157,8 @@ def warm_start(
             if step % 10 == 0:
                 bar.set_postfix(loss=f"{losses[-1]:.3f}")
             if target_accuracy and ((step + 1) % check_every == 0 or step + 1 == steps):
-                stats = measure_policy(task, tokenizer, model, n_prompts=check_prompts, group_size=4, seed=seed,
+                # seed -1 - seed: a fixed check set that is not also the first training batch
+                stats = measure_policy(task, tokenizer, model, n_prompts=check_prompts, group_size=4, seed=-1 - seed,
                                        split="train")
                 model.train()
                 checks.append((step + 1, stats.accuracy))

@@ -40,8 +40,8 @@ def fixed_loss(model) -> float:
 def test_sft_batch_masks_the_prompt_and_padding():
     problems = [TASK.make_problem(3, "+", 4), TASK.make_problem(55, "+", 66)]
     ids, mask, labels = sft_batch(TASK, TOK, problems)
-    prompt_len = len(TOK.encode_prompt("3+4="))
-    assert TOK.decode(ids[0]) == "3+4=7" and TOK.decode(ids[1]) == "55+66=121"
+    prompt_len = len(TOK.encode_prompt("03+04="))
+    assert TOK.decode(ids[0]) == "03+04=7" and TOK.decode(ids[1]) == "55+66=121"
     assert (labels[0, :prompt_len] == IGNORE).all()
     assert TOK.decode([t for t in labels[0].tolist() if t != IGNORE], skip_special=False) == "7<eos>"
     assert (labels[0][mask[0] == 0] == IGNORE).all() and mask[0].sum() < mask[1].sum()
@@ -137,5 +137,9 @@ def test_ensure_base_model_builds_once_then_loads(tmp_path):
     assert all(torch.equal(x, y) for x, y in zip(first.model.parameters(), again.model.parameters()))
     with pytest.raises(ModelDirError, match="built for other task settings"):
         ensure_base_model(tmp_path, TaskConfig(name="countdown"), model_cfg, progress=False)
+    threads_only = BaseModelConfig(**TINY, warm_start_steps=3, warm_start_batch=8, warm_start_target=0.0, threads=2)
+    assert ensure_base_model(tmp_path, task_cfg, threads_only, progress=False).meta == again.meta
     loaded = ensure_base_model(tmp_path / "other", task_cfg, BaseModelConfig(path=str(first.path)))
     assert loaded.path == first.path
+    with pytest.raises(ModelDirError, match="cannot encode .* which task 'countdown' uses"):
+        ensure_base_model(tmp_path / "other", TaskConfig(name="countdown"), BaseModelConfig(path=str(first.path)))

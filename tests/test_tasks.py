@@ -45,14 +45,15 @@ def test_reference_solutions_score_one_and_prompts_are_encodable(task):
 
 def test_arithmetic_answers_are_reversed_and_difficulty_is_digits():
     task = ArithmeticTask(min_digits=1, max_digits=5)
-    assert task.sft_example(task.make_problem(37, "+", 415)) == ("037+415=", "254")
+    assert task.sft_example(task.make_problem(37, "+", 415)) == ("00037+00415=", "254")
+    assert ArithmeticTask(padding="pair").make_problem(37, "+", 415).text == "037+415"
     assert task.make_problem(99, "*", 9).answer == "198"  # 891 reversed
     assert ArithmeticTask(reverse_answer=False).make_problem(37, "+", 415).answer == "452"
     problems = task.train_problems(3000, seed=0)
     assert {p.difficulty for p in problems} == {1.0, 2.0, 3.0, 4.0, 5.0}
     for p in problems[:200]:
         a, b = p.text.split("+")
-        assert len(a) == len(b) == p.difficulty and str(int(a) + int(b))[::-1] == p.answer
+        assert len(a) == len(b) == 5 and str(int(a) + int(b))[::-1] == p.answer
         assert p.difficulty == max(len(str(int(a))), len(str(int(b))))
     sub = ArithmeticTask(ops="-").train_problems(200, seed=0)
     assert all(not p.answer.endswith("-") for p in sub)  # larger operand first: no negatives

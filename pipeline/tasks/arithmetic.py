@@ -1,4 +1,4 @@
-"""Multi-digit arithmetic with the answer written backwards: ``037+415=`` -> ``254``.
+"""Multi-digit arithmetic with the answer written backwards: ``00037+00415=`` -> ``254``.
 
 Why reversed: a model writes its answer left to right, and the low digit of a sum is the
 one that depends on the fewest inputs. Written backwards, each output digit needs only one
@@ -7,20 +7,22 @@ learns addition digit by digit; in the usual order the first digit written depen
 carry, which a tiny model does not learn in minutes. Multiplication stays hard even
 reversed: it is there as a harder variant.
 
-Why the shorter operand is zero-padded to the longer one's length (``padding="pair"``):
-then, for each operand width, answer digit k reads the operand digits at two fixed
-positions, a pattern learned position embeddings pick up in a few hundred steps, one width
-at a time (narrow ones first: pass rates then spread by difficulty, as RL needs). Measured
-here (GPT-2 d=128, 2 layers, batch 64, 1-5 digits), sampled accuracy at steps 450/600/750:
+Why operands are zero-padded to ``max_digits`` (``padding="max"``): then answer digit k
+always reads the operand digits at the same two positions, a pattern learned position
+embeddings pick up within a few hundred steps. Measured here (GPT-2 d=128, 2 layers,
+batch 64, 1-5 digits, sampled accuracy at T = 1):
 
-=========  ===================  =========================================================
-padding    accuracy             notes
-=========  ===================  =========================================================
-``none``   0.04 at step 600     digits to read move with both operands' lengths
-``pair``   0.10 / 0.23 / 0.34   by width at 750: 0.82 0.59 0.04 0.14 0.02; 47% saturated
-``max``    0.98 at step 600     (0.76 at 400) every width at once, so pass rates are
-                                even across prompts: only 25-30% of groups saturated
-=========  ===================  =========================================================
+=========  ==============================================================================
+padding    what a short warm start learns
+=========  ==============================================================================
+``max``    0.11 / 0.76 / 0.98 at steps 200 / 400 / 600, every width at once; at 0.43
+           accuracy pass rates fall smoothly with width (0.57 ... 0.24), 25% of groups
+           of 8 saturated
+``pair``   the shorter operand padded to the longer one's length: one position pattern
+           per width, learned one width at a time with long plateaus: at step 1500,
+           widths 1-2 perfect, 3-5 near 0 (accuracy 0.40, 86% of groups saturated)
+``none``   0.04 at step 600: the digits to read move with both operands' lengths
+=========  ==============================================================================
 
 Difficulty is the number of digits of the longer operand (``min_digits``..``max_digits``,
 drawn uniformly); the other operand has between 1 and that many digits. Subtraction puts
@@ -50,8 +52,8 @@ class ArithmeticTask(Task):
     reverse_answer
         Write answers least-significant digit first (see the module docstring).
     padding
-        ``"pair"``: zero-pad the shorter operand to the longer one's length; ``"max"``: both
-        to ``max_digits``; ``"none"``: as written (see the module docstring).
+        ``"max"``: zero-pad both operands to ``max_digits``; ``"pair"``: the shorter one to
+        the longer one's length; ``"none"``: as written (see the module docstring).
     eval_share
         Share of the problem space held out for evaluation.
 
@@ -66,9 +68,9 @@ class ArithmeticTask(Task):
     >>> task.score(p, p.answer), task.score(p, p.answer + "1")
     (1.0, 0.0)
     >>> ArithmeticTask().sft_example(ArithmeticTask().make_problem(37, "+", 415))
-    ('037+415=', '254')
-    >>> [ArithmeticTask(padding=p).make_problem(37, "+", 415).text for p in ("none", "max")]
-    ['37+415', '00037+00415']
+    ('00037+00415=', '254')
+    >>> [ArithmeticTask(padding=p).make_problem(37, "+", 415).text for p in ("pair", "none")]
+    ['037+415', '37+415']
     """
 
     name = "arithmetic"
@@ -80,7 +82,7 @@ class ArithmeticTask(Task):
         max_digits: int = 5,
         ops: str = "+",
         reverse_answer: bool = True,
-        padding: str = "pair",
+        padding: str = "max",
         eval_share: float = 0.1,
     ) -> None:
         super().__init__(eval_share)

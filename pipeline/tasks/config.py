@@ -20,9 +20,10 @@ class ArithmeticConfig:
     """Operators drawn from, a subset of '+-*'."""
     reverse_answer: bool = True
     """Write answers least-significant digit first (learnable by a tiny model)."""
-    padding: Literal["none", "pair", "max"] = "pair"
-    """Zero-pad the shorter operand to the longer one's length ('pair'), both to max_digits
-    ('max', learned fastest but pass rates even across prompts) or not at all ('none')."""
+    padding: Literal["max", "pair", "none"] = "max"
+    """Zero-pad both operands to max_digits ('max': learned in a few hundred steps), the
+    shorter to the longer one's length ('pair': learned width by width, slowly) or not at
+    all ('none': too slow for a CPU warm start). See pipeline/tasks/arithmetic.py."""
 
     def __post_init__(self) -> None:
         require(1 <= self.min_digits <= self.max_digits, f"task.arithmetic min_digits={self.min_digits}, "
