@@ -84,13 +84,15 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by input (files, directories, traces, datasets): one clear line, exit 2."""
     from controller.rail.replay import ReplayError
     from pipeline.arrowio import SegmentFormatError
+    from pipeline.engines.base import EngineError
     from pipeline.models import ModelDirError
     from pipeline.orchestrator import GateStalled
     from pipeline.tasks.dataset import DatasetError
     from pipeline.tokenizer import TokenizerError
     from railgate.checkpoint import CheckpointError
 
-    return (SegmentFormatError, ModelDirError, DatasetError, TokenizerError, CheckpointError, ReplayError, GateStalled)
+    return (SegmentFormatError, ModelDirError, DatasetError, TokenizerError, CheckpointError, ReplayError, GateStalled,
+            EngineError)
 
 
 def main(argv: list[str] | None = None) -> int:

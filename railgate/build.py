@@ -103,7 +103,8 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
         from pipeline.engines.vllm_engine import VllmEngine
 
         engine = VllmEngine(
-            base.path, Path(cfg.run_dir) / "vllm_cache", eos_id=tokenizer.eos_id, seed=derive_seed(cfg.seed, "engine"),
+            # vLLM seeds numpy's legacy generator, which takes 32-bit seeds only.
+            base.path, Path(cfg.run_dir) / "vllm_cache", eos_id=tokenizer.eos_id, seed=derive_seed(cfg.seed, "engine") % 2**31,
             max_batch=cfg.torch_engine.max_batch, max_context=cfg.model.max_len,
         )
     else:
