@@ -2,7 +2,8 @@
 
 No model hub is reachable here, so the CPU default trains its own starting policy: a
 0.4M-parameter decoder (d_model 128, 2 layers) with the character tokenizer, warm-started by
-less than a minute of supervised training on the task (``pipeline.warmstart``). It is a plain
+supervised training on the task until its sampled accuracy reaches 0.4 (``pipeline.warmstart``;
+measured on this 2-core CPU when quiet: arithmetic 37 s, Countdown 4 min). It is a plain
 ``transformers`` ``GPT2LMHeadModel``, so the torch engine, the learner and vLLM all load it
 the usual way.
 
