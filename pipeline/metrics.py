@@ -12,6 +12,7 @@ JSONL log, TensorBoard and the final report.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from dataclasses import dataclass, fields
@@ -74,7 +75,9 @@ class MetricsWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a", buffering=1)
         self._tb = None
-        if tensorboard:
+        # find_spec first: torch.utils.tensorboard imports torch (seconds) before it finds
+        # that the tensorboard package is missing, and a simulator run needs no torch
+        if tensorboard and importlib.util.find_spec("tensorboard") is not None:
             try:
                 from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 

@@ -1,23 +1,30 @@
 """Checkpoints: written atomically at step boundaries, read back for ``train --resume``.
 
-A checkpoint is one file, ``checkpoints/step-NNNNNN.pt`` (``torch.save`` of a dict: the
+A checkpoint is one file, ``checkpoints/step-NNNNNN.pt`` (a pickled dict: the
 orchestrator's state -- step, group-id cursor, budget, evaluations, committed groups not yet
 trained, the ids of groups that were still open -- and the gate's, controller's and learner's
 state dicts, the learner's including model, optimizer and RNG states). ``checkpoints/latest``
 names the newest. Both are written to a temporary name and renamed, so a crash mid-write
 leaves the previous checkpoint intact.
+
+The dict is written with ``torch.save`` when torch is loaded (it may hold tensors then) and
+with plain ``pickle`` otherwise: a simulator run never needs torch, and importing it would
+double the run's start-up time. ``load_checkpoint`` tells them apart by the first bytes
+(``torch.save`` writes a zip archive).
 """
 
 from __future__ import annotations
 
 import io
 import os
+import pickle
+import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from pipeline.configuration import ConfigError
+
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's archives start with it; pickle streams start with b"\x80"
 
 
 class CheckpointError(RuntimeError):
@@ -36,7 +43,12 @@ class CheckpointWriter:
     def __call__(self, state: dict[str, Any]) -> None:
         # Serialise now: the state holds live references that the pipeline keeps mutating.
         data = io.BytesIO()
-        torch.save(state, data)
+        if "torch" in sys.modules:  # no tensors can exist before torch is imported
+            import torch
+
+            torch.save(state, data)
+        else:
+            pickle.dump(state, data, protocol=pickle.HIGHEST_PROTOCOL)
         path = self.directory / f"step-{int(state['step']):06d}.pt"
         _atomic_write(path, data.getvalue())
         _atomic_write(self.directory / "latest", path.name.encode())
@@ -68,6 +80,12 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
+        with open(path, "rb") as f:
+            if f.read(len(_ZIP_MAGIC)) != _ZIP_MAGIC:
+                f.seek(0)
+                return pickle.load(f)
+        import torch
+
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:  # a truncated or foreign file
         raise CheckpointError(

@@ -18,7 +18,7 @@ from typing import Any
 from controller.config import ControllerConfig, GateConfig
 from learner.config import LearnerConfig
 from pipeline.config import DataConfig, EngineConfig, LogConfig, OrchestratorConfig, SimConfig, TorchEngineConfig
-from pipeline.models import BaseModelConfig
+from pipeline.model_config import BaseModelConfig
 from pipeline.tasks.config import TaskConfig
 from pipeline.configuration import ConfigError, apply_overrides, build, load_yaml, merge, require, to_dict
 

@@ -15,16 +15,51 @@ True
 from __future__ import annotations
 
 from dataclasses import asdict
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-from pipeline.tasks.arithmetic import ArithmeticTask
-from pipeline.tasks.base import Problem, Task, stable_hash
+# The settings classes are cheap and eager: the run configuration composes them. The task
+# classes are loaded on first use, because their rewards import math-verify (about a second),
+# which a simulator run or a config check never needs.
 from pipeline.tasks.config import ArithmeticConfig, CountdownConfig, DatasetConfig, TaskConfig
-from pipeline.tasks.countdown import CountdownTask
-from pipeline.tasks.dataset import DatasetError, DatasetTask, LoadReport, load_problems
+
+if TYPE_CHECKING:
+    from pipeline.tasks.arithmetic import ArithmeticTask
+    from pipeline.tasks.base import Problem, Task, stable_hash
+    from pipeline.tasks.countdown import CountdownTask
+    from pipeline.tasks.dataset import DatasetError, DatasetTask, LoadReport, load_problems
+
+_LAZY = {
+    "ArithmeticTask": "arithmetic",
+    "CountdownTask": "countdown",
+    "DatasetError": "dataset",
+    "DatasetTask": "dataset",
+    "LoadReport": "dataset",
+    "load_problems": "dataset",
+    "Problem": "base",
+    "Task": "base",
+    "stable_hash": "base",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def build_task(cfg: TaskConfig) -> Task:
     """The task ``cfg`` describes."""
+    from pipeline.tasks.arithmetic import ArithmeticTask
+    from pipeline.tasks.countdown import CountdownTask
+    from pipeline.tasks.dataset import DatasetTask
+
     if cfg.name == "arithmetic":
         return ArithmeticTask(**asdict(cfg.arithmetic), eval_share=cfg.eval_share)
     if cfg.name == "countdown":
