@@ -6,7 +6,9 @@
     python run.py replay runs/x/trace               train/evaluate controllers offline from traces
     python run.py eval RUN_DIR                      held-out accuracy and pass@k of a run's newest checkpoint
     python run.py bench overhead                    pipeline overhead and decision-hook latency
-    python run.py bench allocation                  every allocation policy side by side
+    python run.py bench allocation                  every allocation policy side by side (sim)
+    python run.py bench allocation --config configs/bench_allocation_torch.yaml   ... on the real model
+    python run.py bench rail                        SARA vs SARA + ARPO heuristic vs SARA + RAIL
     python run.py bench engine --arch gpt2          torch engine vs transformers generate
     python run.py bench engine vllm|ray             vLLM engine vs raw AsyncLLM; Ray 2 replicas vs 1
 
@@ -66,17 +68,23 @@ def _parser() -> argparse.ArgumentParser:
     bench_sub.add_parser("engine", help="the torch engine's tokens/s against transformers generate, same run "
                          "(options: python run.py bench engine --help)")
 
-    alloc = bench_sub.add_parser("allocation", help="every allocation policy side by side (sim)")
-    alloc.add_argument("--config", type=Path, default=ROOT / "configs" / "bench_allocation.yaml", help="base config")
-    alloc.add_argument("--scenarios", default="balanced",
-                       help="comma-separated names from configs/scenarios/, or 'all' (default: %(default)s)")
-    alloc.add_argument("--policies", default="all", help="comma-separated gate kinds (plus sara_eager), or 'all'")
-    alloc.add_argument("--models", default="effective,normalised", help="sim training models (default: %(default)s)")
-    alloc.add_argument("--seeds", type=int, default=5)
-    alloc.add_argument("--budget", type=int, default=16384, help="rollouts per run (equal for every policy)")
-    alloc.add_argument("--target-gain", type=float, default=0.08, help="target = start accuracy + this")
-    alloc.add_argument("--workers", type=int, default=2, help="parallel runs")
-    alloc.add_argument("--out", type=Path, default=Path("runs/bench_allocation"))
+    for name, help_text in (
+        ("allocation", "every allocation policy side by side (sim; a real model with "
+                       "--config configs/bench_allocation_torch.yaml)"),
+        ("rail", "SARA alone, with the ARPO heuristic, with RAIL (live, shadow-to-live); GRPO and the oracle"),
+    ):
+        alloc = bench_sub.add_parser(name, help=help_text)
+        alloc.add_argument("--config", type=Path, default=ROOT / "configs" / "bench_allocation.yaml", help="base config")
+        alloc.add_argument("--scenarios", default="balanced",
+                           help="sim: comma-separated names from configs/scenarios/, or 'all' (default: %(default)s)")
+        alloc.add_argument("--policies", default="all", help="comma-separated names from railgate/bench/policies.py, or 'all'")
+        alloc.add_argument("--models", default="effective,normalised", help="sim training models (default: %(default)s)")
+        alloc.add_argument("--seeds", type=int, default=5 if name == "allocation" else 3)
+        alloc.add_argument("--budget", type=int, default=None,
+                           help="rollouts per run, equal for every policy (default: 16384 sim, 20480 real model)")
+        alloc.add_argument("--target-gain", type=float, default=0.08, help="target = start accuracy + this")
+        alloc.add_argument("--workers", type=int, default=2, help="parallel runs")
+        alloc.add_argument("--out", type=Path, default=Path(f"runs/bench_{name}"))
     return parser
 
 
@@ -157,16 +165,23 @@ def main(argv: list[str] | None = None) -> int:
             cfg = load_config(args.config, args.overrides)
             run_overhead_bench(cfg, args.out, long_steps=args.long_steps, progress=not args.no_progress)
             return 0
-        if command == "bench" and args.bench == "allocation":
-            from railgate.bench.allocation import DEFAULT_POLICIES, run_allocation_bench
+        if command == "bench" and args.bench in ("allocation", "rail"):
+            from pipeline.configuration import load_yaml
+            from railgate.bench import policies as named
+            from railgate.bench.allocation import run_allocation_bench
 
+            sim = load_yaml(args.config).get("engine", {}).get("kind", "sim") == "sim"
             scenarios = (sorted(p.stem for p in (ROOT / "configs" / "scenarios").glob("*.yaml"))
                          if args.scenarios == "all" else args.scenarios.split(","))
-            policies = list(DEFAULT_POLICIES) if args.policies == "all" else args.policies.split(",")
-            if args.seeds < 1 or args.budget < 1:
-                raise ConfigError(f"--seeds={args.seeds} and --budget={args.budget} must be >= 1")
-            run_allocation_bench(args.config, args.out, scenarios, policies, args.seeds, args.budget,
-                                 args.target_gain, args.models.split(","), workers=args.workers)
+            every = named.RAIL if args.bench == "rail" else (named.SIM_ALLOCATION if sim else named.MODEL_ALLOCATION)
+            policies = list(every) if args.policies == "all" else args.policies.split(",")
+            budget = args.budget if args.budget is not None else (16384 if sim else 20480)
+            if args.seeds < 1 or budget < 1 or args.workers < 1:
+                raise ConfigError(f"--seeds={args.seeds}, --budget={budget} and --workers={args.workers} must be >= 1")
+            title = "RAIL benchmark" if args.bench == "rail" else "Allocation benchmark"
+            run_allocation_bench(args.config, args.out, scenarios if sim else [""], policies, args.seeds, budget,
+                                 args.target_gain, args.models.split(",") if sim else [""], workers=args.workers,
+                                 title=title)
             return 0
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)

@@ -218,7 +218,8 @@ class Orchestrator:
         self._stop_reason = ""
         self._tg: TaskGroup | None = None
         self._inbox: MemoryObjectSendStream | None = None
-        self._step_started = time.monotonic()
+        self._step_started = self._run_started = time.monotonic()
+        self._eval_wall_s = 0.0
         self._sent_untrained: deque[TrainBatch] = deque()  # sent to the learner, not trained yet
         if resume_state is not None:
             self._restore(resume_state)
@@ -240,7 +241,7 @@ class Orchestrator:
     async def run(self) -> RunSummary:
         started = time.monotonic()
         if self.evaluator is not None and self._steps_done == 0:
-            self._record_eval(0, await self.evaluator.evaluate(0))
+            self._record_eval(0, await self._evaluate(0))
         inbox_send, inbox_recv = anyio.create_memory_object_stream[Any](self.config.stream_buffer)
         # The tracker never blocks on this stream (send_nowait, retried after every message),
         # so a learner blocked on a full inbox cannot deadlock with it. The step-ahead limit
@@ -697,7 +698,7 @@ class Orchestrator:
         if self.evaluator is not None and (
             step == self.config.steps or (self.config.eval_every and step % self.config.eval_every == 0)
         ):
-            evaluation = await self.evaluator.evaluate(step)
+            evaluation = await self._evaluate(step)
             metrics.update(evaluation)
             self._record_eval(step, evaluation)
         self.metrics.write(step, metrics)
@@ -737,12 +738,23 @@ class Orchestrator:
                 metrics.update(extra())
         return metrics
 
+    async def _evaluate(self, step: int) -> dict[str, float]:
+        started = time.monotonic()
+        evaluation = await self.evaluator.evaluate(step)
+        self._eval_wall_s += time.monotonic() - started
+        return evaluation
+
     def _record_eval(self, step: int, evaluation: dict[str, float]) -> None:
         b = self.budget
         gate_metrics = getattr(self.gate, "metrics", None)
+        controller_metrics = getattr(self.controller, "metrics", None)
+        # eval/wall_s_total: evaluation's share of the wall clock (benchmarks subtract it).
         record = {"step": float(step), "pipeline/rollouts_started": float(b.rollouts_started),
                   "pipeline/tokens_generated": float(b.tokens_generated), "pipeline/engine_time": float(self.clock.now()),
-                  **(gate_metrics() if callable(gate_metrics) else {}), **evaluation}
+                  "pipeline/wall_s": time.monotonic() - self._run_started,  # of this process (a resume restarts it)
+                  "eval/wall_s_total": self._eval_wall_s,
+                  **(gate_metrics() if callable(gate_metrics) else {}),
+                  **(controller_metrics() if callable(controller_metrics) else {}), **evaluation}
         self.evals.append(record)
         target = self.config.target_accuracy
         accuracy = evaluation.get("eval/accuracy", math.nan)

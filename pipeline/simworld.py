@@ -137,6 +137,11 @@ class SimWorld:
         """Exact expected held-out accuracy of one sample at T = 1."""
         return float(np.mean(expit(state.theta - self.eval_difficulty)))
 
+    def eval_accuracy_hardest(self, state: SimPolicyState, fraction: float = 0.2) -> float:
+        """Exact held-out accuracy on the hardest ``fraction`` of the held-out prompts."""
+        hardest = np.sort(self.eval_difficulty)[-max(1, int(round(fraction * len(self.eval_difficulty)))):]
+        return float(np.mean(expit(state.theta - hardest)))
+
     @staticmethod
     def threshold(p: float) -> float:
         """c with 1 - Phi(c) = p, clipped so that p = 0 or 1 stays finite."""
@@ -258,6 +263,7 @@ class SimEvaluator:
         train_p = self.world.success_probabilities(state)
         return {
             "eval/accuracy": self.world.eval_accuracy(state),
+            "eval/accuracy_hardest": self.world.eval_accuracy_hardest(state),
             "eval/train_accuracy": float(np.mean(train_p)),
             "eval/train_solved_fraction": float(np.mean(train_p > 0.95)),
             "eval/train_unsolved_fraction": float(np.mean(train_p < 0.05)),

@@ -45,4 +45,19 @@ def test_all_saturated_pool_is_exhausted():
 
 def test_needs_the_success_probability():
     with pytest.raises(TypeError, match="success_probability"):
-        OracleGate(pool_of(3), 8, None, seed=0)  # type: ignore[arg-type]
+        OracleGate(pool_of(3), 8, 0.5, seed=0)  # type: ignore[arg-type]
+
+
+def test_hindsight_mode_trains_only_mixed_groups_and_books_saturated_ones_as_uncounted():
+    p = {i: [0.0, 0.3, 1.0, 0.7][i % 4] for i in range(200)}
+    gate = OracleGate(pool_of(200), 8, None, seed=0)
+    harness = GateHarness(gate, p, HarnessConfig(batch_groups=8, steps=5, cap_slots=True)).run()
+    harness.check_invariants()
+    trained = [g for b in harness.batch_log for g in b.groups]
+    assert trained and all(0 < sum(r.reward > 0 for r in g.rollouts) < 8 for g in trained)
+    m = gate.metrics()
+    # Every opened group costs 8; what was not trained on is exactly the uncounted part.
+    assert harness.stats["rollouts"] == 8 * harness.stats["opened"]
+    assert m["gate/uncounted_rollouts"] > 0
+    assert m["gate/uncounted_rollouts"] % 8 == 0
+    assert {g.prompt_id % 4 for g in trained} <= {1, 3}

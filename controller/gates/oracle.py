@@ -24,6 +24,12 @@ floor's cost is exactly the rollouts of the effective groups it trains on.
 If a whole pass over the pool finds no prompt with a mixed draw (every p is 0 or 1), ``admit``
 returns what it found (possibly nothing) and ``exhausted`` is True until a later pass finds
 one; the orchestrator then reports the stall ("pool exhausted").
+
+**Hindsight mode** (``success_probability=None``, a real model, where no exact p exists): every
+prompt the pool offers gets a full group, and the foresight is the group's own realised draw:
+a saturated group is dropped and its cost booked as uncounted, exactly as above. The counted
+cost is then exactly G rollouts per trained effective group -- the perfect-foresight floor --
+at the price of really generating the dropped groups, so its *wall clock* is not a floor.
 """
 
 from __future__ import annotations
@@ -49,7 +55,8 @@ class OracleGate(BaseGate):
     group_size
         G, the size of every group.
     success_probability
-        ``success_probability(prompt_id) -> float``, the exact p under the current policy.
+        ``success_probability(prompt_id) -> float``, the exact p under the current policy; None
+        for hindsight mode (see the module docstring).
     seed
         Seed of the oracle's own draws.
 
@@ -61,6 +68,8 @@ class OracleGate(BaseGate):
     >>> gate = OracleGate(PromptPool([Prompt(i, "", (1,)) for i in range(4)], seed=0), 8, p.__getitem__, seed=0)
     >>> sorted(plan.prompt.prompt_id for plan in gate.admit(slots=2, step=0))   # never the p = 0 or 1 prompts
     [1, 3]
+    >>> len(OracleGate(PromptPool([Prompt(i, "", (1,)) for i in range(4)], seed=0), 8, None, seed=0).admit(4, 0))
+    4
     """
 
     name = "oracle"
@@ -69,13 +78,13 @@ class OracleGate(BaseGate):
         self,
         source: PromptPool | PromptSelector,
         group_size: int,
-        success_probability: Callable[[int], float],
+        success_probability: Callable[[int], float] | None,
         seed: int,
     ):
-        if not callable(success_probability):
+        if success_probability is not None and not callable(success_probability):
             raise TypeError(
-                "OracleGate needs success_probability(prompt_id) -> float (the simulator's exact p); "
-                "gate.kind=oracle runs only on the sim engine"
+                f"OracleGate needs success_probability(prompt_id) -> float (the simulator's exact p) or None "
+                f"(hindsight mode), not {type(success_probability).__name__}"
             )
         super().__init__(source, group_size)
         self.success_probability = success_probability
@@ -99,6 +108,10 @@ class OracleGate(BaseGate):
                 break
             prompt = got[0]
             scanned += 1
+            if self.success_probability is None:  # hindsight: the realised draw decides in update()
+                self._book.add(prompt.prompt_id, {})
+                plans.append(GroupPlan(prompt, self.group_size, self.group_size))
+                continue
             p = float(self.success_probability(prompt.prompt_id))
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"success_probability({prompt.prompt_id})={p} is not a probability")

@@ -85,7 +85,8 @@ def build_gate(
 ) -> Gate:
     """The gate ``config.kind`` over ``pool``.
 
-    ``success_probability(prompt_id)`` (the simulator's exact p) is needed by ``oracle`` only.
+    ``success_probability(prompt_id)`` (the simulator's exact p) is used by ``oracle`` only;
+    without it the oracle runs in hindsight mode (``controller.gates.oracle``).
     Configuration mistakes raise ``ConfigError`` naming the key.
     """
     _check_sizes(config, group_size, batch_groups)
@@ -106,11 +107,6 @@ def build_gate(
         if kind == "sara_dps":
             return SaraGate(build_dps_selector(config.dps, pool, seed), group_size, **asdict(config.sara))
         if kind == "oracle":
-            if success_probability is None:
-                raise ConfigError(
-                    "gate.kind=oracle needs the simulator's success_probability(prompt_id); "
-                    "run it with engine.kind=sim, or pick another gate.kind"
-                )
             return OracleGate(pool, group_size, success_probability, seed=derive_seed(seed, "gate", "oracle"))
     except (ValueError, TypeError) as exc:
         if isinstance(exc, ConfigError):

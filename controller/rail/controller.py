@@ -92,6 +92,7 @@ class _Group:
     token_decisions: int = 0
     interventions: int = 0
     rescues: int = 0
+    rescued_from: str = ""  # "fail" / "pass": the saturated probe a rescue intervention acted on
 
 
 class RailController:
@@ -177,6 +178,9 @@ class RailController:
                 actions = self._group_decision(snapshot, group, "rescue")
                 if actions:
                     group.rescues += 1
+                    if not group.rescued_from:
+                        group.rescued_from = "fail" if snapshot.successes == 0 else "pass"
+                        self.counts[f"rescued_{group.rescued_from}"] += 1
                     return rest + actions
             return proposed
         if ActionKind.COMMIT in mine and cfg.extend_on_commit and group.interventions < cfg.max_interventions_per_group:
@@ -222,6 +226,9 @@ class RailController:
         if state is None:
             return
         committed = group is not None
+        if committed and state.rescued_from and snapshot.is_mixed:
+            # A saturated probe (all fail / all pass) the gate would have abandoned, made mixed.
+            self.counts[f"recovered_{state.rescued_from}"] += 1
         for d in state.decisions:
             self._settle(d, snapshot, committed)
 

@@ -1,19 +1,26 @@
-"""``python run.py bench allocation``: every allocation policy side by side on the simulator.
+"""``python run.py bench allocation`` and ``bench rail``: policies side by side, equal budgets.
 
-For each scenario (configs/scenarios/), each training model of the sim (progress counts the
-effective groups: ``progress_exponent=1``; normalised optimiser steps: ``progress_exponent=0.1``)
-and each seed, every policy trains on the same seeded world until the same rollout budget is
-spent, with an exact held-out evaluation after every step. Reported per policy, mean and spread
-over seeds:
+On the simulator, for each scenario (configs/scenarios/), each training model of the sim
+(progress counts the effective groups: ``progress_exponent=1``; normalised optimiser steps:
+``progress_exponent=0.1``) and each seed, every policy trains on the same seeded world until
+the same rollout budget is spent, with an exact held-out evaluation after every step. On a real
+model (``engine.kind: torch``, configs/bench_allocation_torch.yaml) one base model is
+warm-started once into ``OUT/base_model`` and every run starts from it; held-out accuracy is
+sampled every ``orchestrator.eval_every`` steps on the same prompts for every policy.
 
-* rollouts and tokens to the target accuracy (start accuracy + ``target_gain``), and their
-  ratios to uniform GRPO, to DAPO dynamic sampling and to the oracle floor (ratios per seed);
-* final accuracy at the equal budget; effective-group yield (effective groups trained / groups
-  opened);
-* false abandonment: for each group abandoned before it was complete, the exact probability
-  (from the sim's true success rate at that moment) that completing it would have made it
-  mixed -- the expectation of "complete the abandoned group and look", without sampling noise;
-* step latency in engine time (simulated seconds per learner step).
+Reported per policy, mean and spread over seeds:
+
+* rollouts, tokens and seconds to the target accuracy (start accuracy + ``target_gain``,
+  linearly interpolated between evaluations), and the rollout ratios to uniform GRPO, to DAPO
+  dynamic sampling and to the oracle floor (ratios per seed);
+* final accuracy at the equal budget, overall and on the hardest difficulty level;
+  effective-group yield (effective groups trained / groups opened);
+* sim only: false abandonment, for each group abandoned before it was complete, the exact
+  probability (from the sim's true success rate at that moment) that completing it would have
+  made it mixed -- the expectation of "complete the abandoned group and look", without noise;
+* with a RAIL controller: recovered groups (saturated probes the gate would have abandoned,
+  turned mixed by an intervention), interventions, decision latency p99 and the
+  gain-prediction error of the online controller against a frozen copy.
 
 Writes ``allocation.md`` (tables), ``allocation.json`` (every run) and ``allocation.png``
 (accuracy against cumulative rollouts, one line per policy, one panel per scenario/model).
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -31,14 +39,16 @@ from typing import Any, Iterable
 
 import numpy as np
 
-DEFAULT_POLICIES = ("uniform", "ds", "pilot_commit", "hora", "sara", "sara_eager", "sara_stream", "dps", "sara_dps", "oracle")
+from railgate.bench.policies import SIM_ALLOCATION, order, overrides
+
+DEFAULT_POLICIES = SIM_ALLOCATION
 MODELS = {"effective": 1.0, "normalised": 0.1}
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One training run of the benchmark grid."""
+    """One training run of the benchmark grid (``scenario`` and ``model`` are sim-only)."""
 
     base_config: str
     scenario: str
@@ -46,23 +56,32 @@ class RunSpec:
     policy: str
     seed: int
     budget: int
+    base_model: str = ""
+    """Real model: the shared warm-started base model directory."""
+    run_dir: str = ""
 
     def overrides(self) -> list[str]:
-        kind = "sara" if self.policy in ("sara_eager", "sara_stream") else self.policy
-        out = [
-            f"gate.kind={kind}",
+        out = overrides(self.policy) + [
             f"seed={self.seed}",
-            f"sim.seed={self.seed}",
-            f"sim.progress_exponent={MODELS[self.model]}",
             "orchestrator.steps=1000000",
             f"orchestrator.max_rollouts={self.budget}",
-            "orchestrator.eval_every=1",
         ]
-        if self.policy == "sara_eager":
-            out.append("gate.sara.launch=eager")
-        if self.policy == "sara_stream":
-            out.append("gate.sara.launch=streaming")
+        if self.scenario:  # the simulator: every step is evaluated, exactly
+            out += [f"sim.seed={self.seed}", f"sim.progress_exponent={MODELS[self.model]}", "orchestrator.eval_every=1"]
+        if self.base_model:
+            out.append(f"model.path={self.base_model}")
+        if self.run_dir:
+            out.append(f"run_dir={self.run_dir}")
         return out
+
+    def config(self):
+        from pipeline.configuration import load_yaml, merge
+        from railgate.config import load_config
+
+        base = load_yaml(self.base_config)
+        if self.scenario:
+            base = merge(base, _scenario(self.scenario))
+        return load_config(None, self.overrides(), base=base)
 
 
 class GateProbe:
@@ -115,43 +134,76 @@ class GateProbe:
 
 
 def run_one(spec: RunSpec) -> dict[str, Any]:
-    """Train one policy on one seeded world until the budget is spent; the eval curve and costs."""
+    """Train one policy on one seeded world (or real model) until the budget is spent; the eval
+    curve, costs, and what the gate and controller report."""
     import anyio
 
     from pipeline.orchestrator import Orchestrator
     from pipeline.scoring import ScoringService
     from railgate.build import build_components
-    from railgate.config import load_config
     from railgate.train import tune_gc
 
     tune_gc()
-    scenario_data = _scenario(spec.scenario)
-    from pipeline.configuration import load_yaml, merge
-
-    base = merge(load_yaml(spec.base_config), scenario_data)
-    cfg = load_config(None, spec.overrides(), base=base)
-    comps = build_components(cfg)
-    probe = GateProbe(comps.gate, comps.world, comps.engine)
+    cfg = spec.config()
+    comps = build_components(cfg, progress=False)
+    sim = comps.world is not None
+    probe = GateProbe(comps.gate, comps.world, comps.engine) if sim else None
+    gate = probe if probe is not None else comps.gate
     orch = Orchestrator(
-        engine=comps.engine, gate=probe, controller=comps.controller,
-        scoring=ScoringService(comps.scorer, 5.0, 1), learner=comps.learner, config=cfg.orchestrator,
+        engine=comps.engine, gate=gate, controller=comps.controller,
+        scoring=ScoringService(comps.scorer, cfg.orchestrator.reward_timeout_s, cfg.orchestrator.reward_threads),
+        learner=comps.learner, config=cfg.orchestrator,
         evaluator=comps.evaluator, clock=comps.clock, seed=cfg.seed, run_id=f"{spec.policy}-{spec.seed}",
     )
     started = time.perf_counter()
-    summary = anyio.run(orch.run)
+    try:
+        summary = anyio.run(orch.run)
+    finally:
+        anyio.run(comps.engine.aclose)
     m = summary.budget.as_metrics()
+    gate_metrics = gate.metrics() if callable(getattr(gate, "metrics", None)) else {}
+    controller_metrics = comps.controller.metrics() if callable(getattr(comps.controller, "metrics", None)) else {}
     return {
-        "scenario": spec.scenario, "model": spec.model, "policy": spec.policy, "seed": spec.seed,
-        "budget": spec.budget, "steps": summary.steps, "wall_s": time.perf_counter() - started,
-        # The oracle's saturated draws are booked as uncounted (perfect foresight skips them).
-        "curve": [(e["pipeline/rollouts_started"] - e.get("gate/uncounted_rollouts", 0.0),
-                   e["pipeline/tokens_generated"] - e.get("gate/uncounted_tokens", 0.0),
-                   e["pipeline/engine_time"], e["eval/accuracy"], e["step"]) for e in summary.evals],
-        "effective_yield": (m["pipeline/groups_effective"] / max(1.0, m["pipeline/groups_opened"] - probe.metrics().get("gate/uncounted", 0.0))),
+        "engine": cfg.engine.kind, "scenario": spec.scenario, "model": spec.model, "policy": spec.policy,
+        "seed": spec.seed, "budget": spec.budget, "steps": summary.steps, "wall_s": time.perf_counter() - started,
+        "curve": [curve_point(e, sim) for e in summary.evals],
+        "effective_yield": (m["pipeline/groups_effective"] / max(1.0, m["pipeline/groups_opened"] - gate_metrics.get("gate/uncounted", 0.0))),
         "rollouts": m["pipeline/rollouts_started"], "tokens": m["pipeline/tokens_generated"],
-        "false_abandonment": (probe.false_abandonment_sum / probe.abandoned_incomplete) if probe.abandoned_incomplete else math.nan,
-        "abandoned_incomplete": probe.abandoned_incomplete,
+        "false_abandonment": (probe.false_abandonment_sum / probe.abandoned_incomplete) if probe and probe.abandoned_incomplete else math.nan,
+        "abandoned_incomplete": probe.abandoned_incomplete if probe else 0,
+        "controller": {k: v for k, v in controller_metrics.items() if math.isfinite(v)},
     }
+
+
+def curve_point(e: dict[str, float], sim: bool) -> tuple[float, ...]:
+    """(rollouts, tokens, seconds, accuracy, step, hardest-level accuracy) of one evaluation.
+
+    The oracle's saturated draws are booked as uncounted (perfect foresight skips them) and
+    subtracted. Seconds: engine time on the sim's clock; on a real engine the wall clock minus
+    the time spent evaluating.
+    """
+    seconds = e["pipeline/engine_time"] if sim else e.get("pipeline/wall_s", math.nan) - e.get("eval/wall_s_total", 0.0)
+    return (e["pipeline/rollouts_started"] - e.get("gate/uncounted_rollouts", 0.0),
+            e["pipeline/tokens_generated"] - e.get("gate/uncounted_tokens", 0.0),
+            seconds, e["eval/accuracy"], e["step"], hardest_accuracy(e))
+
+
+def hardest_accuracy(e: dict[str, float]) -> float:
+    """``eval/accuracy_hardest`` (sim), else the accuracy of the highest ``eval/accuracy/d=K``.
+
+    >>> hardest_accuracy({"eval/accuracy/d=1": 0.9, "eval/accuracy/d=10": 0.1, "eval/accuracy/d=2": 0.5})
+    0.1
+    """
+    if "eval/accuracy_hardest" in e:
+        return float(e["eval/accuracy_hardest"])
+    levels = {}
+    for key, value in e.items():
+        if key.startswith("eval/accuracy/d="):
+            try:
+                levels[float(key.split("=", 1)[1])] = value
+            except ValueError:
+                continue
+    return float(levels[max(levels)]) if levels else math.nan
 
 
 def _scenario(name: str) -> dict[str, Any]:
@@ -164,56 +216,88 @@ def _scenario(name: str) -> dict[str, Any]:
     return load_yaml(path)
 
 
-def to_target(curve: list[tuple], target: float) -> tuple[float, float]:
-    """(rollouts, tokens) at the first evaluation reaching ``target``; (nan, nan) if never."""
-    for rollouts, tokens, _, accuracy, _ in curve:
+def to_target(curve: list[tuple], target: float) -> tuple[float, float, float]:
+    """(rollouts, tokens, seconds) where accuracy first reaches ``target``, linearly interpolated
+    between the evaluation before and the first one at or above it; NaNs if never.
+
+    >>> [round(x, 6) for x in to_target([(0, 0, 0.0, 0.3, 0), (100, 1000, 10.0, 0.5, 1)], 0.4)]
+    [50.0, 500.0, 5.0]
+    >>> to_target([(0, 0, 0.0, 0.3, 0)], 0.4)
+    (nan, nan, nan)
+    """
+    previous = None
+    for point in curve:
+        accuracy = point[3]
         if accuracy >= target:
-            return rollouts, tokens
-    return math.nan, math.nan
+            if previous is None or previous[3] >= accuracy:
+                return float(point[0]), float(point[1]), float(point[2])
+            w = (target - previous[3]) / (accuracy - previous[3])
+            return tuple(float(previous[i] + w * (point[i] - previous[i])) for i in range(3))  # type: ignore[return-value]
+        previous = point
+    return math.nan, math.nan, math.nan
 
 
 def summarise(results: list[dict[str, Any]], target_gain: float) -> list[dict[str, Any]]:
-    """One row per (scenario, model, policy): means and spreads over seeds."""
+    """One row per (scenario, model, policy): means and spreads over seeds.
+
+    The target is the policy-independent start accuracy (mean of every run's first evaluation
+    in the panel for that seed) + ``target_gain``. Columns no run has values for are dropped.
+    """
     by_key: dict[tuple, dict[int, dict[str, Any]]] = {}
     for r in results:
         by_key.setdefault((r["scenario"], r["model"], r["policy"]), {})[r["seed"]] = r
+    start: dict[tuple, list[float]] = {}
+    for r in results:
+        start.setdefault((r["scenario"], r["model"], r["seed"]), []).append(r["curve"][0][3])
+
+    def target(scenario: str, model: str, seed: int) -> float:
+        return float(np.mean(start[(scenario, model, seed)])) + target_gain
+
     rows = []
-    for (scenario, model, policy), per_seed in sorted(by_key.items(), key=lambda kv: (kv[0][0], kv[0][1], _order(kv[0][2]))):
+    for (scenario, model, policy), per_seed in sorted(by_key.items(), key=lambda kv: (kv[0][0], kv[0][1], order(kv[0][2]))):
         def ref(name: str, seed: int) -> float:
             other = by_key.get((scenario, model, name), {}).get(seed)
             if other is None:
                 return math.nan
-            return to_target(other["curve"], other["curve"][0][3] + target_gain)[0]
+            return to_target(other["curve"], target(scenario, model, seed))[0]
 
-        reach, tokens, ratios = [], [], {"uniform": [], "ds": [], "oracle": []}
+        reach, tokens, seconds, ratios = [], [], [], {"uniform": [], "ds": [], "oracle": []}
         for seed, r in per_seed.items():
-            ro, to = to_target(r["curve"], r["curve"][0][3] + target_gain)
+            ro, to, se = to_target(r["curve"], target(scenario, model, seed))
             reach.append(ro)
             tokens.append(to)
+            seconds.append(se)
             for name in ratios:
                 ratios[name].append(ro / ref(name, seed))
-        steps = [r["steps"] for r in per_seed.values()]
-        latency = [r["curve"][-1][2] / max(1, r["steps"]) for r in per_seed.values()]
+        runs = list(per_seed.values())
+        ctl = [r.get("controller") or {} for r in runs]
         rows.append({
-            "scenario": scenario, "model": model, "policy": policy, "seeds": len(per_seed),
-            "reached": sum(1 for x in reach if not math.isnan(x)),
-            "rollouts to target": _ms(reach), "tokens to target": _ms(tokens),
+            "scenario": scenario or runs[0].get("engine", ""), "model": model or "real", "policy": policy,
+            "seeds": len(per_seed), "reached": sum(1 for x in reach if not math.isnan(x)),
+            "rollouts to target": _ms(reach), "tokens to target": _ms(tokens), "seconds to target": _ms(seconds, digits=1),
             "vs GRPO": _ms(ratios["uniform"]), "vs DS": _ms(ratios["ds"]), "vs oracle": _ms(ratios["oracle"]),
-            "final acc": _ms([r["curve"][-1][3] for r in per_seed.values()], digits=3),
-            "yield": _ms([r["effective_yield"] for r in per_seed.values()], digits=2),
-            "false abandon": _ms([r["false_abandonment"] for r in per_seed.values()], digits=3),
-            "engine s/step": _ms(latency, digits=3),
-            "steps": _ms(steps, digits=0),
+            "final acc": _ms([r["curve"][-1][3] for r in runs], digits=3),
+            "hardest acc": _ms([r["curve"][-1][5] if len(r["curve"][-1]) > 5 else math.nan for r in runs], digits=3),
+            "yield": _ms([r["effective_yield"] for r in runs], digits=2),
+            "false abandon": _ms([r["false_abandonment"] for r in runs], digits=3),
+            "recovered (all-fail)": _ms([_count(c, "controller/recovered_fail") for c in ctl], digits=1),
+            "recovered (all-pass)": _ms([_count(c, "controller/recovered_pass") for c in ctl], digits=1),
+            "interventions": _ms([_count(c, "controller/interventions") for c in ctl], digits=0),
+            "decision p99 µs": _ms([c.get("controller/decision_p99_us", math.nan) for c in ctl], digits=0),
+            "gain error vs frozen": _ms([-c.get("controller/gain_error_reduction", math.nan) for c in ctl], digits=2),
+            "steps": _ms([r["steps"] for r in runs], digits=0),
         })
-    return rows
+    empty = [h for h in rows[0] if all(row[h] == "n/a" for row in rows)] if rows else []
+    return [{k: v for k, v in row.items() if k not in empty} for row in rows]
 
 
-def _order(policy: str) -> int:
-    return DEFAULT_POLICIES.index(policy) if policy in DEFAULT_POLICIES else len(DEFAULT_POLICIES)
+def _count(controller_metrics: dict[str, float], key: str) -> float:
+    """A controller's count (0 when it never happened); NaN for a run without a controller."""
+    return float(controller_metrics.get(key, 0.0)) if controller_metrics else math.nan
 
 
 def _ms(values: Iterable[float], digits: int | None = None) -> str:
-    """'mean ± std' over the finite values, with '(k nan)' when some are missing."""
+    """'mean ± std' over the finite values, with '(k not reached)' when some are missing."""
     vals = [float(v) for v in values]
     finite = [v for v in vals if math.isfinite(v)]
     missing = len(vals) - len(finite)
@@ -238,7 +322,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         rs = [r for r in results if r["scenario"] == scenario and r["model"] == model]
         budget = max(r["budget"] for r in rs)
         grid = np.linspace(0, budget, 200)
-        for policy in sorted({r["policy"] for r in rs}, key=_order):
+        for policy in sorted({r["policy"] for r in rs}, key=order):
             curves = []
             for r in rs:
                 if r["policy"] != policy:
@@ -248,14 +332,53 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
                 curves.append(np.interp(grid, x, y, right=np.nan))
             # A plain mean: the line stops where any seed's run has ended (no survivor bias).
             ax.plot(grid, np.mean(np.array(curves), axis=0), label=policy)
-        ax.set_title(f"{scenario}, {model} training model")
+        ax.set_title(f"{scenario}, {model} training model" if scenario else f"real model ({rs[0].get('engine', '')})")
         ax.set_xlabel("cumulative rollouts")
-        ax.set_ylabel("held-out accuracy (exact)")
+        ax.set_ylabel("held-out accuracy" + (" (exact)" if scenario else " (sampled)"))
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def grid(base_config: Path, out: Path, scenarios: list[str], policies: list[str], seeds: int, budget: int,
+         models: list[str], progress: bool = True) -> list[RunSpec]:
+    """The runs of one benchmark. On a real model this warm-starts the shared base model first."""
+    from pipeline.configuration import load_yaml
+    from railgate.bench.policies import overrides as policy_overrides
+
+    for policy in policies:
+        policy_overrides(policy)  # fail fast on a typo
+    engine = load_yaml(base_config).get("engine", {}).get("kind", "sim")
+    if engine == "sim":
+        for model in models:
+            if model not in MODELS:
+                raise ValueError(f"unknown training model {model!r}; choose from {', '.join(MODELS)}")
+        for scenario in scenarios:
+            _scenario(scenario)
+        return [
+            RunSpec(str(base_config), scenario, model, policy, seed, budget)
+            for scenario in scenarios for model in models for seed in range(seeds) for policy in policies
+        ]
+    base_model = ensure_shared_base_model(base_config, out, progress)
+    return [
+        RunSpec(str(base_config), "", "", policy, seed, budget, base_model=str(base_model),
+                run_dir=str(out / "runs" / f"{policy}-s{seed}"))
+        for seed in range(seeds) for policy in policies
+    ]
+
+
+def ensure_shared_base_model(base_config: Path, out: Path, progress: bool) -> Path:
+    """Warm-start (or reuse) the base model every run of a real-model benchmark starts from."""
+    from pipeline.models import BASE_DIR_NAME, ensure_base_model
+    from railgate.config import load_config
+
+    cfg = load_config(base_config, [])
+    if cfg.model.path:
+        return Path(cfg.model.path)
+    ensure_base_model(out, cfg.task, cfg.model, progress=progress)
+    return out / BASE_DIR_NAME
 
 
 def run_allocation_bench(
@@ -268,36 +391,32 @@ def run_allocation_bench(
     target_gain: float,
     models: list[str],
     workers: int = 2,
+    title: str = "Allocation benchmark",
 ) -> list[dict[str, Any]]:
     out.mkdir(parents=True, exist_ok=True)
-    for model in models:
-        if model not in MODELS:
-            raise ValueError(f"unknown training model {model!r}; choose from {', '.join(MODELS)}")
-    for scenario in scenarios:
-        _scenario(scenario)  # fail fast on a typo
-    specs = [
-        RunSpec(str(base_config), scenario, model, policy, seed, budget)
-        for scenario in scenarios for model in models for seed in range(seeds) for policy in policies
-    ]
+    specs = grid(base_config, out, scenarios, policies, seeds, budget, models)
     from tqdm import tqdm
 
     results = []
     started = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        for result in tqdm(pool.map(run_one, specs), total=len(specs), desc="bench allocation"):
+    # spawn, not fork: a parent that has run torch (the shared warm start) must not fork.
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        for result in tqdm(pool.map(run_one, specs), total=len(specs), desc=title.lower()):
             results.append(result)
+            (out / "allocation.json").write_text(json.dumps(results))  # a crash keeps finished runs
     rows = summarise(results, target_gain)
     headers = list(rows[0].keys())
     from railgate.report import markdown_table
 
     table = markdown_table(headers, [[r[h] for h in headers] for r in rows])
     text = (
-        f"# Allocation benchmark\n\nbudget {budget} rollouts per run, {seeds} seeds, target = start accuracy + "
+        f"# {title}\n\nconfig {base_config}, budget {budget} rollouts per run, {seeds} seeds, target = start accuracy + "
         f"{target_gain}; ratios are per seed (rollouts to target / the reference's), mean ± std. "
-        f"Wall clock {time.perf_counter() - started:.0f} s.\n\n{table}\n"
+        f"'gain error vs frozen' is the online controller's mean absolute gain-prediction error relative to a frozen "
+        f"copy's minus 1 (negative: the online one is better). Wall clock {time.perf_counter() - started:.0f} s.\n\n{table}\n"
     )
     (out / "allocation.md").write_text(text)
-    (out / "allocation.json").write_text(json.dumps(results))
     plot(results, out / "allocation.png")
     print(text)
     print(f"written: {out / 'allocation.md'}, {out / 'allocation.png'}")

@@ -1,0 +1,64 @@
+"""The policies the side-by-side benchmarks compare, each as the config overrides that make it.
+
+An allocation policy is a gate (``gate.kind``, sometimes with a launch mode); the intervention
+policies of RAIL are SARA plus a controller:
+
+* ``sara_arpo`` -- the ARPO-like heuristic acting (branch at high-entropy tokens, rescue
+  saturated probes), deterministic (``behaviour_epsilon=0``); the learned controller only
+  watches.
+* ``sara_rail`` -- the learned controller acting from the first decision and learning online.
+* ``sara_rail_s2l`` -- shadow-to-live: the heuristic acts (with exploration) until the
+  doubly-robust lower bound says the learned policy is better, then the learned policy acts.
+
+>>> overrides("sara_eager")
+['gate.kind=sara', 'gate.sara.launch=eager']
+>>> overrides("uniform")
+['gate.kind=uniform']
+>>> overrides("nope")
+Traceback (most recent call last):
+...
+pipeline.configuration.ConfigError: unknown policy 'nope'; choose from uniform, ds, pilot_commit, hora, sara, sara_eager, sara_stream, dps, sara_dps, oracle, sara_arpo, sara_rail, sara_rail_s2l
+"""
+
+from __future__ import annotations
+
+from pipeline.configuration import ConfigError
+
+_RAIL = ("gate.kind=sara", "controller.kind=rail")
+
+POLICIES: dict[str, tuple[str, ...]] = {
+    "uniform": ("gate.kind=uniform",),
+    "ds": ("gate.kind=ds",),
+    "pilot_commit": ("gate.kind=pilot_commit",),
+    "hora": ("gate.kind=hora",),
+    "sara": ("gate.kind=sara",),
+    "sara_eager": ("gate.kind=sara", "gate.sara.launch=eager"),
+    "sara_stream": ("gate.kind=sara", "gate.sara.launch=streaming"),
+    "dps": ("gate.kind=dps",),
+    "sara_dps": ("gate.kind=sara_dps",),
+    "oracle": ("gate.kind=oracle",),
+    "sara_arpo": _RAIL + ("controller.rail.mode=shadow", "controller.rail.behaviour=arpo",
+                          "controller.rail.behaviour_epsilon=0.0", "controller.rail.auto_promote=false"),
+    "sara_rail": _RAIL + ("controller.rail.mode=live", "controller.rail.auto_promote=false"),
+    "sara_rail_s2l": _RAIL + ("controller.rail.mode=shadow", "controller.rail.auto_promote=true"),
+}
+
+SIM_ALLOCATION = ("uniform", "ds", "pilot_commit", "hora", "sara", "sara_eager", "sara_stream", "dps", "sara_dps", "oracle")
+"""``bench allocation`` on the simulator: every allocation policy and launch mode."""
+MODEL_ALLOCATION = ("uniform", "ds", "pilot_commit", "hora", "sara", "sara_dps", "oracle")
+"""``bench allocation`` on a real model (each run costs minutes): the policies the issue names."""
+RAIL = ("uniform", "sara", "sara_arpo", "sara_rail", "sara_rail_s2l", "oracle")
+"""``bench rail``: SARA alone, with the heuristic, with the learned controller; GRPO and the floor."""
+
+
+def overrides(policy: str) -> list[str]:
+    """The ``--set`` overrides that make ``policy``."""
+    if policy not in POLICIES:
+        raise ConfigError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+    return list(POLICIES[policy])
+
+
+def order(policy: str) -> int:
+    """Table and legend order."""
+    names = list(POLICIES)
+    return names.index(policy) if policy in names else len(names)
