@@ -99,6 +99,8 @@ class RunSummary:
     evals: list[dict[str, float]] = field(default_factory=list)
     stop_reason: str = ""
     wall_s: float = 0.0
+    controller_metrics: dict[str, float] = field(default_factory=dict)
+    """The controller's ``metrics()`` at the end (empty without a controller that has them)."""
 
 
 class HookTimer:
@@ -269,6 +271,7 @@ class Orchestrator:
             evals=self.evals,
             stop_reason=self._stop_reason,
             wall_s=time.monotonic() - started,
+            controller_metrics=dict(self.controller.metrics()) if callable(getattr(self.controller, "metrics", None)) else {},
         )
 
     # --- tracker -----------------------------------------------------------------------

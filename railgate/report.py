@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, Sequence
 
 from pipeline.orchestrator import RunSummary
@@ -48,5 +49,48 @@ def summary_table(cfg: Any, summary: RunSummary) -> str:
         ["staleness mean / max", f"{m['pipeline/staleness_mean']:.2f} / {int(m['pipeline/staleness_max'])}"],
         ["reward errors / timeouts", f"{int(m['pipeline/reward_errors'])} / {int(m['pipeline/reward_timeouts'])}"],
     ]
+    controller = {k: v for k, v in (summary.controller_metrics or {}).items()}
+    if controller:
+        rows += [
+            ["controller decisions / interventions", f"{int(controller.get('controller/decisions', 0))} / {int(controller.get('controller/interventions', 0))}"],
+            ["controller mode at end", "live" if controller.get("controller/live") else "shadow"],
+            ["saturated probes rescued (all-fail / all-pass)", f"{int(controller.get('controller/rescued_fail', 0))} / {int(controller.get('controller/rescued_pass', 0))}"],
+            ["  of them recovered (made mixed)", f"{int(controller.get('controller/recovered_fail', 0))} / {int(controller.get('controller/recovered_pass', 0))}"],
+        ]
     title = f"## Run {getattr(cfg, 'name', '')}\n\n"
     return title + markdown_table(["metric", "value"], rows)
+
+
+def accuracy_plot(evals: Sequence[dict[str, float]], path: Path, title: str = "") -> bool:
+    """Held-out accuracy against cumulative rollouts (and per difficulty level when the evaluator
+    reports levels) as a PNG; False when there is nothing to plot."""
+    points = [e for e in evals if "eval/accuracy" in e and "pipeline/rollouts_started" in e]
+    if not points:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [e["pipeline/rollouts_started"] for e in points]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(x, [e["eval/accuracy"] for e in points], marker="o", color="black", linewidth=2, label="all")
+    levels = sorted({k for e in points for k in e if k.startswith("eval/accuracy/d=")}, key=_level)
+    for key in levels:
+        ax.plot(x, [e.get(key, math.nan) for e in points], linewidth=1, alpha=0.8, label=key.split("/")[-1])
+    ax.set_xlabel("cumulative rollouts")
+    ax.set_ylabel("held-out accuracy")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _level(key: str) -> float:
+    try:
+        return float(key.split("=", 1)[1])
+    except ValueError:
+        return math.inf

@@ -8,6 +8,7 @@ Run directory layout (formats users rely on; see the README):
     buffer/            steps-NNNNN.arrows, one record batch per learner step (pipeline.buffer)
     summary.json       final budget, evaluations, stop reason
     report.md          the summary table
+    accuracy.png       held-out accuracy against cumulative rollouts (overall and per level)
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from railgate.build import Components, build_components
 from railgate.checkpoint import CheckpointWriter, latest_checkpoint, load_checkpoint
 from railgate.config import RunConfig, dump_config
 from railgate.progress import ProgressBar
-from railgate.report import summary_table
+from railgate.report import accuracy_plot, summary_table
 
 
 @dataclass
@@ -145,9 +146,13 @@ def write_summary(run_dir: Path, cfg: RunConfig, summary: RunSummary) -> None:
         "wall_s": summary.wall_s,
         "budget": summary.budget.as_metrics(),
         "evals": summary.evals,
+        "controller": summary.controller_metrics,
     }
     (run_dir / "summary.json").write_text(json.dumps(_finite(record), indent=2))
-    (run_dir / "report.md").write_text(summary_table(cfg, summary) + "\n")
+    report = summary_table(cfg, summary) + "\n"
+    if accuracy_plot(summary.evals, run_dir / "accuracy.png", title=f"{cfg.name}: {cfg.gate.kind}"):
+        report += "\n![held-out accuracy against cumulative rollouts](accuracy.png)\n"
+    (run_dir / "report.md").write_text(report)
 
 
 def _finite(value: Any) -> Any:

@@ -31,6 +31,8 @@ def test_train_writes_the_run_directory(tmp_path):
     assert summary["steps"] == 3 and summary["stop_reason"] == "steps"
     assert any((tmp_path / "trace").glob("decisions-*.arrows"))
     assert any((tmp_path / "buffer").glob("steps-*.arrows"))
+    png = (tmp_path / "accuracy.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and "accuracy.png" in (tmp_path / "report.md").read_text()
 
     evaluated = run("eval", str(tmp_path))
     assert evaluated.returncode == 0, evaluated.stderr

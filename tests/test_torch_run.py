@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_torch_config_trains_end_to_end(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    args = [sys.executable, str(ROOT / "run.py"), "--config", "configs/torch.yaml", "--no-progress",
+    args = [sys.executable, str(ROOT / "run.py"), "--config", "configs/default.yaml", "--no-progress",
             "--set", f"run_dir={tmp_path}", "--set", "model.warm_start_steps=40", "--set", "orchestrator.steps=3",
             "--set", "orchestrator.eval_every=3", "--set", "orchestrator.batch_groups=8",
             "--set", "data.num_train_prompts=256", "--set", "data.num_eval_prompts=32", "--set", "log.checkpoint_every=3",
@@ -28,6 +28,7 @@ def test_torch_config_trains_end_to_end(tmp_path):
     assert summary["budget"]["pipeline/rollouts_started"] > 0
     assert "eval/accuracy" in summary["evals"][0] and "eval/pass@4" in summary["evals"][0]
     assert (tmp_path / "base_model" / "config.json").is_file()
+    assert (tmp_path / "accuracy.png").read_bytes().startswith(b"\x89PNG")
     evaluated = subprocess.run([sys.executable, str(ROOT / "run.py"), "eval", str(tmp_path), "--set", "data.num_eval_prompts=8"],
                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
