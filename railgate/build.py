@@ -82,20 +82,14 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
     from pipeline.models import ensure_base_model
     from pipeline.tasks import build_task
 
-    base = ensure_base_model(cfg.run_dir, cfg.task, cfg.model, progress=progress)
     task = build_task(cfg.task)
+    if not cfg.model.path:  # fail before a warm start, with the tokenizer it would build
+        from pipeline.tokenizer import CharTokenizer
+
+        _prompts(cfg, task, CharTokenizer.for_tasks(task).encode_prompt)
+    base = ensure_base_model(cfg.run_dir, cfg.task, cfg.model, progress=progress)
     tokenizer = base.tokenizer
-    encode = tokenizer.encode_prompt
-    max_prompt = cfg.model.max_len - cfg.orchestrator.max_tokens
-    train_prompts = task.train_prompts(cfg.data.num_train_prompts, derive_seed(cfg.data.seed, "train"), encode)
-    eval_prompts = task.eval_prompts(cfg.data.num_eval_prompts, derive_seed(cfg.data.seed, "eval"), encode)
-    too_long = [p for p in train_prompts + eval_prompts if len(p.token_ids) > max_prompt]
-    if too_long:
-        raise ConfigError(
-            f"{len(too_long)} prompts are longer than model.max_len={cfg.model.max_len} minus "
-            f"orchestrator.max_tokens={cfg.orchestrator.max_tokens} = {max_prompt} tokens (e.g. {too_long[0].text!r}); "
-            "raise model.max_len (a new base model) or lower orchestrator.max_tokens"
-        )
+    train_prompts, eval_prompts = _prompts(cfg, task, tokenizer.encode_prompt)
     torch.set_num_threads(max(cfg.torch_engine.threads, cfg.learner.num_threads or 1))
     if cfg.engine.kind == "vllm":
         from pipeline.engines.vllm_engine import VllmEngine
@@ -124,6 +118,21 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
         engine=engine, clock=WallClock(), gate=gate, controller=NoopController(), scorer=scorer,
         learner=learner, evaluator=evaluator, pool=pool,
     )
+
+
+def _prompts(cfg: RunConfig, task: Any, encode: Any) -> tuple[list, list]:
+    """The run's train and held-out prompts; ``ConfigError`` if any leaves no room to answer."""
+    max_prompt = cfg.model.max_len - cfg.orchestrator.max_tokens
+    train_prompts = task.train_prompts(cfg.data.num_train_prompts, derive_seed(cfg.data.seed, "train"), encode)
+    eval_prompts = task.eval_prompts(cfg.data.num_eval_prompts, derive_seed(cfg.data.seed, "eval"), encode)
+    too_long = [p for p in train_prompts + eval_prompts if len(p.token_ids) > max_prompt]
+    if too_long:
+        raise ConfigError(
+            f"{len(too_long)} prompts are longer than model.max_len={cfg.model.max_len} minus "
+            f"orchestrator.max_tokens={cfg.orchestrator.max_tokens} = {max_prompt} tokens (e.g. {too_long[0].text!r}); "
+            "raise model.max_len (a new base model) or lower orchestrator.max_tokens"
+        )
+    return train_prompts, eval_prompts
 
 
 def _build_sim(cfg: RunConfig) -> Components:

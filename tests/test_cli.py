@@ -79,3 +79,10 @@ def test_shadow_then_replay(tmp_path):
 def test_replay_of_a_missing_trace_is_a_clear_error(tmp_path):
     result = run("replay", str(tmp_path / "no-trace"))
     assert result.returncode == 2 and "does not exist" in result.stderr
+
+
+def test_prompt_longer_than_the_context_is_a_clear_error_before_any_warm_start(tmp_path):
+    result = run("train", "--run-dir", str(tmp_path), "--set", "model.max_len=24", "--no-progress")
+    assert result.returncode == 2, result.stderr
+    assert "longer than model.max_len=24" in result.stderr and "raise model.max_len" in result.stderr
+    assert not (tmp_path / "base_model").exists()
