@@ -222,6 +222,35 @@ async def test_branch_continues_the_prefix(source_resident):
         await engine.aclose()
 
 
+async def test_a_branch_keeps_the_callers_prefix_logprobs_across_a_weight_update():
+    """The prefix was sampled by the old weights, so its log-probs stay theirs (as on vLLM and
+    the sim); a branch sent without them gets the current weights' values."""
+    new_weights = tiny_llama(seed=1)
+    engine = TorchEngine(tiny_llama(), None)
+    k = 5
+    try:
+        src = (await collect(engine, request("src", PROMPTS[1], max_tokens=12, temperature=1.0, seed=1)))[-1]
+        await engine.update_weights(copy.deepcopy(new_weights).state_dict())
+        kept = BranchSpec("src", k, src.token_ids[:k], src.logprobs[:k])
+        bare = BranchSpec("src", k, src.token_ids[:k])
+        results = await run_all(engine, [
+            request("kept", PROMPTS[1], max_tokens=12, temperature=1.0, seed=2, branch=kept),
+            request("bare", PROMPTS[1], max_tokens=12, temperature=1.0, seed=3, branch=bare),
+        ])
+    finally:
+        await engine.aclose()
+    ids = torch.tensor([list(PROMPTS[1]) + list(src.token_ids[:k])])
+    with torch.no_grad():
+        logp = torch.log_softmax(new_weights(ids).logits[0].float(), dim=-1)
+    n = len(PROMPTS[1])
+    now = logp[n - 1 : n - 1 + k].gather(1, torch.tensor(src.token_ids[:k])[:, None])[:, 0]
+    assert not torch.allclose(now, torch.tensor(src.logprobs[:k]), atol=1e-2)  # the update changed them
+    kept_final, bare_final = results["kept"][-1], results["bare"][-1]
+    assert kept_final.token_ids[:k] == bare_final.token_ids[:k] == src.token_ids[:k]
+    assert kept_final.logprobs[:k] == src.logprobs[:k]
+    assert torch.allclose(torch.tensor(bare_final.logprobs[:k]), now, atol=1e-4)
+
+
 async def test_update_weights_bumps_the_version_and_changes_samples():
     engine = TorchEngine(tiny_llama(), None)
     try:

@@ -34,7 +34,10 @@ loads the weights in place (``load_state_dict``, off the event loop) and bumps
 ``policy_version``. Rows in flight continue under the new weights with the KV cache of the
 old ones (in-flight updates, as in PipelineRL); each token's log-prob is that of the weights
 that sampled it, and a sample's ``policy_version`` is the version current when it was handed
-to the decode thread (the oldest weights it can have seen). Up to ``ahead`` steps decoded
+to the decode thread (the oldest weights it can have seen). A branch keeps the prefix
+log-probs its request carries (``BranchSpec.prefix_logprobs``: those of the weights that
+sampled the prefix, possibly older than the branch's ``policy_version``); a branch sent
+without them gets the current weights' values. Up to ``ahead`` steps decoded
 before the update may still be delivered after it. The state dict is read during the call:
 pass a snapshot if a learner keeps changing its tensors meanwhile.
 

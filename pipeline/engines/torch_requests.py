@@ -84,7 +84,7 @@ class RequestState:
         self.tokens: list[int] = []  # generated tokens (after the branch prefix)
         self.logprobs: list[float] = []
         self.entropies: list[float] = []
-        self.prefix_logprobs: tuple[float, ...] | None = None  # set when the row reaches the batch
+        self.prefix_logprobs: tuple[float, ...] | None = None  # the batch's, set when the row reaches it
         self.delivered = 0  # tokens already sent in deltas
         self.finish: FinishReason | None = None
         self.error = ""
@@ -116,11 +116,16 @@ class RequestState:
         if self.finish is None or self.final_sent:
             return None
         self.final_sent = True
-        prefix_lps = self.prefix_logprobs
-        if prefix_lps is None:  # never reached the batch: the caller's values, if any
-            b = self.request.branch
-            k = len(self.prefix)
-            prefix_lps = tuple(b.prefix_logprobs) if b is not None and len(b.prefix_logprobs) == k else (0.0,) * k
+        b = self.request.branch
+        k = len(self.prefix)
+        if b is not None and len(b.prefix_logprobs) == k:
+            # The caller's values are those of the weights that sampled the prefix; the batch's
+            # are the current weights', which differ after an update (vLLM keeps the caller's too).
+            prefix_lps = tuple(b.prefix_logprobs)
+        elif self.prefix_logprobs is not None:
+            prefix_lps = self.prefix_logprobs
+        else:  # sent without log-probs and never reached the batch
+            prefix_lps = (0.0,) * k
         return SampleFinished(
             request_id=self.request.request_id, token_ids=self.prefix + tuple(self.tokens),
             logprobs=prefix_lps + tuple(self.logprobs), finish_reason=self.finish,
