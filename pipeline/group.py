@@ -67,10 +67,12 @@ class GroupRun:
             for s in sorted(self.samples, key=lambda s: s.request.sample_index)
             if s.is_valid
         )
+        valid = [s for s in self.samples if s.is_valid]
         return CommittedGroup(
             group_id=self.group_id,
             prompt_id=self.prompt.prompt_id,
             rollouts=rollouts,
             launched=self.launched,
             tokens=self.tokens,
+            trained_tokens=sum(len(s.result.token_ids) - (s.request.branch.prefix_len if s.request.branch else 0) for s in valid),
         )

@@ -616,7 +616,8 @@ class Orchestrator:
         group.tokens += extra
         try:
             if finished.finish_reason.is_success:
-                reward, error = await self.scoring.score(request.prompt, finished.token_ids[prefix:])
+                # A branch's token_ids start with its source's prefix: the answer is all of them.
+                reward, error = await self.scoring.score(request.prompt, finished.token_ids)
             else:
                 reward, error = 0.0, finished.error
             await inbox.send(SampleDone(ScoredSample(request, finished, reward, error), extra))
@@ -685,6 +686,7 @@ class Orchestrator:
 
     async def _learn(self, batch: TrainBatch, in_thread: bool) -> StepDone:
         """One learner step on ``batch``: buffer, step, new weights, evaluation, metrics."""
+        self.budget.tokens_trained += sum(g.trained_tokens for g in batch.groups)  # before the buffer drops it
         if in_thread:
             if self.buffer is not None:
                 batch = await anyio.to_thread.run_sync(self._through_buffer, batch)
@@ -718,7 +720,6 @@ class Orchestrator:
         stale = [version - 1 - r.policy_version for g in batch.groups for r in g.rollouts]
         b = self.budget
         b.rollouts_trained += len(stale)
-        b.tokens_trained += sum(len(r.token_ids) for g in batch.groups for r in g.rollouts)
         b.staleness_sum += sum(stale)
         b.staleness_max = max(b.staleness_max, max(stale, default=0))
         b.reward_errors = self.scoring.errors

@@ -228,6 +228,9 @@ class CommittedGroup:
     rollouts: tuple[Rollout, ...]
     launched: int  # every sample paid for, including aborted and failed ones
     tokens: int  # every token paid for
+    trained_tokens: int = 0
+    """Tokens of ``rollouts`` this group generated itself: a branched rollout's prefix was
+    generated (and paid for) by its source. 0 where unknown (a group rebuilt from the buffer)."""
 
     @property
     def rewards(self) -> tuple[float, ...]:

@@ -360,6 +360,8 @@ def _probe_cache(model: torch.nn.Module, device: torch.device) -> tuple[int, int
             )
     cache = DynamicCache()
     with torch.inference_mode():
-        model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), past_key_values=cache, use_cache=True)
+        probe = torch.zeros(1, 1, dtype=torch.long, device=device)
+        # The mask keeps transformers from warning that token 0 (often the pad id) may be padding.
+        model(input_ids=probe, attention_mask=torch.ones_like(probe), past_key_values=cache, use_cache=True)
     k = cache.layers[0].keys
     return len(cache.layers), k.shape[1], k.shape[3], k.dtype
