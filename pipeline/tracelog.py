@@ -14,6 +14,11 @@ Each file is an Arrow IPC stream whose schema metadata holds ``railgate.schema_v
   ``float64``, the rest ``string``.
 * outcomes: ``decision_id`` int64, ``time`` float64, ``reward`` float64, ``tokens`` int64.
 
+A decision's outcome is written when its group closes. Decisions of groups still open when a
+run stops (or when a killed run's checkpoint was taken) never get one: their realised gain does
+not exist, and a made-up one would bias learning. Readers (``controller.rail.replay``) skip and
+count decisions without an outcome.
+
 Records are buffered and written as one record batch per ``flush_every`` records per stream
 (and on ``flush``/``close``); a crash loses the buffered records and at most a torn tail, which
 ``read_trace`` skips and reports. ``export_parquet`` writes the same columns to Parquet.
