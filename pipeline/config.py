@@ -85,6 +85,31 @@ class SimConfig:
 
 
 @dataclass(frozen=True)
+class RayEngineConfig:
+    """Replicas of an engine as Ray actors (``engine.kind: ray``)."""
+
+    inner: Literal["torch", "vllm"] = "torch"
+    """The engine each replica runs (``torch_engine`` settings apply to torch replicas)."""
+    replicas: int = 2
+    """Number of replicas; requests go to the one with the fewest outstanding."""
+    address: str = ""
+    """Ray cluster address (``host:6379``, ``ray://host:10001``, ``auto``); empty: a new local
+    Ray instance. Every node needs the model directory at the same path."""
+    num_cpus: float = 1.0
+    """CPUs each replica reserves."""
+    num_gpus: float = 0.0
+    """GPUs each replica reserves (1 for vLLM on a GPU node)."""
+    connect_timeout_s: float = 10.0
+    """How long the address may take to answer before the run stops with an error."""
+
+    def __post_init__(self) -> None:
+        require(self.replicas >= 1, f"engine.ray.replicas={self.replicas} must be >= 1")
+        require(self.num_cpus > 0, f"engine.ray.num_cpus={self.num_cpus} must be > 0")
+        require(self.num_gpus >= 0, f"engine.ray.num_gpus={self.num_gpus} must be >= 0")
+        require(self.connect_timeout_s > 0, f"engine.ray.connect_timeout_s={self.connect_timeout_s} must be > 0")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Which inference engine generates rollouts."""
 
@@ -93,6 +118,8 @@ class EngineConfig:
     ``vllm``: vLLM AsyncLLM; ``ray``: replicas of another engine as Ray actors."""
     fail_every: int = 0
     """Fault injection for tests: every n-th request raises inside the engine (0 = never)."""
+    ray: RayEngineConfig = field(default_factory=RayEngineConfig)
+    """``engine.kind: ray`` only."""
 
 
 @dataclass(frozen=True)

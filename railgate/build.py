@@ -39,13 +39,10 @@ def build_components(cfg: RunConfig, progress: bool = True, sink: DecisionSink |
     """``sink`` receives the controller's decisions (the run's TraceLog; none: not logged)."""
     if cfg.engine.kind == "sim":
         components = _build_sim(cfg)
-    elif cfg.engine.kind in ("torch", "vllm"):
+    elif cfg.engine.kind in ("torch", "vllm", "ray"):
         components = _build_torch(cfg, progress)
     else:
-        raise ConfigError(
-            f"engine.kind={cfg.engine.kind!r} is not wired into run.py yet; use engine.kind=sim, torch or vllm "
-            "(the ray engine is used from Python, see the README)"
-        )
+        raise ConfigError(f"engine.kind={cfg.engine.kind!r} must be one of sim, torch, vllm, ray")
     components.controller = build_controller(cfg, sink, components.clock)
     return components
 
@@ -94,17 +91,11 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
     if cfg.engine.kind == "vllm":
         from pipeline.engines.vllm_engine import VllmEngine
 
-        engine = VllmEngine(
-            # vLLM seeds numpy's legacy generator, which takes 32-bit seeds only.
-            base.path, Path(cfg.run_dir) / "vllm_cache", eos_id=tokenizer.eos_id, seed=derive_seed(cfg.seed, "engine") % 2**31,
-            max_batch=cfg.torch_engine.max_batch, max_context=cfg.model.max_len,
-        )
+        engine = VllmEngine(base.path, Path(cfg.run_dir) / "vllm_cache", **_vllm_kwargs(cfg, tokenizer.eos_id))
+    elif cfg.engine.kind == "ray":
+        engine = _ray_engine(cfg, base.path, tokenizer.eos_id)
     else:
-        engine = TorchEngine(
-            copy.deepcopy(base.model), tokenizer.eos_id, max_batch=cfg.torch_engine.max_batch,
-            dtype=cfg.torch_engine.dtype, seed=derive_seed(cfg.seed, "engine"), max_context=cfg.model.max_len,
-            delta_tokens=cfg.torch_engine.delta_tokens,
-        )
+        engine = TorchEngine(copy.deepcopy(base.model), tokenizer.eos_id, **_torch_kwargs(cfg))
     pool = PromptPool(train_prompts, seed=derive_seed(cfg.seed, "prompts"))
     gate = build_gate(cfg.gate, pool, group_size=cfg.orchestrator.group_size,
                       batch_groups=cfg.orchestrator.batch_groups, seed=derive_seed(cfg.seed, "gate"))
@@ -118,6 +109,34 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
         engine=engine, clock=WallClock(), gate=gate, controller=NoopController(), scorer=scorer,
         learner=learner, evaluator=evaluator, pool=pool,
     )
+
+
+def _torch_kwargs(cfg: RunConfig) -> dict[str, Any]:
+    t = cfg.torch_engine
+    return dict(max_batch=t.max_batch, dtype=t.dtype, seed=derive_seed(cfg.seed, "engine"),
+                max_context=cfg.model.max_len, delta_tokens=t.delta_tokens)
+
+
+def _vllm_kwargs(cfg: RunConfig, eos_id: int | None) -> dict[str, Any]:
+    # vLLM seeds numpy's legacy generator, which takes 32-bit seeds only.
+    return dict(eos_id=eos_id, seed=derive_seed(cfg.seed, "engine") % 2**31,
+                max_batch=cfg.torch_engine.max_batch, max_context=cfg.model.max_len)
+
+
+def _ray_engine(cfg: RunConfig, model_dir: Path, eos_id: int | None) -> Any:
+    """Replicas of the torch or vLLM engine over ``model_dir`` as Ray actors (``engine.ray``)."""
+    from pipeline.engines.ray_engine import RayEngine
+    from pipeline.engines.ray_replica import TorchEngineFactory, VllmEngineFactory
+
+    r = cfg.engine.ray
+    if r.inner == "vllm":
+        factory: Any = VllmEngineFactory(str(Path(model_dir).resolve()), str((Path(cfg.run_dir) / "vllm_cache").resolve()),
+                                         tuple(_vllm_kwargs(cfg, eos_id).items()))
+    else:
+        factory = TorchEngineFactory(str(Path(model_dir).resolve()), eos_id, threads=cfg.torch_engine.threads,
+                                     engine_kwargs=tuple(_torch_kwargs(cfg).items()))
+    return RayEngine(factory, replicas=r.replicas, address=r.address or None, connect_timeout_s=r.connect_timeout_s,
+                     num_cpus=r.num_cpus, num_gpus=r.num_gpus, torch_threads=cfg.torch_engine.threads)
 
 
 def _prompts(cfg: RunConfig, task: Any, encode: Any) -> tuple[list, list]:
