@@ -23,6 +23,7 @@ short, ``on_round_cap`` decides:
   like uniform GRPO, until the step is full. ``gate/round_cap`` counts these events.
 
 Commits follow ``StepQuota`` (``controller.gates.common``): exactly ``batch_groups`` per step.
+The rounds and the cap are kept by ``RoundGate`` (``controller.gates.rounds``).
 """
 
 from __future__ import annotations
@@ -30,18 +31,14 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from controller.gates.base import BaseGate
-from controller.gates.common import StepQuota, abandon, commit, hold
+from controller.gates.common import abandon, commit, hold
+from controller.gates.rounds import RoundCapError, RoundGate  # noqa: F401  (RoundCapError: re-exported)
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector
-from pipeline.types import GroupAction, GroupPlan, GroupSnapshot, TrainBatch
+from pipeline.types import GroupAction, GroupSnapshot, TrainBatch
 
 
-class RoundCapError(RuntimeError):
-    """A gate ran ``max_rounds`` rounds for one step without filling its batch."""
-
-
-class DynamicSamplingGate(BaseGate):
+class DynamicSamplingGate(RoundGate):
     """DAPO dynamic sampling with a round cap; see the module docstring.
 
     Parameters
@@ -92,49 +89,14 @@ class DynamicSamplingGate(BaseGate):
         keep_surplus: bool = False,
         on_round_cap: Literal["fill", "error"] = "fill",
     ):
-        super().__init__(source, group_size)
+        super().__init__(source, group_size, batch_groups, max_rounds, on_round_cap, initial_size=group_size)
         if oversample < 1.0:
             raise ValueError(f"oversample={oversample} must be >= 1 (prompts per round / batch_groups)")
-        if max_rounds < 1:
-            raise ValueError(f"max_rounds={max_rounds} must be >= 1")
-        if on_round_cap not in ("fill", "error"):
-            raise ValueError(f"on_round_cap={on_round_cap!r} must be 'fill' or 'error'")
-        self.batch_groups = batch_groups
         self.oversample = oversample
-        self.max_rounds = max_rounds
-        self.keep_surplus = keep_surplus
-        self.on_round_cap = on_round_cap
         self.round_size = math.ceil(oversample * batch_groups)
-        self._quota = StepQuota(batch_groups)
-        # The rounds serving one step: which step, which round, plans left, groups unjudged.
-        self._series = {"step": -1, "round": 0, "to_open": 0, "pending": 0, "fallback": False}
+        self.keep_surplus = keep_surplus
         self._held: list[int] = []  # surplus kept for a later step (keep_surplus)
-        self._candidates: list[int] = []  # all-same groups of the last round, for on_round_cap=fill
-
-    # --- admission ----------------------------------------------------------------------
-
-    def admit(self, slots: int, step: int) -> list[GroupPlan]:
-        self._quota.see_step(step)
-        if not self._quota.can_commit():
-            return []
-        series = self._series
-        if self._quota.fill_step > series["step"]:
-            series.update(step=self._quota.fill_step, round=0, to_open=0, pending=0, fallback=False)
-        if series["to_open"] == 0 and series["pending"] == 0:
-            series["round"] += 1
-            series["to_open"] = self.round_size
-        prompts = self.source.take(max(0, min(slots, series["to_open"])))
-        series["to_open"] -= len(prompts)
-        series["pending"] += len(prompts)
-        plans = []
-        for prompt in prompts:
-            self._book.add(
-                prompt.prompt_id,
-                {"step": series["step"], "round": series["round"], "fallback": series["fallback"], "verdict": "",
-                 "counted": False},
-            )
-            plans.append(GroupPlan(prompt, self.group_size, self.group_size))
-        return plans
+        # self._candidates (RoundGate): all-same groups of the last round, for on_round_cap=fill
 
     # --- judging ------------------------------------------------------------------------
 
@@ -144,16 +106,7 @@ class DynamicSamplingGate(BaseGate):
             rec["verdict"] = ""  # a controller replaced our ABANDON by an intervention: judge again
         if rec["verdict"] or snapshot.in_flight > 0:
             return []
-        actions = [self._judge(snapshot, rec)]
-        if rec["counted"]:
-            return actions
-        rec["counted"] = True
-        series = self._series
-        if rec["step"] == series["step"] and rec["round"] == series["round"]:
-            series["pending"] -= 1
-            if series["pending"] == 0 and series["to_open"] == 0:
-                actions += self._round_ended()
-        return actions
+        return [self._judge(snapshot, rec)] + self._count(rec)
 
     def _may_commit(self, rec: dict[str, Any]) -> bool:
         return self._quota.can_commit() and self._quota.fill_step <= rec["step"]
@@ -170,31 +123,14 @@ class DynamicSamplingGate(BaseGate):
                 self._held.append(gid)
                 return self._verdict(rec, hold(gid, "surplus_held"))
             return self._verdict(rec, abandon(gid, "surplus" if snapshot.is_mixed else "zero_std"))
-        last_round = rec["round"] >= self.max_rounds and rec["step"] == self._series["step"]
-        if self.on_round_cap == "fill" and last_round and self._may_commit(rec):
+        if self.on_round_cap == "fill" and self._in_last_round(rec) and self._may_commit(rec):
             self._candidates.append(gid)
             return self._verdict(rec, hold(gid, "fallback_candidate"))
         return self._verdict(rec, abandon(gid, "zero_std"))
 
-    def _verdict(self, rec: dict[str, Any], action: GroupAction) -> GroupAction:
-        rec["verdict"] = action.kind.value
-        self._verdicts.add(action.reason)
-        return action
-
     def _round_ended(self) -> list[GroupAction]:
-        series = self._series
-        filled = self._quota.fill_step > series["step"]
-        if not filled and series["round"] >= self.max_rounds and not series["fallback"]:
-            self._verdicts.add("round_cap")
-            if self.on_round_cap == "error":
-                have = self._quota.committed - series["step"] * self.batch_groups
-                raise RoundCapError(
-                    f"dynamic sampling found {have}/{self.batch_groups} effective groups for step {series['step']} "
-                    f"in gate.ds.max_rounds={self.max_rounds} rounds of {self.round_size} prompts; raise "
-                    "gate.ds.max_rounds or gate.ds.oversample, or set gate.ds.on_round_cap=fill to fill the "
-                    "batch with the best groups available"
-                )
-            series["fallback"] = True
+        filled = self._quota.fill_step > self._series["step"]
+        self._check_cap(short=not filled)
         actions = []
         for gid in self._candidates:
             rec = self._groups[gid]
@@ -205,6 +141,16 @@ class DynamicSamplingGate(BaseGate):
                 actions.append(self._verdict(rec, abandon(gid, "zero_std")))
         self._candidates = []
         return actions
+
+    def _cap_message(self) -> str:
+        step = self._series["step"]
+        have = self._quota.committed - step * self.batch_groups
+        return (
+            f"dynamic sampling found {have}/{self.batch_groups} effective groups for step {step} "
+            f"in gate.ds.max_rounds={self.max_rounds} rounds of {self.round_size} prompts; raise "
+            "gate.ds.max_rounds or gate.ds.oversample, or set gate.ds.on_round_cap=fill to fill the "
+            "batch with the best groups available"
+        )
 
     # --- step boundary and closing ------------------------------------------------------
 
@@ -218,28 +164,17 @@ class DynamicSamplingGate(BaseGate):
         return actions
 
     def _closed(self, group_id: int, rec: dict[str, Any], committed: bool) -> None:
-        if rec["verdict"] == "commit" and not committed:
-            self._quota.uncommit()  # dropped by the orchestrator: its place in the batch is free again
-        if not rec["counted"] and rec["step"] == self._series["step"] and rec["round"] == self._series["round"]:
-            self._series["pending"] -= 1
-        for queue in (self._held, self._candidates):
-            if group_id in queue:
-                queue.remove(group_id)
+        super()._closed(group_id, rec, committed)
+        if group_id in self._held:
+            self._held.remove(group_id)
 
     def metrics(self) -> dict[str, float]:
         gauges = {"gate/held_now": float(len(self._held)), "gate/rounds_this_step": float(self._series["round"])}
         return {**super().metrics(), **gauges}
 
     def _extra_state(self) -> dict[str, Any]:
-        return {
-            "quota": self._quota.state_dict(),
-            "series": dict(self._series),
-            "held": list(self._held),
-            "candidates": list(self._candidates),
-        }
+        return {**super()._extra_state(), "held": list(self._held)}
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
-        self._quota.load_state_dict(state["quota"])
-        self._series = dict(state["series"])
+        super()._load_extra_state(state)
         self._held = [int(g) for g in state["held"]]
-        self._candidates = [int(g) for g in state["candidates"]]

@@ -18,7 +18,8 @@ covered by the buffer. Round cap (``max_rounds`` per step), as in DS: ``"error"`
 ``RoundCapError``; ``"fill"`` (default) keeps the out-of-band pilots of the last round that
 are closest to p_hat = 0.5 (held for this) to fill the step, then pilots of further rounds are
 all kept (except evicted prompts) until the step is covered. Commits follow ``StepQuota``:
-exactly ``batch_groups`` per step.
+exactly ``batch_groups`` per step. The rounds and the cap are kept by ``RoundGate``
+(``controller.gates.rounds``).
 
 Defaults, ours vs the paper: the released scripts pilot n_p = 16 or 32 for groups of 64 or 128
 (a quarter of the group) and evict on one all-correct pilot (``evict_after = 1``). With groups
@@ -36,15 +37,14 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from controller.gates.base import BaseGate
-from controller.gates.common import StepQuota, abandon, commit, hold, launch, too_many_failures
-from controller.gates.dynamic_sampling import RoundCapError
+from controller.gates.common import abandon, commit, hold, launch, too_many_failures
+from controller.gates.rounds import RoundGate
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector
-from pipeline.types import GroupAction, GroupPlan, GroupSnapshot, TrainBatch
+from pipeline.types import GroupAction, GroupSnapshot, TrainBatch
 
 
-class PilotCommitGate(BaseGate):
+class PilotCommitGate(RoundGate):
     """Pilot, keep the mid-band, buffer, commit with the rest of the group; see the module docstring.
 
     Parameters
@@ -101,7 +101,7 @@ class PilotCommitGate(BaseGate):
         max_rounds: int = 10,
         on_round_cap: Literal["fill", "error"] = "fill",
     ):
-        super().__init__(source, group_size)
+        super().__init__(source, group_size, batch_groups, max_rounds, on_round_cap, initial_size=pilot_size)
         if not 1 <= pilot_size <= group_size:
             raise ValueError(
                 f"pilot_size={pilot_size} must be between 1 and group_size={group_size}; "
@@ -116,26 +116,19 @@ class PilotCommitGate(BaseGate):
             raise ValueError(
                 f"p_solve={p_solve} must be above the keep band (> 1 - p_up = {1.0 - p_up}) and <= 1"
             )
-        if evict_after < 0 or max_buffer_age < 0 or max_rounds < 1 or pilot_factor < 1.0:
+        if evict_after < 0 or max_buffer_age < 0 or pilot_factor < 1.0:
             raise ValueError(
-                f"need evict_after >= 0, max_buffer_age >= 0, max_rounds >= 1, pilot_factor >= 1; got "
-                f"{evict_after}, {max_buffer_age}, {max_rounds}, {pilot_factor}"
+                f"need evict_after >= 0, max_buffer_age >= 0, pilot_factor >= 1; got "
+                f"{evict_after}, {max_buffer_age}, {pilot_factor}"
             )
-        if on_round_cap not in ("fill", "error"):
-            raise ValueError(f"on_round_cap={on_round_cap!r} must be 'fill' or 'error'")
-        self.batch_groups = batch_groups
         self.pilot_size = pilot_size
         self.p_low, self.p_up, self.p_solve = p_low, p_up, p_solve
         self.evict_after = evict_after
         self.max_buffer_age = max_buffer_age
         self.pilot_factor = pilot_factor
-        self.max_rounds = max_rounds
-        self.on_round_cap = on_round_cap
         self.round_size = math.ceil(pilot_factor * batch_groups)
-        self._quota = StepQuota(batch_groups)
-        self._series = {"step": -1, "round": 0, "to_open": 0, "pending": 0, "fallback": False}
         self._buffer: list[int] = []  # kept pilots waiting for a step with room, oldest first
-        self._candidates: list[int] = []  # out-of-band pilots of the last round (on_round_cap=fill)
+        # self._candidates (RoundGate): out-of-band pilots of the last round (on_round_cap=fill)
         self._streak: dict[int, int] = {}  # prompt_id -> consecutive pilots at p_hat >= p_solve
 
     @property
@@ -150,28 +143,9 @@ class PilotCommitGate(BaseGate):
             return 0
         return self._quota.need() - len(self._buffer)
 
-    def admit(self, slots: int, step: int) -> list[GroupPlan]:
-        self._quota.see_step(step)
-        if not self._quota.can_commit():
-            return []
-        series = self._series
-        if self._quota.fill_step > series["step"]:
-            series.update(step=self._quota.fill_step, round=0, to_open=0, pending=0, fallback=False)
-        if series["to_open"] == 0 and series["pending"] == 0:
-            if self._uncovered() <= 0:
-                return []  # buffered pilots cover the step; they commit at the next update or on_step
-            series["round"] += 1
-            series["to_open"] = self.round_size
-        prompts = self.source.take(max(0, min(slots, series["to_open"])))
-        series["to_open"] -= len(prompts)
-        series["pending"] += len(prompts)
-        plans = []
-        for prompt in prompts:
-            plan = {"step": series["step"], "round": series["round"], "fallback": series["fallback"], "verdict": "",
-                    "counted": False}
-            self._book.add(prompt.prompt_id, plan)
-            plans.append(GroupPlan(prompt, self.group_size, self.pilot_size))
-        return plans
+    def _round_needed(self) -> bool:
+        # When buffered pilots cover the step they commit at the next update or on_step.
+        return self._uncovered() > 0
 
     # --- judging pilots -----------------------------------------------------------------
 
@@ -194,13 +168,7 @@ class PilotCommitGate(BaseGate):
         actions += self._drain()
         if rec["verdict"] == "" and gid in self._buffer:
             actions.append(self._verdict(rec, hold(gid, "buffered")))
-        counted, rec["counted"] = rec["counted"], True
-        series = self._series
-        if not counted and rec["step"] == series["step"] and rec["round"] == series["round"]:
-            series["pending"] -= 1
-            if series["pending"] == 0 and series["to_open"] == 0:
-                actions += self._round_ended()
-        return actions
+        return actions + self._count(rec)
 
     def _judge(self, snapshot: GroupSnapshot, rec: dict[str, Any]) -> list[GroupAction]:
         gid, pid = snapshot.group_id, snapshot.prompt.prompt_id
@@ -213,8 +181,7 @@ class PilotCommitGate(BaseGate):
             rec["born"] = self._quota.horizon
             return []
         reason = "defer" if p_hat < self.p_low else "skip"
-        last_round = rec["round"] >= self.max_rounds and rec["step"] == self._series["step"]
-        if self.on_round_cap == "fill" and last_round and self._uncovered() > 0:
+        if self.on_round_cap == "fill" and self._in_last_round(rec) and self._uncovered() > 0:
             self._candidates.append(gid)
             rec["reason"] = reason
             return [self._verdict(rec, hold(gid, "fallback_candidate"))]
@@ -232,11 +199,6 @@ class PilotCommitGate(BaseGate):
         self.source.evict(prompt_id)
         return True
 
-    def _verdict(self, rec: dict[str, Any], action: GroupAction) -> GroupAction:
-        rec["verdict"] = action.kind.value
-        self._verdicts.add(action.reason)
-        return action
-
     def _drain(self) -> list[GroupAction]:
         """Commit buffered pilots, oldest first, while the step being produced has room."""
         actions = []
@@ -251,17 +213,7 @@ class PilotCommitGate(BaseGate):
         return actions
 
     def _round_ended(self) -> list[GroupAction]:
-        series = self._series
-        uncovered = self._uncovered()
-        if uncovered > 0 and series["round"] >= self.max_rounds and not series["fallback"]:
-            self._verdicts.add("round_cap")
-            if self.on_round_cap == "error":
-                raise RoundCapError(
-                    f"pilot-commit kept too few pilots for step {series['step']} ({uncovered} groups short) in "
-                    f"gate.pilot_commit.max_rounds={self.max_rounds} rounds of {self.round_size} pilots; raise "
-                    "max_rounds or pilot_factor, widen the band (p_low, p_up), or set on_round_cap=fill"
-                )
-            series["fallback"] = True
+        self._check_cap(short=self._uncovered() > 0)
         actions = []
         best = sorted(self._candidates, key=lambda g: (abs(self._groups[g]["p_hat"] - 0.5), g))
         for gid in best:
@@ -276,6 +228,13 @@ class PilotCommitGate(BaseGate):
         actions += self._drain()
         return actions
 
+    def _cap_message(self) -> str:
+        return (
+            f"pilot-commit kept too few pilots for step {self._series['step']} ({self._uncovered()} groups short) in "
+            f"gate.pilot_commit.max_rounds={self.max_rounds} rounds of {self.round_size} pilots; raise "
+            "max_rounds or pilot_factor, widen the band (p_low, p_up), or set on_round_cap=fill"
+        )
+
     # --- step boundary and closing ------------------------------------------------------
 
     def _stepped(self, step: int, batch: TrainBatch) -> list[GroupAction]:
@@ -289,13 +248,9 @@ class PilotCommitGate(BaseGate):
         return actions + self._drain()
 
     def _closed(self, group_id: int, rec: dict[str, Any], committed: bool) -> None:
-        if rec["verdict"] == "commit" and not committed:
-            self._quota.uncommit()
-        if not rec["counted"] and rec["step"] == self._series["step"] and rec["round"] == self._series["round"]:
-            self._series["pending"] -= 1
-        for queue in (self._buffer, self._candidates):
-            if group_id in queue:
-                queue.remove(group_id)
+        super()._closed(group_id, rec, committed)
+        if group_id in self._buffer:
+            self._buffer.remove(group_id)
 
     def metrics(self) -> dict[str, float]:
         gauges = {"gate/buffer_now": float(len(self._buffer)), "gate/active_prompts": float(self.source.active)}
@@ -303,16 +258,12 @@ class PilotCommitGate(BaseGate):
 
     def _extra_state(self) -> dict[str, Any]:
         return {
-            "quota": self._quota.state_dict(),
-            "series": dict(self._series),
+            **super()._extra_state(),
             "buffer": list(self._buffer),
-            "candidates": list(self._candidates),
             "streak": {str(k): v for k, v in self._streak.items()},
         }
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
-        self._quota.load_state_dict(state["quota"])
-        self._series = dict(state["series"])
+        super()._load_extra_state(state)
         self._buffer = [int(g) for g in state["buffer"]]
-        self._candidates = [int(g) for g in state["candidates"]]
         self._streak = {int(k): int(v) for k, v in state["streak"].items()}

@@ -51,6 +51,7 @@ import anyio.lowlevel
 
 from pipeline.engines.base import EngineError
 from pipeline.engines.ray_cluster import connect, import_ray
+from pipeline.engines.request import RequestStream
 from pipeline.engines.ray_replica import ReplicaServer, TorchEngineFactory, VllmEngineFactory  # noqa: F401  (re-exported)
 from pipeline.types import FinishReason, RolloutEvent, SampleFinished, SampleRequest, TokenDelta
 
@@ -181,7 +182,7 @@ class RayEngine:
         """Open requests per replica (dead replicas count 0)."""
         return [len(r.requests) if r.alive else 0 for r in self._replicas]
 
-    def stream(self, request: SampleRequest) -> "_RayStream":
+    def stream(self, request: SampleRequest) -> RequestStream:
         if self._closed:
             raise EngineError("the ray engine is closed; create a new one")
         rid = request.request_id
@@ -203,7 +204,7 @@ class RayEngine:
         self._placed[rid] = replica.index
         if len(self._placed) > _PLACEMENT_MEMORY:
             self._placed.popitem(last=False)
-        return _RayStream(self, req)
+        return RequestStream(self, req)
 
     async def abort(self, request_id: str) -> None:
         req = self._open.get(request_id)
@@ -378,32 +379,3 @@ class RayEngine:
             if waiter.wakeup is not None and not waiter.wakeup.is_set():
                 waiter.wakeup.set()
                 break
-
-
-class _RayStream:
-    """One request's event stream: ``TokenDelta``\\ s, then one ``SampleFinished``."""
-
-    def __init__(self, engine: RayEngine, req: _Req):
-        self._engine = engine
-        self._req = req
-        self._closed = False
-
-    def __aiter__(self) -> "_RayStream":
-        return self
-
-    async def __anext__(self) -> RolloutEvent:
-        if self._closed:
-            raise StopAsyncIteration
-        try:
-            event = await self._engine._next_event(self._req)
-        except BaseException:
-            await self.aclose()
-            raise
-        if isinstance(event, SampleFinished):
-            await self.aclose()
-        return event
-
-    async def aclose(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._engine._release(self._req)

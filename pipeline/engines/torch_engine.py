@@ -96,9 +96,10 @@ import sniffio
 import torch
 
 from pipeline.engines.base import EngineError
+from pipeline.engines.request import RequestStream, check_request
 from pipeline.engines.torch_batch import DecodeBatch, RowSpec, StepOutput
 from pipeline.engines.torch_sampling import stream_key
-from pipeline.engines.torch_requests import RequestState, TorchStream, check_request
+from pipeline.engines.torch_requests import RequestState
 from pipeline.engines.torch_worker import DecodeWorker
 from pipeline.types import FinishReason, RolloutEvent, SampleRequest
 
@@ -185,7 +186,7 @@ class TorchEngine:
     def open_requests(self) -> int:
         return len(self._open)
 
-    def stream(self, request: SampleRequest) -> TorchStream:
+    def stream(self, request: SampleRequest) -> RequestStream:
         if self._closed:
             raise EngineError("the torch engine is closed; create a new one")
         rid = request.request_id
@@ -196,7 +197,7 @@ class TorchEngine:
         self._open[rid] = req
         self._pending.append(req)
         self._submit()
-        return TorchStream(self, req)
+        return RequestStream(self, req)
 
     async def abort(self, request_id: str) -> None:
         req = self._open.get(request_id)

@@ -52,9 +52,10 @@ from typing import Any
 import anyio
 
 from pipeline.engines.base import EngineError
+from pipeline.engines.request import RequestStream, check_request
 from pipeline.engines.torch_sampling import stream_key
 from pipeline.engines.vllm_setup import (
-    check_cpu_head_size, check_model_dir, check_request, configure_environment, import_vllm, model_context, read_weights,
+    check_cpu_head_size, check_model_dir, configure_environment, import_vllm, model_context, read_weights,
     write_weights,
 )
 from pipeline.types import FinishReason, RolloutEvent, SampleFinished, SampleRequest, TokenDelta
@@ -201,17 +202,17 @@ class VllmEngine:
         """Requests vLLM itself still holds (0 once every stream ended or was aborted)."""
         return 0 if self._llm is None else self._llm.get_num_unfinished_requests()
 
-    def stream(self, request: SampleRequest) -> "_VllmStream":
+    def stream(self, request: SampleRequest) -> RequestStream:
         if self._closed:
             raise EngineError("the vllm engine is closed; create a new one")
         rid = request.request_id
         if rid in self._open:
             raise ValueError(f"request_id {rid!r} is already running; request ids must be unique")
-        prefix = check_request(request, self.vocab_size, self.max_context, self.eos_id)
+        prefix = check_request(request, vocab_size=self.vocab_size, max_context=self.max_context, eos_id=self.eos_id)
         req = _Request(request, f"{rid}#{next(self._serials)}", prefix)
         req.version = self._version
         self._open[rid] = req
-        return _VllmStream(self, req)
+        return RequestStream(self, req)
 
     async def abort(self, request_id: str) -> None:
         req = self._open.get(request_id)
@@ -365,32 +366,3 @@ class VllmEngine:
             logprobs=prefix_lps + tuple(req.logprobs), finish_reason=req.finish, policy_version=req.version,
             error=req.error, engine_time=req.end_time,
         )
-
-
-class _VllmStream:
-    """One request's event stream: ``TokenDelta``\\ s, then one ``SampleFinished``."""
-
-    def __init__(self, engine: VllmEngine, req: _Request):
-        self._engine = engine
-        self._req = req
-        self._done = False
-
-    def __aiter__(self) -> "_VllmStream":
-        return self
-
-    async def __anext__(self) -> RolloutEvent:
-        if self._done:
-            raise StopAsyncIteration
-        try:
-            event = await self._engine._next_event(self._req)
-        except BaseException:
-            await self.aclose()
-            raise
-        if isinstance(event, SampleFinished):
-            await self.aclose()
-        return event
-
-    async def aclose(self) -> None:
-        if not self._done:
-            self._done = True
-            await self._engine._release(self._req)

