@@ -283,6 +283,7 @@ def summarise(results: list[dict[str, Any]], target_gain: float) -> list[dict[st
             "recovered (all-fail)": _ms([_count(c, "controller/recovered_fail") for c in ctl], digits=1),
             "recovered (all-pass)": _ms([_count(c, "controller/recovered_pass") for c in ctl], digits=1),
             "interventions": _ms([_count(c, "controller/interventions") for c in ctl], digits=0),
+            "decision p50 µs": _ms([c.get("controller/decision_p50_us", math.nan) for c in ctl], digits=0),
             "decision p99 µs": _ms([c.get("controller/decision_p99_us", math.nan) for c in ctl], digits=0),
             "gain error vs frozen": _ms([-c.get("controller/gain_error_reduction", math.nan) for c in ctl], digits=2),
             "steps": _ms([r["steps"] for r in runs], digits=0),
@@ -405,19 +406,25 @@ def run_allocation_bench(
         for result in tqdm(pool.map(run_one, specs), total=len(specs), desc=title.lower()):
             results.append(result)
             (out / "allocation.json").write_text(json.dumps(results))  # a crash keeps finished runs
-    rows = summarise(results, target_gain)
-    headers = list(rows[0].keys())
-    from railgate.report import markdown_table
-
-    table = markdown_table(headers, [[r[h] for h in headers] for r in rows])
-    text = (
-        f"# {title}\n\nconfig {base_config}, budget {budget} rollouts per run, {seeds} seeds, target = start accuracy + "
-        f"{target_gain}; ratios are per seed (rollouts to target / the reference's), mean ± std. "
-        f"'gain error vs frozen' is the online controller's mean absolute gain-prediction error relative to a frozen "
-        f"copy's minus 1 (negative: the online one is better). Wall clock {time.perf_counter() - started:.0f} s.\n\n{table}\n"
-    )
+    text = report_text(results, target_gain, title, f"config {base_config}, budget {budget} rollouts per run, {seeds} seeds",
+                       time.perf_counter() - started)
     (out / "allocation.md").write_text(text)
     plot(results, out / "allocation.png")
     print(text)
     print(f"written: {out / 'allocation.md'}, {out / 'allocation.png'}")
-    return rows
+    return summarise(results, target_gain)
+
+
+def report_text(results: list[dict[str, Any]], target_gain: float, title: str, setup: str, wall_s: float) -> str:
+    """The markdown report of a benchmark's results (also for re-summarising a saved allocation.json)."""
+    from railgate.report import markdown_table
+
+    rows = summarise(results, target_gain)
+    headers = list(rows[0].keys())
+    table = markdown_table(headers, [[r[h] for h in headers] for r in rows])
+    return (
+        f"# {title}\n\n{setup}, target = start accuracy + "
+        f"{target_gain}; ratios are per seed (rollouts to target / the reference's), mean ± std. "
+        f"'gain error vs frozen' is the online controller's mean absolute gain-prediction error relative to a frozen "
+        f"copy's minus 1 (negative: the online one is better). Wall clock {wall_s:.0f} s.\n\n{table}\n"
+    )
