@@ -156,7 +156,8 @@ class OrchestratorConfig:
     target_accuracy: float = 0.0
     """Stop early once held-out accuracy reaches this (0 = never)."""
     max_rollouts: int = 0
-    """Stop once this many rollouts have been started (0 = no limit)."""
+    """Stop once this many rollouts have been started (0 = no limit); the oracle gate's
+    uncounted rollouts (benchmarks) do not count."""
 
     def __post_init__(self) -> None:
         require(self.batch_groups >= 1, f"orchestrator.batch_groups={self.batch_groups} must be >= 1")

@@ -373,7 +373,9 @@ class Orchestrator:
 
     def _budget_spent(self) -> bool:
         limit = self.config.max_rollouts
-        return bool(limit) and self.budget.rollouts_started >= limit
+        # A benchmark-only gate (the oracle) may book some of its cost as uncounted.
+        uncounted = getattr(self.gate, "uncounted_rollouts", 0)
+        return bool(limit) and self.budget.rollouts_started - uncounted >= limit
 
     def _pump_launches(self) -> None:
         while self._launch_queue and self._in_flight < self.config.max_concurrent_samples:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from controller.gates.oracle import OracleGate
@@ -61,3 +63,25 @@ def test_hindsight_mode_trains_only_mixed_groups_and_books_saturated_ones_as_unc
     assert m["gate/uncounted_rollouts"] > 0
     assert m["gate/uncounted_rollouts"] % 8 == 0
     assert {g.prompt_id % 4 for g in trained} <= {1, 3}
+
+
+def test_the_rollout_budget_does_not_count_the_oracles_uncounted_rollouts():
+    import anyio
+
+    from railgate.build import build_components
+    from railgate.config import load_config
+    from pipeline.orchestrator import Orchestrator
+    from pipeline.scoring import ScoringService
+
+    sim_yaml = Path(__file__).resolve().parents[1] / "configs" / "sim.yaml"
+    cfg = load_config(sim_yaml, ["gate.kind=oracle", "orchestrator.max_rollouts=2000", "orchestrator.steps=1000",
+                                           "orchestrator.batch_groups=8", "sim.num_prompts=512", "sim.num_eval_prompts=64"])
+    comps = build_components(cfg, progress=False)
+    orch = Orchestrator(engine=comps.engine, gate=comps.gate, controller=comps.controller,
+                        scoring=ScoringService(comps.scorer, 5.0, 1), learner=comps.learner, config=cfg.orchestrator,
+                        clock=comps.clock, seed=0)
+    summary = anyio.run(orch.run)
+    counted = summary.budget.rollouts_started - comps.gate.uncounted_rollouts
+    assert comps.gate.uncounted_rollouts > 0
+    assert 2000 <= counted < 2000 + 8 * 8 * 3  # stops within the batches in flight past the budget
+    assert "budget" in summary.stop_reason

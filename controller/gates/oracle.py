@@ -150,6 +150,11 @@ class OracleGate(BaseGate):
             self._uncounted_rollouts += int(rec["saturated_cost"][0])
             self._uncounted_tokens += int(rec["saturated_cost"][1])
 
+    @property
+    def uncounted_rollouts(self) -> int:
+        """Rollouts of dropped saturated groups: perfect foresight would not have paid for them."""
+        return self._uncounted_rollouts
+
     def metrics(self) -> dict[str, float]:
         return {
             **super().metrics(),

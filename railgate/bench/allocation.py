@@ -128,6 +128,10 @@ class GateProbe:
     def load_state_dict(self, state) -> None:
         self._gate.load_state_dict(state)
 
+    @property
+    def uncounted_rollouts(self) -> int:
+        return getattr(self._gate, "uncounted_rollouts", 0)
+
     def metrics(self) -> dict[str, float]:
         inner = getattr(self._gate, "metrics", None)
         return inner() if callable(inner) else {}
