@@ -85,6 +85,8 @@ def _parser() -> argparse.ArgumentParser:
         alloc.add_argument("--target-gain", type=float, default=0.08, help="target = start accuracy + this")
         alloc.add_argument("--workers", type=int, default=2, help="parallel runs")
         alloc.add_argument("--out", type=Path, default=Path(f"runs/bench_{name}"))
+        alloc.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                           help="config override applied to every run (repeatable)")
     return parser
 
 
@@ -181,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             title = "RAIL benchmark" if args.bench == "rail" else "Allocation benchmark"
             run_allocation_bench(args.config, args.out, scenarios if sim else [""], policies, args.seeds, budget,
                                  args.target_gain, args.models.split(",") if sim else [""], workers=args.workers,
-                                 title=title)
+                                 title=title, extra=tuple(args.overrides))
             return 0
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)

@@ -28,6 +28,7 @@ Writes ``allocation.md`` (tables), ``allocation.json`` (every run) and ``allocat
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import multiprocessing
@@ -59,6 +60,8 @@ class RunSpec:
     base_model: str = ""
     """Real model: the shared warm-started base model directory."""
     run_dir: str = ""
+    extra: tuple[str, ...] = ()
+    """``--set`` overrides applied to every run, after the policy's own."""
 
     def overrides(self) -> list[str]:
         out = overrides(self.policy) + [
@@ -72,7 +75,7 @@ class RunSpec:
             out.append(f"model.path={self.base_model}")
         if self.run_dir:
             out.append(f"run_dir={self.run_dir}")
-        return out
+        return out + list(self.extra)
 
     def config(self):
         from pipeline.configuration import load_yaml, merge
@@ -348,7 +351,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 
 
 def grid(base_config: Path, out: Path, scenarios: list[str], policies: list[str], seeds: int, budget: int,
-         models: list[str], progress: bool = True) -> list[RunSpec]:
+         models: list[str], progress: bool = True, extra: tuple[str, ...] = ()) -> list[RunSpec]:
     """The runs of one benchmark. On a real model this warm-starts the shared base model first."""
     from pipeline.configuration import load_yaml
     from railgate.bench.policies import overrides as policy_overrides
@@ -362,16 +365,19 @@ def grid(base_config: Path, out: Path, scenarios: list[str], policies: list[str]
                 raise ValueError(f"unknown training model {model!r}; choose from {', '.join(MODELS)}")
         for scenario in scenarios:
             _scenario(scenario)
-        return [
-            RunSpec(str(base_config), scenario, model, policy, seed, budget)
+        specs = [
+            RunSpec(str(base_config), scenario, model, policy, seed, budget, extra=extra)
             for scenario in scenarios for model in models for seed in range(seeds) for policy in policies
         ]
-    base_model = ensure_shared_base_model(base_config, out, progress)
-    return [
-        RunSpec(str(base_config), "", "", policy, seed, budget, base_model=str(base_model),
-                run_dir=str(out / "runs" / f"{policy}-s{seed}"))
+        specs[0].config()  # a bad --set fails here, not in a worker
+        return specs
+    specs = [
+        RunSpec(str(base_config), "", "", policy, seed, budget, run_dir=str(out / "runs" / f"{policy}-s{seed}"), extra=extra)
         for seed in range(seeds) for policy in policies
     ]
+    specs[0].config()  # a bad --set fails here, before the warm start
+    base_model = str(ensure_shared_base_model(base_config, out, progress))
+    return [dataclasses.replace(spec, base_model=base_model) for spec in specs]
 
 
 def ensure_shared_base_model(base_config: Path, out: Path, progress: bool) -> Path:
@@ -397,9 +403,10 @@ def run_allocation_bench(
     models: list[str],
     workers: int = 2,
     title: str = "Allocation benchmark",
+    extra: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     out.mkdir(parents=True, exist_ok=True)
-    specs = grid(base_config, out, scenarios, policies, seeds, budget, models)
+    specs = grid(base_config, out, scenarios, policies, seeds, budget, models, extra=tuple(extra))
     from tqdm import tqdm
 
     results = []
@@ -410,7 +417,8 @@ def run_allocation_bench(
         for result in tqdm(pool.map(run_one, specs), total=len(specs), desc=title.lower()):
             results.append(result)
             (out / "allocation.json").write_text(json.dumps(results))  # a crash keeps finished runs
-    text = report_text(results, target_gain, title, f"config {base_config}, budget {budget} rollouts per run, {seeds} seeds",
+    setup = f"config {base_config}" + (f" with {' '.join(extra)}" if extra else "") + f", budget {budget} rollouts per run, {seeds} seeds"
+    text = report_text(results, target_gain, title, setup,
                        time.perf_counter() - started)
     (out / "allocation.md").write_text(text)
     plot(results, out / "allocation.png")
