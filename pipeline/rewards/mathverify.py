@@ -18,8 +18,6 @@ from __future__ import annotations
 import functools
 import logging
 
-from math_verify import parse, verify
-
 from pipeline.rewards.base import Decode, TextReward
 from pipeline.types import Prompt
 
@@ -39,12 +37,16 @@ def parse_gold(answer: str) -> tuple:
 
     Cached: a group's samples share one gold answer, and parsing LaTeX costs milliseconds.
     """
+    from math_verify import parse  # imported on use: about 1 s that other tasks need not pay
+
     text = answer if "\\boxed" in answer else f"\\boxed{{{answer}}}"
     return tuple(parse(text, parsing_timeout=None))
 
 
 def math_verify_match(text: str, answer: str) -> float:
     """1.0 when math-verify finds the answer in ``text`` equivalent to ``answer``."""
+    from math_verify import parse, verify
+
     gold = parse_gold(answer)
     if not gold:
         raise ValueError(f"math-verify cannot parse the gold answer {answer!r}; fix the dataset's answer field")
@@ -69,6 +71,7 @@ class MathVerifyReward(TextReward):
 
     def __init__(self, decode: Decode) -> None:
         super().__init__(decode)
+        import math_verify  # noqa: F401  (here, not inside the first timed call in a worker thread)
 
     def score_text(self, prompt: Prompt, text: str) -> float:
         return math_verify_match(text, prompt.answer)
