@@ -85,7 +85,9 @@ class RailConfig:
     """Replaced abandons per group; each rescue makes the gate decide again, so this bounds it."""
 
     cost_lambda: float = 0.1
-    """Reward = realised variance gain - cost_lambda * tokens / 1000."""
+    """Reward = realised variance gain - cost_lambda * tokens / 1000. Price it for the task's
+    response length: on the real-model benchmark (5-token answers) 0.1 over-intervenes and
+    20 matches SARA alone (docs/benchmarks/real_model.md)."""
     gain_threshold: float = 0.0
     """Live rule: the learned policy intervenes freely only when some intervention's predicted
     gain exceeds this; otherwise its intervention mass shrinks by ``below_threshold_explore``."""
