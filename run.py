@@ -168,11 +168,10 @@ def main(argv: list[str] | None = None) -> int:
             run_overhead_bench(cfg, args.out, long_steps=args.long_steps, progress=not args.no_progress)
             return 0
         if command == "bench" and args.bench in ("allocation", "rail"):
-            from pipeline.configuration import load_yaml
             from railgate.bench import policies as named
-            from railgate.bench.allocation import run_allocation_bench
+            from railgate.bench.allocation import is_sim_config, run_allocation_bench
 
-            sim = load_yaml(args.config).get("engine", {}).get("kind", "sim") == "sim"
+            sim = is_sim_config(args.config)
             scenarios = (sorted(p.stem for p in (ROOT / "configs" / "scenarios").glob("*.yaml"))
                          if args.scenarios == "all" else args.scenarios.split(","))
             every = named.RAIL if args.bench == "rail" else (named.SIM_ALLOCATION if sim else named.MODEL_ALLOCATION)

@@ -753,14 +753,12 @@ class Orchestrator:
     def _record_eval(self, step: int, evaluation: dict[str, float]) -> None:
         b = self.budget
         gate_metrics = getattr(self.gate, "metrics", None)
-        controller_metrics = getattr(self.controller, "metrics", None)
         # eval/wall_s_total: evaluation's share of the wall clock (benchmarks subtract it).
         record = {"step": float(step), "pipeline/rollouts_started": float(b.rollouts_started),
                   "pipeline/tokens_generated": float(b.tokens_generated), "pipeline/engine_time": float(self.clock.now()),
                   "pipeline/wall_s": time.monotonic() - self._run_started,  # of this process (a resume restarts it)
                   "eval/wall_s_total": self._eval_wall_s,
-                  **(gate_metrics() if callable(gate_metrics) else {}),
-                  **(controller_metrics() if callable(controller_metrics) else {}), **evaluation}
+                  **(gate_metrics() if callable(gate_metrics) else {}), **evaluation}
         self.evals.append(record)
         target = self.config.target_accuracy
         accuracy = evaluation.get("eval/accuracy", math.nan)

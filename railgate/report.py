@@ -75,9 +75,9 @@ def accuracy_plot(evals: Sequence[dict[str, float]], path: Path, title: str = ""
     x = [e["pipeline/rollouts_started"] for e in points]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.plot(x, [e["eval/accuracy"] for e in points], marker="o", color="black", linewidth=2, label="all")
-    levels = sorted({k for e in points for k in e if k.startswith("eval/accuracy/d=")}, key=_level)
-    for key in levels:
-        ax.plot(x, [e.get(key, math.nan) for e in points], linewidth=1, alpha=0.8, label=key.split("/")[-1])
+    levels = sorted({level for e in points for level in difficulty_levels(e)})
+    for level in levels:
+        ax.plot(x, [difficulty_levels(e).get(level, math.nan) for e in points], linewidth=1, alpha=0.8, label=f"d={level:g}")
     ax.set_xlabel("cumulative rollouts")
     ax.set_ylabel("held-out accuracy")
     ax.set_title(title)
@@ -89,8 +89,17 @@ def accuracy_plot(evals: Sequence[dict[str, float]], path: Path, title: str = ""
     return True
 
 
-def _level(key: str) -> float:
-    try:
-        return float(key.split("=", 1)[1])
-    except ValueError:
-        return math.inf
+def difficulty_levels(evaluation: dict[str, float]) -> dict[float, float]:
+    """``{level: accuracy}`` from an evaluation's ``eval/accuracy/d=K`` entries.
+
+    >>> difficulty_levels({"eval/accuracy": 0.5, "eval/accuracy/d=2": 0.4, "eval/accuracy/d=10": 0.1})
+    {2.0: 0.4, 10.0: 0.1}
+    """
+    out = {}
+    for key, value in evaluation.items():
+        if key.startswith("eval/accuracy/d="):
+            try:
+                out[float(key.split("=", 1)[1])] = float(value)
+            except ValueError:
+                continue
+    return out

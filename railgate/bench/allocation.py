@@ -40,9 +40,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from railgate.bench.policies import SIM_ALLOCATION, order, overrides
+from railgate.bench.policies import order, overrides
 
-DEFAULT_POLICIES = SIM_ALLOCATION
 MODELS = {"effective": 1.0, "normalised": 0.1}
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -169,7 +168,6 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
         anyio.run(comps.engine.aclose)
     m = summary.budget.as_metrics()
     gate_metrics = gate.metrics() if callable(getattr(gate, "metrics", None)) else {}
-    controller_metrics = comps.controller.metrics() if callable(getattr(comps.controller, "metrics", None)) else {}
     return {
         "engine": cfg.engine.kind, "scenario": spec.scenario, "model": spec.model, "policy": spec.policy,
         "seed": spec.seed, "budget": spec.budget, "steps": summary.steps, "wall_s": time.perf_counter() - started,
@@ -178,7 +176,7 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
         "rollouts": m["pipeline/rollouts_started"], "tokens": m["pipeline/tokens_generated"],
         "false_abandonment": (probe.false_abandonment_sum / probe.abandoned_incomplete) if probe and probe.abandoned_incomplete else math.nan,
         "abandoned_incomplete": probe.abandoned_incomplete if probe else 0,
-        "controller": {k: v for k, v in controller_metrics.items() if math.isfinite(v)},
+        "controller": {k: v for k, v in summary.controller_metrics.items() if math.isfinite(v)},
     }
 
 
@@ -203,13 +201,9 @@ def hardest_accuracy(e: dict[str, float]) -> float:
     """
     if "eval/accuracy_hardest" in e:
         return float(e["eval/accuracy_hardest"])
-    levels = {}
-    for key, value in e.items():
-        if key.startswith("eval/accuracy/d="):
-            try:
-                levels[float(key.split("=", 1)[1])] = value
-            except ValueError:
-                continue
+    from railgate.report import difficulty_levels
+
+    levels = difficulty_levels(e)
     return float(levels[max(levels)]) if levels else math.nan
 
 
@@ -350,16 +344,21 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def is_sim_config(path: str | Path) -> bool:
+    """Whether a benchmark's base config runs the simulator (``engine.kind``, default sim)."""
+    from pipeline.configuration import load_yaml
+
+    return load_yaml(path).get("engine", {}).get("kind", "sim") == "sim"
+
+
 def grid(base_config: Path, out: Path, scenarios: list[str], policies: list[str], seeds: int, budget: int,
          models: list[str], progress: bool = True, extra: tuple[str, ...] = ()) -> list[RunSpec]:
     """The runs of one benchmark. On a real model this warm-starts the shared base model first."""
-    from pipeline.configuration import load_yaml
     from railgate.bench.policies import overrides as policy_overrides
 
     for policy in policies:
         policy_overrides(policy)  # fail fast on a typo
-    engine = load_yaml(base_config).get("engine", {}).get("kind", "sim")
-    if engine == "sim":
+    if is_sim_config(base_config):
         for model in models:
             if model not in MODELS:
                 raise ValueError(f"unknown training model {model!r}; choose from {', '.join(MODELS)}")
