@@ -55,7 +55,12 @@ from pipeline.types import (
 
 @runtime_checkable
 class Gate(Protocol):
-    """Allocation policy: which prompts get groups, and when a group commits or is abandoned."""
+    """Allocation policy: which prompts get groups, and when a group commits or is abandoned.
+
+    Optional members the orchestrator reads when present: ``metrics()`` (``gate/...`` values
+    for the step log) and ``uncounted_rollouts`` (rollouts a benchmark-only gate books outside
+    ``orchestrator.max_rollouts``: the oracle's dropped groups).
+    """
 
     def admit(self, slots: int, step: int) -> list[GroupPlan]:
         """Open up to ``slots`` new groups. ``step`` is the learner step being produced."""
