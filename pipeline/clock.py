@@ -39,7 +39,24 @@ import itertools
 import time
 
 import anyio
-import sniffio
+
+
+def running_event_type() -> type:
+    """The cheapest Event class for the running async backend: ``asyncio.Event`` under asyncio
+    (same ``wait``/``set`` surface, no backend lookup per construction), ``anyio.Event`` otherwise.
+
+    >>> async def probe():
+    ...     return running_event_type()
+    >>> asyncio.run(probe()) is asyncio.Event
+    True
+    >>> running_event_type() is anyio.Event  # no asyncio loop running (e.g. trio)
+    True
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return anyio.Event
+    return asyncio.Event
 
 
 class WallClock:
@@ -123,7 +140,7 @@ class VirtualClock:
         # Event has the same wait()/set() surface, that lookup is a measurable share of a
         # simulated rollout's cost, so it is done once.
         if self._event_type is None:
-            self._event_type = asyncio.Event if sniffio.current_async_library() == "asyncio" else anyio.Event
+            self._event_type = running_event_type()
         return self._event_type()
 
     def wake(self, token: int) -> None:

@@ -72,9 +72,12 @@ def to_dict(obj: Any) -> Any:
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping, with errors that name the file."""
-    p = Path(path)
+    from configs import CONFIG_DIR, resolve
+
+    p = resolve(path)
     if not p.is_file():
-        raise ConfigError(f"config file {p} does not exist; pass an existing file to --config (see configs/)")
+        raise ConfigError(f"config file {p} does not exist; pass an existing file to --config "
+                          f"(the shipped ones are in {CONFIG_DIR})")
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:

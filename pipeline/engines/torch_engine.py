@@ -81,7 +81,6 @@ reader tasks on the event loop eat most of that.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import itertools
@@ -92,9 +91,9 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
-import sniffio
 import torch
 
+from pipeline.clock import running_event_type
 from pipeline.engines.base import EngineError
 from pipeline.engines.request import RequestStream, check_request
 from pipeline.engines.torch_batch import DecodeBatch, RowSpec, StepOutput
@@ -307,7 +306,7 @@ class TorchEngine:
         # One event per wait per token: anyio.Event looks up the running backend on every
         # construction (3 us against 0.5 us); asyncio's Event has the same wait()/set().
         if self._event_type is None:
-            self._event_type = asyncio.Event if sniffio.current_async_library() == "asyncio" else anyio.Event
+            self._event_type = running_event_type()
         return self._event_type()
 
     async def _collect(self) -> None:

@@ -40,10 +40,10 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from configs import SCENARIO_DIR
 from railgate.bench.policies import order, overrides
 
 MODELS = {"effective": 1.0, "normalised": 0.1}
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -210,9 +210,9 @@ def hardest_accuracy(e: dict[str, float]) -> float:
 def _scenario(name: str) -> dict[str, Any]:
     from pipeline.configuration import ConfigError, load_yaml
 
-    path = ROOT / "configs" / "scenarios" / f"{name}.yaml"
+    path = SCENARIO_DIR / f"{name}.yaml"
     if not path.is_file():
-        known = sorted(p.stem for p in (ROOT / "configs" / "scenarios").glob("*.yaml"))
+        known = sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))
         raise ConfigError(f"unknown scenario {name!r}; choose from {', '.join(known)}")
     return load_yaml(path)
 
