@@ -19,7 +19,7 @@ from pipeline.engines.sim import SimEngine
 from pipeline.orchestrator import GateStalled, Orchestrator
 from pipeline.scoring import ScoringService
 from pipeline.simworld import SimAnswerScorer, SimEvaluator, SimWorld
-from pipeline.types import ActionKind, GroupAction, GroupPlan
+from pipeline.types import ActionKind, GroupAction, GroupPlan, SampleFinished
 
 SMALL = OrchestratorConfig(batch_groups=8, group_size=4, steps=5, max_concurrent_samples=64, max_open_groups=32, eval_every=5)
 
@@ -171,32 +171,56 @@ def test_a_gate_that_opens_nothing_raises_a_clear_error():
 
 
 class RecordingGate(UniformGate):
+    """Records the engine time of every update it gets, per group."""
+
     def __init__(self, pool, group_size):
         super().__init__(pool, group_size)
-        self.seen = []
+        self.clock = None  # the engine's, set once the engine is built
+        self.seen: dict[int, list[float]] = {}
 
     def update(self, snapshot):
-        self.seen.append(snapshot)
+        self.seen.setdefault(snapshot.group_id, []).append(self.clock.now())
         return super().update(snapshot)
 
 
 def test_virtual_clock_delivers_samples_in_engine_time_order():
-    """Samples of a group start together; with engine time they end shortest first, so the
-    gate sees a group's samples in order of their token counts."""
+    """Samples of a group start together; in engine time they end shortest first, the pipeline
+    reads every final in engine-time order, and the gate acts on each one at the engine time it
+    finished (decisions take no engine time)."""
     holder = {}
 
     def gate(pool):
         holder["gate"] = RecordingGate(pool, 4)
         return holder["gate"]
 
-    orch, _ = make(gate=gate, cfg=dataclasses.replace(SMALL, steps=1))
+    orch, engine = make(gate=gate, cfg=dataclasses.replace(SMALL, steps=1))
+    holder["gate"].clock = engine.clock
+    finals = []  # (group_id, launch_time, tokens, engine_time) in the order the pipeline read them
+    inner_stream = engine.stream
+
+    async def recording_stream(request):
+        events = inner_stream(request)
+        try:
+            async for event in events:
+                if isinstance(event, SampleFinished):
+                    finals.append((request.group_id, request.launch_time, event.num_tokens, event.engine_time))
+                yield event
+        finally:
+            await events.aclose()
+
+    engine.stream = recording_stream
     anyio.run(orch.run)
-    by_group = {}
-    for s in holder["gate"].seen:
-        by_group.setdefault(s.group_id, []).append(s.tokens)
-    assert by_group
-    for tokens in by_group.values():
-        assert tokens == sorted(tokens)
+    times = [t for *_, t in finals]
+    assert len(finals) >= SMALL.batch_groups * 4 and times == sorted(times)
+    together: dict[tuple[int, float], list[int]] = {}
+    for group_id, launched, tokens, _ in finals:
+        together.setdefault((group_id, launched), []).append(tokens)
+    assert any(len(set(lengths)) > 1 for lengths in together.values())  # lengths differ: the order means something
+    for lengths in together.values():
+        assert lengths == sorted(lengths)
+    assert holder["gate"].seen
+    for group_id, update_times in holder["gate"].seen.items():  # until the group is done or the run stops
+        assert update_times == [t for g, *_, t in finals if g == group_id][: len(update_times)]
 
 
 def test_step_ahead_limit_bounds_staleness():
