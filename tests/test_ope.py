@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from vowpalwabbit import pyvw
 
 import controller.ope as ope
 from controller.ope import Estimate, doubly_robust, ips, snips
@@ -271,7 +272,6 @@ def _vw_mean_loss(workspace, lines):
 
 
 def test_ips_matches_vowpalwabbit_cb_eval():
-    pyvw = pytest.importorskip("vowpalwabbit.pyvw")
     x, a, r, mu = draw_log(11, 3000, logging=LOGGING_PROBS)
     cost = 1.0 - r
     policy = TARGET_ACTION[x]
@@ -285,7 +285,6 @@ def test_ips_matches_vowpalwabbit_cb_eval():
 
 
 def test_doubly_robust_matches_vowpalwabbit_cb_eval(tmp_path):
-    pyvw = pytest.importorskip("vowpalwabbit.pyvw")
     model_path = tmp_path / "cb_dr.vw"
     # 1) Train VW's DR cost regressor on one log (legacy cb stack, as --eval uses).
     x, a, r, mu = draw_log(21, 2000, logging=LOGGING_PROBS)

@@ -349,8 +349,7 @@ def test_every_decision_of_a_closed_group_has_one_outcome(run):
 
 
 def test_branched_samples_are_scored_on_their_whole_response(run):
-    if not any(run.engine.requests[ro.request_id].branch for g, _ in run.committed for ro in g.rollouts):
-        pytest.skip("no branched sample was committed in this run")
+    assert any(run.engine.requests[ro.request_id].branch for g, _ in run.committed for ro in g.rollouts)
     scored = Counter(run.scorer.scored)
     for group, _ in run.committed:
         for ro in group.rollouts:
@@ -369,7 +368,6 @@ def test_only_decisions_of_groups_cut_off_by_the_stop_lack_an_outcome(run):
 
 def test_tokens_wasted_is_the_generated_tokens_never_trained(run):
     trained_ids = {ro.request_id for batch in run.learner.batches for g in batch.groups for ro in g.rollouts}
-    if not any(run.engine.requests[rid].branch for rid in trained_ids):
-        pytest.skip("no branched sample was trained in this run")
+    assert any(run.engine.requests[rid].branch for rid in trained_ids)  # the seeded run trains branches
     untrained = sum(run.new_tokens(rid) for rid in run.engine.requests if rid not in trained_ids)
     assert run.budget.tokens_wasted == untrained

@@ -275,12 +275,13 @@ def test_bad_input_gives_a_clear_error(batch, message):
 
 
 def test_engine_logprobs_agree_with_the_learner():
-    anyio = pytest.importorskip("anyio")
-    engine_mod = pytest.importorskip("pipeline.engines.torch_engine")
+    import anyio
+
+    from pipeline.engines.torch_engine import TorchEngine
     from pipeline.types import Prompt, SampleRequest, SamplingParams
 
     learner = make_learner()
-    engine = engine_mod.TorchEngine(copy.deepcopy(learner.model), tokenizer_eos_id=2)
+    engine = TorchEngine(copy.deepcopy(learner.model), tokenizer_eos_id=2)
     prompt = Prompt(prompt_id=0, text="", token_ids=(1, 5, 6))
 
     async def sample(i):

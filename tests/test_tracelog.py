@@ -210,7 +210,8 @@ def test_parquet_export_reads_back_with_pyarrow(tmp_path):
 
 
 def test_parquet_export_reads_back_with_pandas(tmp_path):
-    pd = pytest.importorskip("pandas")
+    import pandas as pd  # the dev extra installs it: the export is for pandas users
+
     decisions_path, outcomes_path = exported(tmp_path)
     frame = pd.read_parquet(decisions_path)
     assert list(frame["decision_id"]) == list(range(7))
