@@ -7,8 +7,10 @@ README's commands work from any directory once the package is installed.
 
 >>> resolve("configs/sim.yaml").name
 'sim.yaml'
->>> resolve("sim.yaml") == resolve("configs/sim.yaml") == CONFIG_DIR / "sim.yaml"
+>>> resolve("sim.yaml") == resolve("configs/sim.yaml").resolve() == CONFIG_DIR / "sim.yaml"
 True
+>>> resolve("no_such.yaml")  # left as typed: the loader names it in its error
+PosixPath('no_such.yaml')
 >>> sorted(p.stem for p in (CONFIG_DIR / "scenarios").glob("*.yaml"))[:2]
 ['balanced', 'drift']
 """

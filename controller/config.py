@@ -212,6 +212,33 @@ class GateConfig:
     dps: DpsConfig = field(default_factory=DpsConfig)
     """Settings of the DPS selector of ``dps`` and ``sara_dps``."""
 
+    def check_sizes(self, group_size: int, batch_groups: int) -> None:
+        """The rules that tie this gate's settings to the orchestrator's group and batch sizes;
+        ``ConfigError`` naming both keys. ``RunConfig`` runs it when a config is loaded.
+
+        >>> GateConfig(kind="sara", sara=SaraConfig(probe_size=10)).check_sizes(group_size=8, batch_groups=4)
+        Traceback (most recent call last):
+        ...
+        pipeline.configuration.ConfigError: gate.sara.probe_size=10 is above orchestrator.group_size=8; lower gate.sara.probe_size or raise orchestrator.group_size
+        """
+        require(group_size >= 2, f"orchestrator.group_size={group_size} must be >= 2 for a group-relative advantage")
+        require(batch_groups >= 1, f"orchestrator.batch_groups={batch_groups} must be >= 1")
+        if self.kind in ("sara", "sara_dps"):
+            k = self.sara.probe_size
+            require(k <= group_size, f"gate.sara.probe_size={k} is above orchestrator.group_size={group_size}; "
+                    "lower gate.sara.probe_size or raise orchestrator.group_size")
+        if self.kind == "pilot_commit":
+            n_p = self.pilot_commit.pilot_size
+            require(n_p <= group_size, f"gate.pilot_commit.pilot_size={n_p} is above orchestrator.group_size={group_size}; "
+                    "lower gate.pilot_commit.pilot_size or raise orchestrator.group_size")
+        if self.kind == "hora":
+            h = self.hora
+            total = h.budget or batch_groups * group_size
+            probes = batch_groups * h.probe_size
+            source = f"gate.hora.budget={h.budget}" if h.budget else f"the compute-matched budget batch_groups*group_size={total}"
+            require(total >= probes, f"{source} is below one probe round batch_groups*probe_size={probes} "
+                    f"(extra budget R={total - probes} < 0); lower gate.hora.probe_size or raise gate.hora.budget")
+
 
 @dataclass(frozen=True)
 class ControllerConfig:

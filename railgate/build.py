@@ -18,6 +18,7 @@ from pipeline.protocols import Controller, DecisionSink, Evaluator, Gate, Learne
 from pipeline.seeding import derive_seed
 from pipeline.simworld import SimAnswerScorer, SimEvaluator, SimWorld
 from railgate.config import RunConfig
+from railgate.preflight import preflight
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Components:
 
 def build_components(cfg: RunConfig, progress: bool = True, sink: DecisionSink | None = None) -> Components:
     """``sink`` receives the controller's decisions (the run's TraceLog; none: not logged)."""
+    preflight(cfg)  # before any warm start or model load
     if cfg.engine.kind == "sim":
         components = _build_sim(cfg)
     elif cfg.engine.kind in ("torch", "vllm", "ray"):
@@ -86,16 +88,17 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
         _prompts(cfg, task, CharTokenizer.for_tasks(task).encode_prompt)
     base = ensure_base_model(cfg.run_dir, cfg.task, cfg.model, progress=progress)
     tokenizer = base.tokenizer
-    train_prompts, eval_prompts = _prompts(cfg, task, tokenizer.encode_prompt)
+    context = base.context_length if cfg.model.path else None  # a user's model: its config decides
+    train_prompts, eval_prompts = _prompts(cfg, task, tokenizer.encode_prompt, context)
     torch.set_num_threads(max(cfg.torch_engine.threads, cfg.learner.num_threads or 1))
     if cfg.engine.kind == "vllm":
         from pipeline.engines.vllm_engine import VllmEngine
 
-        engine = VllmEngine(base.path, Path(cfg.run_dir) / "vllm_cache", **_vllm_kwargs(cfg, tokenizer.eos_id))
+        engine = VllmEngine(base.path, Path(cfg.run_dir) / "vllm_cache", **_vllm_kwargs(cfg, tokenizer.eos_id, context))
     elif cfg.engine.kind == "ray":
-        engine = _ray_engine(cfg, base.path, tokenizer.eos_id)
+        engine = _ray_engine(cfg, base.path, tokenizer.eos_id, context)
     else:
-        engine = TorchEngine(copy.deepcopy(base.model), tokenizer.eos_id, **_torch_kwargs(cfg))
+        engine = TorchEngine(copy.deepcopy(base.model), tokenizer.eos_id, **_torch_kwargs(cfg, context))
     pool = PromptPool(train_prompts, seed=derive_seed(cfg.seed, "prompts"))
     gate = build_gate(cfg.gate, pool, group_size=cfg.orchestrator.group_size,
                       batch_groups=cfg.orchestrator.batch_groups, seed=derive_seed(cfg.seed, "gate"))
@@ -111,19 +114,20 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
     )
 
 
-def _torch_kwargs(cfg: RunConfig) -> dict[str, Any]:
+def _torch_kwargs(cfg: RunConfig, context: int | None = None) -> dict[str, Any]:
+    """``context``: the model's context length (None: ``model.max_len``, the project's model)."""
     t = cfg.torch_engine
     return dict(max_batch=t.max_batch, dtype=t.dtype, seed=derive_seed(cfg.seed, "engine"),
-                max_context=cfg.model.max_len, delta_tokens=t.delta_tokens)
+                max_context=context or cfg.model.max_len, delta_tokens=t.delta_tokens)
 
 
-def _vllm_kwargs(cfg: RunConfig, eos_id: int | None) -> dict[str, Any]:
+def _vllm_kwargs(cfg: RunConfig, eos_id: int | None, context: int | None = None) -> dict[str, Any]:
     # vLLM seeds numpy's legacy generator, which takes 32-bit seeds only.
     return dict(eos_id=eos_id, seed=derive_seed(cfg.seed, "engine") % 2**31,
-                max_batch=cfg.torch_engine.max_batch, max_context=cfg.model.max_len)
+                max_batch=cfg.torch_engine.max_batch, max_context=context or cfg.model.max_len)
 
 
-def _ray_engine(cfg: RunConfig, model_dir: Path, eos_id: int | None) -> Any:
+def _ray_engine(cfg: RunConfig, model_dir: Path, eos_id: int | None, context: int | None = None) -> Any:
     """Replicas of the torch or vLLM engine over ``model_dir`` as Ray actors (``engine.ray``)."""
     from pipeline.engines.ray_engine import RayEngine
     from pipeline.engines.ray_replica import TorchEngineFactory, VllmEngineFactory
@@ -131,25 +135,29 @@ def _ray_engine(cfg: RunConfig, model_dir: Path, eos_id: int | None) -> Any:
     r = cfg.engine.ray
     if r.inner == "vllm":
         factory: Any = VllmEngineFactory(str(Path(model_dir).resolve()), str((Path(cfg.run_dir) / "vllm_cache").resolve()),
-                                         tuple(_vllm_kwargs(cfg, eos_id).items()))
+                                         tuple(_vllm_kwargs(cfg, eos_id, context).items()))
     else:
         factory = TorchEngineFactory(str(Path(model_dir).resolve()), eos_id, threads=cfg.torch_engine.threads,
-                                     engine_kwargs=tuple(_torch_kwargs(cfg).items()))
+                                     engine_kwargs=tuple(_torch_kwargs(cfg, context).items()))
     return RayEngine(factory, replicas=r.replicas, address=r.address or None, connect_timeout_s=r.connect_timeout_s,
                      num_cpus=r.num_cpus, num_gpus=r.num_gpus, torch_threads=cfg.torch_engine.threads)
 
 
-def _prompts(cfg: RunConfig, task: Any, encode: Any) -> tuple[list, list]:
-    """The run's train and held-out prompts; ``ConfigError`` if any leaves no room to answer."""
-    max_prompt = cfg.model.max_len - cfg.orchestrator.max_tokens
+def _prompts(cfg: RunConfig, task: Any, encode: Any, context: int | None = None) -> tuple[list, list]:
+    """The run's train and held-out prompts; ``ConfigError`` if any leaves no room to answer.
+    ``context``: the model's context length (None: ``model.max_len``, the project's model)."""
+    limit = context or cfg.model.max_len
+    max_prompt = limit - cfg.orchestrator.max_tokens
     train_prompts = task.train_prompts(cfg.data.num_train_prompts, derive_seed(cfg.data.seed, "train"), encode)
     eval_prompts = task.eval_prompts(cfg.data.num_eval_prompts, derive_seed(cfg.data.seed, "eval"), encode)
     too_long = [p for p in train_prompts + eval_prompts if len(p.token_ids) > max_prompt]
     if too_long:
+        what = f"model.max_len={limit}" if context is None else f"the context of model.path={cfg.model.path} ({limit} tokens)"
+        fix = "raise model.max_len (a new base model) or lower" if context is None else "shorten the prompts or lower"
         raise ConfigError(
-            f"{len(too_long)} prompts are longer than model.max_len={cfg.model.max_len} minus "
-            f"orchestrator.max_tokens={cfg.orchestrator.max_tokens} = {max_prompt} tokens (e.g. {too_long[0].text!r}); "
-            "raise model.max_len (a new base model) or lower orchestrator.max_tokens"
+            f"{len(too_long)} prompts are longer than {what} minus "
+            f"orchestrator.max_tokens={cfg.orchestrator.max_tokens} = {max_prompt} tokens (e.g. {too_long[0].text[:80]!r}); "
+            f"{fix} orchestrator.max_tokens"
         )
     return train_prompts, eval_prompts
 

@@ -7,6 +7,13 @@ the key and the closest valid one).
 >>> cfg = load_config(None, ["orchestrator.steps=3", "gate.kind=uniform"])
 >>> cfg.orchestrator.steps, cfg.gate.kind
 (3, 'uniform')
+
+Rules across sections are checked at load time too, before any model is built:
+
+>>> load_config(None, ["gate.kind=sara", "gate.sara.probe_size=12", "orchestrator.group_size=8"])
+Traceback (most recent call last):
+...
+pipeline.configuration.ConfigError: gate.sara.probe_size=12 is above orchestrator.group_size=8; lower gate.sara.probe_size or raise orchestrator.group_size
 """
 
 from __future__ import annotations
@@ -46,7 +53,15 @@ class RunConfig:
     log: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self) -> None:
+        """Rules that tie two sections together; each section checks its own values when built.
+        They run when a config is loaded, before anything is written, loaded or warm-started."""
         require(bool(self.run_dir), "run_dir must not be empty; set run_dir: runs/NAME")
+        o = self.orchestrator
+        self.gate.check_sizes(o.group_size, o.batch_groups)
+        if self.engine.kind != "sim" and not self.model.path:
+            require(o.max_tokens < self.model.max_len,
+                    f"orchestrator.max_tokens={o.max_tokens} leaves no room for a prompt in model.max_len={self.model.max_len}; "
+                    "lower orchestrator.max_tokens or raise model.max_len (a new base model)")
 
     @property
     def name(self) -> str:

@@ -32,6 +32,7 @@ from pipeline.tracelog import TraceLog
 from railgate.build import Components, build_components
 from railgate.checkpoint import CheckpointWriter, latest_checkpoint, load_checkpoint
 from railgate.config import RunConfig, dump_config
+from railgate.preflight import preflight
 from railgate.progress import ProgressBar
 from railgate.report import accuracy_plot, summary_table
 
@@ -63,6 +64,7 @@ def train(
     over; trace and buffer records the killed run wrote after that checkpoint are superseded
     (``pipeline.arrowio.mark_superseded``), so nothing is lost or counted twice.
     """
+    preflight(cfg)  # engines, model and dataset paths: before anything is written or warm-started
     run_dir = Path(cfg.run_dir)
     state = load_checkpoint(latest_checkpoint(run_dir)) if resume else None
     run_dir.mkdir(parents=True, exist_ok=True)

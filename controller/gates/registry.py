@@ -30,7 +30,7 @@ from controller.gates.sara import SaraGate
 from controller.gates.uniform import UniformGate
 from controller.prompts import PromptPool
 from controller.selectors.dps import DpsSelector
-from pipeline.configuration import ConfigError, require
+from pipeline.configuration import ConfigError
 from pipeline.protocols import Gate
 from pipeline.seeding import derive_seed
 
@@ -42,37 +42,6 @@ GATE_KINDS = ("uniform", "ds", "pilot_commit", "hora", "sara", "dps", "sara_dps"
 def build_dps_selector(config: DpsConfig, pool: PromptPool, seed: int) -> DpsSelector:
     """The DPS selector of ``config`` over ``pool``, seeded from the run seed."""
     return DpsSelector(pool, seed=derive_seed(seed, "gate", "dps"), **asdict(config))
-
-
-def _check_sizes(config: GateConfig, group_size: int, batch_groups: int) -> None:
-    """Checks that need the orchestrator's group and batch sizes."""
-    require(group_size >= 2, f"orchestrator.group_size={group_size} must be >= 2 for a group-relative advantage")
-    require(batch_groups >= 1, f"orchestrator.batch_groups={batch_groups} must be >= 1")
-    kind = config.kind
-    if kind in ("sara", "sara_dps"):
-        k = config.sara.probe_size
-        require(
-            k <= group_size,
-            f"gate.sara.probe_size={k} is above orchestrator.group_size={group_size}; "
-            "lower gate.sara.probe_size or raise orchestrator.group_size",
-        )
-    if kind == "pilot_commit":
-        n_p = config.pilot_commit.pilot_size
-        require(
-            n_p <= group_size,
-            f"gate.pilot_commit.pilot_size={n_p} is above orchestrator.group_size={group_size}; "
-            "lower gate.pilot_commit.pilot_size or raise orchestrator.group_size",
-        )
-    if kind == "hora":
-        h = config.hora
-        total = h.budget or batch_groups * group_size
-        probes = batch_groups * h.probe_size
-        source = f"gate.hora.budget={h.budget}" if h.budget else f"the compute-matched budget batch_groups*group_size={total}"
-        require(
-            total >= probes,
-            f"{source} is below one probe round batch_groups*probe_size={probes} (extra budget R={total - probes} < 0); "
-            "lower gate.hora.probe_size or raise gate.hora.budget",
-        )
 
 
 def build_gate(
@@ -89,7 +58,7 @@ def build_gate(
     without it the oracle runs in hindsight mode (``controller.gates.oracle``).
     Configuration mistakes raise ``ConfigError`` naming the key.
     """
-    _check_sizes(config, group_size, batch_groups)
+    config.check_sizes(group_size, batch_groups)
     kind = config.kind
     try:
         if kind == "uniform":
