@@ -95,6 +95,14 @@ class LearnerConfig:
     setting is process-wide: choose it together with the engine's."""
     seed: int = 0
     """Seed of the learner's private torch RNG stream (dropout, if a model has any)."""
+    noise_scale: bool = True
+    """Estimate the simple gradient noise scale every step from the micro-batches' gradients
+    (``learner.noise_scale``; logged as ``learner/noise_scale``, in rollouts). No extra forward
+    or backward pass and the same update bit for bit; it needs at least two micro-batches per
+    step (``micro_batch`` at most half the rollouts trained per step)."""
+    noise_scale_ema: float = 0.9
+    """Per-step decay of the moving averages of |G|^2 and tr(Sigma) whose ratio is the noise
+    scale (0.9: about the last 10 steps)."""
 
     def __post_init__(self) -> None:
         require(self.clip_low >= 0, f"learner.clip_low={self.clip_low} must be >= 0; 0.2 is the usual PPO value")
@@ -118,4 +126,6 @@ class LearnerConfig:
         require(self.grad_clip >= 0, f"learner.grad_clip={self.grad_clip} must be >= 0 (0 = no clipping)")
         require(self.micro_batch >= 1, f"learner.micro_batch={self.micro_batch} must be >= 1 rollout")
         require(self.ppo_epochs >= 1, f"learner.ppo_epochs={self.ppo_epochs} must be >= 1")
+        require(0 <= self.noise_scale_ema < 1,
+                f"learner.noise_scale_ema={self.noise_scale_ema} must lie in [0, 1); 0.9 averages about 10 steps")
         require(self.num_threads >= 0, f"learner.num_threads={self.num_threads} must be >= 0 (0 = leave torch's setting)")

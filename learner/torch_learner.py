@@ -10,7 +10,9 @@ One ``step(batch)``:
    policy; the engines report log-probs at temperature 1, the distribution scored here),
    aggregated with batch-wide normalisers so that micro-batching does not change the
    gradient; backward; then one clipped-gradient AdamW step;
-4. ``policy_version`` + 1 and ``learner/…`` metrics.
+4. ``policy_version`` + 1 and ``learner/…`` metrics, among them the simple gradient noise
+   scale ``learner/noise_scale`` (in rollouts), read off the first epoch's micro-batch
+   gradients with no extra pass and no change to the update (``learner.noise_scale``).
 
 On-policy data gives a ratio of 1 up to numerics (engine and learner run the same weights);
 stale samples (from an engine that ran ahead by ``max_async_steps``) are clipped like any
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -48,8 +51,11 @@ import torch
 from learner.advantages import compute_advantages, saturated_mask
 from learner.config import LearnerConfig
 from learner.losses import ppo_clip_loss
+from learner.noise_scale import GradientNoise, MicroBatchGradients, NoiseScaleEMA
 from learner.packing import BatchError, Chunk, pack
 from pipeline.types import Rollout, StepResult, TrainBatch
+
+log = logging.getLogger(__name__)
 
 
 class TorchLearner:
@@ -89,6 +95,8 @@ class TorchLearner:
         vocab = getattr(getattr(model, "config", None), "vocab_size", None)
         self.vocab_size = int(vocab) if vocab else None
         self._version = 0
+        self.noise = NoiseScaleEMA(config.noise_scale_ema) if config.noise_scale else None
+        self._noise_warned = False
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)
             self._rng_state = torch.get_rng_state()
@@ -112,11 +120,16 @@ class TorchLearner:
         # 3) ppo_epochs optimiser steps over the whole batch
         totals = dict(loss=0.0, grad_norm=0.0, clip=0.0, kl=0.0, kl_ref=0.0, ent=0.0, tokens=0.0, skipped=0.0)
         epochs = cfg.ppo_epochs if plan.chunks else 0
+        noise: GradientNoise | None = None
         with self._private_rng(keep=True):
-            for _ in range(epochs):
+            for epoch in range(epochs):
                 self.optimizer.zero_grad(set_to_none=True)
-                self._backward(plan, totals)
+                # the noise scale is measured on the first epoch (the on-policy gradient)
+                probe = MicroBatchGradients(self._params) if self.noise is not None and epoch == 0 else None
+                self._backward(plan, totals, probe)
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf))
+                if probe is not None:
+                    noise = probe.estimate(grad_norm**2)
                 totals["grad_norm"] += grad_norm
                 if math.isfinite(grad_norm):
                     self.optimizer.step()
@@ -141,6 +154,7 @@ class TorchLearner:
         })
         if self.ref_model is not None:
             metrics["learner/kl_ref"] = totals["kl_ref"] / tok
+        metrics.update(self._noise_metrics(noise, plan))
         return StepResult(step=batch.step, policy_version=self._version, metrics=metrics)
 
     def compute_gradients(self, batch: TrainBatch) -> dict[str, torch.Tensor]:
@@ -169,6 +183,8 @@ class TorchLearner:
             "rng": self._rng_state.clone(),
             "version": self._version,
         }
+        if self.noise is not None:
+            state["noise_scale"] = self.noise.state_dict()
         if self.ref_model is not None:
             state["ref_model"] = {k: v.detach().clone() for k, v in self.ref_model.state_dict().items()}
         return state
@@ -183,6 +199,8 @@ class TorchLearner:
         self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
         self._rng_state = state["rng"].clone()
         self._version = int(state["version"])
+        if self.noise is not None and "noise_scale" in state:  # absent from checkpoints written before it existed
+            self.noise.load_state_dict(state["noise_scale"])
         if self.ref_model is not None and "ref_model" in state:
             self.ref_model.load_state_dict(state["ref_model"])
 
@@ -209,16 +227,50 @@ class TorchLearner:
             metrics=_batch_metrics(batch, advantages, saturated, row_adv, self._version),
         )
 
-    def _backward(self, plan: "_Plan", totals: dict[str, float]) -> None:
-        """Accumulate the gradient of the whole batch's loss, one micro-batch at a time."""
+    def _backward(self, plan: "_Plan", totals: dict[str, float], probe: MicroBatchGradients | None = None) -> None:
+        """Accumulate the gradient of the whole batch's loss, one micro-batch at a time
+        (``probe`` reads each micro-batch's own gradient on the way)."""
         self.model.train(False)
         for chunk in plan.chunks:
             out = self._chunk_loss(chunk, plan.num_tokens, plan.num_seqs)
+            if probe is not None:
+                probe.before()
             out.loss.backward()
+            if probe is not None:
+                probe.after(self._share(chunk, plan), len(chunk.index))
             totals["loss"] += float(out.loss.detach())
             for key, value in (("clip", out.clip_frac), ("kl", out.approx_kl), ("kl_ref", out.kl_ref), ("ent", out.entropy)):
                 totals[key] += value * out.tokens
             totals["tokens"] += out.tokens
+
+    def _share(self, chunk: Chunk, plan: "_Plan") -> float:
+        """The chunk's share of the batch's loss normaliser (tokens for a token mean, else rollouts)."""
+        if self.config.loss_agg == "token_mean":
+            return chunk.num_tokens / max(plan.num_tokens, 1.0)
+        return len(chunk.index) / max(plan.num_seqs, 1.0)
+
+    def _noise_metrics(self, noise: GradientNoise | None, plan: "_Plan") -> dict[str, float]:
+        """This step's gradient-noise estimates and the moving-average noise scale (when defined)."""
+        if self.noise is None:
+            return {}
+        out: dict[str, float] = {}
+        if noise is not None:
+            self.noise.update(noise)
+            out = {
+                "learner/grad_sq_small": noise.small_sq, "learner/grad_sq_big": noise.big_sq,
+                "learner/grad_sq": noise.grad_sq, "learner/trace_sigma": noise.trace,
+                "learner/noise_batch_small": noise.b_small,
+            }
+        elif plan.chunks and not self._noise_warned:
+            self._noise_warned = True
+            log.warning(
+                "learner.noise_scale: a step of %d rollouts fits in %d micro-batch of learner.micro_batch=%d; the noise "
+                "scale needs at least 2 per step: set learner.micro_batch <= %d (or learner.noise_scale=false)",
+                int(plan.num_seqs), len(plan.chunks), self.config.micro_batch, max(1, int(plan.num_seqs) // 2),
+            )
+        if math.isfinite(self.noise.value):
+            out["learner/noise_scale"] = self.noise.value
+        return out
 
     @contextlib.contextmanager
     def _private_rng(self, keep: bool):
