@@ -21,6 +21,15 @@ A model directory holds ``config.json`` and ``model.safetensors`` (``save_pretra
 tokenizer (``railgate_tokenizer.json`` plus the Hugging Face tokenizer files) and, for
 cached base models, ``railgate_base.json`` (the task and model settings it was built for,
 and the warm-start report).
+
+A user's model (``model.path``) is any standard Hugging Face causal-LM directory:
+``config.json``, safetensors (or ``pytorch_model.bin``) weights and a tokenizer that
+``AutoTokenizer`` loads (``pipeline.hf_tokenizer.HFTokenizer``). The rule for such a model:
+it is used as it is, with no warm start (it is assumed to be competent enough that some
+groups are mixed), and its context length is its config's ``max_position_embeddings``
+(``model.max_len`` and the architecture settings apply only to the project's model). A
+directory holding ``railgate_tokenizer.json`` is the project's own model and keeps the
+character tokenizer.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from typing import Any
 import torch
 
 from pipeline.configuration import to_dict
+from pipeline.hf_tokenizer import HFTokenizer
 from pipeline.model_config import BaseModelConfig  # re-exported: the config class lives apart from torch
 from pipeline.tokenizer import VOCAB_FILE, CharTokenizer, TokenizerError
 
@@ -52,9 +62,19 @@ class BaseModel:
     """A loaded policy: the model, its tokenizer, where it lives and what it was built for."""
 
     model: Any
-    tokenizer: CharTokenizer
+    tokenizer: CharTokenizer | HFTokenizer
     path: Path
     meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def context_length(self) -> int:
+        """Longest prompt + response the model takes: its config's position range."""
+        config = self.model.config.get_text_config(decoder=True)
+        for name in ("max_position_embeddings", "n_positions"):
+            value = getattr(config, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        raise ModelDirError(f"{self.path}/config.json names no max_position_embeddings; add it (the model's context length)")
 
 
 def build_model(
@@ -111,32 +131,45 @@ def save_model(model, tokenizer: CharTokenizer, directory: str | Path, meta: dic
     return d
 
 
-def load_model(directory: str | Path) -> BaseModel:
-    """Load what ``save_model`` wrote; ``ModelDirError`` names the path and what is missing."""
+def load_model(directory: str | Path, chat_template: bool = False) -> BaseModel:
+    """Load what ``save_model`` wrote, or a Hugging Face causal-LM directory (its tokenizer
+    through ``AutoTokenizer``; ``chat_template`` renders plain prompts as chat). ``ModelDirError``
+    names the path and what is missing."""
     from transformers import AutoModelForCausalLM
 
     d = Path(directory)
     if not d.is_dir():
-        raise ModelDirError(f"model directory {d} does not exist; set model.path to a directory written by save_model, or leave it empty to build one")
-    missing = [name for name in ("config.json", VOCAB_FILE) if not (d / name).is_file()]
-    if not any((d / name).is_file() for name in WEIGHT_FILES):
+        raise ModelDirError(f"model directory {d} does not exist; set model.path to a Hugging Face model directory, or leave it empty to build one")
+    missing = [name for name in ("config.json",) if not (d / name).is_file()]
+    if not any((d / name).is_file() for name in WEIGHT_FILES) and not any(d.glob("model-*.safetensors")):
         missing.append(" or ".join(WEIGHT_FILES))
     if missing:
-        raise ModelDirError(f"model directory {d} lacks {', '.join(missing)}; save it again with pipeline.models.save_model")
+        raise ModelDirError(
+            f"model directory {d} lacks {', '.join(missing)}; save the model into it with save_pretrained"
+        )
+    own = (d / VOCAB_FILE).is_file()  # the project's model: the character tokenizer
+    if own and chat_template:
+        raise ModelDirError(
+            f"task.chat_template=true, but {d} holds the project's character-level model, which has no chat template; "
+            "set task.chat_template=false or point model.path at a chat model"
+        )
     try:
-        tokenizer = CharTokenizer.load(d)
+        tokenizer: CharTokenizer | HFTokenizer = CharTokenizer.load(d) if own else HFTokenizer.load(d, chat_template)
     except TokenizerError as exc:
         raise ModelDirError(f"model directory {d}: {exc}") from None
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(d))
+        # float32 whatever the checkpoint's dtype: the learner's optimizer and log-probs need it.
+        model = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32)
     except Exception as exc:  # transformers/safetensors raise many types for corrupt files
         raise ModelDirError(
             f"model directory {d} holds a corrupt or incompatible model ({type(exc).__name__}: {exc}); "
             "delete it and build it again"
         ) from None
-    if model.config.vocab_size != tokenizer.vocab_size:
+    # A Hugging Face model's embedding table may be padded beyond its tokenizer (never below it).
+    vocab = model.config.get_text_config(decoder=True).vocab_size
+    if vocab < tokenizer.vocab_size or (own and vocab != tokenizer.vocab_size):
         raise ModelDirError(
-            f"model directory {d}: the model's vocab_size={model.config.vocab_size} differs from the tokenizer's "
+            f"model directory {d}: the model's vocab_size={vocab} {'differs from' if own else 'is below'} the tokenizer's "
             f"{tokenizer.vocab_size}; the files come from different models: save them together again"
         )
     meta: dict[str, Any] = {}
@@ -161,13 +194,21 @@ def ensure_base_model(run_dir: str | Path, task_cfg, model_cfg: BaseModelConfig 
     from pipeline.warmstart import warm_start
 
     model_cfg = model_cfg or BaseModelConfig()
+    chat = bool(getattr(task_cfg, "chat_template", False))
+    if model_cfg.path:  # a user's model is used as it is: no warm start
+        return _check_alphabet(load_model(model_cfg.path, chat_template=chat), build_task(task_cfg))
+    if chat:
+        raise ModelDirError(
+            "task.chat_template=true needs a chat model; the project's model (model.path empty) has no chat template: "
+            "set model.path to a Hugging Face chat model directory, or task.chat_template=false"
+        )
     task = build_task(task_cfg)
-    if model_cfg.path:
-        return _check_alphabet(load_model(model_cfg.path), task)
     target = Path(run_dir) / BASE_DIR_NAME
     # settings that change the weights; threads and path do not
     model_settings = {k: v for k, v in to_dict(model_cfg).items() if k not in ("threads", "path")}
-    wanted = {"task": to_dict(task_cfg), "model": model_settings}
+    # how rewards are read and prompts rendered do not change the warm start's weights
+    task_settings = {k: v for k, v in to_dict(task_cfg).items() if k not in ("success_threshold", "chat_template")}
+    wanted = {"task": task_settings, "model": model_settings}
     if target.exists():
         base = load_model(target)
         stale = [k for k in wanted if base.meta.get(k) != wanted[k]]
@@ -200,6 +241,8 @@ def ensure_base_model(run_dir: str | Path, task_cfg, model_cfg: BaseModelConfig 
 
 
 def _check_alphabet(base: BaseModel, task) -> BaseModel:
+    if not isinstance(base.tokenizer, CharTokenizer):
+        return base  # a subword tokenizer encodes any text
     missing = sorted(set(task.alphabet) - set(base.tokenizer.alphabet))
     if missing:
         raise ModelDirError(

@@ -107,6 +107,11 @@ class CharTokenizer:
 
     def encode_prompt(self, text: str) -> list[int]:
         """``<bos>`` followed by the ids of ``text``: how prompts enter the model."""
+        if not isinstance(text, str):
+            raise TokenizerError(
+                f"prompt {str(text)[:60]!r} is not text: chat-message prompts need a model with a chat template; "
+                "set model.path to a Hugging Face chat model directory"
+            )
         return [self.bos_id] + self.encode(text)
 
     def encode_response(self, text: str) -> list[int]:

@@ -15,16 +15,17 @@ the ``prompt_id``: the same problem has the same id in every run, and a problem 
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from pipeline.rewards import TextReward, build_reward
 from pipeline.types import Prompt
 
 Split = Literal["train", "eval"]
-Encode = Callable[[str], Sequence[int]]
+Encode = Callable[[Any], Sequence[int]]  # text (or chat messages) -> token ids
 
 _HASH_BUCKETS = 1_000_000
 _ID_MASK = (1 << 63) - 1  # prompt ids fit a signed 64-bit Arrow column
@@ -85,6 +86,11 @@ class Task(ABC):
         """The prompt text the model sees."""
         return problem.text
 
+    def prompt_source(self, problem: Problem) -> str | list[dict[str, Any]]:
+        """What the tokenizer renders: the formatted text, or a list of chat messages
+        (``{"role", "content"}`` dicts) for a dataset row that holds them."""
+        return self.format_prompt(problem)
+
     # -- derived -----------------------------------------------------------------------------
 
     def sft_example(self, problem: Problem) -> tuple[str, str]:
@@ -142,13 +148,16 @@ class Task(ABC):
         return self.problems("eval", n, seed, unique)
 
     def to_prompt(self, problem: Problem, encode: Encode | None = None) -> Prompt:
-        """The pipeline message for ``problem``; ``encode`` (e.g. ``tokenizer.encode_prompt``)
-        fills ``token_ids``, else they are left empty for an engine that tokenizes itself."""
-        text = self.format_prompt(problem)
+        """The pipeline message for ``problem``; ``encode`` (e.g. ``tokenizer.encode_prompt``,
+        given the ``prompt_source``: text or chat messages) fills ``token_ids``, else they are
+        left empty for an engine that tokenizes itself. ``text`` is the prompt as the task wrote
+        it (chat messages as JSON), before any chat template."""
+        source = self.prompt_source(problem)
+        text = source if isinstance(source, str) else json.dumps(source, ensure_ascii=False)
         return Prompt(
             prompt_id=self.prompt_id(problem),
             text=text,
-            token_ids=tuple(encode(text)) if encode is not None else (),
+            token_ids=tuple(encode(source)) if encode is not None else (),
             answer=problem.answer,
             difficulty=float(problem.difficulty),
         )

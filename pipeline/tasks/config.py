@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -93,11 +94,19 @@ class TaskConfig:
     """The task; its settings are in the section of the same name."""
     eval_share: float = 0.1
     """Share of the problem space held out for evaluation (disjoint from training by hash)."""
+    chat_template: bool = False
+    """Render every prompt through the model's chat template (as one user message, with the
+    generation prompt); needs model.path with a chat template. Chat-message prompts of a
+    dataset are always rendered so."""
+    success_threshold: float = 0.5
+    """A rollout counts as a success when its reward is above this: gates, the controller and
+    eval/accuracy read rewards so (set it for shaped or summed rewards)."""
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
     countdown: CountdownConfig = field(default_factory=CountdownConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
 
     def __post_init__(self) -> None:
         require(0 < self.eval_share < 1, f"task.eval_share={self.eval_share} must be in (0, 1)")
+        require(math.isfinite(self.success_threshold), f"task.success_threshold={self.success_threshold} must be a finite number")
         require(self.name != "dataset" or bool(self.dataset.train_path),
                 "task.name=dataset needs task.dataset.train_path; set it to a JSONL or Parquet file")
