@@ -1,6 +1,11 @@
 """The simulator's learner: applies ``SimWorld.learn`` (the documented training dynamics) to
 each train batch. It has no gradient; it exists so that allocation studies run the same
-pipeline as real training, in seconds."""
+pipeline as real training, in seconds.
+
+It logs no ``learner/noise_scale``: the simulator's training rule is deterministic given the
+committed groups' rewards (no gradient, so no gradient noise), and its regime is set directly
+by ``sim.progress_exponent`` (1: progress counts every effective group, the noise-limited end;
+near 0: progress counts optimiser steps, the step-limited end)."""
 
 from __future__ import annotations
 

@@ -58,7 +58,25 @@ def summary_table(cfg: Any, summary: RunSummary) -> str:
             ["  of them recovered (made mixed)", f"{int(controller.get('controller/recovered_fail', 0))} / {int(controller.get('controller/recovered_pass', 0))}"],
         ]
     title = f"## Run {getattr(cfg, 'name', '')}\n\n"
-    return title + markdown_table(["metric", "value"], rows)
+    return title + markdown_table(["metric", "value"], rows) + regime_paragraph(cfg)
+
+
+def regime_paragraph(cfg: Any) -> str:
+    """The run's gradient noise scale in words, from ``metrics.jsonl`` in ``cfg.run_dir``; empty
+    for a simulator run (no gradient) or a run directory without metrics."""
+    from railgate.regime import NoiseScaleLog, regime_sentence
+
+    run_dir = getattr(cfg, "run_dir", None)
+    if not run_dir or getattr(getattr(cfg, "engine", None), "kind", "sim") == "sim":
+        return ""
+    noise = NoiseScaleLog.from_run_dir(run_dir).summary()
+    if noise["batch_rollouts"] is None:
+        return ""
+    figures = ""
+    if noise["noise_scale"] is not None:
+        figures = (f" (gradient noise scale {noise['noise_scale']:.0f} rollouts, mean over {noise['noise_scale_steps']} "
+                   f"steps of learner/noise_scale; ratio of run means {noise['noise_scale_pooled'] or math.nan:.0f})")
+    return f"\n\n**Regime.** {regime_sentence(noise['batch_rollouts'], noise['noise_scale'])}{figures}."
 
 
 def accuracy_plot(evals: Sequence[dict[str, float]], path: Path, title: str = "") -> bool:

@@ -21,6 +21,10 @@ Reported per policy, mean and spread over seeds:
 * with a RAIL controller: recovered groups (saturated probes the gate would have abandoned,
   turned mixed by an intervention), interventions, decision latency p99 and the
   gain-prediction error of the online controller against a frozen copy.
+* real model: the learner's gradient noise scale (``learner/noise_scale``, in rollouts; its
+  mean over the run is each run record's ``noise_scale``, null on the simulator, which has no
+  gradient) against the rollouts trained per step, and what it says about the regime
+  (``railgate.regime``).
 
 Writes ``allocation.md`` (tables), ``allocation.json`` (every run) and ``allocation.png``
 (accuracy against cumulative rollouts, one line per policy, one panel per scenario/model).
@@ -288,9 +292,37 @@ def summarise(results: list[dict[str, Any]], target_gain: float) -> list[dict[st
             "decision p99 µs": _ms([c.get("controller/decision_p99_us", math.nan) for c in ctl], digits=0),
             "gain error vs frozen": _ms([-c.get("controller/gain_error_reduction", math.nan) for c in ctl], digits=2),
             "steps": _ms([r["steps"] for r in runs], digits=0),
+            "noise scale": _ms([_value(r, "noise_scale") for r in runs], digits=0),
+            "batch / noise scale": _ms([_value(r, "batch_rollouts") / _value(r, "noise_scale") for r in runs], digits=2),
         })
     empty = [h for h in rows[0] if all(row[h] == "n/a" for row in rows)] if rows else []
     return [{k: v for k, v in row.items() if k not in empty} for row in rows]
+
+
+def _value(run: dict[str, Any], key: str) -> float:
+    """A run record's number (NaN when absent or null: the simulator has no noise scale)."""
+    value = run.get(key)
+    return float(value) if isinstance(value, (int, float)) else math.nan
+
+
+def regime_notes(results: list[dict[str, Any]]) -> list[str]:
+    """One sentence per panel with a measured noise scale: what it means for that setting, from
+    GRPO's runs (uniform) when there are some, else from every run of the panel."""
+    from railgate.regime import regime_sentence
+
+    notes = []
+    for scenario, model in sorted({(r["scenario"], r["model"]) for r in results}):
+        panel = [r for r in results if (r["scenario"], r["model"]) == (scenario, model)]
+        runs = [r for r in panel if r["policy"] == "uniform"] or panel
+        scales = [_value(r, "noise_scale") for r in runs if math.isfinite(_value(r, "noise_scale"))]
+        if not scales:
+            continue
+        batch = float(np.mean([_value(r, "batch_rollouts") for r in runs]))
+        who = "GRPO's runs" if runs[0]["policy"] == "uniform" else "all runs"
+        name = f"{scenario}, {model}" if scenario else f"real model ({panel[0].get('engine', '')})"
+        note = f"{name}, {who}: {regime_sentence(batch, float(np.mean(scales)))}."
+        notes.append(note[:1].upper() + note[1:])
+    return notes
 
 
 def _count(controller_metrics: dict[str, float], key: str) -> float:
@@ -433,9 +465,13 @@ def report_text(results: list[dict[str, Any]], target_gain: float, title: str, s
     rows = summarise(results, target_gain)
     headers = list(rows[0].keys())
     table = markdown_table(headers, [[r[h] for h in headers] for r in rows])
+    notes = regime_notes(results)
+    regime = ("\n**Regime.** 'noise scale' is the mean over the run of the learner's simple gradient noise scale "
+              "(McCandlish et al. 2018), in rollouts; 'batch / noise scale' the rollouts trained per step over it. "
+              + " ".join(notes) + "\n") if notes else ""
     return (
         f"# {title}\n\n{setup}, target = start accuracy + "
         f"{target_gain}; ratios are per seed (rollouts to target / the reference's), mean ± std. "
         f"'gain error vs frozen' is the online controller's mean absolute gain-prediction error relative to a frozen "
-        f"copy's minus 1 (negative: the online one is better). Wall clock {wall_s:.0f} s.\n\n{table}\n"
+        f"copy's minus 1 (negative: the online one is better). Wall clock {wall_s:.0f} s.\n\n{table}\n{regime}"
     )
