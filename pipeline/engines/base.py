@@ -19,6 +19,10 @@ Contract (checked by ``tests/test_engine_conformance.py`` against every implemen
 5. ``update_weights(weights)`` installs new weights between samples and returns the new
    ``policy_version`` (strictly larger than before).
 6. An engine may raise from ``stream``; the orchestrator turns that into a failed sample.
+
+``EngineBase`` holds the plumbing the four engines share (the version and open-request
+counters, the checks at the start of ``stream``, the close loop); each engine adds how it
+generates, aborts and loads weights.
 """
 
 from __future__ import annotations
@@ -63,3 +67,85 @@ class Engine(Protocol):
 
 class EngineError(RuntimeError):
     """An engine could not start or failed as a whole (not one sample)."""
+
+
+class EngineBase:
+    """Shared plumbing of the engines: ``policy_version``, ``open_requests``, the start of
+    ``stream`` and ``aclose``.
+
+    A subclass keeps every request whose stream is open in ``self._open`` (request id -> its
+    own record of the request), raises ``self._version`` when it installs weights, calls
+    ``self._admit(request)`` first thing in ``stream`` and ``self._forget(request_id, record)``
+    when a stream closes, and provides ``_abort_on_close(record)`` (end one request still
+    open when the engine closes; the record stays in ``_open`` until its stream closes) and,
+    where it holds more than requests, ``_close_resources()`` (awaited once, after that loop).
+
+    >>> import anyio
+    >>> from pipeline.types import Prompt, SampleRequest, SamplingParams
+    >>> class Idle(EngineBase):                     # an engine that never generates anything
+    ...     name = "idle"
+    ...     def stream(self, request):
+    ...         self._open[self._admit(request)] = request  # a real engine returns its stream
+    ...     def _abort_on_close(self, request):
+    ...         print("aborted", request.request_id)
+    >>> engine = Idle()
+    >>> req = SampleRequest("r0", group_id=0, sample_index=0, prompt=Prompt(0, "", (1,)), params=SamplingParams())
+    >>> engine.stream(req); engine.open_requests, engine.policy_version
+    (1, 0)
+    >>> engine.stream(req)
+    Traceback (most recent call last):
+    ...
+    ValueError: request_id 'r0' is already running; request ids must be unique
+    >>> anyio.run(engine.aclose); anyio.run(engine.aclose)  # the second close does nothing
+    aborted r0
+    >>> engine.stream(req)
+    Traceback (most recent call last):
+    ...
+    pipeline.engines.base.EngineError: the idle engine is closed; create a new one
+    """
+
+    name = "engine"
+
+    def __init__(self) -> None:
+        self._version = 0
+        self._open: dict[str, Any] = {}  # request id -> the engine's record, while its stream is open
+        self._closed = False
+
+    @property
+    def policy_version(self) -> int:
+        """Version of the weights new samples are generated with."""
+        return self._version
+
+    @property
+    def open_requests(self) -> int:
+        """Requests whose streams are open."""
+        return len(self._open)
+
+    def _admit(self, request: SampleRequest) -> str:
+        """The start of ``stream``: refuse a closed engine and a request id still open; the id."""
+        if self._closed:
+            raise EngineError(f"the {self.name} engine is closed; create a new one")
+        rid = request.request_id
+        if rid in self._open:
+            raise ValueError(f"request_id {rid!r} is already running; request ids must be unique")
+        return rid
+
+    def _forget(self, request_id: str, record: Any) -> None:
+        """A stream closed: drop its record (not a newer request that reuses the id)."""
+        if self._open.get(request_id) is record:
+            del self._open[request_id]
+
+    async def aclose(self) -> None:
+        """End every open request, then release the engine's resources; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for record in list(self._open.values()):
+            self._abort_on_close(record)
+        await self._close_resources()
+
+    def _abort_on_close(self, record: Any) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must say how a request ends when the engine closes")
+
+    async def _close_resources(self) -> None:
+        return None

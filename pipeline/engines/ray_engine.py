@@ -49,7 +49,7 @@ from typing import Any, Callable
 import anyio
 import anyio.lowlevel
 
-from pipeline.engines.base import EngineError
+from pipeline.engines.base import EngineBase, EngineError
 from pipeline.engines.ray_cluster import connect, import_ray
 from pipeline.engines.request import RequestStream
 from pipeline.engines.ray_replica import ReplicaServer, TorchEngineFactory, VllmEngineFactory  # noqa: F401  (re-exported)
@@ -98,7 +98,7 @@ class _Req:
             self.wakeup.set()
 
 
-class RayEngine:
+class RayEngine(EngineBase):
     """Engine replicas as Ray actors behind the Engine protocol; see the module docstring.
 
     Parameters
@@ -137,6 +137,7 @@ class RayEngine:
     ):
         if replicas < 1:
             raise ValueError(f"replicas={replicas} must be >= 1")
+        super().__init__()  # self._open: request id -> _Req, until its stream closes
         self._ray = ray = import_ray()
         self._factory = engine_factory
         self.torch_threads = torch_threads
@@ -145,13 +146,10 @@ class RayEngine:
         self.restarts = 0
         self._owns_ray = connect(ray, address, connect_timeout_s, math.ceil(replicas * num_cpus), dict(ray_init_kwargs or {}))
         self._actor_cls = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, max_task_retries=0)(ReplicaServer)
-        self._version = 0
         self._latest: Any = None  # object ref of the latest weights (for replacements)
         self._replicas = [_Replica(i, self._new_actor()) for i in range(replicas)]
-        self._open: dict[str, _Req] = {}
         self._placed: collections.OrderedDict[str, int] = collections.OrderedDict()  # request id -> replica index
         self._serials = itertools.count()
-        self._closed = False
         try:
             names = ray.get([r.actor.ready.remote() for r in self._replicas], timeout=start_timeout_s)
         except Exception as exc:
@@ -159,15 +157,7 @@ class RayEngine:
             raise EngineError(f"Ray replicas failed to start their engines: {type(exc).__name__}: {exc}") from exc
         self.inner_engine = names[0]
 
-    # --- Engine protocol -----------------------------------------------------------------
-
-    @property
-    def policy_version(self) -> int:
-        return self._version
-
-    @property
-    def open_requests(self) -> int:
-        return len(self._open)
+    # --- Engine protocol (policy_version, open_requests, aclose: EngineBase) ---------------
 
     @property
     def replicas_alive(self) -> int:
@@ -183,11 +173,7 @@ class RayEngine:
         return [len(r.requests) if r.alive else 0 for r in self._replicas]
 
     def stream(self, request: SampleRequest) -> RequestStream:
-        if self._closed:
-            raise EngineError("the ray engine is closed; create a new one")
-        rid = request.request_id
-        if rid in self._open:
-            raise ValueError(f"request_id {rid!r} is already running; request ids must be unique")
+        rid = self._admit(request)
         self._replace_dead()
         live = [r for r in self._replicas if r.alive]
         if not live:
@@ -237,13 +223,11 @@ class RayEngine:
         self._version, self._latest = version, ref
         return version
 
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for req in list(self._open.values()):
-            if req.final is None:
-                self._finish_here(req, FinishReason.ABORTED, send_abort=False)
+    def _abort_on_close(self, req: _Req) -> None:
+        if req.final is None:
+            self._finish_here(req, FinishReason.ABORTED, send_abort=False)
+
+    async def _close_resources(self) -> None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(30):
             for replica in self._replicas:
                 if replica.alive:
@@ -318,9 +302,7 @@ class RayEngine:
         req.wake()
 
     def _release(self, req: _Req) -> None:
-        rid = req.request.request_id
-        if self._open.get(rid) is req:
-            del self._open[rid]
+        self._forget(req.request.request_id, req)
         if req.final is None:
             self._finish_here(req, FinishReason.ABORTED)
         req.replica.requests.pop(req.wire, None)

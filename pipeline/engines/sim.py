@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.clock import VirtualClock, WallClock
+from pipeline.engines.base import EngineBase
 from pipeline.simworld import CORRECT_TOKEN, WRONG_TOKEN, SimPolicyState, SimWorld, Trajectory
 from pipeline.types import FinishReason, Prompt, RolloutEvent, SampleFinished, SampleRequest, TokenDelta
 
@@ -40,7 +41,7 @@ class SimEngineFault(RuntimeError):
     """Injected failure (``engine.fail_every``), for fault-handling tests."""
 
 
-class SimEngine:
+class SimEngine(EngineBase):
     """Simulated inference engine over a ``SimWorld``; see the module docstring."""
 
     name = "sim"
@@ -52,37 +53,27 @@ class SimEngine:
         clock: VirtualClock | WallClock | None = None,
         fail_every: int = 0,
     ):
+        super().__init__()
         self.world = world
         self.clock = clock if clock is not None else VirtualClock()
         self._state = state if state is not None else world.initial_state()
-        self._version = 0
         self._fail_every = fail_every
         self._started = 0
-        self._open: dict[str, _SimStream] = {}
         self._finished: collections.OrderedDict[str, Trajectory] = collections.OrderedDict()
         self._tables = _TokenTables(world.config.vocab_size, world.config.seed)
 
-    # --- Engine protocol ---------------------------------------------------------------
-
-    @property
-    def policy_version(self) -> int:
-        return self._version
-
-    @property
-    def open_requests(self) -> int:
-        return len(self._open)
+    # --- Engine protocol (policy_version, open_requests, aclose: EngineBase) ---------------
 
     @property
     def state(self) -> SimPolicyState:
         return self._state
 
     def stream(self, request: SampleRequest) -> "_SimStream":
-        if request.request_id in self._open:
-            raise ValueError(f"request_id {request.request_id!r} is already running; request ids must be unique")
+        rid = self._admit(request)
         self._started += 1
         fail = self._fail_every > 0 and self._started % self._fail_every == 0
         s = _SimStream(self, request, fail)
-        self._open[request.request_id] = s
+        self._open[rid] = s
         return s
 
     async def abort(self, request_id: str) -> None:
@@ -97,9 +88,8 @@ class SimEngine:
         self._version += 1
         return self._version
 
-    async def aclose(self) -> None:
-        for s in list(self._open.values()):
-            s.close()
+    def _abort_on_close(self, stream: "_SimStream") -> None:
+        stream.close()
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -192,7 +182,7 @@ class _SimStream:
         if not self._closed:
             self._closed = True
             self._clock.unregister(self._token)
-            self._engine._open.pop(self._req.request_id, None)
+            self._engine._forget(self._req.request_id, self)
 
     def abort(self) -> None:
         self._aborted = True

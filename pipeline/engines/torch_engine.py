@@ -94,7 +94,7 @@ import anyio.lowlevel
 import torch
 
 from pipeline.clock import running_event_type
-from pipeline.engines.base import EngineError
+from pipeline.engines.base import EngineBase
 from pipeline.engines.request import RequestStream, check_request
 from pipeline.engines.torch_batch import DecodeBatch, RowSpec, StepOutput
 from pipeline.engines.torch_sampling import stream_key
@@ -105,7 +105,7 @@ from pipeline.types import FinishReason, RolloutEvent, SampleRequest
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class TorchEngine:
+class TorchEngine(EngineBase):
     """Continuously batched sampler over a transformers causal LM; see the module docstring.
 
     Parameters
@@ -153,6 +153,7 @@ class TorchEngine:
                 f"torch_lock must be a threading.Lock or Semaphore (held by the decode thread), got "
                 f"{type(torch_lock).__name__}; an anyio CapacityLimiter cannot be taken from a plain thread"
             )
+        super().__init__()  # self._open: request id -> RequestState, until its stream closes
         self.model = model.to(device=device, dtype=_DTYPES[dtype]).eval()
         self.eos_id = tokenizer_eos_id
         self.max_batch = max_batch
@@ -163,34 +164,19 @@ class TorchEngine:
         self._torch_lock = torch_lock if torch_lock is not None else contextlib.nullcontext()
         self._worker = DecodeWorker(DecodeBatch(self.model, tokenizer_eos_id, device), ahead=ahead, lock=torch_lock)
         self._serials = itertools.count()
-        self._open: dict[str, RequestState] = {}  # by request id: streams not closed yet
         self._pending: collections.deque[RequestState] = collections.deque()  # waiting for room in the batch
         self._rows: dict[int, RequestState] = {}  # by key: handed to the decode thread, still running
         self._waiting: dict[int, RequestState] = {}  # consumers waiting on their own event
         self._collecting = False
         self._event_type: type | None = None
-        self._version = 0
         self._update_lock = threading.Lock()  # one weight update at a time
         self._loaded_version = 0  # guarded by _update_lock
-        self._closed = False
         self._t0 = time.monotonic()
 
-    # --- Engine protocol ---------------------------------------------------------------
-
-    @property
-    def policy_version(self) -> int:
-        return self._version
-
-    @property
-    def open_requests(self) -> int:
-        return len(self._open)
+    # --- Engine protocol (policy_version, open_requests, aclose: EngineBase) ---------------
 
     def stream(self, request: SampleRequest) -> RequestStream:
-        if self._closed:
-            raise EngineError("the torch engine is closed; create a new one")
-        rid = request.request_id
-        if rid in self._open:
-            raise ValueError(f"request_id {rid!r} is already running; request ids must be unique")
+        rid = self._admit(request)
         prefix = check_request(request, vocab_size=self.vocab_size, max_context=self.max_context, eos_id=self.eos_id)
         req = RequestState(request, next(self._serials), prefix, self._version)
         self._open[rid] = req
@@ -229,14 +215,12 @@ class TorchEngine:
         self._version = max(self._version, version)
         return version
 
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for req in list(self._open.values()):
-            if req.finish is None:
-                self._end(req, FinishReason.ABORTED)
-                req.wake()
+    def _abort_on_close(self, req: RequestState) -> None:
+        if req.finish is None:
+            self._end(req, FinishReason.ABORTED)
+            req.wake()
+
+    async def _close_resources(self) -> None:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(self._worker.stop)
 
@@ -276,9 +260,7 @@ class TorchEngine:
 
     def _release(self, req: RequestState) -> None:
         """The consumer is done with the stream (final event read, closed, or cancelled)."""
-        rid = req.request.request_id
-        if self._open.get(rid) is req:
-            del self._open[rid]
+        self._forget(req.request.request_id, req)
         if req.finish is None:
             self._end(req, FinishReason.ABORTED)
             self._submit()

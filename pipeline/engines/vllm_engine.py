@@ -51,7 +51,7 @@ from typing import Any
 
 import anyio
 
-from pipeline.engines.base import EngineError
+from pipeline.engines.base import EngineBase, EngineError
 from pipeline.engines.request import RequestStream, check_request
 from pipeline.engines.torch_sampling import stream_key
 from pipeline.engines.vllm_setup import (
@@ -91,7 +91,7 @@ class _Request:
         self.final_sent = False
 
 
-class VllmEngine:
+class VllmEngine(EngineBase):
     """vLLM ``AsyncLLM`` behind the Engine protocol; see the module docstring.
 
     Parameters
@@ -129,6 +129,7 @@ class VllmEngine:
         log_level: str = "WARNING",
         engine_args: Mapping[str, Any] | None = None,
     ):
+        super().__init__()  # self._open: request id -> _Request, until its stream closes
         self.model_dir = Path(model_dir)
         self.cache_dir = Path(cache_dir)
         config = check_model_dir(self.model_dir)
@@ -177,21 +178,10 @@ class VllmEngine:
         self.start_seconds = time.perf_counter() - t0
         self.last_reload_seconds = 0.0
         self._serials = itertools.count()
-        self._open: dict[str, _Request] = {}
-        self._version = 0
         self._update_lock = anyio.Lock()
-        self._closed = False
         self._t0 = time.monotonic()
 
-    # --- Engine protocol -----------------------------------------------------------------
-
-    @property
-    def policy_version(self) -> int:
-        return self._version
-
-    @property
-    def open_requests(self) -> int:
-        return len(self._open)
+    # --- Engine protocol (policy_version, open_requests, aclose: EngineBase) ---------------
 
     @property
     def llm(self):
@@ -203,11 +193,7 @@ class VllmEngine:
         return 0 if self._llm is None else self._llm.get_num_unfinished_requests()
 
     def stream(self, request: SampleRequest) -> RequestStream:
-        if self._closed:
-            raise EngineError("the vllm engine is closed; create a new one")
-        rid = request.request_id
-        if rid in self._open:
-            raise ValueError(f"request_id {rid!r} is already running; request ids must be unique")
+        rid = self._admit(request)
         prefix = check_request(request, vocab_size=self.vocab_size, max_context=self.max_context, eos_id=self.eos_id)
         req = _Request(request, f"{rid}#{next(self._serials)}", prefix)
         req.version = self._version
@@ -244,14 +230,13 @@ class VllmEngine:
                 self.last_reload_seconds = time.perf_counter() - t0
         return self._version
 
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _abort_on_close(self, req: _Request) -> None:
+        if req.finish is None:
+            self._end(req, FinishReason.ABORTED)
+
+    async def _close_resources(self) -> None:
         live = []
         for req in self._open.values():
-            if req.finish is None:
-                self._end(req, FinishReason.ABORTED)
             if req.live:
                 req.live = False
                 live.append(req.vid)
@@ -298,9 +283,7 @@ class VllmEngine:
 
     async def _release(self, req: _Request) -> None:
         """The consumer is done with the stream (final event read, closed, or cancelled)."""
-        rid = req.request.request_id
-        if self._open.get(rid) is req:
-            del self._open[rid]
+        self._forget(req.request.request_id, req)
         if req.finish is None:
             self._end(req, FinishReason.ABORTED)
         if req.live and not self._closed:
