@@ -13,6 +13,8 @@ Each file is an Arrow IPC stream whose schema metadata holds ``railgate.schema_v
   ``actions`` a ``list<string>``; ids and counters are ``int64``, times and probabilities
   ``float64``, the rest ``string``.
 * outcomes: ``decision_id`` int64, ``time`` float64, ``reward`` float64, ``tokens`` int64.
+  A training run stamps both decisions and outcomes with the run's clock (seconds since the
+  process started, or the simulator's virtual seconds).
 
 A decision's outcome is written when its group closes. Decisions of groups still open when a
 run stops (or when a killed run's checkpoint was taken) never get one: their realised gain does
@@ -32,6 +34,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -101,6 +104,9 @@ class TraceLog:
         Records per written batch, per stream. A crash loses at most this many per stream.
     fsync
         Also ``fsync`` every batch (survives a power loss, not only a process crash; slower).
+    clock
+        The time source of outcome stamps: the run's clock, the one decisions' ``time`` comes
+        from (assign ``log.clock`` when that clock is built after the log). Default: Unix time.
 
     One writer per directory at a time; calls may come from several threads.
 
@@ -118,13 +124,15 @@ class TraceLog:
     (('demo',), [{'decision_id': 0, 'chosen': 'commit', 'reward': 1.0}])
     """
 
-    def __init__(self, directory: str | os.PathLike, run_id: str, flush_every: int = 256, fsync: bool = False) -> None:
+    def __init__(self, directory: str | os.PathLike, run_id: str, flush_every: int = 256, fsync: bool = False,
+                 clock: Callable[[], float] = time.time) -> None:
         if flush_every < 1:
             raise ValueError(f"flush_every={flush_every} must be >= 1; use 1 to write every record at once")
         self.directory = Path(directory)
         self.run_id = run_id
         self.flush_every = flush_every
         self.fsync = fsync
+        self.clock = clock
         self.directory.mkdir(parents=True, exist_ok=True)
         self._next_id = _max_decision_id(self.directory) + 1
         self._decisions: list[DecisionRecord] = []
@@ -179,10 +187,10 @@ class TraceLog:
                 self._write_decisions()
 
     def log_outcome(self, decision_id: int, reward: float, tokens: int) -> None:
-        """Buffer the outcome of an earlier decision, stamped with the wall-clock time now."""
+        """Buffer the outcome of an earlier decision, stamped with ``clock()`` now."""
         with self._lock:
             self._check_open()
-            self._outcomes.append((decision_id, time.time(), reward, tokens))
+            self._outcomes.append((decision_id, self.clock(), reward, tokens))
             if len(self._outcomes) >= self.flush_every:
                 self._write_outcomes()
 

@@ -5,6 +5,7 @@
     python run.py shadow --set gate.kind=sara       RAIL decides in shadow; off-policy value of promoting it
     python run.py replay runs/x/trace               train/evaluate controllers offline from traces
     python run.py eval RUN_DIR                      held-out accuracy and pass@k of a run's newest checkpoint
+    python run.py export RUN_DIR --out DIR          the policy as a Hugging Face model; buffer and trace as Parquet
     python run.py bench overhead                    pipeline overhead and decision-hook latency
     python run.py bench allocation                  every allocation policy side by side (sim)
     python run.py bench allocation --config configs/bench_allocation_torch.yaml   ... on the real model
@@ -56,6 +57,14 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--base", action="store_true", help="evaluate the base policy instead of the checkpoint")
     ev.add_argument("--samples", type=int, default=None, help="samples per prompt (k of pass@k); default: data.eval_samples")
     ev.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+
+    export = sub.add_parser("export", help="DIR/model (Hugging Face), DIR/buffer.parquet, DIR/trace.parquet")
+    export.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    export.add_argument("--out", type=Path, required=True, metavar="DIR", help="where the export goes")
+    export.add_argument("--step", type=int, default=None, metavar="N",
+                        help="the policy after learner step N (a kept checkpoint; 0: the base policy); default: the newest")
+    export.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override the run's config.yaml, e.g. --set model.path=DIR when the base model moved")
 
     bench = sub.add_parser("bench", help="side-by-side benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
@@ -157,6 +166,18 @@ def main(argv: list[str] | None = None) -> int:
 
             cfg = load_config(args.config, args.overrides)
             replay_traces(args.traces, cfg.controller.rail, args.out, run_id=args.run_id, seed=cfg.seed)
+            return 0
+        if command == "export":
+            from railgate.export import export_run
+
+            if not (args.run_dir / "config.yaml").is_file():
+                raise ConfigError(f"export {args.run_dir}: no config.yaml there; pass the run_dir of an earlier train run")
+            cfg = load_config(args.run_dir / "config.yaml", list(args.overrides) + [f"run_dir={args.run_dir}"])
+            report = export_run(cfg, args.run_dir, args.out, step=args.step)
+            for name, size in report.files.items():
+                print(f"{size / 2**20:10.2f} MiB  {report.out / name}")
+            print(f"exported {args.run_dir} (policy after learner step {report.step}) to {report.out}"
+                  if report.step is not None else f"exported {args.run_dir} (a simulator run: no model) to {report.out}")
             return 0
         if command == "eval":
             from railgate.evaluate import evaluate_run

@@ -74,6 +74,8 @@ def train(
         _supersede(run_dir, state)  # before the trace opens its new segments
     trace = TraceLog(run_dir / "trace", cfg.name, flush_every=cfg.log.trace_flush_every) if cfg.log.trace else NullSink()
     components = build_components(cfg, progress=show, sink=trace)
+    if isinstance(trace, TraceLog):
+        trace.clock = components.clock.now  # outcomes on the decisions' time base
     if state is not None:
         _restore_components(components, state)
     buffer = ArrowBuffer(run_dir / "buffer", persist=True, run_id=cfg.name) if cfg.log.buffer else None
