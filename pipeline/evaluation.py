@@ -1,9 +1,11 @@
 """Held-out evaluation of a real policy: sample each held-out prompt through the engine.
 
-Reports ``eval/accuracy`` (the mean reward of all samples: the expected pass@1 at the sampling
-temperature), ``eval/pass@k`` (the fraction of prompts with at least one correct sample among
+Reports ``eval/accuracy`` (the share of samples that succeed, i.e. whose reward is above
+their prompt's ``success_threshold``: the expected pass@1 at the sampling temperature),
+``eval/pass@k`` (the fraction of prompts with at least one success among
 ``samples_per_prompt``), and accuracy per difficulty level (``eval/accuracy/d=<level>``), so
-that what GRPO leaves near zero on the hardest levels is visible.
+that what GRPO leaves near zero on the hardest levels is visible. Samples the reward function
+gives no reward (None) are left out.
 
 >>> import anyio
 >>> from pipeline.config import SimConfig
@@ -43,6 +45,7 @@ class SamplingEvaluator:
         max_tokens: int = 64,
         concurrency: int = 256,
         seed: int = 0,
+        reward_timeout_s: float | None = None,
     ):
         if not prompts:
             raise ValueError("the evaluator needs at least one held-out prompt; raise eval.num_prompts")
@@ -56,6 +59,7 @@ class SamplingEvaluator:
         self.max_tokens = max_tokens
         self.concurrency = concurrency
         self.seed = seed
+        self.reward_timeout_s = reward_timeout_s  # a reward past it counts as wrong, as in training
 
     async def evaluate(self, step: int) -> dict[str, float]:
         rewards: dict[int, list[float]] = defaultdict(list)
@@ -77,11 +81,19 @@ class SamplingEvaluator:
                             final = event
                 finally:
                     await stream.aclose()
-            reward = 0.0
+            reward: Any = 0.0
             if final is not None and final.finish_reason.is_success:
                 try:
-                    reward = float(await anyio.to_thread.run_sync(self.scorer, prompt, final.token_ids)) \
-                        if not getattr(self.scorer, "runs_inline", False) else float(self.scorer(prompt, final.token_ids))
+                    if getattr(self.scorer, "runs_inline", False):
+                        reward = self.scorer(prompt, final.token_ids)
+                    else:
+                        reward = 0.0  # unless it answers in time
+                        with anyio.move_on_after(self.reward_timeout_s):
+                            reward = await anyio.to_thread.run_sync(self.scorer, prompt, final.token_ids,
+                                                                    abandon_on_cancel=True)
+                    if reward is None:
+                        return  # no reward: left out, as in training
+                    reward = float(reward)
                 except Exception:  # a reward that raises counts as wrong, as in training
                     reward = 0.0
             rewards[i].append(reward if math.isfinite(reward) else 0.0)
@@ -93,15 +105,17 @@ class SamplingEvaluator:
         return self._summarise(rewards)
 
     def _summarise(self, rewards: dict[int, list[float]]) -> dict[str, float]:
-        all_rewards = [r for rs in rewards.values() for r in rs]
+        # a success: a reward above the prompt's success_threshold
+        hits = {i: [r > self.prompts[i].success_threshold for r in rs] for i, rs in rewards.items()}
+        all_hits = [h for hs in hits.values() for h in hs]
         out = {
-            "eval/accuracy": sum(r > 0.5 for r in all_rewards) / max(1, len(all_rewards)),
-            f"eval/pass@{self.k}": sum(any(r > 0.5 for r in rs) for rs in rewards.values()) / max(1, len(rewards)),
+            "eval/accuracy": sum(all_hits) / max(1, len(all_hits)),
+            f"eval/pass@{self.k}": sum(any(hs) for hs in hits.values()) / max(1, len(hits)),
         }
-        by_level: dict[float, list[float]] = defaultdict(list)
-        for i, rs in rewards.items():
-            by_level[self.prompts[i].difficulty].extend(rs)
+        by_level: dict[float, list[bool]] = defaultdict(list)
+        for i, hs in hits.items():
+            by_level[self.prompts[i].difficulty].extend(hs)
         if 1 < len(by_level) <= 16:
-            for level, rs in sorted(by_level.items()):
-                out[f"eval/accuracy/d={level:g}"] = sum(r > 0.5 for r in rs) / len(rs)
+            for level, hs in sorted(by_level.items()):
+                out[f"eval/accuracy/d={level:g}"] = sum(hs) / len(hs)
         return out

@@ -46,7 +46,8 @@ class GroupRun:
             rewards=self.rewards,
             in_flight=len(self.in_flight) + self.queued,  # queued launches are as good as running
             launched=self.launched,
-            failed=self.failed,
+            # a sample with no reward counts as failed: gates stop paying for a group that gets none
+            failed=self.failed + sum(1 for s in self.samples if s.result.finish_reason.is_success and not s.is_valid),
             tokens=self.tokens,
             policy_version=policy_version,
             origins=self.origins,
@@ -75,4 +76,5 @@ class GroupRun:
             launched=self.launched,
             tokens=self.tokens,
             trained_tokens=sum(len(s.result.token_ids) - (s.request.branch.prefix_len if s.request.branch else 0) for s in valid),
+            success_threshold=self.prompt.success_threshold,
         )

@@ -37,6 +37,7 @@ class Budget:
     groups_dropped_empty: int = 0  # committed with fewer than 2 valid samples
     reward_errors: int = 0
     reward_timeouts: int = 0
+    rewards_none: int = 0  # completed samples the reward function gave no reward (None): not trained on
     staleness_sum: int = 0
     staleness_max: int = 0
     rollouts_trained: int = 0

@@ -508,7 +508,7 @@ class Orchestrator:
         decision_id = self.trace.next_decision_id()
         group.decision_ids.append(decision_id)
         rewards = group.rewards
-        successes = sum(1 for r in rewards if r > 0.5)
+        successes = sum(1 for r in rewards if r > group.prompt.success_threshold)
         self.trace.log_decision(
             DecisionRecord(
                 decision_id=decision_id,
@@ -726,6 +726,7 @@ class Orchestrator:
         b.staleness_max = max(b.staleness_max, max(stale, default=0))
         b.reward_errors = self.scoring.errors
         b.reward_timeouts = self.scoring.timeouts
+        b.rewards_none = self.scoring.no_reward
         now = time.monotonic()
         metrics = {
             **b.as_metrics(),

@@ -6,6 +6,9 @@ returns by itself: the limiter slot is freed at the timeout (``abandon_on_cancel
 pipeline keeps going, but a reward that hangs on every call will pile up threads -- the
 ``pipeline/reward_timeouts`` counter tells you to fix it.
 
+A scorer may return None for "no reward": the sample gets ``NO_REWARD`` (NaN), is counted in
+``no_reward`` and is not trained on (``ScoredSample.is_valid``).
+
 Scorers that declare ``runs_inline = True`` (the simulator's one-token check) are called on
 the event loop directly: a thread hop would cost more than the reward.
 
@@ -31,7 +34,7 @@ import anyio
 import anyio.to_thread
 
 from pipeline.protocols import Scorer
-from pipeline.types import Prompt
+from pipeline.types import NO_REWARD, Prompt
 
 
 class ScoringService:
@@ -46,6 +49,7 @@ class ScoringService:
         self._inline = bool(getattr(scorer, "runs_inline", False))
         self.errors = 0
         self.timeouts = 0
+        self.no_reward = 0  # the scorer returned None: counted, not trained on (``NO_REWARD``)
 
     async def score(self, prompt: Prompt, token_ids: Sequence[int]) -> tuple[float, str]:
         """``(reward, error)``; ``error`` is empty on success."""
@@ -64,7 +68,11 @@ class ScoringService:
 
     def _checked(self, call) -> tuple[float, str]:
         try:
-            value = float(call())
+            value = call()
+            if value is None:  # "no reward for this sample"
+                self.no_reward += 1
+                return NO_REWARD, "no reward"
+            value = float(value)
         except Exception as exc:  # a user's reward function: any failure is that sample's
             self.errors += 1
             return 0.0, f"reward raised {type(exc).__name__}: {exc}"

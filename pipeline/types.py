@@ -21,8 +21,13 @@ State that can be derived is derived: whether a sample is finished comes from it
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Union
+
+NO_REWARD = math.nan
+"""The reward of a sample whose reward function returned None ("no reward"): the sample is
+counted, and left out of its group's statistics and of training (``ScoredSample.is_valid``)."""
 
 
 class FinishReason(enum.IntEnum):
@@ -41,13 +46,18 @@ class FinishReason(enum.IntEnum):
 
 @dataclass(frozen=True)
 class Prompt:
-    """One task instance: the text, its tokens, and what the reward function needs to grade it."""
+    """One task instance: the text, its tokens, and what the reward function needs to grade it.
+
+    ``success_threshold``: a reward above it is a success (``task.success_threshold``); gates,
+    controllers and evaluation count successes so, so shaped or summed rewards are not misread.
+    """
 
     prompt_id: int
     text: str
     token_ids: tuple[int, ...]
     answer: str = ""
     difficulty: float = 0.0  # task-defined knob (digits, sim latent difficulty); only for reports
+    success_threshold: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -129,7 +139,8 @@ RolloutEvent = Union[TokenDelta, SampleFinished]
 
 @dataclass(frozen=True)
 class ScoredSample:
-    """A finished sample with its reward. ``reward_error`` names a reward that raised or timed out."""
+    """A finished sample with its reward. ``reward_error`` names a reward that raised or timed out;
+    ``reward`` is ``NO_REWARD`` (NaN) when the reward function gave none."""
 
     request: SampleRequest
     result: SampleFinished
@@ -138,8 +149,8 @@ class ScoredSample:
 
     @property
     def is_valid(self) -> bool:
-        """Valid samples enter the group's statistics; aborted and failed ones do not."""
-        return self.result.finish_reason.is_success
+        """Valid samples enter the group's statistics; aborted, failed and unrewarded ones do not."""
+        return self.result.finish_reason.is_success and not math.isnan(self.reward)
 
 
 @dataclass(frozen=True)
@@ -152,7 +163,7 @@ class GroupSnapshot:
     rewards: tuple[float, ...]  # rewards of valid finished samples, in finishing order
     in_flight: int  # samples launched (or queued for engine capacity) and not yet finished
     launched: int  # samples ever launched for this group (including failed and aborted)
-    failed: int  # samples that ended with ERROR
+    failed: int  # samples that ended with ERROR, or completed with no reward (the reward function gave None)
     tokens: int  # tokens generated so far by this group's samples
     policy_version: int  # the engine's policy version now
     origins: tuple[int, ...] = ()  # per entry of ``rewards``: the intervention that made it (-1: none)
@@ -163,7 +174,9 @@ class GroupSnapshot:
 
     @property
     def successes(self) -> int:
-        return sum(1 for r in self.rewards if r > 0.5)
+        """Rewards above the prompt's ``success_threshold``."""
+        threshold = self.prompt.success_threshold
+        return sum(1 for r in self.rewards if r > threshold)
 
     @property
     def failures(self) -> int:
@@ -171,7 +184,7 @@ class GroupSnapshot:
 
     @property
     def is_mixed(self) -> bool:
-        """Holds at least one success and one failure (binary rewards thresholded at 0.5)."""
+        """Holds at least one success and one failure (rewards thresholded at ``prompt.success_threshold``)."""
         return 0 < self.successes < self.finished
 
 
@@ -231,10 +244,17 @@ class CommittedGroup:
     trained_tokens: int = 0
     """Tokens of ``rollouts`` this group generated itself: a branched rollout's prefix was
     generated (and paid for) by its source. 0 where unknown (a group rebuilt from the buffer)."""
+    success_threshold: float = 0.5
+    """The prompt's ``success_threshold``."""
 
     @property
     def rewards(self) -> tuple[float, ...]:
         return tuple(r.reward for r in self.rollouts)
+
+    @property
+    def successes(self) -> int:
+        """Rollouts whose reward is above ``success_threshold``."""
+        return sum(1 for r in self.rollouts if r.reward > self.success_threshold)
 
     @property
     def is_effective(self) -> bool:

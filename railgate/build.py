@@ -106,6 +106,7 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
     evaluator = SamplingEvaluator(
         engine, eval_prompts, scorer, samples_per_prompt=cfg.data.eval_samples,
         temperature=cfg.data.eval_temperature, max_tokens=cfg.orchestrator.max_tokens, seed=derive_seed(cfg.seed, "eval"),
+        reward_timeout_s=cfg.orchestrator.reward_timeout_s,
     )
     learner = TorchLearner(base.model, cfg.learner, pad_id=tokenizer.pad_id)
     return Components(

@@ -47,7 +47,8 @@ def summary_table(cfg: Any, summary: RunSummary) -> str:
         ["effective-group yield", m["pipeline/effective_yield"]],
         ["rollouts per effective group", m["pipeline/rollouts_per_effective_group"]],
         ["staleness mean / max", f"{m['pipeline/staleness_mean']:.2f} / {int(m['pipeline/staleness_max'])}"],
-        ["reward errors / timeouts", f"{int(m['pipeline/reward_errors'])} / {int(m['pipeline/reward_timeouts'])}"],
+        ["reward errors / timeouts / none", f"{int(m['pipeline/reward_errors'])} / {int(m['pipeline/reward_timeouts'])} / "
+                                            f"{int(m.get('pipeline/rewards_none', 0))}"],
     ]
     controller = {k: v for k, v in (summary.controller_metrics or {}).items()}
     if controller:

@@ -145,7 +145,7 @@ def test_separate_eval_file_drops_overlap_from_training(tmp_path):
 
 BAD_LINES = [
     json.dumps({"solution": "1"}),  # missing prompt
-    json.dumps({"problem": "q", "solution": 7}),  # non-string answer
+    json.dumps({"problem": 7, "solution": "1"}),  # a prompt neither text nor chat messages (answers may be any JSON)
     json.dumps({"problem": "   ", "solution": "1"}),  # empty prompt
     json.dumps({"problem": "x" * 500, "solution": "1"}),  # too long
     "{broken json",
@@ -159,14 +159,14 @@ def test_bad_rows_are_skipped_and_counted(tmp_path):
     report = task.load_report
     assert report.rows == 60 and report.skipped == len(BAD_LINES)
     assert sum(report.reasons.values()) == len(BAD_LINES)
-    assert any("missing" in r for r in report.reasons) and any("not a string" in r for r in report.reasons)
+    assert any("missing" in r for r in report.reasons) and any("neither text nor" in r for r in report.reasons)
 
 
 @pytest.mark.parametrize(
     "line, message",
     [
         (BAD_LINES[0], r"line 61: field 'problem' is missing \(keys: solution\)"),
-        (BAD_LINES[1], r"line 61: field 'solution' is not a string \(int 7\); write it as a string"),
+        (BAD_LINES[1], r"line 61: field 'problem' is neither text nor a list of chat messages \(int 7\)"),
         (BAD_LINES[2], r"line 61: field 'problem' is empty"),
         (BAD_LINES[3], r"line 61: prompt is longer than max_prompt_chars=100"),
         (BAD_LINES[4], r"line 61: invalid JSON"),

@@ -69,7 +69,7 @@ class BaseGate:
 
     def on_step(self, step: int, batch: TrainBatch) -> list[GroupAction]:
         for group in batch.groups:
-            successes = sum(1 for r in group.rewards if r > 0.5)
+            successes = group.successes
             self.source.observe(group.prompt_id, successes, len(group.rewards))
             self._shipped(group.prompt_id, successes, len(group.rewards))
         self.source.advance(step)

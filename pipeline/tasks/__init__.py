@@ -60,13 +60,17 @@ def build_task(cfg: TaskConfig) -> Task:
     from pipeline.tasks.countdown import CountdownTask
     from pipeline.tasks.dataset import DatasetTask
 
+    task: Task
     if cfg.name == "arithmetic":
-        return ArithmeticTask(**asdict(cfg.arithmetic), eval_share=cfg.eval_share)
-    if cfg.name == "countdown":
-        return CountdownTask(**asdict(cfg.countdown), eval_share=cfg.eval_share)
-    if cfg.name == "dataset":
-        return DatasetTask(**asdict(cfg.dataset), eval_share=cfg.eval_share)
-    raise ValueError(f"task.name={cfg.name!r} is unknown; choose arithmetic, countdown or dataset")
+        task = ArithmeticTask(**asdict(cfg.arithmetic), eval_share=cfg.eval_share)
+    elif cfg.name == "countdown":
+        task = CountdownTask(**asdict(cfg.countdown), eval_share=cfg.eval_share)
+    elif cfg.name == "dataset":
+        task = DatasetTask(**asdict(cfg.dataset), eval_share=cfg.eval_share)
+    else:
+        raise ValueError(f"task.name={cfg.name!r} is unknown; choose arithmetic, countdown or dataset")
+    task.success_threshold = cfg.success_threshold
+    return task
 
 
 __all__ = [

@@ -65,6 +65,7 @@ class Task(ABC):
 
     name: str = "task"
     reward: str = "exact"  # a key of pipeline.rewards.REWARDS
+    success_threshold: float = 0.5  # a reward above it is a success (task.success_threshold; set by build_task)
 
     def __init__(self, eval_share: float = 0.1) -> None:
         if not 0 < eval_share < 1:
@@ -160,6 +161,7 @@ class Task(ABC):
             token_ids=tuple(encode(source)) if encode is not None else (),
             answer=problem.answer,
             difficulty=float(problem.difficulty),
+            success_threshold=self.success_threshold,
         )
 
     def train_prompts(self, n: int, seed: int, encode: Encode | None = None, unique: bool = False) -> list[Prompt]:

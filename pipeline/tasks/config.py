@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
 from pipeline.configuration import require
+
+BUILTIN_REWARDS = ("math_verify", "exact", "numeric")
+USER_REWARD = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")  # module:function
 
 
 @dataclass(frozen=True)
@@ -73,8 +77,11 @@ class DatasetConfig:
     """Optional numeric field copied into Prompt.difficulty (for reports)."""
     template: str = "{prompt}"
     """Prompt template; {prompt} is replaced by the row's prompt."""
-    reward: Literal["math_verify", "exact", "numeric"] = "math_verify"
-    """How responses are graded against the answer."""
+    reward: str = "math_verify"
+    """How responses are graded: 'math_verify', 'exact' or 'numeric' against the answer, or your
+    own TRL-style function 'module:function' (f(prompts, completions, **columns) -> list[float |
+    None], columns = the row's other fields; None = no reward: counted, not trained on).
+    The module is imported from the working directory or PYTHONPATH."""
     on_bad_row: Literal["skip", "error"] = "skip"
     """Rows with a missing, non-string or empty field, or a prompt over max_prompt_chars:
     skip and count them, or stop with an error naming the row."""
@@ -83,6 +90,9 @@ class DatasetConfig:
 
     def __post_init__(self) -> None:
         require("{prompt}" in self.template, f"task.dataset.template={self.template!r} must contain '{{prompt}}'")
+        require(self.reward in BUILTIN_REWARDS or bool(USER_REWARD.fullmatch(self.reward)),
+                f"task.dataset.reward={self.reward!r} must be one of {', '.join(BUILTIN_REWARDS)} or a function "
+                "of your own as 'module:function' (e.g. my_rewards:accuracy)")
         require(self.max_prompt_chars >= 0, f"task.dataset.max_prompt_chars={self.max_prompt_chars} must be >= 0")
 
 

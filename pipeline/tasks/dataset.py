@@ -1,10 +1,15 @@
 """Tasks from local files: JSONL or Parquet rows in the common prompt/answer layout.
 
 Field names are configurable (``prompt_field="problem", answer_field="solution"`` reads the
-MATH layout). A row is *bad* when a needed field is missing, not a string, or empty, or when
-its prompt is longer than ``max_prompt_chars``. ``on_bad_row="skip"`` skips and counts bad
-rows (``task.load_report``); ``"error"`` raises at the first one, naming the file, the row
-and the fix. A file whose columns lack a needed field always raises.
+MATH layout). A prompt is text, or a list of chat messages (``{"role", "content"}`` dicts,
+rendered with the model's chat template). An answer may have any JSON type: the built-in
+rewards grade its text (a string as is, anything else as JSON: ``42`` -> ``"42"``), and a
+user's reward function (``reward="module:function"``, ``pipeline.rewards.user``) gets the value
+itself, with every other field of the row. A row is *bad* when a needed field is missing,
+empty or of the wrong kind, or when its prompt is longer than ``max_prompt_chars``.
+``on_bad_row="skip"`` skips and counts bad rows (``task.load_report``); ``"error"`` raises at
+the first one, naming the file, the row and the fix. A file whose columns lack a needed field
+always raises. With a user's reward function the answer field is optional.
 
 Splits: with ``eval_path`` the eval file is the eval split (and any of its prompts found in
 the train file are dropped from training); without it, the stable hash of each prompt puts
@@ -19,9 +24,13 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Callable, Iterator, Literal, Sequence
 
+from pipeline.hf_tokenizer import is_messages
+from pipeline.rewards.user import DatasetRow, UserReward, is_user_reward, load_reward_function
+from pipeline.rewards.base import TextReward
 from pipeline.tasks.base import Problem, Split, Task
+from pipeline.types import Prompt
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +79,7 @@ def read_records(path: Path, fields: list[str]) -> Iterator[tuple[str, Any]]:
                 f"{path} has no column {missing[0]!r} (columns: {', '.join(schema.names)}); "
                 "set the task's field names to the file's columns"
             )
-        table = pq.read_table(path, columns=fields)
+        table = pq.read_table(path)  # every column: a user's reward function gets the other fields too
         for number, record in enumerate(table.to_pylist(), start=1):
             yield f"row {number}", record
     else:
@@ -93,22 +102,42 @@ def load_problems(
     difficulty_field: str = "",
     on_bad_row: Literal["skip", "error"] = "skip",
     max_prompt_chars: int = 0,
+    answer_required: bool = True,
 ) -> tuple[list[Problem], LoadReport]:
-    """The problems of one file and a report of what was skipped.
+    """The problems of one file and a report of what was skipped (``load_rows`` also returns the rows).
 
     The SFT target is ``solution_field`` when given, else the answer; ``max_prompt_chars=0``
     means no limit.
     """
+    problems, _, report = load_rows(path, prompt_field, answer_field, solution_field, difficulty_field, on_bad_row,
+                                    max_prompt_chars, answer_required)
+    return problems, report
+
+
+def load_rows(
+    path: str | Path,
+    prompt_field: str = "prompt",
+    answer_field: str = "answer",
+    solution_field: str = "",
+    difficulty_field: str = "",
+    on_bad_row: Literal["skip", "error"] = "skip",
+    max_prompt_chars: int = 0,
+    answer_required: bool = True,
+) -> tuple[list[Problem], list[dict[str, Any]], LoadReport]:
+    """``load_problems`` plus each kept problem's whole row (same order)."""
     if on_bad_row not in ("skip", "error"):
         raise ValueError(f"on_bad_row={on_bad_row!r} must be 'skip' or 'error'")
     p = Path(path)
-    text_fields = [prompt_field, answer_field] + ([solution_field] if solution_field else [])
+    needed = [prompt_field] + ([answer_field] if answer_required else []) + ([solution_field] if solution_field else [])
     problems: list[Problem] = []
+    rows: list[dict[str, Any]] = []
     reasons: Counter[str] = Counter()
-    for where, record in read_records(p, text_fields + ([difficulty_field] if difficulty_field else [])):
-        problem, reason = _problem_of(record, text_fields, difficulty_field, max_prompt_chars)
+    spec = _Fields(prompt_field, answer_field, solution_field, difficulty_field, max_prompt_chars, answer_required)
+    for where, record in read_records(p, needed + ([difficulty_field] if difficulty_field else [])):
+        problem, reason = _problem_of(record, spec)
         if problem is not None:
             problems.append(problem)
+            rows.append(record)
             continue
         if on_bad_row == "error":
             raise DatasetError(f"{p}, {where}: {reason}; fix the row, or set on_bad_row='skip' to skip such rows")
@@ -119,36 +148,75 @@ def load_problems(
         raise DatasetError(f"{p}: no usable rows ({detail}); check the field names and the file")
     if report.skipped:
         log.warning("%s: skipped %d bad rows of %d: %s", p, report.skipped, report.skipped + report.rows, report.reasons)
-    return problems, report
+    return problems, rows, report
 
 
-def _problem_of(record: Any, text_fields: list[str], difficulty_field: str, max_chars: int) -> tuple[Problem | None, str]:
+@dataclass(frozen=True)
+class _Fields:
+    prompt: str
+    answer: str
+    solution: str
+    difficulty: str
+    max_chars: int
+    answer_required: bool
+
+
+def prompt_key(prompt: str | list) -> str:
+    """The key of a prompt (its split hash and id): the text, or the chat messages as JSON.
+
+    >>> prompt_key("2+2?"), prompt_key([{"role": "user", "content": "2+2?"}])
+    ('2+2?', '[{"role": "user", "content": "2+2?"}]')
+    """
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False)
+
+
+def answer_text(value: Any) -> str:
+    """What the built-in rewards grade: a string as is, any other JSON value as JSON.
+
+    >>> answer_text("12"), answer_text(12), answer_text(2.5), answer_text([1, 2])
+    ('12', '12', '2.5', '[1, 2]')
+    """
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _problem_of(record: Any, f: _Fields) -> tuple[Problem | None, str]:
     if isinstance(record, _Invalid):
         return None, record.reason
     if not isinstance(record, dict):
         return None, f"row is a JSON {type(record).__name__}, not an object"
-    values = []
-    for name in text_fields:
-        if name not in record or record[name] is None:
-            keys = ", ".join(map(str, record)) or "none"
-            return None, f"field {name!r} is missing (keys: {keys})"
-        value = record[name]
-        if not isinstance(value, str):
-            return None, f"field {name!r} is not a string ({type(value).__name__} {value!r:.40}); write it as a string"
-        if not value.strip():
+    keys = ", ".join(map(str, record)) or "none"
+    prompt = record.get(f.prompt)
+    if prompt is None:
+        return None, f"field {f.prompt!r} is missing (keys: {keys})"
+    if not isinstance(prompt, str) and not is_messages(prompt):
+        return None, (f"field {f.prompt!r} is neither text nor a list of chat messages ({type(prompt).__name__} "
+                      f"{prompt!r:.40}); write it as a string or as [{{'role': ..., 'content': ...}}]")
+    if isinstance(prompt, str) and not prompt.strip():
+        return None, f"field {f.prompt!r} is empty"
+    texts = {}
+    for name, required in ((f.answer, f.answer_required), (f.solution, bool(f.solution))):
+        if not name:
+            continue
+        value = record.get(name)
+        if value is None:
+            if required:
+                return None, f"field {name!r} is missing (keys: {keys})"
+            continue
+        if isinstance(value, str) and not value.strip():
             return None, f"field {name!r} is empty"
-        values.append(value)
-    prompt, answer = values[0], values[1]
-    if max_chars and len(prompt) > max_chars:
-        return None, f"prompt is longer than max_prompt_chars={max_chars} ({len(prompt)} characters); raise the limit"
+        texts[name] = answer_text(value)
+    length = len(prompt) if isinstance(prompt, str) else sum(len(str(m["content"])) for m in prompt)
+    if f.max_chars and length > f.max_chars:
+        return None, f"prompt is longer than max_prompt_chars={f.max_chars} ({length} characters); raise the limit"
     difficulty = 0.0
-    if difficulty_field:
-        d = record.get(difficulty_field)
+    if f.difficulty:
+        d = record.get(f.difficulty)
         if isinstance(d, bool) or not isinstance(d, (int, float)):
-            return None, f"field {difficulty_field!r} is not a number ({d!r:.40})"
+            return None, f"field {f.difficulty!r} is not a number ({d!r:.40})"
         difficulty = float(d)
-    solution = values[2] if len(values) > 2 else answer
-    return Problem(key=prompt, text=prompt, answer=answer, solution=solution, difficulty=difficulty), ""
+    answer = texts.get(f.answer, "")
+    key = prompt_key(prompt)
+    return Problem(key=key, text=key, answer=answer, solution=texts.get(f.solution, answer), difficulty=difficulty), ""
 
 
 class DatasetTask(Task):
@@ -170,7 +238,8 @@ class DatasetTask(Task):
         Prompt template; ``{prompt}`` is replaced by the row's prompt (other braces are kept,
         so LaTeX is safe).
     reward
-        ``"math_verify"``, ``"exact"`` or ``"numeric"`` (a key of ``pipeline.rewards.REWARDS``).
+        ``"math_verify"``, ``"exact"`` or ``"numeric"`` (a key of ``pipeline.rewards.REWARDS``), or
+        a user's TRL-style reward function as ``"module:function"`` (``pipeline.rewards.user``).
     eval_share
         Share of rows held out when there is no ``eval_path``.
     on_bad_row
@@ -190,6 +259,15 @@ class DatasetTask(Task):
     >>> p = task.train_prompts(1, seed=0)[0]
     >>> task.score(p, p.answer)
     1.0
+
+    Chat-message prompts, an integer answer, and the row's other fields for a user's reward:
+
+    >>> row = {"prompt": [{"role": "user", "content": "2+2?"}], "answer": 4, "source": "gsm"}
+    >>> _ = (d / "chat.jsonl").write_text(json.dumps(row))
+    >>> chat = DatasetTask(d / "chat.jsonl", reward="exact", eval_path=d / "chat.jsonl")
+    >>> p = chat.eval_prompts(1, seed=0)[0]
+    >>> chat.prompt_source(chat.eval_problems(1, seed=0)[0]), p.answer, chat.row(p.prompt_id).columns
+    ([{'role': 'user', 'content': '2+2?'}], '4', {'answer': 4, 'source': 'gsm'})
     """
 
     reward = "math_verify"
@@ -213,6 +291,9 @@ class DatasetTask(Task):
         if "{prompt}" not in template:
             raise ValueError(f"template={template!r} must contain '{{prompt}}' where the row's prompt goes")
         self.name, self.template, self.reward = name, template, reward
+        user = is_user_reward(reward)
+        # a user's function is imported now, so that a wrong name fails before any model is loaded
+        self._reward_function = load_reward_function(reward) if user else None
         kwargs = dict(
             prompt_field=prompt_field,
             answer_field=answer_field,
@@ -220,10 +301,13 @@ class DatasetTask(Task):
             difficulty_field=difficulty_field,
             on_bad_row=on_bad_row,
             max_prompt_chars=max_prompt_chars,
+            answer_required=not user,
         )
-        train, self.load_report = load_problems(train_path, **kwargs)
+        train, train_rows, self.load_report = load_rows(train_path, **kwargs)
+        records = dict(zip((p.key for p in train), train_rows))
         if eval_path:
-            held_out, self.eval_load_report = load_problems(eval_path, **kwargs)
+            held_out, eval_rows, self.eval_load_report = load_rows(eval_path, **kwargs)
+            records.update(zip((p.key for p in held_out), eval_rows))
             eval_keys = {p.key for p in held_out}
             self._pools = {"train": [p for p in train if p.key not in eval_keys], "eval": held_out}
             self.dropped_overlap = len(train) - len(self._pools["train"])
@@ -235,6 +319,33 @@ class DatasetTask(Task):
             self.dropped_overlap = 0
         self._eval_keys = {p.key for p in self._pools["eval"]}
         self._sources = {"train": str(train_path), "eval": str(eval_path or train_path)}
+        # Each prompt's row as a reward function sees it (a prompt in several rows: the last row).
+        self._messages = {key: r[prompt_field] for key, r in records.items() if isinstance(r[prompt_field], list)}
+        self._rows = {}
+        for pool in self._pools.values():
+            for p in pool:
+                others = {k: v for k, v in records[p.key].items() if k != prompt_field}
+                self._rows[self.prompt_id(p)] = DatasetRow(prompt=self.prompt_source(p), columns=others)
+
+    def row(self, prompt_id: int) -> DatasetRow:
+        """The dataset row of ``prompt_id``: its prompt (text or chat messages) and other fields."""
+        return self._rows[prompt_id]
+
+    def scorer(self, decode: Callable[[Sequence[int]], str]) -> TextReward | UserReward:
+        """The built-in reward, or the user's function with the rows' fields (``pipeline.rewards.user``)."""
+        if self._reward_function is None:
+            return super().scorer(decode)
+        return UserReward(self._reward_function, decode, self._rows, name=self.reward)
+
+    def score(self, prompt: Prompt, response_text: str) -> float | None:
+        if self._reward_function is None:
+            return super().score(prompt, response_text)
+        return UserReward(self._reward_function, str, self._rows, name=self.reward).score_text(prompt, response_text)
+
+    def prompt_source(self, problem: Problem) -> str | list[dict[str, Any]]:
+        """The row's chat messages as they are, or its text in the template."""
+        messages = self._messages.get(problem.key)
+        return messages if messages is not None else self.format_prompt(problem)
 
     @property
     def alphabet(self) -> str:
