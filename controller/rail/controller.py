@@ -44,16 +44,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from controller.rail.arms import Arm, build_arms
-from controller.rail.bandit import BanditLearner, Decision
+from controller.rail.bandit import BanditLearner, ControllerStateError, Decision
 from controller.rail.behaviour import build_behaviour
 from controller.rail.buffers import PrefixBuffers, RequestBuffer
 from controller.rail.config import RailConfig
 from controller.rail.decider import Decider
 from controller.rail.features import Context, PrefixInfo, group_features
 from controller.rail.gain_error import GainErrorTracker
-from controller.rail.learners import build_learner, clone_learner
+from controller.rail.learners import build_learner, clone_learner, learner_from_state
 from controller.rail.promotion import Evidence, Promoter, WindowEntry
-from controller.rail.records import controller_metrics, decision_record, switch_record
+from controller.rail.records import decision_record, evidence_metrics, latency_metrics, switch_record
 from controller.rail.reward import decision_reward
 from controller.rail import state as state_io
 from pipeline.protocols import DecisionSink
@@ -348,15 +348,65 @@ class RailController:
     # --- reporting and state ---------------------------------------------------------------
 
     def metrics(self) -> dict[str, float]:
-        """``controller/...`` metrics for the step log (``controller.rail.records``)."""
-        return controller_metrics(self)
+        """``controller/...`` metrics for the step log: the counters, the mode and the switches,
+        the length estimate, the prefix buffers, open groups, the mean recent reward, decision
+        latency percentiles, the latest promotion evidence and the gain-prediction errors."""
+        out = {f"controller/{k}": float(v) for k, v in sorted(self.counts.items())}
+        out["controller/live"] = float(self.mode == "live")
+        out["controller/promotions"] = float(self.promoter.promotions)
+        out["controller/demotions"] = float(self.promoter.demotions)
+        out["controller/length_estimate"] = float(self.length_estimate)
+        out["controller/buffered_requests"] = float(len(self.buffers))
+        out["controller/buffer_evictions"] = float(self.buffers.evicted)
+        out["controller/open_groups"] = float(len(self._groups))
+        if self.recent_rewards:
+            out["controller/mean_reward"] = sum(self.recent_rewards) / len(self.recent_rewards)
+        out.update(latency_metrics(self.latency_ns))
+        out.update(evidence_metrics(self.promoter.last))
+        out.update(self.gain_errors.metrics())
+        return out
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-able state (open groups are not kept: a resumed run starts them afresh)."""
-        return state_io.controller_state(self)
+        """JSON-able state; ``controller.rail.state`` says what is kept (not the open groups: a
+        resumed run starts them afresh)."""
+        return {
+            **state_io.HEADER,
+            "backend": self.config.backend,
+            "learner": self.learner.state_dict(),
+            "frozen": self.frozen.state_dict() if self.frozen is not None else None,
+            "behaviour": self.behaviour.state_dict(),
+            "decider": self.decider.state_dict(),
+            "promoter": self.promoter.state_dict(),
+            "gain_errors": self.gain_errors.state_dict(),
+            "length": self.length_estimate,
+            "counts": dict(self.counts),
+        }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        state_io.load_controller_state(self, state)
+    def load_state_dict(self, state: dict[str, Any], where: str = "controller state") -> None:
+        """Restore ``state_dict()``'s output. ``ControllerStateError`` naming ``where`` for a state
+        of another format, version or backend (nothing loaded) or a corrupt one."""
+        state_io.check_header(state, where, self.config.backend)
+        try:
+            frozen = None
+            if state["frozen"] is not None:
+                frozen = learner_from_state(state["frozen"], self.config, derive_seed(self.seed, "rail", "frozen"))
+            # Validate everything that can fail before touching the live learner.
+            promoter = dict(state["promoter"])
+            length = float(state["length"])
+            counts = {str(k): int(v) for k, v in state["counts"].items()}
+            self.learner.load_state_dict(state["learner"])
+            self.behaviour.load_state_dict(state["behaviour"])
+            self.decider.load_state_dict(state["decider"])
+            self.promoter.load_state_dict(promoter)
+            self.gain_errors.load_state_dict(state["gain_errors"])
+        except ControllerStateError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise state_io.corrupt(where, exc) from exc
+        self.frozen = frozen
+        self.length_estimate = length
+        self.counts.clear()
+        self.counts.update(counts)
 
     def save(self, path: str) -> None:
         """Write ``state_dict()`` to ``path`` as JSON, atomically."""

@@ -8,8 +8,8 @@
   whose features hold the evidence: the window size, the acting policy's on-policy value and
   the other policy's doubly-robust value with their bounds, the old mode and whether the switch
   was made by hand;
-* ``controller/...`` metrics: counters, the mode, the latest evidence, decision latency
-  percentiles, and the online-vs-frozen gain-prediction error.
+* pieces of the ``controller/...`` metrics that ``RailController.metrics`` gathers: decision
+  latency percentiles and the latest promotion evidence.
 
 >>> rec = switch_record(3, 1.5, "run", "live", None, policy_version=2, manual=True)
 >>> rec.decision_point, rec.chosen, rec.features
@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from controller.rail.features import DECISION_POINTS
@@ -25,7 +26,6 @@ from controller.rail.promotion import Evidence
 from pipeline.types import DecisionRecord, GroupSnapshot
 
 if TYPE_CHECKING:
-    from controller.rail.controller import RailController
     from controller.rail.decider import Choice
     from controller.rail.features import Context
 
@@ -88,28 +88,29 @@ def switch_record(
     )
 
 
-def controller_metrics(c: "RailController") -> dict[str, float]:
-    out = {f"controller/{k}": float(v) for k, v in sorted(c.counts.items())}
-    out["controller/live"] = float(c.mode == "live")
-    out["controller/promotions"] = float(c.promoter.promotions)
-    out["controller/demotions"] = float(c.promoter.demotions)
-    out["controller/length_estimate"] = float(c.length_estimate)
-    out["controller/buffered_requests"] = float(len(c.buffers))
-    out["controller/buffer_evictions"] = float(c.buffers.evicted)
-    out["controller/open_groups"] = float(len(c._groups))
-    rewards = c.recent_rewards
-    if rewards:
-        out["controller/mean_reward"] = sum(rewards) / len(rewards)
-    latency = sorted(c.latency_ns)
-    if latency:
-        out["controller/decision_p50_us"] = latency[len(latency) // 2] / 1000.0
-        out["controller/decision_p99_us"] = latency[min(len(latency) - 1, int(0.99 * len(latency)))] / 1000.0
-    last = c.promoter.last
-    if last is not None:
-        out["controller/acting_value"] = last.acting.value
-        out["controller/other_value"] = last.other.value
-        out["controller/other_lower"] = last.other.lower
-        out["controller/other_upper"] = last.other.upper
-        out["controller/window_decisions"] = float(last.n)
-    out.update(c.gain_errors.metrics())
-    return out
+def latency_metrics(latency_ns: Sequence[int]) -> dict[str, float]:
+    """Median and 99th percentile of decision durations given in nanoseconds, in microseconds.
+
+    >>> latency_metrics([1000, 2000, 3000])
+    {'controller/decision_p50_us': 2.0, 'controller/decision_p99_us': 3.0}
+    """
+    latency = sorted(latency_ns)
+    if not latency:
+        return {}
+    return {
+        "controller/decision_p50_us": latency[len(latency) // 2] / 1000.0,
+        "controller/decision_p99_us": latency[min(len(latency) - 1, int(0.99 * len(latency)))] / 1000.0,
+    }
+
+
+def evidence_metrics(evidence: Evidence | None) -> dict[str, float]:
+    """The latest promotion check's estimates (none before the first check)."""
+    if evidence is None:
+        return {}
+    return {
+        "controller/acting_value": evidence.acting.value,
+        "controller/other_value": evidence.other.value,
+        "controller/other_lower": evidence.other.lower,
+        "controller/other_upper": evidence.other.upper,
+        "controller/window_decisions": float(evidence.n),
+    }

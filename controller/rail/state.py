@@ -1,4 +1,5 @@
-"""The RAIL controller's saved state: a versioned, JSON-able dict, and its file form.
+"""The RAIL controller's saved state: a versioned, JSON-able dict (``RailController.state_dict``
+builds it, ``RailController.load_state_dict`` reads it back), its header and its file form.
 
 What is kept: the learner (its model bytes, base64, with a SHA-256 checksum), the frozen copy,
 the behaviour policy's and the decider's random states, the promotion window and mode, the
@@ -24,36 +25,19 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from controller.rail.bandit import ControllerStateError
-from controller.rail.learners import learner_from_state
-from pipeline.seeding import derive_seed
-
-if TYPE_CHECKING:
-    from controller.rail.controller import RailController
 
 FORMAT = "railgate.rail"
 VERSION = 1
+HEADER = {"format": FORMAT, "version": VERSION}
+"""The first keys of every state dict."""
 
 
-def controller_state(c: "RailController") -> dict[str, Any]:
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "backend": c.config.backend,
-        "learner": c.learner.state_dict(),
-        "frozen": c.frozen.state_dict() if c.frozen is not None else None,
-        "behaviour": c.behaviour.state_dict(),
-        "decider": c.decider.state_dict(),
-        "promoter": c.promoter.state_dict(),
-        "gain_errors": c.gain_errors.state_dict(),
-        "length": c.length_estimate,
-        "counts": dict(c.counts),
-    }
-
-
-def check_header(state: Any, where: str) -> None:
+def check_header(state: Any, where: str, backend: str | None = None) -> None:
+    """``ControllerStateError`` unless ``state`` is a RAIL state of this format and version
+    (and, given ``backend``, saved by that backend)."""
     if not isinstance(state, dict):
         raise ControllerStateError(f"{where} is a {type(state).__name__}, not a RAIL controller state (a dict)")
     if state.get("format") != FORMAT:
@@ -65,38 +49,16 @@ def check_header(state: Any, where: str) -> None:
             f"{where} has version {state.get('version')!r}; this railgate reads version {VERSION} -- "
             "start the controller fresh or use the release that wrote it"
         )
-
-
-def load_controller_state(c: "RailController", state: Any, where: str = "controller state") -> None:
-    check_header(state, where)
-    if state.get("backend") != c.config.backend:
+    if backend is not None and state.get("backend") != backend:
         raise ControllerStateError(
             f"{where} was saved by backend {state.get('backend')!r} but controller.rail.backend="
-            f"{c.config.backend!r}; set the backend that saved it or start fresh"
+            f"{backend!r}; set the backend that saved it or start fresh"
         )
-    try:
-        frozen = None
-        if state["frozen"] is not None:
-            frozen = learner_from_state(state["frozen"], c.config, derive_seed(c.seed, "rail", "frozen"))
-        # Validate everything that can fail before touching the live learner.
-        promoter = dict(state["promoter"])
-        length = float(state["length"])
-        counts = {str(k): int(v) for k, v in state["counts"].items()}
-        c.learner.load_state_dict(state["learner"])
-        c.behaviour.load_state_dict(state["behaviour"])
-        c.decider.load_state_dict(state["decider"])
-        c.promoter.load_state_dict(promoter)
-        c.gain_errors.load_state_dict(state["gain_errors"])
-    except ControllerStateError:
-        raise
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ControllerStateError(
-            f"{where} is corrupt ({type(exc).__name__}: {exc}); delete it or start the controller fresh"
-        ) from exc
-    c.frozen = frozen
-    c.length_estimate = length
-    c.counts.clear()
-    c.counts.update(counts)
+
+
+def corrupt(where: str, exc: BaseException) -> ControllerStateError:
+    """The error for a state whose header is right but whose body does not load."""
+    return ControllerStateError(f"{where} is corrupt ({type(exc).__name__}: {exc}); delete it or start the controller fresh")
 
 
 def save_file(state: dict[str, Any], path: str | os.PathLike) -> None:
