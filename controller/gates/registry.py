@@ -18,9 +18,9 @@ pipeline.configuration.ConfigError: gate.sara.probe_size=10 is above orchestrato
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Callable
+from typing import Callable, get_args
 
-from controller.config import DpsConfig, GateConfig
+from controller.config import DpsConfig, GateConfig, GateKind
 from controller.gates.dps import DpsGate
 from controller.gates.dynamic_sampling import DynamicSamplingGate
 from controller.gates.hora import HoraGate
@@ -36,7 +36,8 @@ from pipeline.seeding import derive_seed
 
 __all__ = ["GATE_KINDS", "build_gate", "build_dps_selector"]
 
-GATE_KINDS = ("uniform", "ds", "pilot_commit", "hora", "sara", "dps", "sara_dps", "oracle")
+GATE_KINDS: tuple[str, ...] = get_args(GateKind)
+"""Every ``gate.kind``, in the order ``controller.config.GateKind`` (their one list) names them."""
 
 
 def build_dps_selector(config: DpsConfig, pool: PromptPool, seed: int) -> DpsSelector:
