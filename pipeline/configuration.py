@@ -2,8 +2,9 @@
 
 Each package owns the dataclasses of its settings (``pipeline.config``, ``controller.config``,
 ``learner.config``); ``railgate.config.RunConfig`` composes them. This module only converts:
-it rejects unknown keys (naming the key and the closest valid one), coerces scalars to the
-annotated type, and applies ``--set a.b=c`` overrides.
+it rejects unknown keys (naming the key and the closest valid one, or for a key that TRL or
+verl users type, the railgate key it means: ``pipeline.foreign_keys``), coerces scalars to
+the annotated type, and applies ``--set a.b=c`` overrides.
 
 >>> from dataclasses import dataclass
 >>> @dataclass(frozen=True)
@@ -29,6 +30,8 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 
+from pipeline.foreign_keys import foreign_hint
+
 T = TypeVar("T")
 
 
@@ -45,8 +48,9 @@ def build(cls: type[T], data: dict[str, Any] | None, path: str = "") -> T:
     hints = typing.get_type_hints(cls)
     for key in data:
         if key not in fields:
+            foreign = foreign_hint(_join(path, key), data[key])  # a TRL or verl name first
             close = difflib.get_close_matches(str(key), list(fields), n=1)
-            hint = f"; did you mean '{_join(path, close[0]).rsplit('.', 1)[-1]}'?" if close else ""
+            hint = f"; {foreign}" if foreign else f"; did you mean '{_join(path, close[0]).rsplit('.', 1)[-1]}'?" if close else ""
             raise ConfigError(
                 f"unknown key '{_join(path, key)}'{hint} (valid keys: {', '.join(sorted(fields))})"
             )

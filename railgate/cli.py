@@ -50,7 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("traces", type=Path, nargs="+", metavar="TRACE", help="trace directories (RUN_DIR/trace) or files")
     common(replay, None)
     replay.add_argument("--run-id", default=None, help="which run of a trace holding several")
-    replay.add_argument("--out", type=Path, default=Path("runs/replay"), help="where the report goes")
+    replay.add_argument("--run-dir", "--out", dest="out", type=Path, default=Path("runs/replay"),
+                        help="where the report goes, like the other commands' --run-dir (--out: the same)")
 
     ev = sub.add_parser("eval", help="held-out accuracy and pass@k of a run's newest checkpoint")
     ev.add_argument("run_dir", type=Path, metavar="RUN_DIR")

@@ -86,18 +86,28 @@ def write_report(report: ReplayReport, out: Path, title: str) -> None:
     text = f"# {title}\n\n{notes}\n\nValue = mean reward per decision (variance gain minus token cost).\n\n{table}\n"
     (out / "offpolicy.md").write_text(text)
     (out / "offpolicy.json").write_text(json.dumps({"n": report.n, "rows": report_rows(report)}, default=float))
-    _plot(report, out / "offpolicy.png")
+    _plot(report, out / "offpolicy.png", title)
     print(text)
 
 
-def _plot(report: ReplayReport, path: Path) -> None:
+def _plot(report: ReplayReport, path: Path, title: str = "Off-policy evaluation") -> None:
+    import matplotlib.pyplot as plt
+
+    fig = offpolicy_figure(report, title)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def offpolicy_figure(report: ReplayReport, title: str = "Off-policy evaluation") -> Any:
+    """Each candidate policy's estimated value per decision under IPS, SNIPS and DR: a point
+    and its confidence interval as error bars; the dashed line is the logged policy's mean."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    labels, values, lows, highs = [], [], [], []
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    labels, values, lows, highs, confidence = [], [], [], [], 0.95
     for policy in report.policies:
         for name in ("ips", "snips", "dr"):
             e = getattr(policy, name)
@@ -105,11 +115,14 @@ def _plot(report: ReplayReport, path: Path) -> None:
             values.append(e.value)
             lows.append(e.value - e.lower)
             highs.append(e.upper - e.value)
-    ax.errorbar(range(len(values)), values, yerr=[lows, highs], fmt="o", capsize=3)
-    ax.axhline(report.logged_value.value, color="grey", linestyle="--", label="logged policy")
+            confidence = e.confidence
+    ax.errorbar(range(len(values)), values, yerr=[lows, highs], fmt="o", capsize=3,
+                label=f"estimate; bars: {confidence:.0%} confidence interval")
+    ax.axhline(report.logged_value.value, color="grey", linestyle="--", label="logged (behaviour) policy, on-policy mean")
     ax.set_xticks(range(len(values)), labels, fontsize=7)
-    ax.set_ylabel("value per decision")
-    ax.legend(fontsize=8)
+    ax.set_xlabel("candidate policy and off-policy estimator")
+    ax.set_ylabel("value per decision\n(variance gain - token cost)", fontsize=8)
+    ax.set_title(f"{title[:80]} ({report.n} decisions)", fontsize=9)
+    ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
