@@ -100,9 +100,10 @@ class LearnerConfig:
     (``learner.noise_scale``; logged as ``learner/noise_scale``, in rollouts). No extra forward
     or backward pass and the same update bit for bit; it needs at least two micro-batches per
     step (``micro_batch`` at most half the rollouts trained per step)."""
-    noise_scale_ema: float = 0.9
-    """Per-step decay of the moving averages of |G|^2 and tr(Sigma) whose ratio is the noise
-    scale (0.9: about the last 10 steps)."""
+    noise_scale_ema: float = 0.99
+    """Per-step decay of the moving averages of |G|^2 and tr(Sigma) whose ratio is the logged
+    noise scale (0.99: about the last 100 steps). Long, because one step's |G|^2 estimate is
+    noisy: on the project's model at 256 rollouts per step its noise is about its size."""
 
     def __post_init__(self) -> None:
         require(self.clip_low >= 0, f"learner.clip_low={self.clip_low} must be >= 0; 0.2 is the usual PPO value")
@@ -127,5 +128,5 @@ class LearnerConfig:
         require(self.micro_batch >= 1, f"learner.micro_batch={self.micro_batch} must be >= 1 rollout")
         require(self.ppo_epochs >= 1, f"learner.ppo_epochs={self.ppo_epochs} must be >= 1")
         require(0 <= self.noise_scale_ema < 1,
-                f"learner.noise_scale_ema={self.noise_scale_ema} must lie in [0, 1); 0.9 averages about 10 steps")
+                f"learner.noise_scale_ema={self.noise_scale_ema} must lie in [0, 1); 0.99 averages about 100 steps")
         require(self.num_threads >= 0, f"learner.num_threads={self.num_threads} must be >= 0 (0 = leave torch's setting)")

@@ -122,7 +122,7 @@ class NoiseScaleEMA:
     (True, 32.0)
     """
 
-    def __init__(self, decay: float = 0.9):
+    def __init__(self, decay: float = 0.99):
         if not 0 <= decay < 1:
             raise ValueError(f"noise-scale EMA decay {decay} must lie in [0, 1)")
         self.decay = decay

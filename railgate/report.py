@@ -73,11 +73,13 @@ def regime_paragraph(cfg: Any) -> str:
     noise = NoiseScaleLog.from_run_dir(run_dir).summary()
     if noise["batch_rollouts"] is None:
         return ""
-    figures = ""
-    if noise["noise_scale"] is not None:
-        figures = (f" (gradient noise scale {noise['noise_scale']:.0f} rollouts, mean over {noise['noise_scale_steps']} "
-                   f"steps of learner/noise_scale; ratio of run means {noise['noise_scale_pooled'] or math.nan:.0f})")
-    return f"\n\n**Regime.** {regime_sentence(noise['batch_rollouts'], noise['noise_scale'])}{figures}."
+    sentence = regime_sentence(noise["batch_rollouts"], noise["noise_scale"], noise["noise_scale_low"],
+                               noise["noise_scale_high"], steps=int(noise["noise_scale_steps"] or 0))
+    how = ""
+    if noise["noise_scale_steps"]:
+        how = (f" The noise scale is the simple gradient noise scale (McCandlish et al. 2018) in rollouts: the run mean "
+               f"of tr(Σ) over the run mean of |G|², from the micro-batches of {noise['noise_scale_steps']} steps.")
+    return f"\n\n**Regime.** {sentence[:1].upper()}{sentence[1:]}.{how}"
 
 
 def accuracy_plot(evals: Sequence[dict[str, float]], path: Path, title: str = "") -> bool:
