@@ -128,6 +128,21 @@ def require(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def shorten(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` for error messages, cut to about ``limit`` characters with the full length
+    noted, so that a 1 MB value does not become a 1 MB error line.
+
+    >>> shorten("x" * 1000)
+    "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'... (1000 characters)"
+    >>> shorten(0.5)
+    '0.5'
+    """
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value)} characters)"
+    text = repr(value)
+    return text if len(text) <= limit + 20 else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def _join(path: str, key: Any) -> str:
     return f"{path}.{key}" if path else str(key)
 

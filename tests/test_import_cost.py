@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from railgate.checkpoint import load_checkpoint
+from railgate.checkpoint import CheckpointWriter, LegacyCheckpointError, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "math_verify")
@@ -58,14 +58,21 @@ def test_a_simulator_run_imports_no_heavy_package(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
 
-    # its checkpoint is a plain pickle, which load_checkpoint reads
-    checkpoint = tmp_path / "checkpoints" / "step-000002.pt"
-    assert checkpoint.read_bytes()[:1] == b"\x80"
-    assert load_checkpoint(checkpoint)["step"] == 2
+    # its checkpoint holds no torch tensor: load_checkpoint reads it without importing torch
+    checkpoint = tmp_path / "checkpoints" / "step-000002.ckpt"
+    loaded = python(f"import sys\nfrom railgate.checkpoint import load_checkpoint\n"
+                    f"print(load_checkpoint({str(checkpoint)!r})['step'])\n{REPORT_HEAVY}")
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.split() == ["2", "[]"]
 
 
-def test_checkpoints_written_by_torch_save_still_load(tmp_path):
-    path = tmp_path / "step-000001.pt"
-    torch.save({"step": 1, "weights": torch.arange(3.0)}, path)
-    state = load_checkpoint(path)
-    assert state["step"] == 1 and torch.equal(state["weights"], torch.arange(3.0))
+def test_tensors_round_trip_bit_exactly_and_pickled_checkpoints_are_refused(tmp_path):
+    state = {"step": 1, "weights": torch.arange(3.0), "half": torch.tensor([1.5, -0.0], dtype=torch.bfloat16)}
+    CheckpointWriter(tmp_path)(state)
+    back = load_checkpoint(tmp_path / "checkpoints" / "step-000001.ckpt")
+    assert back["step"] == 1 and torch.equal(back["weights"], state["weights"])
+    assert back["half"].dtype == torch.bfloat16 and torch.equal(back["half"].view(torch.int16), state["half"].view(torch.int16))
+    old = tmp_path / "step-000001.pt"
+    torch.save(state, old)
+    with pytest.raises(LegacyCheckpointError, match="convert-checkpoint"):
+        load_checkpoint(old)

@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import pickle
+import json
 from typing import Any, Sequence
 
-from river import linear_model, optim
+from river import linear_model, optim, utils
 
 from controller.rail.bandit import BanditLearner, ControllerStateError, Decision, inverse_gap_weighting
 from controller.rail.features import Context
@@ -106,10 +106,14 @@ class RiverLearner(BanditLearner):
     # --- state -----------------------------------------------------------------------
 
     def _state(self) -> dict[str, Any]:
-        blob = pickle.dumps(self._models, protocol=pickle.HIGHEST_PROTOCOL)
-        return {"models": base64.b64encode(blob).decode("ascii"), "sha256": hashlib.sha256(blob).hexdigest()}
+        return models_state(self._models)
 
     def _load(self, state: dict[str, Any]) -> None:
+        if state.get("format") != "json":
+            raise ControllerStateError(
+                "river learner state in the pickle format of older releases is not loaded (unpickling can run code); "
+                "start the controller fresh, or replay its trace to retrain it (python run.py replay RUN_DIR/trace)"
+            )
         try:
             blob = base64.b64decode(state["models"], validate=True)
         except (ValueError, TypeError) as exc:
@@ -119,7 +123,28 @@ class RiverLearner(BanditLearner):
                 "river learner state: the models' checksum does not match (the state file is truncated or "
                 "edited); delete it or restore an intact copy"
             )
-        models = pickle.loads(blob)  # only after the checksum: the state came from our own save
-        if not isinstance(models, dict):
-            raise ControllerStateError(f"river learner state holds {type(models).__name__}, not a dict of models")
+        data = json.loads(blob)
+        if not isinstance(data, dict):
+            raise ControllerStateError(f"river learner state holds {type(data).__name__}, not a dict of models")
+        models = {}
+        for arm, saved in data.items():
+            self._models.pop(arm, None)
+            model = self._model(arm)
+            model.intercept = float(saved["intercept"])
+            model.optimizer.n_iterations = int(saved["n_iterations"])
+            model._weights = utils.VectorDict({str(k): float(v) for k, v in saved["weights"]})
+            models[arm] = model
         self._models = models
+
+
+def models_state(models: dict[str, linear_model.LinearRegression]) -> dict[str, Any]:
+    """The per-arm regressors as plain data (never a pickle: a state file or checkpoint may come
+    from someone else, and unpickling it could run code): per arm the intercept, SGD's step
+    count and the weights, as checksummed base64 JSON."""
+    data = {
+        arm: {"intercept": m.intercept, "n_iterations": m.optimizer.n_iterations,
+              "weights": [[k, v] for k, v in m._weights.to_dict().items()]}
+        for arm, m in models.items()
+    }
+    blob = json.dumps(data, separators=(",", ":")).encode()
+    return {"format": "json", "models": base64.b64encode(blob).decode("ascii"), "sha256": hashlib.sha256(blob).hexdigest()}

@@ -1,0 +1,246 @@
+"""A gate (SARA by default) driven from your own sampling loop, without railgate's orchestrator.
+
+You choose each prompt, sample and score; the gate says after every batch of rewards whether
+to sample more of the group, train on it or drop it::
+
+    driver = GateDriver.sara(group_size=8, probe_size=4)
+    group = driver.open("12+30=", prompt_id=0)      # the caller's prompt
+    verdict = group.start()                          # Verdict("sample", 4): the probe
+    while verdict.kind == "sample":
+        verdict = group.report(rewards_of(sample(verdict.n)))
+    # verdict.kind: "train" (the group is effective enough: train on group.rewards) or "drop"
+    driver.step_done(trained_groups)                 # after your optimizer step
+
+The rules are the orchestrator's (``pipeline.protocols``): the gate sees one ``GroupSnapshot``
+per ended sample, built by ``snapshot_of`` from what the caller knows; once it commits a group
+it is not asked again, and the group only takes the rewards of the samples it asked for.
+Reporting more rewards than were asked for, or reporting to a group that ended, raises
+``LifecycleError`` instead of counting a sample twice. A reward of ``None`` is "no reward":
+counted as a failed sample, not as a success or failure.
+
+>>> driver = GateDriver.sara(group_size=4, probe_size=2)
+>>> group = driver.open("2+2=", prompt_id=1)
+>>> group.start()
+Verdict(kind='sample', n=2)
+>>> group.report([1.0, 0.0])          # mixed probe: sample the rest, then train
+Verdict(kind='sample', n=2)
+>>> group.report([1.0, 1.0])
+Verdict(kind='train', n=0)
+>>> group.report([0.0])
+Traceback (most recent call last):
+...
+controller.driver.LifecycleError: group 0 (prompt 1) ended ('train') after 4 rewards; open a new group for more samples of this prompt
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, Sequence
+
+from pipeline.types import (
+    ActionKind,
+    CommittedGroup,
+    FinishReason,
+    GroupAction,
+    GroupSnapshot,
+    Prompt,
+    Rollout,
+    TrainBatch,
+)
+
+
+class LifecycleError(RuntimeError):
+    """A group was used against its lifecycle (a report after it ended, more rewards than asked for)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What to do next with a group: ``sample`` ``n`` more, ``wait`` for samples still out,
+    ``train`` on it, or ``drop`` it."""
+
+    kind: Literal["sample", "wait", "train", "drop"]
+    n: int = 0
+
+
+def snapshot_of(group_id: int, prompt: Prompt, rewards: Sequence[float], target_size: int, launched: int,
+                in_flight: int = 0, failed: int = 0, tokens: int = 0, policy_version: int = 0) -> GroupSnapshot:
+    """The ``GroupSnapshot`` a gate reads, from what a sampling loop knows: the rewards so far,
+    how many samples were started (``launched``) and are still running (``in_flight``).
+
+    >>> s = snapshot_of(0, Prompt(3, "2+2=", ()), rewards=[1.0, 0.0], target_size=8, launched=4, in_flight=2)
+    >>> s.finished, s.successes, s.is_mixed
+    (2, 1, True)
+    """
+    if launched < len(rewards) + in_flight + failed:
+        raise ValueError(f"launched={launched} is below the {len(rewards)} rewards + {in_flight} running + {failed} failed "
+                         "samples; count every sample started")
+    return GroupSnapshot(group_id=group_id, prompt=prompt, target_size=target_size, rewards=tuple(float(r) for r in rewards),
+                         in_flight=in_flight, launched=launched, failed=failed, tokens=tokens, policy_version=policy_version)
+
+
+class _CallerChoice:
+    """A prompt selector that hands the gate exactly the prompt the caller opened."""
+
+    def __init__(self) -> None:
+        self.offered: list[Prompt] = []
+
+    @property
+    def active(self) -> int:
+        return len(self.offered)
+
+    def take(self, n: int) -> list[Prompt]:
+        out, self.offered = self.offered[:n], self.offered[n:]
+        return out
+
+    def evict(self, prompt_id: int) -> None:
+        return None
+
+    def observe(self, prompt_id: int, successes: int, samples: int) -> None:
+        return None
+
+    def release(self, prompt_id: int) -> None:
+        return None
+
+    def advance(self, step: int) -> None:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
+
+
+@dataclass
+class DrivenGroup:
+    """One group of the caller's prompt: ``start``, then ``report`` rewards until the verdict is
+    ``train`` or ``drop``."""
+
+    driver: "GateDriver"
+    group_id: int
+    prompt: Prompt
+    target_size: int
+    initial: int
+    rewards: list[float] = field(default_factory=list)
+    launched: int = 0  # samples the gate asked for so far
+    handed: int = 0  # of those, samples the caller was told to draw
+    failed: int = 0  # samples reported with no reward (None)
+    committed: bool = False
+    ended: str = ""  # "train" or "drop" once the group is over
+
+    def start(self) -> Verdict:
+        """The first samples to draw (the probe)."""
+        if self.launched:
+            raise LifecycleError(f"group {self.group_id} was started already; report its rewards")
+        self.launched = self.handed = self.initial
+        return Verdict("sample", self.initial)
+
+    def report(self, rewards: Sequence[float | None], tokens: int = 0) -> Verdict:
+        """Rewards of samples the gate asked for (any number of them, in any order); the next step."""
+        if self.ended:
+            raise LifecycleError(
+                f"group {self.group_id} (prompt {self.prompt.prompt_id}) ended ({self.ended!r}) after {len(self.rewards)} "
+                "rewards; open a new group for more samples of this prompt"
+            )
+        outstanding = self.handed - len(self.rewards) - self.failed
+        if len(rewards) > outstanding:
+            raise LifecycleError(
+                f"group {self.group_id} got {len(rewards)} rewards but only {outstanding} samples are out "
+                f"({self.handed} asked for); report only the samples the gate asked for"
+            )
+        gate = self.driver.gate
+        for reward in rewards:
+            if reward is None or (isinstance(reward, float) and math.isnan(reward)):
+                self.failed += 1
+            else:
+                self.rewards.append(float(reward))
+            if self.committed:
+                continue  # a committed group is not asked again; it collects its samples
+            in_flight = self.launched - len(self.rewards) - self.failed
+            snapshot = snapshot_of(self.group_id, self.prompt, self.rewards, self.target_size, self.launched,
+                                   in_flight, self.failed, tokens, self.driver.step)
+            if any(self._apply(action) for action in gate.update(snapshot)):
+                return self._end("drop")  # the rest of this report belongs to a dropped group: unread
+        return self._next()
+
+    def _apply(self, action: GroupAction) -> bool:
+        """Apply one gate action; True when it abandons the group."""
+        if action.group_id != self.group_id:
+            raise LifecycleError(f"the gate acted on group {action.group_id} while group {self.group_id} reported")
+        if action.kind is ActionKind.LAUNCH:
+            self.launched += action.n
+        elif action.kind is ActionKind.COMMIT:
+            self.committed = True
+        elif action.kind is ActionKind.ABANDON:
+            return True
+        return False
+
+    def _next(self) -> Verdict:
+        new = self.launched - self.handed
+        if new > 0:  # the gate asked for more: the caller draws them
+            self.handed += new
+            return Verdict("sample", new)
+        if self.handed > len(self.rewards) + self.failed:
+            return Verdict("wait")  # the caller still holds drawn samples to report
+        if self.committed:
+            return self._end("train")
+        return Verdict("wait")  # the gate holds the group (SARA never does)
+
+    def _end(self, how: str) -> Verdict:
+        self.ended = how
+        self.driver.gate.on_closed(self.group_id, how == "train")
+        return Verdict(how)  # type: ignore[arg-type]
+
+    def as_committed(self) -> CommittedGroup:
+        """The group as the gate's ``on_step`` reads it (rewards only; no tokens)."""
+        rollouts = tuple(Rollout(f"g{self.group_id}-s{i}", i, (), (), (), r, FinishReason.STOP, self.driver.step)
+                         for i, r in enumerate(self.rewards))
+        return CommittedGroup(self.group_id, self.prompt.prompt_id, rollouts, self.launched, 0,
+                              success_threshold=self.prompt.success_threshold)
+
+
+class GateDriver:
+    """Holds a gate and numbers the groups the caller opens; see the module docstring.
+
+    Parameters
+    ----------
+    gate_factory
+        Called with the prompt source to build the gate, e.g. ``lambda source: SaraGate(source, 8)``.
+    success_threshold
+        A reward above it is a success (set it for shaped or summed rewards).
+    """
+
+    def __init__(self, gate_factory: Any, success_threshold: float = 0.5) -> None:
+        self._source = _CallerChoice()
+        self.gate = gate_factory(self._source)
+        self.success_threshold = success_threshold
+        self.step = 0
+        self._next_id = 0
+
+    @classmethod
+    def sara(cls, group_size: int = 8, probe_size: int = 4, success_threshold: float = 0.5, **options: Any) -> "GateDriver":
+        """A driver of ``controller.gates.sara.SaraGate`` (``options``: its other parameters)."""
+        from controller.gates.sara import SaraGate
+
+        return cls(lambda source: SaraGate(source, group_size, probe_size=probe_size, **options), success_threshold)
+
+    def open(self, text: str, prompt_id: int | None = None, token_ids: Sequence[int] = ()) -> DrivenGroup:
+        """A new group for the caller's prompt (``prompt_id``: a stable id of it, for the gate's per-prompt memory)."""
+        pid = self._next_id if prompt_id is None else int(prompt_id)
+        self._source.offered.append(Prompt(pid, text, tuple(token_ids), success_threshold=self.success_threshold))
+        plans = self.gate.admit(1, self.step)
+        if len(plans) != 1:
+            raise LifecycleError(f"{type(self.gate).__name__} opened {len(plans)} groups for one prompt; it needs a "
+                                 "prompt source of its own, not the caller's choice")
+        group = DrivenGroup(self, self._next_id, plans[0].prompt, plans[0].target_size, plans[0].initial)
+        self._next_id += 1
+        return group
+
+    def step_done(self, trained: Sequence[DrivenGroup]) -> None:
+        """Your optimizer step trained on ``trained`` (groups whose verdict was ``train``)."""
+        late = [g.group_id for g in trained if g.ended != "train"]
+        if late:
+            raise LifecycleError(f"groups {late} were not committed; train only on groups whose verdict was 'train'")
+        self.gate.on_step(self.step, TrainBatch(self.step, tuple(g.as_committed() for g in trained)))
+        self.step += 1
