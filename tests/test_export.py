@@ -137,8 +137,11 @@ VLLM = """
         del llm
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path).eval()
-        ids = tok(text, return_tensors="pt")["input_ids"]
-        greedy = model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)[0, ids.shape[1]:].tolist()
+        ids = tok(text)["input_ids"]
+        greedy = []
+        with torch.no_grad():
+            for _ in range(4):  # argmax decoding, the end-of-sequence token included, as vLLM's ignore_eos does
+                greedy.append(int(model(torch.tensor([ids + greedy])).logits[0, -1].argmax()))
         results[path] = {"vllm": list(out.token_ids), "transformers": greedy}
     print(json.dumps(results))
 """
