@@ -51,6 +51,16 @@ def _std(rewards: tuple[float, ...], mean: float, ddof: int) -> float:
     return math.sqrt(sum((r - mean) ** 2 for r in rewards) / (n - ddof))
 
 
+def _per_group(groups: Sequence[GroupLike], advantages_of: Callable[[tuple[float, ...]], tuple[float, ...]]) -> Advantages:
+    """``advantages_of(rewards)`` for each group with a reward spread; a saturated group gets
+    exactly 0 (not a rounding residue of ``mean(r) - r`` over eps, and never 0/0)."""
+    out = []
+    for group in groups:
+        rewards = _rewards(group)
+        out.append((0.0,) * len(rewards) if _is_saturated(rewards) else advantages_of(rewards))
+    return tuple(out)
+
+
 def grpo_advantages(groups: Sequence[GroupLike], eps: float = 1e-6, ddof: int = 1) -> Advantages:
     """(r - mean) / (std + eps) within each group; ``ddof=1`` is the sample std.
 
@@ -59,17 +69,13 @@ def grpo_advantages(groups: Sequence[GroupLike], eps: float = 1e-6, ddof: int = 
     >>> grpo_advantages([(3.0,), (2.0, 2.0, 2.0)])
     ((0.0,), (0.0, 0.0, 0.0))
     """
-    out = []
-    for group in groups:
-        rewards = _rewards(group)
-        if _is_saturated(rewards):
-            # Exactly 0, not a rounding residue of mean(r) - r over eps, and never 0/0.
-            out.append((0.0,) * len(rewards))
-            continue
+
+    def normalised(rewards: tuple[float, ...]) -> tuple[float, ...]:
         mean = math.fsum(rewards) / len(rewards)
         scale = _std(rewards, mean, ddof) + eps
-        out.append(tuple((r - mean) / scale for r in rewards))
-    return tuple(out)
+        return tuple((r - mean) / scale for r in rewards)
+
+    return _per_group(groups, normalised)
 
 
 def drgrpo_advantages(groups: Sequence[GroupLike]) -> Advantages:
@@ -78,15 +84,12 @@ def drgrpo_advantages(groups: Sequence[GroupLike]) -> Advantages:
     >>> drgrpo_advantages([(1.0, 0.0, 0.0, 0.0)])
     ((0.75, -0.25, -0.25, -0.25),)
     """
-    out = []
-    for group in groups:
-        rewards = _rewards(group)
-        if _is_saturated(rewards):
-            out.append((0.0,) * len(rewards))
-            continue
+
+    def centred(rewards: tuple[float, ...]) -> tuple[float, ...]:
         mean = math.fsum(rewards) / len(rewards)
-        out.append(tuple(r - mean for r in rewards))
-    return tuple(out)
+        return tuple(r - mean for r in rewards)
+
+    return _per_group(groups, centred)
 
 
 def rloo_advantages(groups: Sequence[GroupLike]) -> Advantages:
@@ -97,16 +100,12 @@ def rloo_advantages(groups: Sequence[GroupLike]) -> Advantages:
     >>> _round3(rloo_advantages([(1.0, 0.0, 0.0, 0.0), (1.0,)]))
     ((1.0, -0.333, -0.333, -0.333), (0.0,))
     """
-    out = []
-    for group in groups:
-        rewards = _rewards(group)
-        n = len(rewards)
-        if _is_saturated(rewards):
-            out.append((0.0,) * n)
-            continue
-        total = math.fsum(rewards)
-        out.append(tuple(r - (total - r) / (n - 1) for r in rewards))
-    return tuple(out)
+
+    def leave_one_out(rewards: tuple[float, ...]) -> tuple[float, ...]:
+        total, n = math.fsum(rewards), len(rewards)
+        return tuple(r - (total - r) / (n - 1) for r in rewards)
+
+    return _per_group(groups, leave_one_out)
 
 
 def saturated_mask(groups: Sequence[GroupLike]) -> tuple[bool, ...]:

@@ -1,4 +1,5 @@
-"""Tiny GPT-2 model directories for engine tests (the project's model shape, built in seconds).
+"""Shared pieces of the engine tests: tiny GPT-2 models and model directories (the project's
+model shape, built in seconds), prompts for them, and reading many streams at once.
 
 Head size 32: vLLM's CPU attention kernels take 32, 64, 80, ... but not 16.
 """
@@ -7,7 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import torch
+
+from pipeline.types import Prompt
 
 
 def tiny_gpt2(vocab_size: int = 64, d_model: int = 64, n_heads: int = 2, n_layers: int = 2, max_len: int = 64, seed: int = 0,
@@ -34,3 +38,21 @@ def save_tiny_gpt2(directory: str | Path, **kwargs) -> Path:
     d = Path(directory)
     tiny_gpt2(**kwargs).save_pretrained(str(d))
     return d
+
+
+def counting_prompt(i: int, vocab_size: int) -> Prompt:
+    """Prompt ``i``: a BOS token, then 3 to 6 tokens counting through the vocabulary from 3."""
+    return Prompt(prompt_id=i, text="", token_ids=(1,) + tuple(3 + (i * 5 + j) % (vocab_size - 3) for j in range(3 + i % 4)))
+
+
+async def read_all(engine, requests) -> dict[str, list]:
+    """Every request's events, by request id, read concurrently (one task per stream)."""
+    out: dict[str, list] = {}
+
+    async def one(request):
+        out[request.request_id] = [event async for event in engine.stream(request)]
+
+    async with anyio.create_task_group() as tg:
+        for request in requests:
+            tg.start_soon(one, request)
+    return out

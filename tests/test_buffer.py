@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from crash_child import kill_after
 from pipeline.arrowio import SegmentKind, SegmentWriter, TornSegmentWarning
 from pipeline.buffer import STEPS, ArrowBuffer, BufferFormatError, read_all, to_record_batch, to_train_batch
 from pipeline.types import CommittedGroup, FinishReason, Rollout, TrainBatch
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def make_batch(step: int, groups: int = 4, size: int = 3, seed: int = 0, float32_logprobs: bool = True) -> TrainBatch:
@@ -166,19 +160,7 @@ for step in range(10**6):
 
 
 def test_sigkill_mid_run_keeps_every_put_step(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, env=env, text=True)
-    try:
-        written = 0
-        while written < 20:
-            line = child.stdout.readline()
-            assert line, "the writer exited before 20 steps"
-            written = int(line)
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=10)
-    finally:
-        child.kill()
-        child.stdout.close()
+    written = kill_after(CHILD, tmp_path, 20)
     table = read_all(tmp_path)  # may warn about a torn tail; the steps before it must all be there
     steps = table.column("step").to_pylist()
     assert len(steps) % 8 == 0 and len(steps) // 8 >= written

@@ -22,6 +22,7 @@ import anyio
 import pytest
 import torch
 
+from engine_models import read_all
 from pipeline.config import SimConfig
 from pipeline.engines.base import Engine
 from pipeline.engines.sim import SimEngine
@@ -156,18 +157,6 @@ async def opened(request, shared_engines):
 def sample(o: Opened, rid: str, i: int, *, seed: int = 0, branch: BranchSpec | None = None) -> SampleRequest:
     params = SamplingParams(temperature=1.0, max_tokens=o.max_tokens, seed=seed)
     return SampleRequest(rid, group_id=i, sample_index=0, prompt=o.prompt(i), params=params, branch=branch)
-
-
-async def read_all(engine, reqs) -> dict[str, list]:
-    out: dict[str, list] = {}
-
-    async def one(r):
-        out[r.request_id] = [ev async for ev in engine.stream(r)]
-
-    async with anyio.create_task_group() as tg:
-        for r in reqs:
-            tg.start_soon(one, r)
-    return out
 
 
 def check_stream(events: list, rid: str, start: int = 0) -> SampleFinished:

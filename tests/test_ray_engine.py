@@ -13,9 +13,9 @@ import anyio
 import pytest
 import torch
 
-from engine_models import save_tiny_gpt2, tiny_gpt2
+from engine_models import counting_prompt, read_all, save_tiny_gpt2, tiny_gpt2
 from pipeline.engines.base import EngineError
-from pipeline.types import FinishReason, Prompt, SampleFinished, SampleRequest, SamplingParams, TokenDelta
+from pipeline.types import FinishReason, SampleFinished, SampleRequest, SamplingParams, TokenDelta
 
 torch.set_num_threads(1)
 pytestmark = [pytest.mark.integration, pytest.mark.anyio, pytest.mark.timeout(300)]
@@ -45,20 +45,8 @@ async def engine(model_dir):
 
 
 def request(rid: str, i: int, max_tokens: int = 16, seed: int = 0) -> SampleRequest:
-    prompt = Prompt(prompt_id=i, text="", token_ids=(1,) + tuple(3 + (i * 5 + j) % (VOCAB - 3) for j in range(3 + i % 4)))
+    prompt = counting_prompt(i, VOCAB)
     return SampleRequest(rid, group_id=i, sample_index=0, prompt=prompt, params=SamplingParams(max_tokens=max_tokens, seed=seed))
-
-
-async def run_all(engine, reqs) -> dict[str, list]:
-    out: dict[str, list] = {}
-
-    async def one(r):
-        out[r.request_id] = [ev async for ev in engine.stream(r)]
-
-    async with anyio.create_task_group() as tg:
-        for r in reqs:
-            tg.start_soon(one, r)
-    return out
 
 
 async def test_requests_are_balanced_across_replicas(engine):
@@ -72,7 +60,7 @@ async def test_requests_are_balanced_across_replicas(engine):
 async def test_samples_match_the_model_and_the_replicas_release_them(engine):
     model = tiny_gpt2(vocab_size=VOCAB, seed=3)
     reqs = [request(f"lp{i}", i, seed=i) for i in range(4)]
-    results = await run_all(engine, reqs)
+    results = await read_all(engine, reqs)
     for r in reqs:
         final = results[r.request_id][-1]
         assert final.finish_reason == FinishReason.LENGTH and final.num_tokens == 16
@@ -102,11 +90,11 @@ async def test_abort_and_close_reach_the_replica(engine):
 
 async def test_weights_are_broadcast_to_every_replica(engine):
     model = tiny_gpt2(vocab_size=VOCAB, seed=3)
-    before = await run_all(engine, [request(f"w{i}", i, seed=i) for i in range(4)])
+    before = await read_all(engine, [request(f"w{i}", i, seed=i) for i in range(4)])
     torch.manual_seed(0)
     version = await engine.update_weights({k: v + 0.5 * torch.randn_like(v) for k, v in model.state_dict().items()})
     assert version == engine.policy_version
-    after = await run_all(engine, [request(f"w{i}", i, seed=i) for i in range(4)])
+    after = await read_all(engine, [request(f"w{i}", i, seed=i) for i in range(4)])
     for rid in before:
         assert after[rid][-1].policy_version == version
         assert after[rid][-1].token_ids != before[rid][-1].token_ids
@@ -139,7 +127,7 @@ async def test_a_replica_dying_mid_group_fails_only_its_samples(engine):
     assert engine.replicas_alive == 1
     # The dead replica is replaced on the next request and serves it with the pool's weights.
     restarts = engine.restarts
-    more = await run_all(engine, [request(f"after{i}", i) for i in range(4)])
+    more = await read_all(engine, [request(f"after{i}", i) for i in range(4)])
     assert engine.restarts == restarts + 1 and engine.replicas_alive == 2
     assert all(evs[-1].finish_reason == FinishReason.LENGTH and evs[-1].policy_version == engine.policy_version
                for evs in more.values())

@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+from engine_models import read_all
 from pipeline.engines.torch_engine import TorchEngine
 from pipeline.types import BranchSpec, FinishReason, Prompt, SampleFinished, SampleRequest, SamplingParams, TokenDelta
 
@@ -50,18 +51,6 @@ async def collect(engine, req) -> list:
     return [ev async for ev in engine.stream(req)]
 
 
-async def run_all(engine, reqs) -> dict[str, list]:
-    out: dict[str, list] = {}
-
-    async def one(r):
-        out[r.request_id] = await collect(engine, r)
-
-    async with anyio.create_task_group() as tg:
-        for r in reqs:
-            tg.start_soon(one, r)
-    return out
-
-
 def greedy_reference(model, tokens, max_tokens) -> list[int]:
     ids = torch.tensor([list(tokens)])
     out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_tokens,
@@ -79,7 +68,7 @@ async def test_greedy_matches_generate_for_ragged_batch_and_late_joiner(make):
     engine = TorchEngine(model, EOS)
     try:
         first = [request(f"r{i}", p) for i, p in enumerate(PROMPTS[:3])]
-        results = await run_all(engine, first)
+        results = await read_all(engine, first)
         # A late joiner: enters a batch whose rows are already several tokens in.
         late = request("late", PROMPTS[3])
         early = request("early", PROMPTS[1], max_tokens=20)
@@ -112,7 +101,7 @@ async def test_logprobs_and_entropies_are_the_policy_at_temperature_one():
     engine = TorchEngine(model, EOS)
     try:
         reqs = [request(f"s{i}", PROMPTS[i % 4], temperature=0.7, top_p=0.9, seed=i, max_tokens=16) for i in range(6)]
-        results = await run_all(engine, reqs)
+        results = await read_all(engine, reqs)
     finally:
         await engine.aclose()
     for req in reqs:
@@ -233,7 +222,7 @@ async def test_a_branch_keeps_the_callers_prefix_logprobs_across_a_weight_update
         await engine.update_weights(copy.deepcopy(new_weights).state_dict())
         kept = BranchSpec("src", k, src.token_ids[:k], src.logprobs[:k])
         bare = BranchSpec("src", k, src.token_ids[:k])
-        results = await run_all(engine, [
+        results = await read_all(engine, [
             request("kept", PROMPTS[1], max_tokens=12, temperature=1.0, seed=2, branch=kept),
             request("bare", PROMPTS[1], max_tokens=12, temperature=1.0, seed=3, branch=bare),
         ])
@@ -275,7 +264,7 @@ async def test_same_seed_same_sample_whatever_runs_beside_it():
         alone = (await collect(engine, req))[-1]
         again = (await collect(engine, req))[-1]
         crowd = [request(f"other{i}", PROMPTS[i % 4], max_tokens=16, temperature=1.0, seed=i) for i in range(5)]
-        batched = (await run_all(engine, crowd + [req]))[req.request_id][-1]
+        batched = (await read_all(engine, crowd + [req]))[req.request_id][-1]
         other_seed = (await collect(engine, request("g0.s0", PROMPTS[0], max_tokens=16, temperature=1.0, seed=8)))[-1]
         assert alone.token_ids == again.token_ids == batched.token_ids
         assert other_seed.token_ids != alone.token_ids
@@ -289,7 +278,7 @@ async def test_top_p_keeps_only_the_nucleus():
     engine = TorchEngine(model, EOS)
     try:
         reqs = [request(f"p{i}", PROMPTS[1], temperature=1.0, top_p=1e-6, seed=i, max_tokens=10) for i in range(4)]
-        results = await run_all(engine, reqs)
+        results = await read_all(engine, reqs)
     finally:
         await engine.aclose()
     want = greedy_reference(reference, PROMPTS[1], 10)
@@ -302,7 +291,7 @@ async def test_requests_beyond_max_batch_queue_and_complete():
     engine = TorchEngine(model, EOS, max_batch=2)
     try:
         reqs = [request(f"q{i}", PROMPTS[i % 4], max_tokens=8) for i in range(5)]
-        results = await run_all(engine, reqs)
+        results = await read_all(engine, reqs)
     finally:
         await engine.aclose()
     for r in reqs:
@@ -345,7 +334,7 @@ async def test_a_failed_step_fails_its_rows_and_the_engine_recovers():
     engine = TorchEngine(model, None)
     try:
         model.fail = True
-        results = await run_all(engine, [request(f"f{i}", PROMPTS[i], max_tokens=8) for i in range(2)])
+        results = await read_all(engine, [request(f"f{i}", PROMPTS[i], max_tokens=8) for i in range(2)])
         for events in results.values():
             assert events[-1].finish_reason == FinishReason.ERROR and "injected failure" in events[-1].error
         model.fail = False
@@ -359,7 +348,7 @@ async def test_a_failed_step_fails_its_rows_and_the_engine_recovers():
 async def test_every_event_stream_ends_with_one_finished_event():
     engine = TorchEngine(tiny_llama(), EOS, delta_tokens=3)
     try:
-        results = await run_all(engine, [request(f"d{i}", PROMPTS[i % 4], temperature=1.0, seed=i, max_tokens=10) for i in range(8)])
+        results = await read_all(engine, [request(f"d{i}", PROMPTS[i % 4], temperature=1.0, seed=i, max_tokens=10) for i in range(8)])
     finally:
         await engine.aclose()
     for events in results.values():

@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import math
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from crash_child import kill_after
 from pipeline.arrowio import SegmentKind, SegmentWriter
 from pipeline.tracelog import DECISIONS, TraceFormatError, TraceLog, export_parquet, read_trace
 from pipeline.types import TRACE_SCHEMA_VERSION, DecisionRecord
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def record(i: int, run_id: str = "run-a", features: dict[str, float] | None = None) -> DecisionRecord:
@@ -234,19 +229,7 @@ for i in range(10**7):
 
 
 def test_sigkill_mid_run_keeps_every_flushed_record(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, env=env, text=True)
-    try:
-        flushed = 0
-        while flushed < 50:
-            line = child.stdout.readline()
-            assert line, "the writer exited before flushing 50 records"
-            flushed = int(line)
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=10)
-    finally:
-        child.kill()
-        child.stdout.close()
+    flushed = kill_after(CHILD, tmp_path, 50)
     trace = read_trace(tmp_path)
     ids = trace.decisions.column("decision_id").to_pylist()
     assert len(ids) >= flushed

@@ -11,7 +11,7 @@ import anyio
 import pytest
 import torch
 
-from engine_models import save_tiny_gpt2, tiny_gpt2
+from engine_models import counting_prompt, read_all, save_tiny_gpt2, tiny_gpt2
 from pipeline.engines.base import EngineError
 from pipeline.types import BranchSpec, FinishReason, Prompt, SampleFinished, SampleRequest, SamplingParams, TokenDelta
 
@@ -44,21 +44,9 @@ async def engine(model_dir):
 
 
 def request(rid: str, i: int, *, temperature: float = 1.0, max_tokens: int = 20, seed: int = 0, branch=None) -> SampleRequest:
-    prompt = Prompt(prompt_id=i, text="", token_ids=(1,) + tuple(3 + (i * 5 + j) % (VOCAB - 3) for j in range(3 + i % 4)))
+    prompt = counting_prompt(i, VOCAB)
     return SampleRequest(rid, group_id=i, sample_index=0, prompt=prompt,
                          params=SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed), branch=branch)
-
-
-async def run_all(engine, reqs) -> dict[str, list]:
-    out: dict[str, list] = {}
-
-    async def one(r):
-        out[r.request_id] = [ev async for ev in engine.stream(r)]
-
-    async with anyio.create_task_group() as tg:
-        for r in reqs:
-            tg.start_soon(one, r)
-    return out
 
 
 def teacher_forced(model, prompt: tuple[int, ...], response: tuple[int, ...]) -> tuple[list[float], list[float]]:
@@ -76,7 +64,7 @@ async def test_logprobs_are_the_policy_at_temperature_1(engine, model_dir):
     reqs = [request(f"lp{i}.{t}", i, temperature=t, seed=i) for i in range(4) for t in (1.0, 0.6)]
     engine.entropies = True
     try:
-        results = await run_all(engine, reqs)
+        results = await read_all(engine, reqs)
     finally:
         engine.entropies = False
     for r in reqs:
@@ -89,8 +77,8 @@ async def test_logprobs_are_the_policy_at_temperature_1(engine, model_dir):
 
 
 async def test_same_seed_same_sample_and_group_members_differ(engine):
-    a = await run_all(engine, [request("seed.a", 1, seed=7), request("seed.b", 1, seed=7)])
-    again = await run_all(engine, [request("seed.a", 1, seed=7)])
+    a = await read_all(engine, [request("seed.a", 1, seed=7), request("seed.b", 1, seed=7)])
+    again = await read_all(engine, [request("seed.a", 1, seed=7)])
     assert a["seed.a"][-1].token_ids == again["seed.a"][-1].token_ids
     assert a["seed.a"][-1].token_ids != a["seed.b"][-1].token_ids  # the request id is part of the seed
 
@@ -117,11 +105,11 @@ async def test_abort_leaves_vllm_with_no_running_requests(engine):
 
 async def test_branch_continues_the_prefix_and_scores_it_when_asked(engine):
     model = tiny_gpt2(vocab_size=VOCAB, seed=3)
-    src = (await run_all(engine, [request("br.src", 2, seed=1)]))["br.src"][-1]
+    src = (await read_all(engine, [request("br.src", 2, seed=1)]))["br.src"][-1]
     k = max(1, src.num_tokens // 2)
     given = BranchSpec("br.src", k, src.token_ids[:k], src.logprobs[:k])
     unscored = BranchSpec("br.src", k, src.token_ids[:k])  # no log-probs sent: vLLM scores the prefix
-    out = await run_all(engine, [request("br.given", 2, seed=2, branch=given), request("br.scored", 2, seed=3, branch=unscored)])
+    out = await read_all(engine, [request("br.given", 2, seed=2, branch=given), request("br.scored", 2, seed=3, branch=unscored)])
     for rid in ("br.given", "br.scored"):
         final = out[rid][-1]
         assert final.token_ids[:k] == src.token_ids[:k] and final.finish_reason.is_success
@@ -132,19 +120,19 @@ async def test_branch_continues_the_prefix_and_scores_it_when_asked(engine):
 
 async def test_weight_update_changes_outputs_and_bumps_the_version(engine, model_dir):
     model = tiny_gpt2(vocab_size=VOCAB, seed=3)
-    before = (await run_all(engine, [request("wu", 1, seed=5)]))["wu"][-1]
+    before = (await read_all(engine, [request("wu", 1, seed=5)]))["wu"][-1]
     version = engine.policy_version
     torch.manual_seed(0)
     new = {k: v + 0.5 * torch.randn_like(v) for k, v in model.state_dict().items()}
     assert await engine.update_weights(new) == version + 1 == engine.policy_version
-    after = (await run_all(engine, [request("wu", 1, seed=5)]))["wu"][-1]
+    after = (await read_all(engine, [request("wu", 1, seed=5)]))["wu"][-1]
     assert after.policy_version == version + 1
     assert (after.token_ids, after.logprobs) != (before.token_ids, before.logprobs)
     model.load_state_dict(new)  # the reload reached every layer, the tied output head included
     assert after.logprobs == pytest.approx(teacher_forced(model, request("x", 1).prompt.token_ids, after.token_ids)[0], abs=LOGPROB_TOL)
     # A model directory works too: back to the original weights.
     assert await engine.update_weights(str(model_dir)) == version + 2
-    restored = (await run_all(engine, [request("wu", 1, seed=5)]))["wu"][-1]
+    restored = (await read_all(engine, [request("wu", 1, seed=5)]))["wu"][-1]
     assert restored.token_ids == before.token_ids and restored.logprobs == pytest.approx(before.logprobs, abs=LOGPROB_TOL)
 
 
