@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.protocols import Controller
 from pipeline.types import CommittedGroup, GroupAction, GroupSnapshot, TokenDelta
 
 
-class NoopController:
+class NoopController(Controller):
     """Decides nothing. ``wants_tokens = False`` tells the orchestrator to skip token hooks.
 
     >>> NoopController().on_group(None, [])

@@ -1,16 +1,14 @@
 """Per-group state in the tracker: what was launched, what finished, what it cost.
 
-Only the orchestrator's tracker task mutates a ``GroupRun`` (single writer); everything else
-sees immutable ``GroupSnapshot``\\ s and ``CommittedGroup``\\ s derived from it.
+Only ``pipeline.tracker.GroupTracker`` mutates a ``GroupRun`` (single writer); everything
+else sees immutable ``GroupSnapshot``\\ s and ``CommittedGroup``\\ s derived from it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import anyio
-
-from pipeline.types import CommittedGroup, GroupSnapshot, Prompt, Rollout, ScoredSample
+from pipeline.types import CommittedGroup, GroupSnapshot, Prompt, Rollout, SampleRequest, ScoredSample
 
 
 @dataclass
@@ -27,7 +25,7 @@ class GroupRun:
     sealed: bool = False
     closed: bool = False
     samples: list[ScoredSample] = field(default_factory=list)
-    in_flight: dict[str, anyio.CancelScope] = field(default_factory=dict)
+    in_flight: dict[str, SampleRequest] = field(default_factory=dict)  # running samples by request id
     decision_ids: list[int] = field(default_factory=list)
 
     @property

@@ -57,10 +57,13 @@ from pipeline.types import (
 class Gate(Protocol):
     """Allocation policy: which prompts get groups, and when a group commits or is abandoned.
 
-    Optional members the orchestrator reads when present: ``metrics()`` (``gate/...`` values
-    for the step log) and ``uncounted_rollouts`` (rollouts a benchmark-only gate books outside
-    ``orchestrator.max_rollouts``: the oracle's dropped groups).
+    Two members have defaults here, which a gate inherits by subclassing ``Gate``:
+    ``metrics()`` (``gate/...`` values for the step log; none) and ``uncounted_rollouts``
+    (rollouts a benchmark-only gate books outside ``orchestrator.max_rollouts``: the oracle's
+    dropped groups; 0).
     """
+
+    uncounted_rollouts: int = 0
 
     def admit(self, slots: int, step: int) -> list[GroupPlan]:
         """Open up to ``slots`` new groups. ``step`` is the learner step being produced."""
@@ -84,13 +87,21 @@ class Gate(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ...
 
+    def metrics(self) -> dict[str, float]:
+        """``gate/...`` values for the step log and the evaluation records."""
+        return {}
+
 
 @runtime_checkable
 class Controller(Protocol):
-    """Intervention controller (RAIL). ``NoopController`` in ``controller`` does nothing."""
+    """Intervention controller (RAIL). ``NoopController`` in ``controller`` does nothing.
 
-    wants_tokens: bool
-    """False: the orchestrator skips ``on_tokens`` altogether (no per-delta cost)."""
+    ``wants_tokens`` and ``metrics()`` have defaults here (a subclass of ``Controller``
+    inherits them): no token hooks, no metrics.
+    """
+
+    wants_tokens: bool = False
+    """False: the tracker skips ``on_tokens`` altogether (no per-delta cost)."""
 
     def on_group(self, snapshot: GroupSnapshot, proposed: list[GroupAction]) -> list[GroupAction]:
         """Group-level decision point: the gate's ``proposed`` actions for this snapshot in,
@@ -110,6 +121,10 @@ class Controller(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ...
+
+    def metrics(self) -> dict[str, float]:
+        """``controller/...`` values for the step log and the run summary."""
+        return {}
 
 
 class Scorer(Protocol):
@@ -138,6 +153,17 @@ class Learner(Protocol):
         ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        ...
+
+
+class Buffer(Protocol):
+    """Where every trained batch is recorded (``pipeline.buffer.ArrowBuffer``: Arrow segments)."""
+
+    def put(self, batch: TrainBatch, advantages: Sequence[Sequence[float]] | None = None) -> Any:
+        """Record one step's batch, with the learner's per-rollout advantages when it has them."""
+        ...
+
+    def close(self) -> None:
         ...
 
 

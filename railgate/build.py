@@ -1,11 +1,12 @@
 """Build a run's components from its ``RunConfig``: engine, clock, gate, controller, reward,
-learner and evaluator. The only module that chooses concrete classes."""
+learner and evaluator (``build_components``), and the orchestrator that runs them
+(``build_orchestrator``). The only module that chooses concrete classes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from controller.gates.registry import build_gate
 from controller.noop import NoopController
@@ -13,8 +14,13 @@ from controller.prompts import PromptPool
 from learner.sim import SimLearner
 from pipeline.clock import VirtualClock, WallClock
 from pipeline.configuration import ConfigError
+from pipeline.decisions import NullSink
 from pipeline.engines.sim import SimEngine
-from pipeline.protocols import Controller, DecisionSink, Evaluator, Gate, Learner, Scorer
+from pipeline.hooktimer import HookTimer
+from pipeline.metrics import MetricsWriter
+from pipeline.orchestrator import Orchestrator
+from pipeline.protocols import Buffer, Controller, DecisionSink, Evaluator, Gate, Learner, Scorer
+from pipeline.scoring import ScoringService
 from pipeline.seeding import derive_seed
 from pipeline.simworld import SimAnswerScorer, SimEvaluator, SimWorld
 from railgate.config import RunConfig
@@ -31,7 +37,7 @@ class Components:
     controller: Controller
     scorer: Scorer
     learner: Learner
-    evaluator: Evaluator
+    evaluator: Evaluator | None
     pool: PromptPool
     world: SimWorld | None = None
 
@@ -49,11 +55,40 @@ def build_components(cfg: RunConfig, progress: bool = True, sink: DecisionSink |
     return components
 
 
+def build_orchestrator(
+    cfg: RunConfig,
+    parts: Components,
+    *,
+    run_id: str | None = None,
+    buffer: Buffer | None = None,
+    trace: DecisionSink | None = None,
+    metrics: MetricsWriter | None = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+    checkpoint: Callable[[dict[str, Any]], None] | None = None,
+    resume_state: dict[str, Any] | None = None,
+    hook_timer: HookTimer | None = None,
+) -> Orchestrator:
+    """The orchestrator that runs ``parts`` under ``cfg`` (train and every benchmark use this).
+
+    A caller that wraps a part (a gate probe, a recording engine) or runs without evaluation
+    passes ``dataclasses.replace(parts, gate=..., evaluator=None)``. ``run_id`` names the run
+    in trace records (default ``cfg.name``); the rest is what the run writes and where.
+    """
+    o = cfg.orchestrator
+    return Orchestrator(
+        engine=parts.engine, gate=parts.gate, controller=parts.controller,
+        scoring=ScoringService(parts.scorer, o.reward_timeout_s, o.reward_threads), learner=parts.learner,
+        config=o, evaluator=parts.evaluator, clock=parts.clock, buffer=buffer, trace=trace, metrics=metrics,
+        on_step=on_step, seed=cfg.seed, run_id=run_id if run_id is not None else cfg.name, hook_timer=hook_timer,
+        checkpoint=checkpoint, checkpoint_every=cfg.log.checkpoint_every if checkpoint is not None else 0,
+        resume_state=resume_state,
+    )
+
+
 def build_controller(cfg: RunConfig, sink: DecisionSink | None, clock: Any) -> Controller:
     if cfg.controller.kind == "none":
         return NoopController()
     from controller.rail.controller import RailController
-    from pipeline.orchestrator import NullSink
     from pipeline.types import SamplingParams
 
     o = cfg.orchestrator

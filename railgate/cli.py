@@ -105,7 +105,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from pipeline.arrowio import SegmentFormatError
     from pipeline.engines.base import EngineError
     from pipeline.models import ModelDirError
-    from pipeline.orchestrator import GateStalled
+    from pipeline.tracker import GateStalled
     from pipeline.tasks.dataset import DatasetError
     from pipeline.tokenizer import TokenizerError
     from railgate.checkpoint import CheckpointError

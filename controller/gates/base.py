@@ -23,10 +23,11 @@ from typing import Any
 from controller.gates.common import PlanBook, Verdicts
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector, as_selector
+from pipeline.protocols import Gate
 from pipeline.types import GroupAction, GroupSnapshot, TrainBatch
 
 
-class BaseGate:
+class BaseGate(Gate):
     """Shared state and lifecycle of the gates in ``controller.gates`` (not a gate by itself)."""
 
     name = "gate"

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from controller.prompts import PromptPool
+from pipeline.protocols import Gate
 from pipeline.types import ActionKind, GroupAction, GroupPlan, GroupSnapshot, TrainBatch
 
 
-class UniformGate:
+class UniformGate(Gate):
     """The GRPO baseline: open a group of ``group_size`` per prompt and commit it at once.
 
     Examples

@@ -45,6 +45,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from configs import SCENARIO_DIR
+from pipeline.protocols import Gate
 from railgate.bench.policies import order, overrides
 
 MODELS = {"effective": 1.0, "normalised": 0.1}
@@ -90,7 +91,7 @@ class RunSpec:
         return load_config(None, self.overrides(), base=base)
 
 
-class GateProbe:
+class GateProbe(Gate):
     """Wraps a gate to measure false abandonment exactly in the sim (benchmark only)."""
 
     def __init__(self, gate: Any, world: Any, engine: Any):
@@ -136,11 +137,10 @@ class GateProbe:
 
     @property
     def uncounted_rollouts(self) -> int:
-        return getattr(self._gate, "uncounted_rollouts", 0)
+        return self._gate.uncounted_rollouts
 
     def metrics(self) -> dict[str, float]:
-        inner = getattr(self._gate, "metrics", None)
-        return inner() if callable(inner) else {}
+        return self._gate.metrics()
 
 
 def run_one(spec: RunSpec) -> dict[str, Any]:
@@ -148,10 +148,7 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
     curve, costs, and what the gate and controller report."""
     import anyio
 
-    from pipeline.orchestrator import Orchestrator
-    from pipeline.scoring import ScoringService
-    from railgate.build import build_components
-    from railgate.regime import NoiseScaleLog
+    from railgate.build import build_components, build_orchestrator
     from railgate.train import tune_gc
 
     tune_gc()
@@ -160,21 +157,14 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
     sim = comps.world is not None
     probe = GateProbe(comps.gate, comps.world, comps.engine) if sim else None
     gate = probe if probe is not None else comps.gate
-    noise = NoiseScaleLog()  # the learner's noise-scale metrics of every step (none on the sim)
-    orch = Orchestrator(
-        engine=comps.engine, gate=gate, controller=comps.controller,
-        scoring=ScoringService(comps.scorer, cfg.orchestrator.reward_timeout_s, cfg.orchestrator.reward_threads),
-        learner=comps.learner, config=cfg.orchestrator,
-        evaluator=comps.evaluator, clock=comps.clock, seed=cfg.seed, run_id=f"{spec.policy}-{spec.seed}",
-        on_step=noise,
-    )
+    orch = build_orchestrator(cfg, dataclasses.replace(comps, gate=gate), run_id=f"{spec.policy}-{spec.seed}")
     started = time.perf_counter()
     try:
         summary = anyio.run(orch.run)
     finally:
         anyio.run(comps.engine.aclose)
     m = summary.budget.as_metrics()
-    gate_metrics = gate.metrics() if callable(getattr(gate, "metrics", None)) else {}
+    gate_metrics = gate.metrics()
     return {
         "engine": cfg.engine.kind, "scenario": spec.scenario, "model": spec.model, "policy": spec.policy,
         "seed": spec.seed, "budget": spec.budget, "steps": summary.steps, "wall_s": time.perf_counter() - started,
@@ -184,7 +174,6 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
         "false_abandonment": (probe.false_abandonment_sum / probe.abandoned_incomplete) if probe and probe.abandoned_incomplete else math.nan,
         "abandoned_incomplete": probe.abandoned_incomplete if probe else 0,
         "controller": {k: v for k, v in summary.controller_metrics.items() if math.isfinite(v)},
-        **noise.summary(),  # noise_scale (null on the sim: no gradient), its interval, batch_rollouts
     }
 
 
@@ -297,7 +286,6 @@ def summarise(results: list[dict[str, Any]], target_gain: float) -> list[dict[st
             "gain error vs frozen": _ms([-c.get("controller/gain_error_reduction", math.nan) for c in ctl], digits=2),
             "steps": _ms([r["steps"] for r in runs], digits=0),
             "noise scale": _ms([_value(r, "noise_scale") for r in runs], digits=0),
-            "noise scale 95%": _interval(runs),
             "batch / noise scale": _ms([_value(r, "batch_rollouts") / _value(r, "noise_scale") for r in runs], digits=2),
         })
     empty = [h for h in rows[0] if all(row[h] == "n/a" for row in rows)] if rows else []
@@ -310,19 +298,6 @@ def _value(run: dict[str, Any], key: str) -> float:
     return float(value) if isinstance(value, (int, float)) else math.nan
 
 
-def _interval(runs: list[dict[str, Any]]) -> str:
-    """The widest 95% interval of the runs' noise scales: lowest bound to highest ('n/a' on the sim)."""
-    if not any(r.get("noise_scale_steps") for r in runs):
-        return "n/a"
-    lows = [_value(r, "noise_scale_low") for r in runs]
-    highs = [_value(r, "noise_scale_high") for r in runs]
-    if not any(math.isfinite(v) for v in lows):
-        return "unresolved"  # no seed's run mean of |G|² stands above its noise
-    low = min(v for v in lows if math.isfinite(v))
-    high = "unbounded" if any(not math.isfinite(v) for v in highs) else f"{max(highs):.0f}"
-    return f"{low:.0f} to {high}"
-
-
 def regime_notes(results: list[dict[str, Any]]) -> list[str]:
     """One sentence per panel with a measured noise scale: what it means for that setting, from
     GRPO's runs (uniform) when there are some, else from every run of the panel."""
@@ -332,20 +307,13 @@ def regime_notes(results: list[dict[str, Any]]) -> list[str]:
     for scenario, model in sorted({(r["scenario"], r["model"]) for r in results}):
         panel = [r for r in results if (r["scenario"], r["model"]) == (scenario, model)]
         runs = [r for r in panel if r["policy"] == "uniform"] or panel
-        if not any(r.get("noise_scale_steps") for r in runs):
+        scales = [_value(r, "noise_scale") for r in runs if math.isfinite(_value(r, "noise_scale"))]
+        if not scales:
             continue
-        scales = [_value(r, "noise_scale") for r in runs]
-        lows = [_value(r, "noise_scale_low") for r in runs]
-        highs = [_value(r, "noise_scale_high") for r in runs]
         batch = float(np.mean([_value(r, "batch_rollouts") for r in runs]))
-        # every seed must resolve the gradient for a point estimate; the interval is the widest
-        scale = float(np.mean(scales)) if all(math.isfinite(v) for v in scales) else None
-        low = min((v for v in lows if math.isfinite(v)), default=None)
-        high = None if any(not math.isfinite(v) for v in highs) else max(highs)
         who = "GRPO's runs" if runs[0]["policy"] == "uniform" else "all runs"
         name = f"{scenario}, {model}" if scenario else f"real model ({panel[0].get('engine', '')})"
-        steps = min(int(r.get("noise_scale_steps") or 0) for r in runs)
-        note = f"{name}, {who}: {regime_sentence(batch, scale, low, high, steps=steps)}."
+        note = f"{name}, {who}: {regime_sentence(batch, float(np.mean(scales)))}."
         notes.append(note[:1].upper() + note[1:])
     return notes
 
@@ -491,10 +459,8 @@ def report_text(results: list[dict[str, Any]], target_gain: float, title: str, s
     headers = list(rows[0].keys())
     table = markdown_table(headers, [[r[h] for h in headers] for r in rows])
     notes = regime_notes(results)
-    regime = ("\n**Regime.** 'noise scale' is the learner's simple gradient noise scale (McCandlish et al. 2018) in "
-              "rollouts, per run the run mean of tr(Σ) over the run mean of |G|² (mean ± std over seeds; '95%' the widest "
-              "interval of the seeds, from the spread of the per-step |G|² estimates); 'batch / noise scale' the rollouts "
-              "trained per step over it. "
+    regime = ("\n**Regime.** 'noise scale' is the mean over the run of the learner's simple gradient noise scale "
+              "(McCandlish et al. 2018), in rollouts; 'batch / noise scale' the rollouts trained per step over it. "
               + " ".join(notes) + "\n") if notes else ""
     return (
         f"# {title}\n\n{setup}, target = start accuracy + "

@@ -27,11 +27,10 @@ import psutil
 
 from pipeline.clock import VirtualClock, WallClock
 from pipeline.engines.sim import SimEngine
-from pipeline.orchestrator import HookTimer, NullSink, Orchestrator
-from pipeline.scoring import ScoringService
+from pipeline.hooktimer import HookTimer
 from pipeline.tracelog import read_trace
 from pipeline.types import SampleRequest
-from railgate.build import build_components
+from railgate.build import build_components, build_orchestrator
 from railgate.config import RunConfig
 from railgate.report import markdown_table
 from railgate.train import train
@@ -63,11 +62,7 @@ def _pipeline_pass(cfg: RunConfig, work_dir: Path, record: bool = False) -> tupl
     engine = _Recorder(comps.engine) if record else comps.engine
     trace = TraceLog(work_dir / "trace", "bench")
     buffer = ArrowBuffer(work_dir / "buffer", run_id="bench")
-    orch = Orchestrator(
-        engine=engine, gate=comps.gate, controller=comps.controller,
-        scoring=ScoringService(comps.scorer, 5.0, 2), learner=comps.learner, config=cfg.orchestrator,
-        clock=comps.clock, buffer=buffer, trace=trace, seed=cfg.seed,
-    )
+    orch = build_orchestrator(cfg, dataclasses.replace(comps, engine=engine, evaluator=None), buffer=buffer, trace=trace)
     started = time.perf_counter()
     summary = anyio.run(orch.run)
     elapsed = time.perf_counter() - started
@@ -136,11 +131,7 @@ def hook_latency(cfg: RunConfig, levels: tuple[int, ...] = (64, 512, 4096)) -> l
         c = dataclasses.replace(cfg, orchestrator=orch_cfg, sim=sim)
         comps = build_components(c)
         timer = HookTimer()
-        orch = Orchestrator(
-            engine=comps.engine, gate=comps.gate, controller=comps.controller,
-            scoring=ScoringService(comps.scorer, 5.0, 2), learner=comps.learner, config=orch_cfg,
-            clock=comps.clock, trace=NullSink(), seed=c.seed, hook_timer=timer,
-        )
+        orch = build_orchestrator(c, dataclasses.replace(comps, evaluator=None), hook_timer=timer)
         started = time.perf_counter()
         summary = anyio.run(orch.run)
         elapsed = time.perf_counter() - started

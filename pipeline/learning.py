@@ -1,0 +1,144 @@
+"""One learner step as the orchestrator runs it: train, record, push weights, measure, evaluate.
+
+``LearnerStep`` trains on a ``TrainBatch`` (in a worker thread, or inline on the simulator's
+virtual clock), writes it to the Arrow buffer, pushes the new weights into the engine, writes
+the step's metrics (the budget, the learner's, the gate's and the controller's, namespaced),
+evaluates every ``eval_every`` steps, and keeps the evaluation records. A held-out accuracy at
+or above ``orchestrator.target_accuracy`` stops the run through the tracker's ``stop_reason``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from typing import Any, Callable
+
+import anyio.to_thread
+
+from pipeline.clock import VirtualClock, WallClock
+from pipeline.config import OrchestratorConfig
+from pipeline.engines.base import Engine
+from pipeline.metrics import MetricsWriter, NullMetricsWriter
+from pipeline.protocols import Evaluator, Learner
+from pipeline.scoring import ScoringService
+from pipeline.tracker import GroupTracker
+from pipeline.types import StepResult, TrainBatch
+
+
+class LearnerStep:
+    """Runs learner steps for one orchestrator; ``evals`` holds every evaluation record.
+
+    ``checkpoint_due(step)`` says whether the learner's state must be taken after ``step``
+    (a deep copy, before the next step mutates the weights in its thread).
+    """
+
+    def __init__(
+        self,
+        learner: Learner,
+        engine: Engine,
+        tracker: GroupTracker,
+        config: OrchestratorConfig,
+        *,
+        clock: VirtualClock | WallClock,
+        scoring: ScoringService,
+        evaluator: Evaluator | None = None,
+        buffer: Any = None,
+        metrics: MetricsWriter | NullMetricsWriter | None = None,
+        on_step: Callable[[int, dict[str, float]], None] | None = None,
+        checkpoint_due: Callable[[int], bool] = lambda step: False,
+    ):
+        self.learner = learner
+        self.engine = engine
+        self.tracker = tracker
+        self.config = config
+        self.clock = clock
+        self.scoring = scoring
+        self.evaluator = evaluator
+        self.buffer = buffer
+        self.metrics = metrics if metrics is not None else NullMetricsWriter()
+        self.on_step = on_step
+        self.checkpoint_due = checkpoint_due
+        self.evals: list[dict[str, float]] = []
+        self._step_started = self._run_started = time.monotonic()
+        self._eval_wall_s = 0.0
+
+    async def __call__(self, batch: TrainBatch, in_thread: bool) -> tuple[TrainBatch, StepResult, dict | None]:
+        """One step on ``batch``: the batch trained on, the learner's result, and its state
+        when a checkpoint is due after this step (else None)."""
+        budget = self.tracker.budget
+        budget.tokens_trained += sum(g.trained_tokens for g in batch.groups)  # before the buffer drops it
+        if in_thread:
+            if self.buffer is not None:
+                batch = await anyio.to_thread.run_sync(self._through_buffer, batch)
+            result = await anyio.to_thread.run_sync(self.learner.step, batch)
+        else:
+            if self.buffer is not None:
+                batch = self._through_buffer(batch)
+            result = self.learner.step(batch)
+        await self.engine.update_weights(self.learner.weights())
+        metrics = self._step_metrics(batch, result)
+        step = batch.step + 1
+        # A deep copy now, before the next step starts mutating the weights in its thread.
+        learner_state = copy.deepcopy(self.learner.state_dict()) if self.checkpoint_due(step) else None
+        if self.evaluator is not None and (
+            step == self.config.steps or (self.config.eval_every and step % self.config.eval_every == 0)
+        ):
+            evaluation = await self.evaluate(step)
+            metrics.update(evaluation)
+            self.record_eval(step, evaluation)
+        self.metrics.write(step, metrics)
+        if self.on_step is not None:
+            self.on_step(step, metrics)
+        return batch, result, learner_state
+
+    def _through_buffer(self, batch: TrainBatch) -> TrainBatch:
+        record_batch = self.buffer.put(batch)
+        return self.buffer.to_train_batch(record_batch)
+
+    def _step_metrics(self, batch: TrainBatch, result: StepResult) -> dict[str, float]:
+        version = self.engine.policy_version
+        stale = [version - 1 - r.policy_version for g in batch.groups for r in g.rollouts]
+        b = self.tracker.budget
+        b.rollouts_trained += len(stale)
+        b.staleness_sum += sum(stale)
+        b.staleness_max = max(b.staleness_max, max(stale, default=0))
+        b.reward_errors = self.scoring.errors
+        b.reward_timeouts = self.scoring.timeouts
+        b.rewards_none = self.scoring.no_reward
+        now = time.monotonic()
+        metrics = {
+            **b.as_metrics(),
+            **result.metrics,
+            "pipeline/step_staleness_max": float(max(stale, default=0)),
+            "pipeline/batch_effective_fraction": sum(g.is_effective for g in batch.groups) / max(1, len(batch.groups)),
+            "pipeline/open_groups": float(self.tracker.open_groups),
+            "pipeline/engine_time": float(self.clock.now()),
+            "pipeline/step_wall_s": now - self._step_started,
+            "engine/policy_version": float(version),
+        }
+        self._step_started = now
+        metrics.update(self.tracker.gate.metrics())
+        metrics.update(self.tracker.controller.metrics())
+        return metrics
+
+    async def evaluate(self, step: int) -> dict[str, float]:
+        started = time.monotonic()
+        evaluation = await self.evaluator.evaluate(step)
+        self._eval_wall_s += time.monotonic() - started
+        return evaluation
+
+    def record_eval(self, step: int, evaluation: dict[str, float]) -> None:
+        """Keep one evaluation record (with the costs so far); stop at the target accuracy."""
+        b = self.tracker.budget
+        # eval/wall_s_total: evaluation's share of the wall clock (benchmarks subtract it).
+        record = {"step": float(step), "pipeline/rollouts_started": float(b.rollouts_started),
+                  "pipeline/tokens_generated": float(b.tokens_generated), "pipeline/engine_time": float(self.clock.now()),
+                  "pipeline/wall_s": time.monotonic() - self._run_started,  # of this process (a resume restarts it)
+                  "eval/wall_s_total": self._eval_wall_s,
+                  **self.tracker.gate.metrics(), **evaluation}
+        self.evals.append(record)
+        target = self.config.target_accuracy
+        accuracy = evaluation.get("eval/accuracy", math.nan)
+        if target and accuracy >= target and not self.tracker.stop_reason:
+            self.tracker.stop_reason = f"target accuracy {target} reached at step {step}"
