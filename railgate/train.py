@@ -21,20 +21,19 @@ from pathlib import Path
 from typing import Any, Callable
 
 import anyio
-import yaml
 
-from pipeline.arrowio import mark_superseded, next_segment_number
 from pipeline.buffer import ArrowBuffer
 from pipeline.metrics import MetricsWriter
 from pipeline.decisions import NullSink
 from pipeline.orchestrator import RunSummary
 from pipeline.tracelog import TraceLog
 from railgate.build import Components, build_components, build_orchestrator
-from railgate.checkpoint import CheckpointWriter, latest_checkpoint, load_checkpoint
-from railgate.config import RunConfig, dump_config
+from railgate.checkpoint import CheckpointWriter
+from railgate.config import RunConfig
 from railgate.preflight import preflight
 from railgate.progress import ProgressBar
 from railgate.report import accuracy_plot, summary_table
+from railgate.rundir import RunDir, TraceSlot, open_run_dir
 
 
 @dataclass
@@ -56,28 +55,31 @@ def train(
     progress: bool | None = None,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     resume: bool = False,
+    overwrite: bool = False,
 ) -> TrainResult:
     """Run one training job; ``on_step(step, metrics)`` is called after every learner step.
 
     With ``resume`` the newest checkpoint of ``cfg.run_dir`` is loaded: gate, controller and
     learner state, the data cursor, the budget and the committed groups not yet trained carry
     over; trace and buffer records the killed run wrote after that checkpoint are superseded
-    (``pipeline.arrowio.mark_superseded``), so nothing is lost or counted twice.
+    (``pipeline.arrowio.mark_superseded``), so nothing is lost or counted twice. Without it a
+    directory that already holds a run is refused unless ``overwrite`` (``railgate.rundir``).
     """
     preflight(cfg)  # engines, model and dataset paths: before anything is written or warm-started
-    run_dir = Path(cfg.run_dir)
-    state = load_checkpoint(latest_checkpoint(run_dir)) if resume else None
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(dump_config(cfg), sort_keys=False))
+    with open_run_dir(cfg, resume=resume, overwrite=overwrite) as run:  # one writer; resume checked first
+        return _train(cfg, run, progress, on_step)
+
+
+def _train(cfg: RunConfig, run: RunDir, progress: bool | None, on_step: Callable | None) -> TrainResult:
+    run_dir, state = run.path, run.state
     show = cfg.log.progress if progress is None else progress
-    if state is not None:
-        _supersede(run_dir, state)  # before the trace opens its new segments
-    trace = TraceLog(run_dir / "trace", cfg.name, flush_every=cfg.log.trace_flush_every) if cfg.log.trace else NullSink()
-    components = build_components(cfg, progress=show, sink=trace)
+    sink = TraceSlot() if cfg.log.trace else NullSink()  # the trace opens once the resume has succeeded
+    components = build_components(cfg, progress=show, sink=sink)
+    run.commit(components)  # resume: restore the checkpoint; then config.yaml and the supersede rules
+    trace = sink.attach(TraceLog(run_dir / "trace", cfg.name, flush_every=cfg.log.trace_flush_every)) \
+        if cfg.log.trace else sink
     if isinstance(trace, TraceLog):
         trace.clock = components.clock.now  # outcomes on the decisions' time base
-    if state is not None:
-        _restore_components(components, state)
     buffer = ArrowBuffer(run_dir / "buffer", persist=True, run_id=cfg.name) if cfg.log.buffer else None
     metrics = MetricsWriter(run_dir, tensorboard=cfg.log.tensorboard)
     start = int(state["step"]) if state else 0
@@ -98,24 +100,6 @@ def train(
         anyio.run(components.engine.aclose)
     write_summary(run_dir, cfg, summary)
     return TrainResult(run_dir, summary, components)
-
-
-def _restore_components(components: Components, state: dict[str, Any]) -> None:
-    components.gate.load_state_dict(state["gate"])
-    components.controller.load_state_dict(state["controller"])
-    components.learner.load_state_dict(state["learner"])
-    anyio.run(components.engine.update_weights, components.learner.weights())
-
-
-def _supersede(run_dir: Path, state: dict[str, Any]) -> None:
-    """Readers skip what the killed run wrote after the checkpoint; the resumed run redoes it."""
-    trace_dir, buffer_dir = run_dir / "trace", run_dir / "buffer"
-    if trace_dir.is_dir():
-        number = next_segment_number(trace_dir, ("decisions", "outcomes"))
-        for prefix in ("decisions", "outcomes"):
-            mark_superseded(trace_dir, prefix, number, "decision_id", int(state["decision_watermark"]))
-    if buffer_dir.is_dir():
-        mark_superseded(buffer_dir, "steps", next_segment_number(buffer_dir, ("steps",)), "step", int(state["step"]))
 
 
 def _chain(*callbacks):

@@ -149,6 +149,7 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
     import anyio
 
     from railgate.build import build_components, build_orchestrator
+    from railgate.regime import NoiseScaleLog
     from railgate.train import tune_gc
 
     tune_gc()
@@ -157,7 +158,8 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
     sim = comps.world is not None
     probe = GateProbe(comps.gate, comps.world, comps.engine) if sim else None
     gate = probe if probe is not None else comps.gate
-    orch = build_orchestrator(cfg, dataclasses.replace(comps, gate=gate), run_id=f"{spec.policy}-{spec.seed}")
+    noise = NoiseScaleLog()  # the learner's noise-scale metrics of every step (none on the sim)
+    orch = build_orchestrator(cfg, dataclasses.replace(comps, gate=gate), run_id=f"{spec.policy}-{spec.seed}", on_step=noise)
     started = time.perf_counter()
     try:
         summary = anyio.run(orch.run)
@@ -174,6 +176,7 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
         "false_abandonment": (probe.false_abandonment_sum / probe.abandoned_incomplete) if probe and probe.abandoned_incomplete else math.nan,
         "abandoned_incomplete": probe.abandoned_incomplete if probe else 0,
         "controller": {k: v for k, v in summary.controller_metrics.items() if math.isfinite(v)},
+        **noise.summary(),  # noise_scale (null on the sim: no gradient), its interval, batch_rollouts
     }
 
 
@@ -286,6 +289,7 @@ def summarise(results: list[dict[str, Any]], target_gain: float) -> list[dict[st
             "gain error vs frozen": _ms([-c.get("controller/gain_error_reduction", math.nan) for c in ctl], digits=2),
             "steps": _ms([r["steps"] for r in runs], digits=0),
             "noise scale": _ms([_value(r, "noise_scale") for r in runs], digits=0),
+            "noise scale 95%": _interval(runs),
             "batch / noise scale": _ms([_value(r, "batch_rollouts") / _value(r, "noise_scale") for r in runs], digits=2),
         })
     empty = [h for h in rows[0] if all(row[h] == "n/a" for row in rows)] if rows else []
@@ -298,6 +302,19 @@ def _value(run: dict[str, Any], key: str) -> float:
     return float(value) if isinstance(value, (int, float)) else math.nan
 
 
+def _interval(runs: list[dict[str, Any]]) -> str:
+    """The widest 95% interval of the runs' noise scales: lowest bound to highest ('n/a' on the sim)."""
+    if not any(r.get("noise_scale_steps") for r in runs):
+        return "n/a"
+    lows = [_value(r, "noise_scale_low") for r in runs]
+    highs = [_value(r, "noise_scale_high") for r in runs]
+    if not any(math.isfinite(v) for v in lows):
+        return "unresolved"  # no seed's run mean of |G|² stands above its noise
+    low = min(v for v in lows if math.isfinite(v))
+    high = "unbounded" if any(not math.isfinite(v) for v in highs) else f"{max(highs):.0f}"
+    return f"{low:.0f} to {high}"
+
+
 def regime_notes(results: list[dict[str, Any]]) -> list[str]:
     """One sentence per panel with a measured noise scale: what it means for that setting, from
     GRPO's runs (uniform) when there are some, else from every run of the panel."""
@@ -307,13 +324,20 @@ def regime_notes(results: list[dict[str, Any]]) -> list[str]:
     for scenario, model in sorted({(r["scenario"], r["model"]) for r in results}):
         panel = [r for r in results if (r["scenario"], r["model"]) == (scenario, model)]
         runs = [r for r in panel if r["policy"] == "uniform"] or panel
-        scales = [_value(r, "noise_scale") for r in runs if math.isfinite(_value(r, "noise_scale"))]
-        if not scales:
+        if not any(r.get("noise_scale_steps") for r in runs):
             continue
+        scales = [_value(r, "noise_scale") for r in runs]
+        lows = [_value(r, "noise_scale_low") for r in runs]
+        highs = [_value(r, "noise_scale_high") for r in runs]
         batch = float(np.mean([_value(r, "batch_rollouts") for r in runs]))
+        # every seed must resolve the gradient for a point estimate; the interval is the widest
+        scale = float(np.mean(scales)) if all(math.isfinite(v) for v in scales) else None
+        low = min((v for v in lows if math.isfinite(v)), default=None)
+        high = None if any(not math.isfinite(v) for v in highs) else max(highs)
         who = "GRPO's runs" if runs[0]["policy"] == "uniform" else "all runs"
         name = f"{scenario}, {model}" if scenario else f"real model ({panel[0].get('engine', '')})"
-        note = f"{name}, {who}: {regime_sentence(batch, float(np.mean(scales)))}."
+        steps = min(int(r.get("noise_scale_steps") or 0) for r in runs)
+        note = f"{name}, {who}: {regime_sentence(batch, scale, low, high, steps=steps)}."
         notes.append(note[:1].upper() + note[1:])
     return notes
 
@@ -459,8 +483,10 @@ def report_text(results: list[dict[str, Any]], target_gain: float, title: str, s
     headers = list(rows[0].keys())
     table = markdown_table(headers, [[r[h] for h in headers] for r in rows])
     notes = regime_notes(results)
-    regime = ("\n**Regime.** 'noise scale' is the mean over the run of the learner's simple gradient noise scale "
-              "(McCandlish et al. 2018), in rollouts; 'batch / noise scale' the rollouts trained per step over it. "
+    regime = ("\n**Regime.** 'noise scale' is the learner's simple gradient noise scale (McCandlish et al. 2018) in "
+              "rollouts, per run the run mean of tr(Σ) over the run mean of |G|² (mean ± std over seeds; '95%' the widest "
+              "interval of the seeds, from the spread of the per-step |G|² estimates); 'batch / noise scale' the rollouts "
+              "trained per step over it. "
               + " ".join(notes) + "\n") if notes else ""
     return (
         f"# {title}\n\n{setup}, target = start accuracy + "
