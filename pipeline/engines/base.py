@@ -27,6 +27,7 @@ generates, aborts and loads weights.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, AsyncIterator, Protocol, runtime_checkable
 
 from pipeline.types import RolloutEvent, SampleRequest
@@ -67,6 +68,21 @@ class Engine(Protocol):
 
 class EngineError(RuntimeError):
     """An engine could not start or failed as a whole (not one sample)."""
+
+
+def import_engine_package(module: str, kind: str, package: str, hint: str) -> Any:
+    """Import the optional package engine ``kind`` runs on, or raise ``EngineError`` naming the
+    extra that installs it.
+
+    >>> import_engine_package("no_such_package", "x", "X", "pip install -e '.[x]'")
+    Traceback (most recent call last):
+    ...
+    pipeline.engines.base.EngineError: engine.kind=x needs X, which is not importable (No module named 'no_such_package'); install it: pip install -e '.[x]'
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise EngineError(f"engine.kind={kind} needs {package}, which is not importable ({exc}); install it: {hint}") from exc
 
 
 class EngineBase:

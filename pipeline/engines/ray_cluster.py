@@ -20,18 +20,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.engines.base import EngineError
+from pipeline.engines.base import EngineError, import_engine_package
 
 RAY_HINT = "pip install -e '.[ray]'"
 
 
 def import_ray():
     """Import Ray, or raise ``EngineError`` naming the extra that installs it."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise EngineError(f"engine.kind=ray needs Ray, which is not importable ({exc}); install it: {RAY_HINT}") from exc
-    return ray
+    return import_engine_package("ray", "ray", "Ray", RAY_HINT)
 
 
 def connect(ray, address: str | None, timeout_s: float, num_cpus: int, init_kwargs: dict[str, Any]) -> bool:

