@@ -24,6 +24,7 @@ its engine request under a shielded scope, so no request is orphaned.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -143,6 +144,8 @@ class Orchestrator:
         self._scopes: dict[str, anyio.CancelScope] = {}  # running sample tasks by request id
         self._tg: TaskGroup | None = None
         self._inbox: MemoryObjectSendStream | None = None
+        self._stop_requested = False  # request_stop: stop at the next step boundary, with a checkpoint
+        self._at_learner = 0  # batches sent to the learner task and not yet reported done
         if resume_state is not None:
             self.tracker.load_state_dict(resume_state)
             self.learn.evals = list(resume_state["evals"])
@@ -154,6 +157,17 @@ class Orchestrator:
     @property
     def evals(self) -> list[dict[str, float]]:
         return self.learn.evals
+
+    def request_stop(self) -> None:
+        """Stop at the next point where the learner is idle (the step in training, if any, is
+        finished first), with a checkpoint there when checkpoints are on; the run then ends
+        with ``stop_reason == "interrupted"``. Called from the event loop (Ctrl-C's handler)."""
+        self._stop_requested = True
+        if self._inbox is not None:
+            try:
+                self._inbox.send_nowait(None)  # wake the tracking loop
+            except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                pass  # a full inbox wakes it anyway
 
     async def run(self) -> RunSummary:
         started = time.monotonic()
@@ -192,6 +206,9 @@ class Orchestrator:
         async with inbox, batches:
             self._do(tracker.admit())
             while tracker.steps_done < total_steps and not tracker.stop_reason:
+                if self._stop_requested and (self._inline_learner or not self._at_learner):
+                    self._stop_with_checkpoint()
+                    break
                 tracker.check_progress()
                 if tracker.stop_reason:
                     break
@@ -202,6 +219,7 @@ class Orchestrator:
                     finally:
                         self.clock.release()
                 elif isinstance(msg, StepDone):
+                    self._at_learner -= 1
                     self._on_step_done(msg)
                 elif isinstance(msg, ControllerActions):
                     self._do(tracker.on_controller_actions(msg.actions))
@@ -231,17 +249,18 @@ class Orchestrator:
         moment it fills, before anything else happens -- which also makes runs reproducible
         (a learner thread would finish at a wall-clock-dependent point between events)."""
         tracker = self.tracker
-        while not tracker.stop_reason and (batch := tracker.next_batch()) is not None:
+        while not tracker.stop_reason and not self._stop_requested and (batch := tracker.next_batch()) is not None:
             tracker.batch_sent(batch)
             self._on_step_done(StepDone(*await self.learn(batch, in_thread=False)))
 
     def _send_batches(self, batches: MemoryObjectSendStream) -> None:
-        while (batch := self.tracker.next_batch()) is not None:
+        while not self._stop_requested and (batch := self.tracker.next_batch()) is not None:
             try:
                 batches.send_nowait(batch)
             except anyio.WouldBlock:
                 return  # the learner is busy; retried after the next message
             self.tracker.batch_sent(batch)
+            self._at_learner += 1
 
     def _on_step_done(self, msg: StepDone) -> None:
         self._do(self.tracker.on_step_done(msg.batch))
@@ -253,6 +272,12 @@ class Orchestrator:
     def _checkpoint_due(self, step: int) -> bool:
         every = self._checkpoint_every
         return self._checkpoint is not None and every > 0 and (step % every == 0 or step == self.config.steps)
+
+    def _stop_with_checkpoint(self) -> None:
+        """``request_stop``'s end: the learner is idle, so its state is the last finished step's."""
+        if self._checkpoint is not None:
+            self._checkpoint(self.state_dict(copy.deepcopy(self.learn.learner.state_dict())))
+        self.tracker.stop_reason = "interrupted"
 
     def state_dict(self, learner_state: dict[str, Any]) -> dict[str, Any]:
         """Everything needed to resume after the step just finished (``GroupTracker.state_dict``,

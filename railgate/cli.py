@@ -41,10 +41,16 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--run-dir", type=Path, help="run directory (overrides run_dir)")
     train.add_argument("--resume", type=Path, metavar="RUN_DIR",
                        help="continue RUN_DIR from its newest checkpoint (its config.yaml, plus any --set)")
+    train.add_argument("--overwrite", action="store_true", help="delete the run already in the run directory first")
 
     shadow = sub.add_parser("shadow", help="train with RAIL in shadow mode; report the estimated value of promoting it")
     common(shadow, DEFAULT_CONFIG)
     shadow.add_argument("--run-dir", type=Path, help="run directory (overrides run_dir)")
+    shadow.add_argument("--overwrite", action="store_true", help="delete the run already in the run directory first")
+
+    convert = sub.add_parser("convert-checkpoint", help="rewrite a run's pickled checkpoints (older releases) as data; "
+                             "reading them runs code they hold, so only for runs whose origin you trust")
+    convert.add_argument("target", type=Path, metavar="RUN_DIR", help="run directory (or one step-NNNNNN.pt file)")
 
     replay = sub.add_parser("replay", help="train and evaluate RAIL controllers offline from trace directories")
     replay.add_argument("traces", type=Path, nargs="+", metavar="TRACE", help="trace directories (RUN_DIR/trace) or files")
@@ -109,9 +115,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from pipeline.tasks.dataset import DatasetError
     from pipeline.tokenizer import TokenizerError
     from railgate.checkpoint import CheckpointError
+    from railgate.rundir import RunDirError
 
     return (SegmentFormatError, ModelDirError, DatasetError, TokenizerError, CheckpointError, ReplayError, GateStalled,
-            EngineError)
+            EngineError, RunDirError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,7 +159,13 @@ def main(argv: list[str] | None = None) -> int:
             cfg = load_config(config_path, overrides)
             from railgate.train import train
 
-            result = train(cfg, progress=False if getattr(args, "no_progress", False) else None, resume=resume is not None)
+            result = train(cfg, progress=False if getattr(args, "no_progress", False) else None, resume=resume is not None,
+                           overwrite=getattr(args, "overwrite", False))
+            if result.summary.stop_reason == "interrupted":  # Ctrl-C (railgate.interrupt)
+                saved = "checkpoint written" if cfg.log.checkpoint_every else "no checkpoint (log.checkpoint_every=0)"
+                print(f"interrupted after step {result.summary.steps}: {saved}, trace and buffer flushed; continue with: "
+                      f"railgate train --resume {result.run_dir}", file=sys.stderr)
+                return 130
             print((result.run_dir / "report.md").read_text())
             print(f"run directory: {result.run_dir}")
             return 0
@@ -160,7 +173,13 @@ def main(argv: list[str] | None = None) -> int:
             overrides = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
             from railgate.offpolicy import shadow
 
-            shadow(load_config(args.config, overrides), progress=False if args.no_progress else None)
+            shadow(load_config(args.config, overrides), progress=False if args.no_progress else None, overwrite=args.overwrite)
+            return 0
+        if command == "convert-checkpoint":
+            from railgate.checkpoint_convert import convert_checkpoints
+
+            for path in convert_checkpoints(args.target):
+                print(f"written: {path}")
             return 0
         if command == "replay":
             from railgate.offpolicy import replay_traces
@@ -214,6 +233,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except _user_errors() as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # a second Ctrl-C during a run, or one outside it
+        print("interrupted: stopped at once; a run directory keeps its newest checkpoint (train --resume RUN_DIR "
+              "continues from it)", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        from railgate.rundir import disk_error
+
+        message = disk_error(exc)  # a full disk or a read-only directory, however deep in the chain
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
         return 2
     print(f"unknown command {command!r}; see python run.py --help", file=sys.stderr)
     return 2

@@ -23,7 +23,7 @@ from railgate.config import RunConfig
 from railgate.report import markdown_table
 
 
-def shadow(cfg: RunConfig, progress: bool | None = None) -> ReplayReport:
+def shadow(cfg: RunConfig, progress: bool | None = None, overwrite: bool = False) -> ReplayReport:
     """Train in shadow mode, then report the off-policy estimate of promoting the controller."""
     from railgate.train import train
 
@@ -31,7 +31,7 @@ def shadow(cfg: RunConfig, progress: bool | None = None) -> ReplayReport:
     cfg = dataclasses.replace(cfg, controller=dataclasses.replace(cfg.controller, kind="rail", rail=rail))
     if not cfg.log.trace:
         raise ConfigError("shadow mode needs the trace log; remove log.trace=false")
-    result = train(cfg, progress=progress)
+    result = train(cfg, progress=progress, overwrite=overwrite)
     report = replay(load_logged(result.run_dir / "trace", run_id=cfg.name), rail, seed=cfg.seed)
     write_report(report, result.run_dir, title=f"Shadow evaluation of run {cfg.name}")
     return report

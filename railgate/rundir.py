@@ -214,6 +214,57 @@ class TraceSlot:
         return getattr(sink, name)
 
 
+_DISK_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
+                errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+                errno.EPERM: "permission denied"}
+
+
+def disk_error(exc: BaseException) -> str | None:
+    """One line for a failed write a user can fix (full disk, read-only or forbidden path),
+    found anywhere in ``exc``'s cause/context chain or exception group; None for anything else.
+
+    >>> disk_error(RuntimeError("x")) is None
+    True
+    >>> try:
+    ...     try:
+    ...         raise OSError(errno.ENOSPC, "No space left on device", "runs/x/trace/decisions-00000.arrows")
+    ...     except OSError:
+    ...         raise ValueError("closing the trace failed")
+    ... except ValueError as e:
+    ...     disk_error(e)
+    'cannot write runs/x/trace/decisions-00000.arrows: the disk is full; free space (or pass another --run-dir), then continue with --resume'
+    """
+    seen: set[int] = set()
+    stack = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _DISK_ERRNOS:
+            where = e.filename or "the run directory"
+            fix = ("free space (or pass another --run-dir), then continue with --resume" if e.errno in (errno.ENOSPC, errno.EDQUOT)
+                   else "make it writable or pass another --run-dir")
+            return f"cannot write {where}: {_DISK_ERRNOS[e.errno]}; {fix}"
+        if isinstance(e, BaseExceptionGroup):
+            stack.extend(e.exceptions)
+        stack.extend([e.__context__, e.__cause__])
+    return None
+
+
+def check_writable(path: Path) -> None:
+    """``RunDirError`` unless a file can be created in ``path`` (checked before long work whose
+    result goes there, such as an evaluation)."""
+    import tempfile
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".railgate-write-check-"):
+            pass
+    except OSError as exc:
+        raise RunDirError(f"cannot write into {path}: {exc.strerror}; make it writable or copy the run elsewhere "
+                          "(its results are written there)") from None
+
+
 def _resumable(key: str) -> bool:
     return key == "run_dir" or any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMABLE_KEYS)
 

@@ -30,6 +30,7 @@ from pipeline.tracelog import TraceLog
 from railgate.build import Components, build_components, build_orchestrator
 from railgate.checkpoint import CheckpointWriter
 from railgate.config import RunConfig
+from railgate.interrupt import run_orchestrator
 from railgate.preflight import preflight
 from railgate.progress import ProgressBar
 from railgate.report import accuracy_plot, summary_table
@@ -90,7 +91,7 @@ def _train(cfg: RunConfig, run: RunDir, progress: bool | None, on_step: Callable
         resume_state=state,
     )
     try:
-        summary = anyio.run(orchestrator.run)
+        summary = run_orchestrator(orchestrator)  # Ctrl-C: stop at a step boundary with a checkpoint
     finally:
         bar.close()
         for closable in (trace, buffer, metrics):
