@@ -1,22 +1,26 @@
-"""A fake, engine-free orchestrator that drives a gate on synthetic rewards.
+"""Drive a gate through the real ``GroupTracker`` on synthetic rewards, without an engine.
 
-It plays the part of ``pipeline/orchestrator.py`` with the same rules (admission limits,
-``update`` only for unsealed groups, ABANDON closes at once, COMMIT ships once nothing runs,
-committed groups with fewer than two valid rollouts are dropped, batches of ``batch_groups``
-shipped groups, ``on_step`` after each learner step) in a discrete-event simulation:
+The gate runs under ``pipeline.tracker.GroupTracker``, the group lifecycle the orchestrator
+runs: its admission limits (step-ahead room included), ``in_flight`` counting queued launches,
+``update`` only for unsealed groups, ABANDON closing at once, COMMIT shipping once nothing
+runs, committed groups with fewer than two valid rollouts dropped, batches of
+``batch_groups`` shipped groups, ``on_step`` after each learner step. The harness plays the
+async shell around it (``pipeline.orchestrator``) as a discrete-event simulation:
 
 * every launched sample finishes after an exponential duration (so siblings finish out of
   order) with reward 1 with probability ``p[prompt_id]``, or fails with ``fail_prob``;
-* each group's first ``group_size`` outcomes are drawn when it opens, so a test can tell what
-  the full group *would* have been (false abandonment);
-* a learner step takes ``learner_time``; at most one batch waits for the learner.
+* each group's first ``target_size`` outcomes are drawn at its first launch, so a test can tell
+  what the full group *would* have been (false abandonment);
+* a cancelled sample is aborted at once and pays for what it generated until then;
+* a learner step takes ``learner_time``; at most one batch waits for the learner;
+* a RAIL-like controller may replace a gate's ABANDON by an intervention or extend a COMMIT.
 
-It checks the gate protocol as it goes and raises ``ProtocolViolation`` on: an action on a group
-that is not open, ``LAUNCH`` of n < 1 or on a sealed group, and a group left idle (nothing
-running, not sealed, not held) after the gate saw it. ``log`` records every plan and action,
-for comparing a gate with its restored copy (``clone_with``); ``resumed_with`` replays what
-``train --resume`` does at a step boundary. Like the orchestrator, a snapshot's ``in_flight``
-does not count launches still queued for engine capacity.
+The tracker raises ``GateProtocolError`` on an action on a group that is not open, a gate's
+``LAUNCH`` on a sealed group or more plans than slots; the harness adds ``ProtocolViolation``
+on ``LAUNCH`` of n < 1, a plan for an unknown prompt, and a group left idle (nothing running,
+not sealed, not held) after the gate saw it. ``log`` records every plan and gate action, for
+comparing a gate with its restored copy (``clone_with``); ``resumed_with`` resumes from the
+tracker's checkpoint as ``train --resume`` does.
 """
 
 from __future__ import annotations
@@ -25,20 +29,23 @@ import copy
 import heapq
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
-from pipeline.protocols import Gate
+from pipeline.config import OrchestratorConfig
+from pipeline.group import GroupRun
+from pipeline.protocols import Controller, Gate
+from pipeline.tracker import GateProtocolError, GroupTracker, TrackerOutput
 from pipeline.types import (
     ActionKind,
-    CommittedGroup,
     FinishReason,
     GroupAction,
     GroupSnapshot,
     Prompt,
-    Rollout,
+    SampleFinished,
+    ScoredSample,
     TrainBatch,
 )
 
@@ -58,47 +65,117 @@ class HarnessConfig:
     fail_prob: float = 0.0
     learner_time: float = 0.5
     max_groups: int = 0  # stop admitting after this many groups (0 = no limit)
-    cap_slots: bool = False  # also cap slots by the step-ahead room (the orchestrator does not)
     override_abandon: float = 0.0  # a RAIL-like controller replaces a gate's ABANDON by LAUNCH 2 (<= 2x a group)
     extend_commit: float = 0.0  # ... or adds one intervention sample after a gate's COMMIT
     seed: int = 0
 
-
-@dataclass
-class FakeGroup:
-    group_id: int
-    prompt: Prompt
-    target_size: int
-    outcomes: list[float]  # pre-drawn rewards by sample index (more drawn on demand)
-    launched: int = 0
-    queued: int = 0
-    failed: int = 0
-    aborted: int = 0
-    tokens: int = 0
-    sealed: bool = False
-    held: bool = False
-    rewards: list[float] = field(default_factory=list)
-    running: dict[int, float] = field(default_factory=dict)  # sample index -> start time
-    interventions: int = 0  # abandons the fake controller replaced
-    status: str = "open"  # open | shipped | abandoned | dropped
-
-    def snapshot(self) -> GroupSnapshot:
-        return GroupSnapshot(
-            self.group_id, self.prompt, self.target_size, tuple(self.rewards), len(self.running),
-            self.launched, self.failed, self.tokens, 0,
+    def orchestrator(self) -> OrchestratorConfig:
+        return OrchestratorConfig(
+            batch_groups=self.batch_groups, group_size=self.group_size, steps=self.steps,
+            max_async_steps=self.max_async_steps, max_open_groups=self.max_open_groups,
+            max_concurrent_samples=self.max_concurrent_samples,
         )
 
+
+class _CheckedGate(Gate):
+    """The gate as the tracker sees it: every plan and action logged and checked."""
+
+    def __init__(self, gate: Gate, harness: "GateHarness"):
+        self.gate = gate
+        self.harness = harness
+
+    def admit(self, slots: int, step: int):
+        h = self.harness
+        if h.cfg.max_groups:
+            slots = min(slots, h.cfg.max_groups - h.budget.groups_opened)
+        plans = self.gate.admit(slots, step) if slots > 0 else []
+        for i, plan in enumerate(plans):
+            if plan.prompt.prompt_id not in h.p:
+                raise ProtocolViolation(f"plan for unknown prompt {plan.prompt.prompt_id}")
+            h.log.append(("plan", h.tracker.next_group_id + i, plan.prompt.prompt_id, plan.target_size, plan.initial))
+        return plans
+
+    def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
+        return self._checked(self.gate.update(snapshot), "update")
+
+    def on_step(self, step: int, batch: TrainBatch) -> list[GroupAction]:
+        self.harness.log.append(("step", step))
+        return self._checked(self.gate.on_step(step, batch), "on_step")
+
+    def _checked(self, actions: list[GroupAction], where: str) -> list[GroupAction]:
+        for a in actions:
+            self.harness.log.append(("action", where, a.kind.value, a.group_id, a.n, a.reason))
+            if a.kind is ActionKind.LAUNCH and a.n < 1:
+                raise ProtocolViolation(f"{where}: LAUNCH n={a.n} on group {a.group_id}")
+            if a.kind is ActionKind.HOLD:
+                self.harness.held.add(a.group_id)
+        return actions
+
+    def on_closed(self, group_id: int, committed: bool) -> None:
+        self.gate.on_closed(group_id, committed)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.gate.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.gate.load_state_dict(state)
+
+    def metrics(self) -> dict[str, float]:
+        return self.gate.metrics()
+
     @property
-    def would_be_mixed(self) -> bool:
-        first = self.outcomes[: self.target_size]
-        return 0 < sum(first) < len(first)
+    def uncounted_rollouts(self) -> int:
+        return self.gate.uncounted_rollouts
+
+
+class _Controller(Controller):
+    """What ``controller.on_group`` returns: the gate's actions, or, as RAIL may, an
+    intervention instead of an ABANDON and extra samples for a committed group. It also
+    watches every group close."""
+
+    def __init__(self, harness: "GateHarness"):
+        self.harness = harness
+        self.interventions: dict[int, int] = {}  # abandons replaced, per group
+
+    def on_group(self, snapshot: GroupSnapshot, proposed: list[GroupAction]) -> list[GroupAction]:
+        h, final = self.harness, []
+        for a in proposed:
+            mine = a.group_id == snapshot.group_id
+            if (mine and a.kind is ActionKind.ABANDON and self.interventions.get(a.group_id, 0) < 2
+                    and h.cfg.override_abandon and h.uniform() < h.cfg.override_abandon):
+                self.interventions[a.group_id] = self.interventions.get(a.group_id, 0) + 1
+                final.append(GroupAction(ActionKind.LAUNCH, a.group_id, n=2, reason="intervene", origin=1))
+                continue
+            final.append(a)
+            if mine and a.kind is ActionKind.COMMIT and h.cfg.extend_commit and h.uniform() < h.cfg.extend_commit:
+                final.append(GroupAction(ActionKind.LAUNCH, a.group_id, n=1, reason="extend", origin=2))
+        return final
+
+    def on_tokens(self, snapshot, sample_index, delta) -> list[GroupAction]:
+        return []
+
+    def on_closed(self, group, snapshot: GroupSnapshot) -> None:
+        h = self.harness
+        run = h.tracker_run(snapshot.group_id)
+        self.interventions.pop(snapshot.group_id, None)
+        if run is None:
+            return  # closed before it launched anything
+        h.closed_groups.append(run)
+        if group is None and not run.sealed:  # abandoned, not dropped: would the full group have been mixed?
+            first = h.outcomes.get(snapshot.group_id, [])[: run.target_size]
+            h.false_abandoned += int(0 < sum(first) < len(first))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
 
 
 class GateHarness:
     def __init__(self, gate: Gate, probabilities: dict[int, float], config: HarnessConfig | None = None):
         self.gate = gate
         self.p = dict(probabilities)
-        self.prompts = {i: Prompt(i, f"p{i}", (i,)) for i in self.p}
         self.cfg = config or HarnessConfig()
         self.rng = np.random.default_rng(self.cfg.seed)
         self._uniforms = np.empty(0)
@@ -106,33 +183,68 @@ class GateHarness:
         self.now = 0.0
         self.events: list[tuple[float, int, str, Any]] = []
         self._seq = 0
-        self.groups: dict[int, FakeGroup] = {}
-        self.next_group_id = 0
-        self.launch_queue: list[int] = []
-        self.in_flight = 0
-        self.pending: list[CommittedGroup] = []
-        self.batches_sent = 0
-        self.steps_done = 0
+        self.log: list[tuple] = []
+        self.held: set[int] = set()  # groups the gate holds (HOLD), until their next launch
+        self.outcomes: dict[int, list[float]] = {}  # pre-drawn rewards by group, by sample index
+        self.running: dict[str, tuple[GroupRun, Any, float]] = {}  # request id -> (group, request, start)
+        self.closed_groups: list[GroupRun] = []
+        self._runs: dict[int, GroupRun] = {}  # every group that launched, by id
+        self.false_abandoned = self.lost = self.lost_rollouts = 0
         self.learner_busy = False
         self.learner_waiting: list[TrainBatch] = []
-        self.log: list[tuple] = []
-        self.stats: dict[str, int] = {
-            "rollouts": 0, "finished": 0, "failed": 0, "aborted": 0, "opened": 0, "shipped": 0,
-            "effective": 0, "abandoned": 0, "dropped": 0, "false_abandoned": 0, "tokens": 0,
-            "lost": 0, "lost_rollouts": 0,  # dropped by a resume (resumed_with)
-        }
-        self.stop_reason = ""
         self.batch_log: list[TrainBatch] = []
-        self.closed_groups: list[FakeGroup] = []
-        self.sealed_open = 0
+        self.stop_reason = ""
+        self.tracker = GroupTracker(_CheckedGate(gate, self), _Controller(self), self.cfg.orchestrator(),
+                                    seed=self.cfg.seed, now=self.clock)
+        self._started = False
+
+    def clock(self) -> float:
+        return self.now
+
+    # --- what tests read --------------------------------------------------------------
+
+    @property
+    def budget(self):
+        return self.tracker.budget
+
+    @property
+    def groups(self):
+        """The open groups by id."""
+        return self.tracker.groups
+
+    @property
+    def steps_done(self) -> int:
+        return self.tracker.steps_done
+
+    def tracker_run(self, group_id: int) -> GroupRun | None:
+        """The tracker's record of a group that launched a sample (None if it never did)."""
+        return self._runs.get(group_id)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        b = self.budget
+        return {
+            "rollouts": b.rollouts_started, "finished": b.rollouts_finished, "failed": b.rollouts_failed,
+            "aborted": b.rollouts_aborted, "opened": b.groups_opened, "shipped": b.groups_committed,
+            "effective": b.groups_effective, "abandoned": b.groups_abandoned - b.groups_dropped_empty,
+            "dropped": b.groups_dropped_empty, "false_abandoned": self.false_abandoned, "tokens": b.tokens_generated,
+            "lost": self.lost, "lost_rollouts": self.lost_rollouts,  # dropped by a resume (resumed_with)
+        }
 
     # --- driving ----------------------------------------------------------------------
 
     def run(self, max_events: int | None = None, until_step: int | None = None) -> "GateHarness":
         """Run until ``steps`` learner steps are done, the run stalls, ``max_events`` events were
         handled, or (``until_step``) that many learner steps are done: a checkpoint boundary."""
-        if not self.events and self.stats["opened"] == 0:
-            self._admit()
+        try:
+            return self._run(max_events, until_step)
+        except GateProtocolError as exc:
+            raise ProtocolViolation(str(exc)) from exc
+
+    def _run(self, max_events: int | None, until_step: int | None) -> "GateHarness":
+        if not self._started:
+            self._started = True
+            self._do(self.tracker.admit())
         handled = 0
         while self.steps_done < self.cfg.steps and not self.stop_reason:
             if max_events is not None and handled >= max_events:
@@ -140,20 +252,19 @@ class GateHarness:
             if until_step is not None and self.steps_done >= until_step:
                 return self
             if not self.events:
-                if self.cfg.max_groups and self.stats["opened"] >= self.cfg.max_groups:
-                    self.stop_reason = "max_groups"
-                else:
-                    self.stop_reason = "stalled"
+                limited = self.cfg.max_groups and self.budget.groups_opened >= self.cfg.max_groups
+                self.stop_reason = "max_groups" if limited else "stalled"
                 break
             self.now, _, kind, payload = heapq.heappop(self.events)
             handled += 1
             if kind == "sample":
-                self._on_sample(*payload)
+                self._on_sample(payload)
             else:
                 self._on_step_done(payload)
+            self._do(self.tracker.ship_ready())
             self._send_batches()
-            self._pump()
-            self._admit()
+            self._do(self.tracker.pump())
+            self._do(self.tracker.admit())
         if not self.stop_reason:
             self.stop_reason = "steps"
         return self
@@ -163,225 +274,72 @@ class GateHarness:
         return copy.deepcopy(self, memo={id(self.gate): gate})
 
     def resumed_with(self, gate: Gate) -> "GateHarness":
-        """What ``train --resume`` does after a step boundary (pipeline/orchestrator.py
-        ``_restore``): groups that were open are gone and the gate is told so
-        (``on_closed(gid, False)``, ascending ids); batches sent but not trained go back in
-        front of the pending groups; the learner starts idle."""
-        twin = self.clone_with(gate)
-        dropped = sorted(twin.groups)
-        for gid in dropped:
-            g = twin.groups.pop(gid)
-            twin.in_flight -= len(g.running)
-            twin.stats["lost_rollouts"] += len(g.running)
-            twin.stats["lost"] += 1
-            twin.sealed_open -= int(g.sealed)
-            g.running.clear()
-            g.status = "lost"
-            twin.closed_groups.append(g)
-        twin.launch_queue = []
-        twin.events = [e for e in twin.events if e[2] == "sample"]  # stragglers of dropped groups: ignored
-        heapq.heapify(twin.events)
-        untrained = [g for b in twin.batch_log[twin.steps_done:] for g in b.groups]
-        twin.pending = untrained + twin.pending
-        twin.batch_log = twin.batch_log[: twin.steps_done]
-        twin.batches_sent = twin.steps_done
-        twin.learner_busy, twin.learner_waiting = False, []
-        for gid in dropped:
-            twin.gate.on_closed(gid, False)
+        """What ``train --resume`` does, from a checkpoint taken now (``GroupTracker.state_dict``)
+        and ``gate`` restored from the same moment: a fresh tracker loads the state, so groups
+        that were open are gone and the gate is told so; batches sent but not trained go back in
+        front of the pending groups; the learner starts idle; nothing is running."""
+        state = self.tracker.state_dict()
+        twin = GateHarness(gate, self.p, self.cfg)
+        twin.rng, twin._uniforms, twin._next_uniform = copy.deepcopy((self.rng, self._uniforms, self._next_uniform))
+        twin.now, twin._seq, twin._started, twin.log = self.now, self._seq, True, list(self.log)
+        twin._runs = dict(self._runs)
+        twin.outcomes = dict(self.outcomes)
+        twin.closed_groups = list(self.closed_groups) + list(self.groups.values())
+        twin.false_abandoned = self.false_abandoned
+        twin.lost = self.lost + len(self.groups)
+        twin.lost_rollouts = self.lost_rollouts + len(self.running)
+        twin.batch_log = self.batch_log[: self.steps_done]
+        twin.tracker.load_state_dict(state)
         twin._send_batches()
-        twin._admit()
+        twin._do(twin.tracker.admit())
         return twin
 
-    # --- admission and launches -------------------------------------------------------
+    # --- what the async shell does -----------------------------------------------------
 
-    def _admit(self) -> None:
-        cfg, b = self.cfg, self.cfg.batch_groups
-        sealed_open = self.sealed_open
-        ahead = (self.batches_sent - self.steps_done) * b + len(self.pending) + len(self.groups)
-        still = cfg.steps * b - (self.batches_sent * b + len(self.pending) + sealed_open)
-        if ahead >= (cfg.max_async_steps + 1) * b or still <= 0:
-            return
-        if cfg.max_groups and self.stats["opened"] >= cfg.max_groups:
-            return
-        free = cfg.max_concurrent_samples - self.in_flight - len(self.launch_queue)
-        slots = min(cfg.max_open_groups - len(self.groups), free // cfg.group_size)
-        if cfg.max_groups:
-            slots = min(slots, cfg.max_groups - self.stats["opened"])
-        if cfg.cap_slots:
-            slots = min(slots, (cfg.max_async_steps + 1) * b - ahead)
-        if slots <= 0:
-            return
-        plans = self.gate.admit(slots, self.batches_sent)
-        if len(plans) > slots:
-            raise ProtocolViolation(f"admit({slots}) returned {len(plans)} plans")
-        for plan in plans:
-            if plan.prompt.prompt_id not in self.p:
-                raise ProtocolViolation(f"plan for unknown prompt {plan.prompt.prompt_id}")
-            if plan.initial < 1:
-                raise ProtocolViolation(f"plan with initial={plan.initial}: the gate could never learn its group id")
-            p = self.p[plan.prompt.prompt_id]
-            outcomes = [float(self._uniform() < p) for _ in range(plan.target_size)]
-            group = FakeGroup(self.next_group_id, plan.prompt, plan.target_size, outcomes)
-            self.next_group_id += 1
-            self.groups[group.group_id] = group
-            self.stats["opened"] += 1
-            self.log.append(("plan", group.group_id, plan.prompt.prompt_id, plan.target_size, plan.initial))
-            self._enqueue(group, plan.initial)
-        self._pump()
+    def _do(self, out: TrackerOutput) -> None:
+        for request_id in out.cancels:  # aborted at once; they pay for what they generated
+            group, request, start = self.running.pop(request_id)
+            self.tracker.abort_tokens(request, int(40 * min(1.0, self.now - start)))
+            self.tracker.sample_cancelled(group)
+            self.tracker.sample_gone()
+        for launch in out.launches:
+            group, request = launch.group, launch.request
+            if group.group_id not in self.outcomes:
+                p = self.p[group.prompt.prompt_id]
+                self.outcomes[group.group_id] = [float(self.uniform() < p) for _ in range(group.target_size)]
+                self._runs[group.group_id] = group
+            self.held.discard(group.group_id)
+            self.running[request.request_id] = (group, request, self.now)
+            duration = -math.log(1.0 - self.uniform())  # exponential: siblings finish out of order
+            self._push(self.now + duration, "sample", request.request_id)
 
-    def _enqueue(self, group: FakeGroup, n: int) -> None:
-        self.launch_queue.extend([group.group_id] * n)
-        group.queued += n
-
-    def _pump(self) -> None:
-        while self.launch_queue and self.in_flight < self.cfg.max_concurrent_samples:
-            group = self.groups.get(self.launch_queue.pop(0))
-            if group is None:
-                continue  # closed while queued
-            group.queued -= 1
-            index = group.launched
-            group.launched += 1
-            group.held = False
-            group.running[index] = self.now
-            self.in_flight += 1
-            self.stats["rollouts"] += 1
-            duration = -math.log(1.0 - self._uniform())  # exponential: siblings finish out of order
-            self._push(self.now + duration, "sample", (group.group_id, index))
-
-    def _uniform(self) -> float:
-        """One U(0, 1) draw; drawn in blocks because per-call numpy draws dominate the run time."""
-        if self._next_uniform >= len(self._uniforms):
-            self._uniforms = self.rng.random(4096)
-            self._next_uniform = 0
-        self._next_uniform += 1
-        return float(self._uniforms[self._next_uniform - 1])
-
-    def _push(self, time: float, kind: str, payload: Any) -> None:
-        heapq.heappush(self.events, (time, self._seq, kind, payload))
-        self._seq += 1
-
-    # --- samples and actions ----------------------------------------------------------
-
-    def _on_sample(self, group_id: int, index: int) -> None:
-        group = self.groups.get(group_id)
-        if group is None or index not in group.running:
-            return  # aborted with its abandoned group: already counted
-        del group.running[index]
-        self.in_flight -= 1
-        length = 20 + int(60 * self._uniform())
-        group.tokens += length
-        self.stats["tokens"] += length
-        if self._uniform() < self.cfg.fail_prob:
-            group.failed += 1
-            self.stats["failed"] += 1
+    def _on_sample(self, request_id: str) -> None:
+        entry = self.running.pop(request_id, None)
+        if entry is None:
+            return  # cancelled with its abandoned group: already counted
+        group, request, _ = entry
+        length = 20 + int(60 * self.uniform())
+        if self.uniform() < self.cfg.fail_prob:
+            final = SampleFinished(request_id, (), (), FinishReason.ERROR, 0, error="injected")
+            reward = 0.0
         else:
-            while len(group.outcomes) <= index:
-                group.outcomes.append(float(self._uniform() < self.p[group.prompt.prompt_id]))
-            group.rewards.append(group.outcomes[index])
-            self.stats["finished"] += 1
-        if group.sealed:
-            self._ship_ready([group_id])
-            return
-        actions = self._controller(group, self.gate.update(group.snapshot()))
-        self._execute(actions, "update")
-        self._check_not_idle(group_id)
-
-    def _controller(self, group: FakeGroup, proposed: list[GroupAction]) -> list[GroupAction]:
-        """What ``controller.on_group(snapshot, proposed)`` returns: the gate's actions, or, as
-        RAIL may, an intervention instead of an ABANDON and extra samples for a committed group."""
-        final = []
-        for a in proposed:
-            mine = a.group_id == group.group_id
-            if (mine and a.kind is ActionKind.ABANDON and group.interventions < 2
-                    and self._uniform() < self.cfg.override_abandon):
-                group.interventions += 1
-                final.append(GroupAction(ActionKind.LAUNCH, a.group_id, n=2, reason="intervene", origin=1))
-                continue
-            final.append(a)
-            if mine and a.kind is ActionKind.COMMIT and self._uniform() < self.cfg.extend_commit:
-                final.append(GroupAction(ActionKind.LAUNCH, a.group_id, n=1, reason="extend", origin=2))
-        return final
-
-    def _check_not_idle(self, group_id: int) -> None:
-        g = self.groups.get(group_id)
-        if g is not None and not g.sealed and not g.held and not g.running and not g.queued:
+            outcomes = self.outcomes[group.group_id]
+            while len(outcomes) <= request.sample_index:
+                outcomes.append(float(self.uniform() < self.p[group.prompt.prompt_id]))
+            final = SampleFinished(request_id, (1,) * length, (0.0,) * length, FinishReason.STOP, 0)
+            reward = outcomes[request.sample_index]
+        self.tracker.sample_ended(group, request, final, streamed=0)
+        self._do(self.tracker.on_sample(ScoredSample(request, final, reward)))
+        g = self.groups.get(group.group_id)
+        if g is not None and not g.sealed and g.group_id not in self.held and not g.in_flight and not g.queued:
             raise ProtocolViolation(
-                f"{type(self.gate).__name__} left group {group_id} idle with no verdict "
+                f"{type(self.gate).__name__} left group {g.group_id} idle with no verdict "
                 f"(rewards={g.rewards}, failed={g.failed})"
             )
 
-    def _execute(self, actions: list[GroupAction], where: str) -> None:
-        touched = []
-        for a in actions:
-            self.log.append(("action", where, a.kind.value, a.group_id, a.n, a.reason))
-            group = self.groups.get(a.group_id)
-            if group is None:
-                raise ProtocolViolation(f"{where}: {a.kind.value} on group {a.group_id}, which is not open")
-            if a.kind is ActionKind.LAUNCH:
-                if group.sealed and a.origin < 0:
-                    raise ProtocolViolation(f"{where}: LAUNCH on sealed group {a.group_id}")
-                if a.n < 1:
-                    raise ProtocolViolation(f"{where}: LAUNCH n={a.n} on group {a.group_id}")
-                self._enqueue(group, a.n)
-            elif a.kind is ActionKind.COMMIT:
-                self.sealed_open += int(not group.sealed)
-                group.sealed = True
-                touched.append(a.group_id)
-            elif a.kind is ActionKind.ABANDON:
-                self._close(group, committed=False)
-            elif a.kind is ActionKind.HOLD:
-                group.held = True
-        self._pump()
-        self._ship_ready(touched)
-
-    def _ship_ready(self, group_ids: list[int]) -> None:
-        for gid in group_ids:
-            g = self.groups.get(gid)
-            if g is not None and g.sealed and not g.running and not g.queued:
-                self._close(g, committed=True)
-
-    def _close(self, group: FakeGroup, committed: bool) -> None:
-        del self.groups[group.group_id]
-        self.sealed_open -= int(group.sealed)
-        for index, start in group.running.items():  # aborted siblings pay for what they generated
-            self.in_flight -= 1
-            self.stats["aborted"] += 1
-            partial = int(40 * min(1.0, self.now - start))
-            group.tokens += partial
-            self.stats["tokens"] += partial
-        group.running.clear()
-        if committed:
-            if len(group.rewards) < 2:
-                group.status, committed = "dropped", False
-                self.stats["dropped"] += 1
-            else:
-                group.status = "shipped"
-                shipped = self._committed(group)
-                self.stats["shipped"] += 1
-                self.stats["effective"] += int(shipped.is_effective)
-                self.pending.append(shipped)
-        else:
-            group.status = "abandoned"
-            self.stats["abandoned"] += 1
-            self.stats["false_abandoned"] += int(group.would_be_mixed)
-        self.closed_groups.append(group)
-        self.gate.on_closed(group.group_id, committed)
-
-    def _committed(self, g: FakeGroup) -> CommittedGroup:
-        rollouts = tuple(
-            Rollout(f"g{g.group_id}-s{i}", i, g.prompt.token_ids, (1,), (0.0,), r, FinishReason.STOP, 0)
-            for i, r in enumerate(g.rewards)
-        )
-        return CommittedGroup(g.group_id, g.prompt.prompt_id, rollouts, g.launched, g.tokens)
-
-    # --- batches and the learner ------------------------------------------------------
-
     def _send_batches(self) -> None:
-        b = self.cfg.batch_groups
-        while len(self.pending) >= b and self.batches_sent < self.cfg.steps and len(self.learner_waiting) < 1:
-            batch = TrainBatch(self.batches_sent, tuple(self.pending[:b]))
-            del self.pending[:b]
-            self.batches_sent += 1
+        while not self.learner_waiting and (batch := self.tracker.next_batch()) is not None:
+            self.tracker.batch_sent(batch)
             self.batch_log.append(batch)
             self.learner_waiting.append(batch)
             self._start_learner()
@@ -393,19 +351,28 @@ class GateHarness:
 
     def _on_step_done(self, batch: TrainBatch) -> None:
         self.learner_busy = False
-        self.steps_done = batch.step + 1
-        self.log.append(("step", batch.step))
-        self._execute(self.gate.on_step(batch.step, batch), "on_step")
+        self._do(self.tracker.on_step_done(batch))
         self._start_learner()
+
+    def uniform(self) -> float:
+        """One U(0, 1) draw; drawn in blocks because per-call numpy draws dominate the run time."""
+        if self._next_uniform >= len(self._uniforms):
+            self._uniforms = self.rng.random(4096)
+            self._next_uniform = 0
+        self._next_uniform += 1
+        return float(self._uniforms[self._next_uniform - 1])
+
+    def _push(self, time: float, kind: str, payload: Any) -> None:
+        heapq.heappush(self.events, (time, self._seq, kind, payload))
+        self._seq += 1
 
     # --- checks -----------------------------------------------------------------------
 
     def check_invariants(self) -> None:
         """Counts add up and every group is accounted for (call after ``run``)."""
         s = self.stats
-        running = sum(len(g.running) for g in self.groups.values())
-        if s["rollouts"] != s["finished"] + s["failed"] + s["aborted"] + running + s["lost_rollouts"]:
-            raise AssertionError(f"rollouts do not add up: {s}, running={running}")
+        if s["rollouts"] != s["finished"] + s["failed"] + s["aborted"] + len(self.running) + s["lost_rollouts"]:
+            raise AssertionError(f"rollouts do not add up: {s}, running={len(self.running)}")
         launched = sum(g.launched for g in self.groups.values()) + sum(g.launched for g in self.closed_groups)
         if launched != s["rollouts"]:
             raise AssertionError(f"per-group launches {launched} != rollouts {s['rollouts']}")
@@ -417,7 +384,7 @@ class GateHarness:
             if any(len(g.rollouts) < 2 for g in batch.groups):
                 raise AssertionError(f"batch {batch.step} holds a group with fewer than 2 rollouts")
         for g in self.groups.values():
-            if not (g.sealed or g.held or g.running or g.queued):
+            if not (g.sealed or g.group_id in self.held or g.in_flight or g.queued):
                 raise AssertionError(f"group {g.group_id} is open with no verdict and nothing running")
         if self.cfg.fail_prob == 0 and s["dropped"]:
             raise AssertionError(f"{s['dropped']} committed groups had fewer than 2 rollouts without any failure")

@@ -139,7 +139,7 @@ def test_bad_settings_are_rejected(kwargs, match):
 def test_dps_gate_spends_on_mixed_prompts_after_it_has_seen_them():
     # half the prompts are hopeless (p = 0), half are coin flips
     p = {i: (0.0 if i % 2 else 0.5) for i in range(64)}
-    cfg = HarnessConfig(batch_groups=8, steps=30, max_async_steps=0, cap_slots=True)
+    cfg = HarnessConfig(batch_groups=8, steps=30, max_async_steps=0)
     uniform = GateHarness(UniformGate(pool_of(64), 8), p, cfg).run()
     dps = GateHarness(DpsGate(DpsSelector(pool_of(64), seed=0), 8), p, cfg).run()
     dps.check_invariants()

@@ -1,5 +1,5 @@
-"""One suite, every gate kind: the group lifecycle of pipeline/protocols.py, driven by a fake
-orchestrator on synthetic rewards (tests/gate_harness.py)."""
+"""One suite, every gate kind: the group lifecycle of pipeline/protocols.py, run by the real
+GroupTracker (pipeline/tracker.py) on synthetic rewards (tests/gate_harness.py)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,6 @@ SETTINGS = {
     "failures": HarnessConfig(batch_groups=8, steps=6, fail_prob=0.15),
     "tight": HarnessConfig(batch_groups=8, steps=6, max_open_groups=12, max_concurrent_samples=96),
     "batch_of_one": HarnessConfig(batch_groups=1, steps=10),
-    "capped_slots": HarnessConfig(batch_groups=8, steps=8, cap_slots=True),
     # a RAIL-like controller replaces ABANDONs by interventions and extends committed groups
     "intervening": HarnessConfig(batch_groups=8, steps=8, override_abandon=0.5, extend_commit=0.2),
 }
@@ -47,7 +46,7 @@ def test_is_a_gate(kind):
     assert isinstance(make_gate(kind, probabilities(20), batch_groups=4), Gate)
 
 
-FAST = ("default", "failures", "capped_slots", "intervening")
+FAST = ("default", "failures", "intervening")
 
 
 def settings(names):
@@ -89,7 +88,7 @@ def test_adaptive_gates_train_only_on_effective_groups(kind):
         assert 0.0 < effective <= 1.0
 
 
-@pytest.mark.parametrize("setting", settings(["default", "failures", "run_ahead", "capped_slots", "intervening"]))
+@pytest.mark.parametrize("setting", settings(["default", "failures", "run_ahead", "intervening"]))
 @pytest.mark.parametrize("kind", GATE_KINDS)
 def test_checkpoint_restore_is_exact(kind, setting):
     cfg = SETTINGS[setting]
@@ -109,7 +108,7 @@ def test_checkpoint_restore_is_exact(kind, setting):
     assert json.dumps(restored.state_dict(), sort_keys=True) == json.dumps(gate.state_dict(), sort_keys=True)
 
 
-@pytest.mark.parametrize("setting", settings(["default", "capped_slots", "failures", "run_ahead"]))
+@pytest.mark.parametrize("setting", settings(["default", "failures", "run_ahead"]))
 @pytest.mark.parametrize("kind", GATE_KINDS)
 def test_resume_at_a_step_boundary_drops_open_groups_cleanly(kind, setting):
     """train --resume: the gate is restored, every group open at the checkpoint is closed
@@ -129,7 +128,7 @@ def test_resume_at_a_step_boundary_drops_open_groups_cleanly(kind, setting):
 @pytest.mark.parametrize("kind", GATE_KINDS)
 def test_restoring_nothing_diverges(kind):
     """Control for the test above: a gate that did not load the checkpoint does not match."""
-    cfg = SETTINGS["capped_slots"]
+    cfg = SETTINGS["default"]
     p = probabilities(300)
     gate = make_gate(kind, p, cfg.batch_groups)
     harness = GateHarness(gate, p, cfg).run(max_events=200)

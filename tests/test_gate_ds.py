@@ -102,12 +102,22 @@ def test_all_unsolvable_pool_raises_in_error_mode():
         GateHarness(gate, p, HarnessConfig(batch_groups=4, steps=3)).run()
 
 
-def test_cost_is_rounds_times_oversample_when_surplus_is_discarded():
+def test_rounds_open_only_as_far_as_the_step_ahead_room():
+    """DAPO generates every round whole (3 x batch_groups prompts). The orchestrator admits no
+    more open or pending groups than the step-ahead room, (max_async_steps + 1) x batch_groups,
+    so a larger round opens in parts, and what has not opened when the step is full never
+    opens: with room for one batch DS pays for little more than the groups it trains on; with
+    room for a whole round it pays for the surplus DAPO pays for (at most a round per step)."""
     p = {i: 0.5 for i in range(400)}  # nearly every group is effective: one round per step
-    gate = DynamicSamplingGate(pool_of(400), group_size=8, batch_groups=8)
-    harness = GateHarness(gate, p, HarnessConfig(batch_groups=8, steps=5, max_async_steps=0)).run()
-    assert harness.stats["rollouts"] == 5 * 24 * 8
-    assert gate.metrics()["gate/surplus"] >= 4 * 15  # the last step's surplus may still be running
+    cost = {}
+    for ahead in (0, 2):
+        gate = DynamicSamplingGate(pool_of(400), group_size=8, batch_groups=8)
+        harness = GateHarness(gate, p, HarnessConfig(batch_groups=8, steps=5, max_async_steps=ahead)).run()
+        assert harness.stop_reason == "steps"
+        harness.check_invariants()
+        cost[ahead] = (harness.stats["rollouts"], gate.metrics().get("gate/surplus", 0.0))
+    assert cost[0][0] <= 5 * 8 * 8 + 8 * 8 and cost[0][1] <= 8  # one batch of room: next to no surplus
+    assert cost[2][1] >= 4 * 8 and cost[2][0] <= 5 * 24 * 8  # a round of room: surplus paid, at most whole rounds
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ def test_opens_a_prompt_with_the_probability_its_group_is_mixed():
 def test_pays_exactly_g_per_group_and_nothing_for_skips():
     p = {i: [0.0, 0.3, 1.0, 0.7][i % 4] for i in range(200)}
     gate = OracleGate(pool_of(200), 8, p.__getitem__, seed=0)
-    harness = GateHarness(gate, p, HarnessConfig(batch_groups=8, steps=5, cap_slots=True)).run()
+    harness = GateHarness(gate, p, HarnessConfig(batch_groups=8, steps=5)).run()
     harness.check_invariants()
     assert harness.stats["rollouts"] == 8 * harness.stats["opened"]
     trained = [g for b in harness.batch_log for g in b.groups]
@@ -53,7 +53,7 @@ def test_needs_the_success_probability():
 def test_hindsight_mode_trains_only_mixed_groups_and_books_saturated_ones_as_uncounted():
     p = {i: [0.0, 0.3, 1.0, 0.7][i % 4] for i in range(200)}
     gate = OracleGate(pool_of(200), 8, None, seed=0)
-    harness = GateHarness(gate, p, HarnessConfig(batch_groups=8, steps=5, cap_slots=True)).run()
+    harness = GateHarness(gate, p, HarnessConfig(batch_groups=8, steps=5)).run()
     harness.check_invariants()
     trained = [g for b in harness.batch_log for g in b.groups]
     assert trained and all(0 < sum(r.reward > 0 for r in g.rollouts) < 8 for g in trained)

@@ -20,7 +20,9 @@ short, ``on_round_cap`` decides:
 * ``"fill"`` (default): the all-same groups of that last round, held for this purpose instead
   of abandoned, fill the rest of the batch (best available: they cost nothing more); if they
   are not enough, further rounds commit every finished group with two or more valid samples,
-  like uniform GRPO, until the step is full. ``gate/round_cap`` counts these events.
+  like uniform GRPO, until the step is full. ``gate/round_cap`` counts these events. Once the
+  held groups cover what the step still needs, the rest of that round is not opened: held
+  groups count against the orchestrator's step-ahead room, so it might never open.
 
 Commits follow ``StepQuota`` (``controller.gates.common``): exactly ``batch_groups`` per step.
 The rounds and the cap are kept by ``RoundGate`` (``controller.gates.rounds``).
@@ -125,6 +127,8 @@ class DynamicSamplingGate(RoundGate):
             return self._verdict(rec, abandon(gid, "surplus" if snapshot.is_mixed else "zero_std"))
         if self.on_round_cap == "fill" and self._in_last_round(rec) and self._may_commit(rec):
             self._candidates.append(gid)
+            if len(self._candidates) >= self._quota.need():
+                self._stop_opening()
             return self._verdict(rec, hold(gid, "fallback_candidate"))
         return self._verdict(rec, abandon(gid, "zero_std"))
 

@@ -17,7 +17,8 @@ A new pilot round opens when the previous one is judged and the step's remaining
 covered by the buffer. Round cap (``max_rounds`` per step), as in DS: ``"error"`` raises
 ``RoundCapError``; ``"fill"`` (default) keeps the out-of-band pilots of the last round that
 are closest to p_hat = 0.5 (held for this) to fill the step, then pilots of further rounds are
-all kept (except evicted prompts) until the step is covered. Commits follow ``StepQuota``:
+all kept (except evicted prompts) until the step is covered. Once the held pilots cover the
+step, the rest of that last round is not opened (as in DS). Commits follow ``StepQuota``:
 exactly ``batch_groups`` per step. The rounds and the cap are kept by ``RoundGate``
 (``controller.gates.rounds``).
 
@@ -183,6 +184,8 @@ class PilotCommitGate(RoundGate):
         reason = "defer" if p_hat < self.p_low else "skip"
         if self.on_round_cap == "fill" and self._in_last_round(rec) and self._uncovered() > 0:
             self._candidates.append(gid)
+            if len(self._candidates) >= self._uncovered():
+                self._stop_opening()
             rec["reason"] = reason
             return [self._verdict(rec, hold(gid, "fallback_candidate"))]
         return [self._verdict(rec, abandon(gid, reason))]

@@ -153,6 +153,10 @@ class RoundGate(BaseGate):
         """Every group of the current round is judged."""
         raise NotImplementedError
 
+    def _stop_opening(self) -> None:
+        """Open no more of the current round: it ends once its open groups are judged."""
+        self._series["to_open"] = 0
+
     def _check_cap(self, short: bool) -> None:
         """A round ended with the step still ``short``: apply the cap if it was the last one."""
         series = self._series
