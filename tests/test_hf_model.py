@@ -81,3 +81,17 @@ def test_the_context_length_comes_from_the_model_config(llama_dir, tmp_path, cap
                  *ARGS, "--set", "orchestrator.max_tokens=95"])
     err = capsys.readouterr().err
     assert code == 2 and "context of model.path" in err and "(96 tokens)" in err, err[-2000:]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1200)
+def test_the_vllm_engine_serves_a_users_model(llama_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    code = main(["train", "--no-progress", "--run-dir", str(run), "--set", f"model.path={llama_dir}", "--set", "engine.kind=vllm",
+                 "--set", "task.chat_template=true", *ARGS])
+    assert code == 0, capsys.readouterr().err[-2000:]
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2] and steps[-1]["pipeline/rollouts_finished"] > 0
+    prompt = load_model(llama_dir, chat_template=True).tokenizer.decode(
+        read_all(run / "buffer").column("prompt_token_ids")[0].as_py(), skip_special=False)
+    assert prompt.startswith("<|im_start|>user\n")
