@@ -12,8 +12,8 @@ of 1024 (the Beta function itself underflows long before that): as a sum of logs
 product form for whole m up to 4096, which keeps ~1e-12 relative precision even for huge counts,
 and as a difference of ``scipy.special.betaln`` values beyond that.
 
-* HORA (METHODS.md) ranks prompts by the hit utility ``1 - E[(1 - p)^m]``.
-* SARA (METHODS.md) abandons a partial group when the chance that the finished group holds both
+* HORA (docs/methods.md, HORA) ranks prompts by the hit utility ``1 - E[(1 - p)^m]``.
+* SARA (docs/methods.md, SARA) abandons a partial group when the chance that the finished group holds both
   a success and a failure, ``effective_probability``, is low; ``sara_expected_rollouts`` and
   ``sara_false_abandonment`` are the closed forms of "abandon iff the k-probe is all-same".
 

@@ -3,8 +3,8 @@
 One frozen dataclass, a docstring under every field; ``pipeline.configuration.build`` turns
 YAML into it and rejects unknown keys. The defaults are plain GRPO (std-normalised
 advantages, symmetric clip 0.2, token-mean loss, no reference model) at the learning rate
-that worked on this machine's 0.4M-parameter policy (DESIGN.md: 3e-4; 1e-3 collapsed it).
-The baselines of METHODS.md are combinations of fields:
+that worked on this machine's 0.4M-parameter policy (3e-4; 1e-3 collapsed it). The baselines
+(docs/methods.md, "Advantage estimators and the loss") are combinations of fields:
 
 =====================  =====================================================================
 GRPO                   ``algorithm: grpo``, ``loss_agg: token_mean``

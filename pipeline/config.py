@@ -48,7 +48,7 @@ class SimConfig:
     progress_exponent: float = 1.0
     """Training model. 1.0: progress counts the effective groups trained on (each adds its
     signal). Near 0: 'normalised steps', a step's progress barely depends on how many of its
-    groups are effective. Rankings against GRPO flip between the two (METHODS.md)."""
+    groups are effective. Rankings against GRPO can flip between the two (docs/design.md, "The simulator")."""
     reference_batch: int = 64
     """Groups per step the learning rate is calibrated for."""
     drift_std: float = 0.0
@@ -230,7 +230,7 @@ class DataConfig:
     num_train_prompts: int = 4096
     """Training prompts drawn from the task's training split."""
     num_eval_prompts: int = 512
-    """Held-out prompts; 200 prompts x 16 samples is +-2-3 points of noise (DESIGN.md)."""
+    """Held-out prompts; 200 prompts x 16 samples is +-2-3 points of noise (docs/design.md, "9. Weight update")."""
     eval_samples: int = 4
     """Samples per held-out prompt (accuracy = their mean reward; pass@k with k = this)."""
     eval_temperature: float = 1.0

@@ -4,7 +4,7 @@ RL from a random policy gets no reward signal: every group is all-wrong. ``warm_
 trains the model on the task's reference solutions (loss on the response tokens only) for a
 budget of steps chosen to stop at *partial* competence: a sampled accuracy around 0.3-0.5
 with pass rates spread across prompts, so that a good share of groups is mixed and RL has
-something to learn from (DESIGN.md, "Facts about this machine").
+something to learn from (docs/design.md, "0. Wiring", has the measured figures).
 
 ``measure_policy`` samples groups from held-out prompts and reports accuracy and the share
 of saturated groups (all right or all wrong), the quantity adaptive allocation lives on.

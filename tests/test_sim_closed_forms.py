@@ -1,4 +1,4 @@
-"""The simulator, driven through the real orchestrator, reproduces METHODS.md's closed forms for
+"""The simulator, driven through the real orchestrator, reproduces the closed forms (docs/methods.md, SARA) of
 SARA's "abandon iff the k-probe is all-same" rule at a fixed success rate p."""
 
 from __future__ import annotations

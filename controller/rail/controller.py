@@ -1,6 +1,6 @@
 """RAIL: a learned intervention controller behind the orchestrator's ``Controller`` protocol.
 
-Decision points (METHODS.md, RAIL; the hooks are in ``pipeline/protocols.py``):
+Decision points (docs/methods.md, RAIL; the hooks are in ``pipeline/protocols.py``):
 
 1. **rescue** -- ``on_group`` sees the gate propose ABANDON of a saturated group: the controller
    may replace the abandon by an intervention (branch the most promising prefix of the group's
