@@ -21,7 +21,7 @@ def probe_batch(gate, successes, probe=4, target=8):
 
 
 def test_methods_example_allocation():
-    # G0 = 4, B = 8, G = 16: R = 8*16 - 8*4 = 96, as in METHODS.md
+    # G0 = 4, B = 8, G = 16: R = 8*16 - 8*4 = 96, the worked example of docs/methods.md (HORA)
     gate = HoraGate(pool_of(20), group_size=16, batch_groups=8, probe_size=4)
     assert gate.extra_budget == 96
     plans, actions = probe_batch(gate, METHODS_SUCCESSES, target=16)

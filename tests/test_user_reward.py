@@ -176,3 +176,15 @@ def test_none_rewards_are_counted_and_left_out_of_the_group():
 
 def test_reward_module_text_is_valid_python():
     compile(textwrap.dedent(REWARDS_PY), "my_rewards.py", "exec")
+
+
+def test_the_readme_example_reward():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "my_rewards.py"
+    spec = importlib.util.spec_from_file_location("my_rewards", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    completions = ["It is 42.", [{"role": "assistant", "content": "41, no: 43"}], "none"]
+    assert module.correct(["q"] * 3, completions, answer=[42, 43, 1]) == [1.0, 1.0, 0.0]

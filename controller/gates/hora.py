@@ -1,4 +1,4 @@
-"""HORA (arXiv 2605.07114, METHODS.md): probe a batch, then split the rest of its budget.
+"""HORA (arXiv 2605.07114, docs/methods.md): probe a batch, then split the rest of its budget.
 
 Per learner step HORA opens an *allocation batch* of ``batch_groups`` (B) prompts with
 ``probe_size`` (G0) rollouts each. Each group whose probe is in waits (HOLD). When the last

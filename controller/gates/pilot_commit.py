@@ -1,4 +1,4 @@
-"""Pilot-Commit (PC, arXiv 2605.26606, METHODS.md): pilot a few rollouts, commit the mid-band.
+"""Pilot-Commit (PC, arXiv 2605.26606, docs/methods.md): pilot a few rollouts, commit the mid-band.
 
 1. Rounds of ``ceil(pilot_factor * batch_groups)`` fresh prompts (3x) get a pilot of
    ``pilot_size`` (n_p) rollouts each.

@@ -1,4 +1,4 @@
-"""SARA (arXiv 2607.26253, METHODS.md): a sequential test on each partial group.
+"""SARA (arXiv 2607.26253, docs/methods.md): a sequential test on each partial group.
 
 After every ended rollout of a group, once its probe of ``probe_size`` (k) rollouts has
 finished, SARA computes the chance that the finished group of ``group_size`` (G) will be
