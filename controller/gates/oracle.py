@@ -11,8 +11,8 @@ skipped at no cost. So a prompt gets a group with probability
 ``pi(p) = 1 - p^G - (1 - p)^G``, the same prompts, in distribution, that a perfect-foresight
 oracle pays for, and every opened group costs exactly G rollouts: per learner step
 ``batch_groups * G`` rollouts, the floor of any policy that trains on full groups of effective
-prompts (DS pays ``rounds * oversample`` times more: 0.33 of DS's cost when DS needs one round a
-step, docs/methods.md "The oracle"). Its realised groups are the engine's own draws,
+prompts (DS pays ``rounds * oversample`` times more, so the oracle costs 0.33
+of DS when DS needs one round a step; docs/methods.md, "The oracle"). Its realised groups are the engine's own draws,
 effective with probability ``pi(p)`` each rather than always: benchmarks that count effective
 groups read the perfect-foresight value ``G`` rollouts per effective group analytically and
 this gate's measured value as the floor reachable from exact p alone. Every rollout it
