@@ -28,8 +28,12 @@ from typing import Any, Sequence
 import anyio
 
 from pipeline.protocols import Scorer
+from pipeline.scoring import ScoringService
 from pipeline.seeding import sample_seed
 from pipeline.types import Prompt, SampleFinished, SampleRequest, SamplingParams
+
+
+_DEFAULT_REWARD_TIMEOUT_S = 5.0  # orchestrator.reward_timeout_s's default
 
 
 class SamplingEvaluator:
@@ -46,6 +50,7 @@ class SamplingEvaluator:
         concurrency: int = 256,
         seed: int = 0,
         reward_timeout_s: float | None = None,
+        reward_threads: int = 2,
     ):
         if not prompts:
             raise ValueError("the evaluator needs at least one held-out prompt; raise eval.num_prompts")
@@ -60,6 +65,8 @@ class SamplingEvaluator:
         self.concurrency = concurrency
         self.seed = seed
         self.reward_timeout_s = reward_timeout_s  # a reward past it counts as wrong, as in training
+        # The training run's reward service, timeout and worker processes included (None: its default).
+        self.scoring = ScoringService(scorer, reward_timeout_s or _DEFAULT_REWARD_TIMEOUT_S, reward_threads)
 
     async def evaluate(self, step: int) -> dict[str, float]:
         rewards: dict[int, list[float]] = defaultdict(list)
@@ -81,22 +88,13 @@ class SamplingEvaluator:
                             final = event
                 finally:
                     await stream.aclose()
-            reward: Any = 0.0
+            reward = 0.0
             if final is not None and final.finish_reason.is_success:
-                try:
-                    if getattr(self.scorer, "runs_inline", False):
-                        reward = self.scorer(prompt, final.token_ids)
-                    else:
-                        reward = 0.0  # unless it answers in time
-                        with anyio.move_on_after(self.reward_timeout_s):
-                            reward = await anyio.to_thread.run_sync(self.scorer, prompt, final.token_ids,
-                                                                    abandon_on_cancel=True)
-                    if reward is None:
-                        return  # no reward: left out, as in training
-                    reward = float(reward)
-                except Exception:  # a reward that raises counts as wrong, as in training
-                    reward = 0.0
-            rewards[i].append(reward if math.isfinite(reward) else 0.0)
+                # raising or timing out counts as wrong, as in training (counted on self.scoring)
+                reward, _ = await self.scoring.score(prompt, final.token_ids)
+                if math.isnan(reward):  # NO_REWARD: left out, as in training
+                    return
+            rewards[i].append(reward)
 
         async with anyio.create_task_group() as tg:
             for i in range(len(self.prompts)):

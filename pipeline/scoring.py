@@ -1,10 +1,13 @@
 """Rewards for finished samples, computed off the event loop with a timeout.
 
 A reward function that raises, or runs past ``timeout_s``, gives reward 0 and is counted; the
-run goes on. Python cannot kill a thread, so a hung reward keeps its worker thread until it
-returns by itself: the limiter slot is freed at the timeout (``abandon_on_cancel``), so the
-pipeline keeps going, but a reward that hangs on every call will pile up threads -- the
-``pipeline/reward_timeouts`` counter tells you to fix it.
+run goes on. Scorers that declare ``runs_in_process = True`` (math-verify, users' rewards) run
+in worker processes (``pipeline.reward_workers``): a call past the timeout has its worker
+killed, so the timeout fires even when the call holds the GIL (a huge power inside sympy).
+Other scorers run in worker threads; Python cannot kill a thread, so a hung reward keeps its
+thread until it returns by itself: the limiter slot is freed at the timeout
+(``abandon_on_cancel``), so the pipeline keeps going, but a reward that hangs on every call
+will pile up threads -- the ``pipeline/reward_timeouts`` counter tells you to fix it.
 
 A scorer may return None for "no reward": the sample gets ``NO_REWARD`` (NaN), is counted in
 ``no_reward`` and is not trained on (``ScoredSample.is_valid``).
@@ -28,12 +31,14 @@ the event loop directly: a thread hop would cost more than the reward.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Sequence
 
 import anyio
 import anyio.to_thread
 
 from pipeline.protocols import Scorer
+from pipeline.reward_workers import RewardFailed, RewardTimeout, RewardWorkers
 from pipeline.types import NO_REWARD, Prompt
 
 
@@ -47,6 +52,12 @@ class ScoringService:
         self.timeout_s = timeout_s
         self._limiter = anyio.CapacityLimiter(threads)
         self._inline = bool(getattr(scorer, "runs_inline", False))
+        self._workers: RewardWorkers | None = None
+        if not self._inline and getattr(scorer, "runs_in_process", False):
+            try:
+                self._workers = RewardWorkers(scorer, threads)
+            except TypeError as exc:  # cannot be pickled: threads, whose timeout a GIL-holding call outlasts
+                warnings.warn(f"{exc}; it runs in threads instead", RuntimeWarning, stacklevel=2)
         self.errors = 0
         self.timeouts = 0
         self.no_reward = 0  # the scorer returned None: counted, not trained on (``NO_REWARD``)
@@ -55,6 +66,11 @@ class ScoringService:
         """``(reward, error)``; ``error`` is empty on success."""
         if self._inline:
             return self._checked(lambda: self.scorer(prompt, token_ids))
+        if self._workers is not None:  # the worker enforces the timeout; a thread only waits for it
+            return await anyio.to_thread.run_sync(
+                self._checked, lambda: self._workers.call(prompt, token_ids, self.timeout_s),
+                limiter=self._limiter, abandon_on_cancel=True,
+            )
         result: tuple[float, str] | None = None
         with anyio.move_on_after(self.timeout_s):
             result = await anyio.to_thread.run_sync(
@@ -73,6 +89,12 @@ class ScoringService:
                 self.no_reward += 1
                 return NO_REWARD, "no reward"
             value = float(value)
+        except RewardTimeout as exc:
+            self.timeouts += 1
+            return 0.0, str(exc)
+        except RewardFailed as exc:
+            self.errors += 1
+            return 0.0, f"reward raised {exc.kind}: {exc}"
         except Exception as exc:  # a user's reward function: any failure is that sample's
             self.errors += 1
             return 0.0, f"reward raised {type(exc).__name__}: {exc}"
@@ -80,3 +102,8 @@ class ScoringService:
             self.errors += 1
             return 0.0, f"reward returned a non-finite value {value!r}"
         return value, ""
+
+    def close(self) -> None:
+        """Stop the reward worker processes, if any (they also end with the process)."""
+        if self._workers is not None:
+            self._workers.close()

@@ -4,8 +4,10 @@ A reward is a ``pipeline.protocols.Scorer``: ``reward(prompt, token_ids) -> floa
 text-level grading (``score_text``) is a pure function of the prompt's ``answer`` and the
 response text, so tasks and tests can call it without a tokenizer.
 
-Rewards run in the pipeline's worker threads (``runs_inline = False``), which enforce the
-timeout: a reward itself never sets alarms or signals.
+Rewards run in the pipeline's worker threads (``runs_inline = False``), or in its worker
+processes when they declare ``runs_in_process = True`` (those that can hold the GIL for long:
+``pipeline.reward_workers``); either way the pipeline enforces the timeout, and a reward itself
+never sets alarms or signals.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class TextReward:
     """
 
     runs_inline = False
+    runs_in_process = False
 
     def __init__(self, decode: Decode) -> None:
         if not callable(decode):

@@ -69,9 +69,15 @@ class MathVerifyReward(TextReward):
     1.0
     """
 
+    runs_in_process = True  # sympy can hold the GIL for minutes (9^{9^{9^{9}}}): pipeline.reward_workers
+
     def __init__(self, decode: Decode) -> None:
         super().__init__(decode)
         import math_verify  # noqa: F401  (here, not inside the first timed call in a worker thread)
 
     def score_text(self, prompt: Prompt, text: str) -> float:
         return math_verify_match(text, prompt.answer)
+
+    def warm_up(self) -> None:
+        """One small comparison: a reward worker process's imports and parser set-up happen here."""
+        math_verify_match("\\boxed{\\frac{1}{2}}", "0.5")

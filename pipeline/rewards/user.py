@@ -107,6 +107,7 @@ class UserReward:
     """
 
     runs_inline = False
+    runs_in_process = True  # user code may hold the GIL past any timeout: pipeline.reward_workers
 
     def __init__(self, function: Callable[..., Sequence[Any]], decode: Decode, rows: Mapping[int, DatasetRow],
                  name: str = "") -> None:
