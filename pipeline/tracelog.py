@@ -28,12 +28,14 @@ Records are buffered and written as one record batch per ``flush_every`` records
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 from typing import Callable
 
 import numpy as np
@@ -279,16 +281,19 @@ class Trace:
     outcomes: pa.Table
     torn: tuple[Path, ...]  # files whose tail was cut mid-batch (their complete batches are kept)
     run_ids: tuple[str, ...]  # distinct run ids of the segments, in segment order
+    outcome_run_ids: tuple[str, ...] | None = None  # per outcome row: the run that wrote its segment
+    duplicates: tuple[Path, ...] = ()  # segment files left out: the same file, or the same bytes, given twice
 
     def joined(self) -> pa.Table:
-        """Decisions left-joined to outcomes on ``decision_id``.
+        """Decisions left-joined to outcomes on ``(run, decision_id)``.
 
-        Decision order is kept; a decision with several outcomes gets one row per outcome (in
-        logged order), one without gets nulls. Outcome columns: ``outcome_time``, ``reward``,
-        ``tokens``. (Arrow's hash join cannot carry the map/list columns, hence numpy.)
+        An outcome only joins a decision of the run that wrote it (decision ids of different runs
+        may coincide when their segments share a directory). Decision order is kept; a decision
+        with several outcomes gets one row per outcome (in logged order), one without gets
+        nulls. Outcome columns: ``outcome_time``, ``reward``, ``tokens``. (Arrow's hash join
+        cannot carry the map/list columns, hence numpy.)
         """
-        d_ids = self.decisions.column("decision_id").to_numpy()
-        o_ids = self.outcomes.column("decision_id").to_numpy()
+        d_ids, o_ids = self._join_keys()
         order = np.argsort(o_ids, kind="stable")
         lo = np.searchsorted(o_ids[order], d_ids, side="left")
         counts = np.searchsorted(o_ids[order], d_ids, side="right") - lo
@@ -304,26 +309,68 @@ class Trace:
             left = left.append_column(out, right.column(name))
         return left
 
+    def _join_keys(self) -> tuple[np.ndarray, np.ndarray]:
+        """Integer keys of the decisions and outcomes: equal exactly when run and decision id are."""
+        d_ids = self.decisions.column("decision_id").to_numpy()
+        o_ids = self.outcomes.column("decision_id").to_numpy()
+        if self.outcome_run_ids is None or len(self.outcome_run_ids) != len(o_ids):
+            return d_ids, o_ids  # a hand-made Trace without outcome run ids: ids alone
+        codes: dict[str, int] = {}
+        d_runs = np.array([codes.setdefault(r, len(codes)) for r in self.decisions.column("run_id").to_pylist()], np.int64)
+        o_runs = np.array([codes.setdefault(r, len(codes)) for r in self.outcome_run_ids], np.int64)
+        if len(codes) <= 1:
+            return d_ids, o_ids
+        pairs = np.stack([np.concatenate([d_runs, o_runs]), np.concatenate([d_ids, o_ids])], axis=1)
+        _, inverse = np.unique(pairs, axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        return inverse[: len(d_ids)], inverse[len(d_ids):]
 
-def read_trace(directory_or_file: str | os.PathLike) -> Trace:
-    """Read a trace directory (every segment) or one segment file.
 
-    Raises ``TraceFormatError`` naming the path for a missing path, a file that is not an
-    Arrow stream, or a segment whose schema version is not ``TRACE_SCHEMA_VERSION``.
+def read_trace(directory_or_file: str | os.PathLike | Sequence[str | os.PathLike]) -> Trace:
+    """Read a trace directory (every segment), one segment file, or several of either.
+
+    A segment named twice, or two files with the same bytes (a copy), is read once; the files
+    left out are listed in ``Trace.duplicates``. Raises ``TraceFormatError`` naming the path for
+    a missing path, a file that is not an Arrow stream, or a segment whose schema version is not
+    ``TRACE_SCHEMA_VERSION``.
     """
-    path = Path(directory_or_file)
-    if path.is_dir():
-        decision_paths, outcome_paths = segment_paths(path, DECISIONS.prefix), segment_paths(path, OUTCOMES.prefix)
-    elif path.is_file():
-        is_outcomes = path.name.startswith(OUTCOMES.prefix)
-        decision_paths, outcome_paths = ([], [path]) if is_outcomes else ([path], [])
-    else:
-        raise TraceFormatError(f"trace path {path} does not exist; pass a trace directory or a segment file")
+    paths = [directory_or_file] if isinstance(directory_or_file, (str, os.PathLike)) else list(directory_or_file)
+    decision_paths, outcome_paths, duplicates = [], [], []
+    seen: dict[object, Path] = {}
+    for path in map(Path, paths):
+        for segment in trace_segment_paths(path):
+            keys = (segment.resolve(), segment_digest(segment))
+            if any(k in seen for k in keys):
+                duplicates.append(segment)
+                continue
+            seen.update(dict.fromkeys(keys, segment))
+            (outcome_paths if segment.name.startswith(OUTCOMES.prefix) else decision_paths).append(segment)
     decisions, d_reads = read_segments(decision_paths, DECISIONS, TraceFormatError)
-    outcomes, o_reads = read_segments(outcome_paths, OUTCOMES, TraceFormatError)
+    parts = [read_segments([p], OUTCOMES, TraceFormatError) for p in outcome_paths]  # per segment: its run id
+    outcomes = pa.concat_tables([t for t, _ in parts]) if parts else read_segments([], OUTCOMES, TraceFormatError)[0]
+    o_reads = [r for _, reads in parts for r in reads]
+    outcome_run_ids = tuple(r.run_id for (t, _), r in zip(parts, o_reads) for _ in range(t.num_rows))
     reads = d_reads + o_reads
     run_ids = tuple(dict.fromkeys(r.run_id for r in reads if r.run_id))
-    return Trace(decisions, outcomes, tuple(r.path for r in reads if r.torn), run_ids)
+    return Trace(decisions, outcomes, tuple(r.path for r in reads if r.torn), run_ids, outcome_run_ids, tuple(duplicates))
+
+
+def trace_segment_paths(path: Path) -> list[Path]:
+    """The decision and outcome segments of a trace directory, or ``[path]`` for one segment file."""
+    if path.is_dir():
+        return segment_paths(path, DECISIONS.prefix) + segment_paths(path, OUTCOMES.prefix)
+    if path.is_file():
+        return [path]
+    raise TraceFormatError(f"trace path {path} does not exist; pass a trace directory or a segment file")
+
+
+def segment_digest(path: Path) -> str:
+    """SHA-256 of a segment file's bytes (two copies of one segment have the same)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def export_parquet(directory: str | os.PathLike, out_dir: str | os.PathLike) -> tuple[Path, Path]:

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 from controller.rail.config import RailConfig
 from controller.rail.replay import LoggedSet, ReplayError, ReplayReport, load_logged, replay
 from pipeline.configuration import ConfigError
+from pipeline.tracelog import segment_digest, trace_segment_paths
 from railgate.config import RunConfig
 from railgate.report import markdown_table
 
@@ -38,14 +39,29 @@ def shadow(cfg: RunConfig, progress: bool | None = None, overwrite: bool = False
 
 
 def replay_traces(paths: Sequence[Path], rail: RailConfig, out: Path, run_id: str | None = None, seed: int = 0) -> ReplayReport:
-    """Train and evaluate a controller offline from one or more trace directories."""
-    sets = []
+    """Train and evaluate a controller offline from one or more trace directories.
+
+    Each input is read as one trace (outcomes joined to decisions of their own run); a segment
+    file that an earlier input already holds -- the same path, or a copy with the same bytes --
+    is read once, not counted as more evidence (``LoggedSet.duplicates`` lists it)."""
+    sets, seen, duplicates = [], set(), []
     for path in paths:
+        segments = []
+        for segment in trace_segment_paths(Path(path)):
+            keys = {segment.resolve(), segment_digest(segment)}
+            if keys & seen:
+                duplicates.append(segment)
+                continue
+            seen |= keys
+            segments.append(segment)
+        if not segments:
+            continue  # every file of this input was given already
         try:
-            sets.append(load_logged(path, run_id=run_id))
+            sets.append(load_logged(segments, run_id=run_id))
         except ReplayError as exc:
             raise ConfigError(f"replay {path}: {exc}") from None
     logged = _concat(sets)
+    logged = dataclasses.replace(logged, duplicates=tuple(duplicates) + logged.duplicates)
     report = replay(logged, rail, seed=seed)
     write_report(report, out, title=f"Offline replay of {', '.join(map(str, paths))}")
     return report
@@ -61,6 +77,7 @@ def _concat(sets: list[LoggedSet]) -> LoggedSet:
         skipped_no_outcome=sum(s.skipped_no_outcome for s in sets),
         skipped_zero_propensity=sum(s.skipped_zero_propensity for s in sets),
         skipped_not_rail=sum(s.skipped_not_rail for s in sets),
+        duplicates=tuple(d for s in sets for d in s.duplicates),
     )
 
 
@@ -81,6 +98,7 @@ def write_report(report: ReplayReport, out: Path, title: str) -> None:
         f"{logged.skipped_zero_propensity} with zero behaviour propensity, {logged.skipped_not_rail} not RAIL's. "
         f"Runs: {', '.join(logged.run_ids) or '-'}."
         + (f" Torn files (complete batches used): {', '.join(map(str, logged.torn))}." if logged.torn else "")
+        + (f" Given twice, read once: {', '.join(map(str, logged.duplicates))}." if logged.duplicates else "")
     )
     table = markdown_table(["policy", "estimator", "value", "lower", "upper"], report_rows(report))
     text = f"# {title}\n\n{notes}\n\nValue = mean reward per decision (variance gain minus token cost).\n\n{table}\n"

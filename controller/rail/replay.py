@@ -7,6 +7,9 @@ learners take. What it does with awkward input, and reports in the returned ``Lo
 * **several runs in one trace**: an error listing the run ids, unless ``run_id`` picks one
   (a ``run_id`` the trace does not hold is an error listing the ones it does);
 * **torn segments** (a crash mid-write): the complete batches are used, the torn files listed;
+* **the same segment twice** (named twice, or a copy with the same bytes): read once, listed;
+* outcomes join only decisions **of the run that wrote them** (ids of runs sharing a directory
+  may coincide);
 * **older or foreign schema versions**: ``TraceFormatError`` from the reader, unchanged;
 * **logged propensity 0** (or not finite): the record cannot be importance-weighted -- it is
   skipped and counted (``skipped_zero_propensity``), not an error, since one bad record should
@@ -41,6 +44,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -87,10 +91,12 @@ class LoggedSet:
     skipped_no_outcome: int = 0
     skipped_zero_propensity: int = 0
     skipped_not_rail: int = 0
+    duplicates: tuple[Path, ...] = ()  # segment files given twice (by path or by content), read once
 
 
-def load_logged(path: str | os.PathLike, run_id: str | None = None) -> LoggedSet:
-    """The RAIL decisions of the trace at ``path``; see the module docstring."""
+def load_logged(path: str | os.PathLike | Sequence[str | os.PathLike], run_id: str | None = None) -> LoggedSet:
+    """The RAIL decisions of the trace at ``path`` (or of several segment files or directories,
+    read as one trace); see the module docstring."""
     trace = read_trace(path)  # TraceFormatError (missing, foreign, other version) surfaces as is
     if run_id is None and len(trace.run_ids) > 1:
         raise ReplayError(
@@ -137,7 +143,7 @@ def load_logged(path: str | os.PathLike, run_id: str | None = None) -> LoggedSet
             )
         )
     records.sort(key=lambda r: r.decision_id)
-    return LoggedSet(tuple(records), trace.run_ids, trace.torn, no_outcome, zero, not_rail)
+    return LoggedSet(tuple(records), trace.run_ids, trace.torn, no_outcome, zero, not_rail, trace.duplicates)
 
 
 def train(learner: BanditLearner, logged: LoggedSet) -> int:
