@@ -62,6 +62,9 @@ class RunConfig:
             require(o.max_tokens < self.model.max_len,
                     f"orchestrator.max_tokens={o.max_tokens} leaves no room for a prompt in model.max_len={self.model.max_len}; "
                     "lower orchestrator.max_tokens or raise model.max_len (a new base model)")
+            require(not self.task.chat_template,
+                    "task.chat_template=true needs a chat model, and the project's model (model.path empty) has no chat "
+                    "template; set model.path to a Hugging Face chat model directory, or task.chat_template=false")
 
     @property
     def name(self) -> str:

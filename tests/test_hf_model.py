@@ -95,3 +95,11 @@ def test_the_vllm_engine_serves_a_users_model(llama_dir, tmp_path, capsys):
     prompt = load_model(llama_dir, chat_template=True).tokenizer.decode(
         read_all(run / "buffer").column("prompt_token_ids")[0].as_py(), skip_special=False)
     assert prompt.startswith("<|im_start|>user\n")
+
+
+def test_chat_template_without_a_chat_model_stops_at_load():
+    from pipeline.configuration import ConfigError
+    from railgate.config import load_config
+
+    with pytest.raises(ConfigError, match="task.chat_template=true needs a chat model"):
+        load_config(None, ["engine.kind=torch", "task.chat_template=true"])
