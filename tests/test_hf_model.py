@@ -102,4 +102,4 @@ def test_chat_template_without_a_chat_model_stops_at_load():
     from railgate.config import load_config
 
     with pytest.raises(ConfigError, match="task.chat_template=true needs a chat model"):
-        load_config(None, ["engine.kind=torch", "task.chat_template=true"])
+        load_config(None, ["engine.kind=torch", "orchestrator.max_tokens=16", "task.chat_template=true"])
