@@ -229,11 +229,11 @@ class GateDriver:
         """A new group for the caller's prompt (``prompt_id``: a stable id of it, for the gate's per-prompt memory)."""
         pid = self._next_id if prompt_id is None else int(prompt_id)
         self._source.offered.append(Prompt(pid, text, tuple(token_ids), success_threshold=self.success_threshold))
-        plans = self.gate.admit(1, self.step)
+        plans = self.gate.admit(range(self._next_id, self._next_id + 1), self.step)
         if len(plans) != 1:
             raise LifecycleError(f"{type(self.gate).__name__} opened {len(plans)} groups for one prompt; it needs a "
                                  "prompt source of its own, not the caller's choice")
-        group = DrivenGroup(self, self._next_id, plans[0].prompt, plans[0].target_size, plans[0].initial)
+        group = DrivenGroup(self, plans[0].group_id, plans[0].prompt, plans[0].target_size, plans[0].initial)
         self._next_id += 1
         return group
 

@@ -1,15 +1,17 @@
 """The interfaces the orchestrator drives; implementations live in controller/ and learner/.
 
-The orchestrator (``pipeline.orchestrator``) knows these Protocols only, so pipeline/ imports
-nothing of controller/ or learner/; ``railgate.build`` wires concrete classes in.
+The orchestrator (``pipeline.orchestrator``) and its group tracker (``pipeline.tracker``) know
+these Protocols only, so pipeline/ imports nothing of controller/ or learner/;
+``railgate.build`` wires concrete classes in.
 
-Group lifecycle, as the orchestrator runs it
---------------------------------------------
-1. ``gate.admit(slots, step)`` returns up to ``slots`` ``GroupPlan``\\ s; each opens a group
-   and launches ``plan.initial`` samples at once (``initial`` may be 0: a group opened to be
-   filled later by a LAUNCH action).
+Group lifecycle, as the tracker runs it
+---------------------------------------
+1. ``gate.admit(group_ids, step)`` returns up to ``len(group_ids)`` ``GroupPlan``\\ s, the
+   i-th carrying ``group_ids[i]``: a group's id is chosen at admission and names it in every
+   snapshot and action after. Each plan opens a group and launches ``plan.initial`` samples at
+   once (``initial`` may be 0: a group opened to be filled later by a LAUNCH action).
 2. Every time one of the group's samples ends (completed, failed, or aborted by the engine),
-   the orchestrator scores it and calls ``gate.update(snapshot)``; the gate's proposed
+   the tracker scores it and calls ``gate.update(snapshot)``; the gate's proposed
    actions go through ``controller.on_group(snapshot, proposed)``, which returns the actions
    executed, in order (the no-op controller returns them unchanged; RAIL may replace an
    ABANDON by an intervention that tries to recover the group):
@@ -65,8 +67,9 @@ class Gate(Protocol):
 
     uncounted_rollouts: int = 0
 
-    def admit(self, slots: int, step: int) -> list[GroupPlan]:
-        """Open up to ``slots`` new groups. ``step`` is the learner step being produced."""
+    def admit(self, group_ids: range, step: int) -> list[GroupPlan]:
+        """Open up to ``len(group_ids)`` new groups, the i-th plan under ``group_ids[i]``.
+        ``step`` is the learner step being produced."""
         ...
 
     def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:

@@ -176,12 +176,15 @@ class GroupTracker:
         slots = min(cfg.max_open_groups - len(self._groups), free // cfg.group_size, room)
         if slots <= 0:
             return self._output()
-        plans = self.gate.admit(slots, self._batches_sent)
-        if len(plans) > slots:
-            raise GateProtocolError(f"{type(self.gate).__name__}.admit({slots}) returned {len(plans)} plans; "
-                               "a gate may open at most the slots it is offered")
+        offered = range(self._next_group_id, self._next_group_id + slots)
+        plans = self.gate.admit(offered, self._batches_sent)
+        if [plan.group_id for plan in plans] != list(offered[: len(plans)]):
+            raise GateProtocolError(
+                f"{type(self.gate).__name__}.admit({offered}) returned plans for groups {[p.group_id for p in plans]}; "
+                "the i-th plan must take the i-th offered id"
+            )
         for plan in plans:
-            group = GroupRun(self._next_group_id, plan.prompt, plan.target_size, self._batches_sent)
+            group = GroupRun(plan.group_id, plan.prompt, plan.target_size, self._batches_sent)
             self._next_group_id += 1
             self._groups[group.group_id] = group
             self.budget.groups_opened += 1

@@ -210,8 +210,11 @@ class GroupAction:
 
 @dataclass(frozen=True)
 class GroupPlan:
-    """A new group to open: its prompt, target size and how many samples to launch now."""
+    """A new group to open: the id ``Gate.admit`` was offered for it (the group's identity in
+    every snapshot, action and record from then on), its prompt, target size and how many
+    samples to launch now."""
 
+    group_id: int
     prompt: Prompt
     target_size: int
     initial: int

@@ -29,6 +29,7 @@ import copy
 import heapq
 import json
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -42,6 +43,7 @@ from pipeline.types import (
     ActionKind,
     FinishReason,
     GroupAction,
+    GroupPlan,
     GroupSnapshot,
     Prompt,
     SampleFinished,
@@ -84,15 +86,15 @@ class _CheckedGate(Gate):
         self.gate = gate
         self.harness = harness
 
-    def admit(self, slots: int, step: int):
+    def admit(self, group_ids: range, step: int):
         h = self.harness
         if h.cfg.max_groups:
-            slots = min(slots, h.cfg.max_groups - h.budget.groups_opened)
-        plans = self.gate.admit(slots, step) if slots > 0 else []
-        for i, plan in enumerate(plans):
+            group_ids = group_ids[: max(0, h.cfg.max_groups - h.budget.groups_opened)]
+        plans = self.gate.admit(group_ids, step) if group_ids else []
+        for plan in plans:
             if plan.prompt.prompt_id not in h.p:
                 raise ProtocolViolation(f"plan for unknown prompt {plan.prompt.prompt_id}")
-            h.log.append(("plan", h.tracker.next_group_id + i, plan.prompt.prompt_id, plan.target_size, plan.initial))
+            h.log.append(("plan", plan.group_id, plan.prompt.prompt_id, plan.target_size, plan.initial))
         return plans
 
     def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
@@ -388,6 +390,18 @@ class GateHarness:
                 raise AssertionError(f"group {g.group_id} is open with no verdict and nothing running")
         if self.cfg.fail_prob == 0 and s["dropped"]:
             raise AssertionError(f"{s['dropped']} committed groups had fewer than 2 rollouts without any failure")
+
+
+_next_ids: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def admit(gate: Gate, slots: int, step: int = 0) -> list[GroupPlan]:
+    """``gate.admit`` offered the next ``slots`` group ids, numbered from 0 per gate as the
+    tracker numbers them, for unit tests of one gate decision."""
+    first = _next_ids.get(gate, 0)
+    plans = gate.admit(range(first, first + slots), step)
+    _next_ids[gate] = first + len(plans)
+    return plans
 
 
 def checkpoint_roundtrip(gate: Gate, make_gate: Callable[[], Gate]) -> Gate:

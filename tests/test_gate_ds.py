@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controller.gates.dynamic_sampling import DynamicSamplingGate, RoundCapError
-from gate_harness import GateHarness, HarnessConfig, kinds, pool_of, snap
+from gate_harness import GateHarness, HarnessConfig, admit, kinds, pool_of, snap
 from pipeline.types import TrainBatch
 
 MIXED, ZEROS, ONES = (1, 0, 0, 1), (0, 0, 0, 0), (1, 1, 1, 1)
@@ -13,19 +13,19 @@ MIXED, ZEROS, ONES = (1, 0, 0, 1), (0, 0, 0, 0), (1, 1, 1, 1)
 
 def gate_with_round(batch_groups=1, **kwargs):
     gate = DynamicSamplingGate(pool_of(50), group_size=4, batch_groups=batch_groups, **kwargs)
-    plans = gate.admit(slots=100, step=0)
+    plans = admit(gate, slots=100, step=0)
     return gate, [p.prompt for p in plans]
 
 
 def test_round_is_oversample_times_batch_and_waits_for_judgement():
     gate, prompts = gate_with_round(batch_groups=2)
     assert len(prompts) == 6
-    assert gate.admit(10, step=0) == []  # the round is not judged yet
+    assert admit(gate, 10, step=0) == []  # the round is not judged yet
     for gid, prompt in enumerate(prompts[:5]):
         gate.update(snap(gid, prompt, ZEROS, target=4))
-    assert gate.admit(10, step=0) == []
+    assert admit(gate, 10, step=0) == []
     gate.update(snap(5, prompts[5], ONES, target=4))
-    assert len(gate.admit(10, step=0)) == 6  # round 2 of the same step
+    assert len(admit(gate, 10, step=0)) == 6  # round 2 of the same step
 
 
 def test_waits_for_every_sample_of_a_group():
@@ -50,7 +50,7 @@ def test_keep_surplus_holds_and_commits_at_the_next_step():
     gate.on_closed(0, committed=True)
     actions = gate.on_step(0, TrainBatch(0, ()))
     assert [(a.kind.value, a.group_id, a.reason) for a in actions] == [("commit", 1, "surplus_committed")]
-    assert gate.admit(10, step=1) == []  # step 1 is already full with the held group
+    assert admit(gate, 10, step=1) == []  # step 1 is already full with the held group
 
 
 def test_dropped_commit_frees_its_place():
@@ -65,7 +65,7 @@ def test_round_cap_error_names_the_knobs():
     gid = 0
     with pytest.raises(RoundCapError, match=r"0/1 effective groups for step 0 in gate.ds.max_rounds=2"):
         for _ in range(2):
-            for plan in gate.admit(10, step=0):
+            for plan in admit(gate, 10, step=0):
                 gate.update(snap(gid, plan.prompt, ZEROS, target=4))
                 gid += 1
     assert gid == 5  # raised by the update of the sixth group, the last of round 2
@@ -75,7 +75,7 @@ def test_round_cap_fill_commits_the_last_rounds_groups():
     gate = DynamicSamplingGate(pool_of(50), group_size=4, batch_groups=1, max_rounds=2)
     gid, actions = 0, []
     for _ in range(2):
-        for plan in gate.admit(10, step=0):
+        for plan in admit(gate, 10, step=0):
             actions += gate.update(snap(gid, plan.prompt, ZEROS, target=4))
             gid += 1
     summary = [(a.kind.value, a.group_id, a.reason) for a in actions]

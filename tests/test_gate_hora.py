@@ -6,14 +6,14 @@ import pytest
 
 from controller.allocation import hora_allocate
 from controller.gates.hora import HoraGate
-from gate_harness import GateHarness, HarnessConfig, kinds, pool_of, snap
+from gate_harness import GateHarness, HarnessConfig, admit, kinds, pool_of, snap
 from pipeline.types import ActionKind, TrainBatch
 
 METHODS_SUCCESSES = (0, 0, 1, 2, 2, 3, 4, 4)
 
 
 def probe_batch(gate, successes, probe=4, target=8):
-    plans = gate.admit(slots=100, step=0)
+    plans = admit(gate, slots=100, step=0)
     actions = []
     for gid, (plan, s) in enumerate(zip(plans, successes)):
         actions.append(gate.update(snap(gid, plan.prompt, (1,) * s + (0,) * (probe - s), target=target)))
@@ -42,20 +42,20 @@ def test_zero_extra_budget_commits_the_probes_alone():
 def test_next_batch_waits_for_the_next_step():
     gate = HoraGate(pool_of(20), group_size=8, batch_groups=2)
     probe_batch(gate, (1, 2))
-    assert gate.admit(10, step=0) == []
+    assert admit(gate, 10, step=0) == []
     gate.on_closed(0, committed=True)
     gate.on_closed(1, committed=True)
     gate.on_step(0, TrainBatch(0, ()))
-    assert len(gate.admit(10, step=1)) == 2
+    assert len(admit(gate, 10, step=1)) == 2
 
 
 def test_failed_probe_is_relaunched_and_a_hopeless_group_replaced():
     gate = HoraGate(pool_of(20), group_size=8, batch_groups=2)
-    plans = gate.admit(10, step=0)
+    plans = admit(gate, 10, step=0)
     assert kinds(gate.update(snap(0, plans[0].prompt, (1, 0, 0), failed=1))) == [("launch", 0, 1)]
     assert kinds(gate.update(snap(0, plans[0].prompt, (1,), failed=8))) == [("abandon", 0, 0)]
     gate.on_closed(0, committed=False)
-    (replacement,) = gate.admit(10, step=0)
+    (replacement,) = admit(gate, 10, step=0)
     assert kinds(gate.update(snap(1, plans[1].prompt, (1, 0, 0, 0)))) == [("hold", 1, 0)]
     actions = gate.update(snap(2, replacement.prompt, (0, 0, 0, 0)))
     assert [a.kind.value for a in actions].count("commit") == 2

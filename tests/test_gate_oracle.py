@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 
 from controller.gates.oracle import OracleGate
-from gate_harness import GateHarness, HarnessConfig, pool_of
+from gate_harness import GateHarness, HarnessConfig, admit, pool_of
 
 
 def test_never_opens_prompts_it_knows_are_saturated():
     p = {i: [0.0, 1.0, 0.5][i % 3] for i in range(30)}
     gate = OracleGate(pool_of(30), 8, p.__getitem__, seed=0)
-    opened = [plan.prompt.prompt_id for _ in range(10) for plan in gate.admit(3, step=0)]
+    opened = [plan.prompt.prompt_id for _ in range(10) for plan in admit(gate, 3, step=0)]
     assert opened and all(p[i] == 0.5 for i in opened)
     assert gate.metrics()["gate/skip"] >= 2 * len(opened) - 5
 
@@ -22,7 +22,7 @@ def test_opens_a_prompt_with_the_probability_its_group_is_mixed():
     p = {0: 0.05}
     gate = OracleGate(pool_of(1), 8, p.__getitem__, seed=0)
     trials = 4000
-    opened = sum(len(gate.admit(1, step=0)) for _ in range(trials))
+    opened = sum(len(admit(gate, 1, step=0)) for _ in range(trials))
     mixed = 1 - 0.95**8 - 0.05**8
     assert abs(opened / trials - mixed) < 4 * (mixed * (1 - mixed) / trials) ** 0.5
 
@@ -40,7 +40,7 @@ def test_pays_exactly_g_per_group_and_nothing_for_skips():
 def test_all_saturated_pool_is_exhausted():
     p = {i: float(i % 2) for i in range(10)}
     gate = OracleGate(pool_of(10), 8, p.__getitem__, seed=0)
-    assert gate.admit(4, step=0) == [] and gate.exhausted
+    assert admit(gate, 4, step=0) == [] and gate.exhausted
     harness = GateHarness(OracleGate(pool_of(10), 8, p.__getitem__, seed=0), p, HarnessConfig(batch_groups=2)).run()
     assert harness.stop_reason == "stalled"
 

@@ -6,13 +6,13 @@ import pytest
 
 from controller.gates.dynamic_sampling import RoundCapError
 from controller.gates.pilot_commit import PilotCommitGate
-from gate_harness import GateHarness, HarnessConfig, kinds, pool_of, snap
+from gate_harness import GateHarness, HarnessConfig, admit, kinds, pool_of, snap
 from pipeline.types import TrainBatch
 
 
 def judged(gate, pilots):
     """Open a round and judge its first pilots; returns the actions per pilot."""
-    prompts = [p.prompt for p in gate.admit(slots=100, step=0)]
+    prompts = [p.prompt for p in admit(gate, slots=100, step=0)]
     return [gate.update(snap(i, prompts[i], r)) for i, r in enumerate(pilots)], prompts
 
 
@@ -34,7 +34,7 @@ def test_commit_gives_the_rest_of_the_group():
 
 def test_failed_pilot_samples_are_replaced():
     gate = PilotCommitGate(pool_of(20), group_size=8, batch_groups=4)
-    prompt = gate.admit(1, step=0)[0].prompt
+    prompt = admit(gate, 1, step=0)[0].prompt
     assert kinds(gate.update(snap(0, prompt, (1, 0, 0), failed=1))) == [("launch", 0, 1)]
 
 
@@ -43,7 +43,7 @@ def test_evicts_after_consecutive_all_correct_pilots_only():
     reasons = []
     for gid, pilot in enumerate([(1, 1, 1, 1), (1, 0, 1, 1), (1, 1, 1, 1), (1, 1, 1, 1)]):
         gate.on_step(gid - 1, TrainBatch(gid - 1, ())) if gid else None
-        prompt = gate.admit(1, step=gid)[0].prompt
+        prompt = admit(gate, 1, step=gid)[0].prompt
         reasons.append([a.reason for a in gate.update(snap(gid, prompt, pilot))][-1])
         gate.on_closed(gid, committed=reasons[-1] == "commit")
     assert reasons == ["skip", "commit", "skip", "evict"]
@@ -78,7 +78,7 @@ def test_buffer_entries_older_than_max_age_are_dropped():
 def test_no_new_round_while_the_buffer_covers_the_step():
     gate = PilotCommitGate(pool_of(20), group_size=8, batch_groups=1)
     judged(gate, [(1, 0, 0, 0), (1, 0, 0, 0), (1, 0, 0, 0)])
-    assert gate.admit(10, step=1) == []  # two pilots wait for step 1 and the next
+    assert admit(gate, 10, step=1) == []  # two pilots wait for step 1 and the next
 
 
 def test_pool_emptied_by_eviction_stalls_with_exhausted_gate():
@@ -87,7 +87,7 @@ def test_pool_emptied_by_eviction_stalls_with_exhausted_gate():
     harness = GateHarness(gate, p, HarnessConfig(batch_groups=2, steps=3)).run()
     assert harness.stop_reason == "stalled"
     assert gate.exhausted and gate.source.active == 0
-    assert gate.admit(4, step=0) == []
+    assert admit(gate, 4, step=0) == []
     assert gate.metrics()["gate/evict"] == 6
     harness.check_invariants()
 
@@ -106,7 +106,7 @@ def test_default_eviction_keeps_a_mostly_easy_pool_alive():
 
 def test_round_cap_fill_keeps_the_pilots_closest_to_one_half():
     gate = PilotCommitGate(pool_of(20), group_size=16, batch_groups=1, pilot_size=8, max_rounds=1)
-    prompts = [p.prompt for p in gate.admit(10, step=0)]
+    prompts = [p.prompt for p in admit(gate, 10, step=0)]
     out = []
     for gid, pilot in enumerate([(0,) * 8, (1,) * 7 + (0,), (0,) * 8]):
         out += gate.update(snap(gid, prompts[gid], pilot, target=16))
@@ -150,7 +150,7 @@ def test_bad_settings_are_rejected(kwargs, match):
 
 def test_an_abandon_replaced_by_an_intervention_is_judged_again_without_a_second_eviction_count():
     gate = PilotCommitGate(pool_of(20), group_size=8, batch_groups=4)
-    prompt = gate.admit(1, step=0)[0].prompt
+    prompt = admit(gate, 1, step=0)[0].prompt
     assert [a.reason for a in gate.update(snap(0, prompt, (1, 1, 1, 1)))] == ["skip"]
     actions = gate.update(snap(0, prompt, (1, 1, 1, 1, 0, 0)))  # two recovery samples failed: 4/6 in band
     assert kinds(actions) == [("launch", 0, 2), ("commit", 0, 0)]

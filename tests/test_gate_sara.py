@@ -9,12 +9,12 @@ import pytest
 from controller.gates.sara import SaraGate
 from controller.posterior import effective_probability, sara_expected_rollouts, sara_false_abandonment
 from controller.selectors.dps import DpsSelector
-from gate_harness import GateHarness, HarnessConfig, kinds, pool_of, snap
+from gate_harness import GateHarness, HarnessConfig, admit, kinds, pool_of, snap
 
 
 def opened(gate: SaraGate, n: int = 1):
     """Admit n groups and return their prompts, numbering the groups 0..n-1 in order."""
-    return [plan.prompt for plan in gate.admit(n, step=0)]
+    return [plan.prompt for plan in admit(gate, n, step=0)]
 
 
 def test_all_same_probe_of_four_in_eight_is_four_ninths():
@@ -66,7 +66,7 @@ def test_failed_probe_samples_are_replaced():
 
 def test_eager_launches_the_whole_group_and_abandons_with_siblings_running():
     gate = SaraGate(pool_of(2), group_size=8, launch="eager")
-    plans = gate.admit(2, step=0)
+    plans = admit(gate, 2, step=0)
     assert [(p.target_size, p.initial) for p in plans] == [(8, 8), (8, 8)]
     assert gate.update(snap(0, plans[0].prompt, (0, 0, 0), in_flight=5)) == []
     assert kinds(gate.update(snap(0, plans[0].prompt, (0, 0, 0, 0), in_flight=4))) == [("abandon", 0, 0)]
@@ -127,14 +127,14 @@ def test_bad_settings_are_rejected(kwargs, match):
 def test_sara_on_dps_releases_and_learns_from_abandoned_probes():
     selector = DpsSelector(pool_of(3), seed=0, explore=0.0)
     gate = SaraGate(selector, group_size=8)
-    plans = gate.admit(3, step=0)
+    plans = admit(gate, 3, step=0)
     assert len({p.prompt.prompt_id for p in plans}) == 3
-    assert gate.admit(1, step=0) == []  # every prompt has an open group
+    assert admit(gate, 1, step=0) == []  # every prompt has an open group
     first = plans[0].prompt
     gate.update(snap(0, first, (0, 0, 0, 0)))
     gate.on_closed(0, committed=False)
     assert selector.belief(first.prompt_id)[0] > 0.9  # all wrong: unsolved
-    assert [p.prompt.prompt_id for p in gate.admit(1, step=0)] == [first.prompt_id]
+    assert [p.prompt.prompt_id for p in admit(gate, 1, step=0)] == [first.prompt_id]
 
 
 def _closed_form_run(n: int, p: float, seed: int):
@@ -162,3 +162,26 @@ def test_closed_forms_monte_carlo_small():
 @pytest.mark.slow
 def test_closed_forms_monte_carlo_20k_prompts():
     _closed_form_run(20_000, 0.3, seed=2)
+
+
+def test_a_checkpoint_from_before_admission_ids_loads_and_resumes():
+    """Earlier releases numbered a group at its first update and kept the plans of groups that
+    had not reported in a "book"; such a state loads, and a resume closes those groups."""
+    gate = SaraGate(pool_of(4), group_size=8, history_discount=1.0)
+    first, second = admit(gate, 2)
+    gate.update(snap(first.group_id, first.prompt, (0, 0, 0)))
+    old = {
+        "source": gate.state_dict()["source"], "verdicts": {},
+        "groups": {"0": {"prompt_id": first.prompt.prompt_id, "plan_seq": 0, "a": 1.0, "b": 1.0, "s": 0, "f": 3}},
+        "book": {"seq": 2, "pending": {str(second.prompt.prompt_id): [
+            {"prompt_id": second.prompt.prompt_id, "plan_seq": 1, "a": 1.0, "b": 1.0}]}},
+        "carried": {},
+    }
+    restored = SaraGate(pool_of(4), group_size=8, history_discount=1.0)
+    restored.load_state_dict(old)
+    assert restored.open_groups == 2
+    for group_id in (0, 1):  # what train --resume does with the groups open at the checkpoint
+        restored.on_closed(group_id, committed=False)
+    assert restored.open_groups == 0
+    assert restored._prior_of(first.prompt.prompt_id) == (1.0, 4.0)  # the reported group's rewards carried over
+    assert "book" not in restored.state_dict()

@@ -160,7 +160,7 @@ def test_abandon_aborts_in_flight_siblings_and_counts_their_tokens():
 
 
 class NothingGate(UniformGate):
-    def admit(self, slots, step):
+    def admit(self, group_ids, step):
         return []
 
 

@@ -1,71 +1,86 @@
-"""The part every gate of this package shares: a prompt selector, its plans, its groups.
+"""The part every gate of this package shares: a prompt selector, its groups, its verdicts.
 
 ``BaseGate`` keeps
 
 * ``source``: the ``PromptSelector`` prompts come from (a ``PromptPool`` is wrapped in the
   plain ``CursorSelector``; DPS plugs in ``DpsSelector``);
-* the ``PlanBook`` of groups asked for and not yet reported, and one JSON-able record per open
-  group (``_groups``), created at the group's first update from its plan (a group closed
-  before it ever reported, as on resume, takes the oldest unreported plan);
+* one typed record per open group (``_groups``, of the subclass's ``Record`` type), made by
+  ``_open`` when ``admit`` plans the group under the id the orchestrator offered, and dropped
+  at ``on_closed``;
 * verdict counters, reported by ``metrics()`` as ``gate/<reason>``;
 * selector feedback: an abandoned (or dropped) group's last rewards at ``on_closed``, a shipped
   group's full rewards from the batch at ``on_step`` (the orchestrator stops calling
   ``update`` once a group is committed), then ``source.advance``.
 
-Subclasses implement ``admit`` and ``update`` and add their own state through
-``_extra_state`` / ``_load_extra_state``. ``state_dict()`` is plain JSON-able data.
+``update`` is a template method: it finds the group's record, refreshes its counts from the
+snapshot and hands both to the subclass's ``_update``. Subclasses implement ``admit`` and
+``_update`` and add their own state through ``_extra_state`` / ``_load_extra_state``.
+``state_dict()`` is plain JSON-able data.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from controller.gates.common import PlanBook, Verdicts
+from controller.gates.common import GroupRecord, Verdicts
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector, as_selector
 from pipeline.protocols import Gate
-from pipeline.types import GroupAction, GroupSnapshot, TrainBatch
+from pipeline.types import GroupAction, GroupSnapshot, Prompt, TrainBatch
 
 
 class BaseGate(Gate):
     """Shared state and lifecycle of the gates in ``controller.gates`` (not a gate by itself)."""
 
     name = "gate"
+    Record: type[GroupRecord] = GroupRecord
 
     def __init__(self, source: PromptPool | PromptSelector, group_size: int):
         if group_size < 2:
             raise ValueError(f"group_size={group_size} must be >= 2 for a group-relative advantage")
         self.source = as_selector(source)
         self.group_size = group_size
-        self._book = PlanBook()
-        self._groups: dict[int, dict[str, Any]] = {}
+        self._groups: dict[int, GroupRecord] = {}
         self._verdicts = Verdicts()
+        # Groups of a checkpoint written before groups were numbered at admission, which had not
+        # reported when it was taken (in plan order); a resumed run closes them unseen.
+        self._unnumbered: list[GroupRecord] = []
 
     # --- shared lifecycle ---------------------------------------------------------------
 
-    def _record(self, snapshot: GroupSnapshot) -> dict[str, Any]:
-        """The gate's record of the snapshot's group, created from its plan on first sight."""
+    def _open(self, group_id: int, prompt: Prompt, **fields: Any) -> GroupRecord:
+        """Record a group ``admit`` is planning (``fields``: the subclass record's own)."""
+        rec = self._groups[group_id] = self.Record(prompt_id=prompt.prompt_id, **fields)
+        return rec
+
+    def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
         rec = self._groups.get(snapshot.group_id)
         if rec is None:
-            rec = self._book.claim(snapshot, type(self).__name__)
-            self._groups[snapshot.group_id] = rec
-        rec["s"] = snapshot.successes
-        rec["f"] = snapshot.failures
-        return rec
+            raise ValueError(
+                f"{type(self).__name__} got an update for group {snapshot.group_id} of prompt "
+                f"{snapshot.prompt.prompt_id}, which it never opened; only the gate that admitted a group may be asked about it"
+            )
+        rec.s, rec.f = snapshot.successes, snapshot.failures
+        return self._update(snapshot, rec)
+
+    def _update(self, snapshot: GroupSnapshot, rec: Any) -> list[GroupAction]:
+        """Subclass hook: the decision on one more ended sample of the group ``rec`` records."""
+        raise NotImplementedError
 
     def on_closed(self, group_id: int, committed: bool) -> None:
         rec = self._groups.pop(group_id, None)
         if rec is None:
-            # Closed before its first update (a resumed run drops the groups that were open).
-            rec = self._book.pop_oldest()
-            if rec is None or committed:
+            if not self._unnumbered:
                 return
-        self.source.release(rec["prompt_id"])
+            rec = self._unnumbered.pop(0)
+            if committed:
+                return
+        self.source.release(rec.prompt_id)
         if not committed:
-            self.source.observe(rec["prompt_id"], rec.get("s", 0), rec.get("s", 0) + rec.get("f", 0))
+            self.source.observe(rec.prompt_id, rec.s, rec.s + rec.f)
         self._closed(group_id, rec, committed)
 
-    def _closed(self, group_id: int, rec: dict[str, Any], committed: bool) -> None:
+    def _closed(self, group_id: int, rec: Any, committed: bool) -> None:
         """Subclass hook: the group left (shipped or dropped)."""
 
     def on_step(self, step: int, batch: TrainBatch) -> list[GroupAction]:
@@ -92,8 +107,8 @@ class BaseGate(Gate):
 
     @property
     def open_groups(self) -> int:
-        """Groups this gate has asked for and not yet seen closed."""
-        return len(self._groups) + len(self._book)
+        """Groups this gate has opened and not yet seen closed."""
+        return len(self._groups) + len(self._unnumbered)
 
     def metrics(self) -> dict[str, float]:
         return self._verdicts.metrics()
@@ -103,16 +118,18 @@ class BaseGate(Gate):
     def state_dict(self) -> dict[str, Any]:
         return {
             "source": self.source.state_dict(),
-            "book": self._book.state_dict(),
-            "groups": {str(k): dict(v) for k, v in self._groups.items()},
+            "groups": {str(k): v.to_state() for k, v in self._groups.items()},
             "verdicts": self._verdicts.state_dict(),
             **self._extra_state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.source.load_state_dict(state["source"])
-        self._book.load_state_dict(state["book"])
-        self._groups = {int(k): dict(v) for k, v in state["groups"].items()}
+        self._groups = {int(k): self.Record.from_state(v) for k, v in state["groups"].items()}
+        # An earlier release kept the plans of groups that had not reported in a "book".
+        book = state.get("book", {}).get("pending", {})
+        plans = sorted((p for queue in book.values() for p in queue), key=lambda p: p["plan_seq"])
+        self._unnumbered = [self.Record.from_state(p) for p in plans]
         self._verdicts.load_state_dict(state["verdicts"])
         self._load_extra_state(state)
 

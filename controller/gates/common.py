@@ -1,8 +1,8 @@
-"""Bookkeeping the gates share: matching groups to plans, step quotas, verdict counters.
+"""Bookkeeping the gates share: per-group records, step quotas, verdict counters.
 
-The orchestrator (``pipeline/protocols.py``) numbers a group only when it opens it, so a gate
-meets a group's id at the group's first ``update``. ``PlanBook`` keeps what the gate meant for
-each plan (a small JSON-able dict) per prompt, first in first out, and hands it back then.
+A group's id is chosen when it is admitted (``Gate.admit`` takes the ids, each ``GroupPlan``
+carries one, every ``GroupSnapshot`` of the group names it), so a gate keeps one typed
+``GroupRecord`` per open group from its plan to its close.
 
 ``StepQuota`` is for gates that want each learner step's batch to hold exactly their chosen
 ``batch_groups`` groups (DS, Pilot-Commit, HORA). It counts commits and knows how far the
@@ -22,62 +22,48 @@ rollouts) gives its place back.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
-from typing import Any
+from typing import Any, TypeVar
 
 from pipeline.types import ActionKind, GroupAction, GroupSnapshot
 
+R = TypeVar("R", bound="GroupRecord")
 
-class PlanBook:
-    """What a gate planned for each group it asked to open, until the group's id is known.
 
-    A group can also close before it ever reported: a resumed run closes every group that was
-    open at the checkpoint (``pipeline.orchestrator``), including ones whose first sample never
-    ended. ``pop_oldest`` hands back a plan for such a group; which of the unreported plans it
-    is does not matter, since all of them are closed together.
+@dataclasses.dataclass(kw_only=True)
+class GroupRecord:
+    """What a gate keeps about one open group: its prompt and the successes (``s``) and
+    failures (``f``) of its last snapshot. Gates subclass it with their own fields; the
+    checkpoint form is the plain dict of the fields.
+
+    >>> @dataclasses.dataclass(kw_only=True)
+    ... class Probe(GroupRecord):
+    ...     phase: str = "probe"
+    >>> rec = Probe.from_state({"prompt_id": 3, "s": 1, "plan_seq": 7})   # unknown keys are dropped
+    >>> rec, rec.to_state()
+    (Probe(prompt_id=3, s=1, f=0, phase='probe'), {'prompt_id': 3, 's': 1, 'f': 0, 'phase': 'probe'})
     """
 
-    def __init__(self) -> None:
-        self._pending: dict[int, list[dict[str, Any]]] = {}
-        self._seq = 0
+    prompt_id: int
+    s: int = 0
+    f: int = 0
 
-    def __len__(self) -> int:
-        return sum(len(v) for v in self._pending.values())
+    def to_state(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
-    def add(self, prompt_id: int, plan: dict[str, Any]) -> None:
-        self._pending.setdefault(prompt_id, []).append(dict(plan, prompt_id=prompt_id, plan_seq=self._seq))
-        self._seq += 1
+    @classmethod
+    def from_state(cls: type[R], state: dict[str, Any]) -> R:
+        """The record of a checkpoint dict (earlier releases' extra keys, such as ``plan_seq``, are dropped)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in state.items() if k in names})
 
-    def pop_oldest(self) -> dict[str, Any] | None:
-        """The oldest unreported plan (None when there is none)."""
-        if not self._pending:
-            return None
-        prompt_id = min(self._pending, key=lambda k: self._pending[k][0]["plan_seq"])
-        queue = self._pending[prompt_id]
-        plan = queue.pop(0)
-        if not queue:
-            del self._pending[prompt_id]
-        return plan
 
-    def claim(self, snapshot: GroupSnapshot, gate: str) -> dict[str, Any]:
-        """The oldest plan for the snapshot's prompt; its group has just reported."""
-        queue = self._pending.get(snapshot.prompt.prompt_id)
-        if not queue:
-            raise ValueError(
-                f"{gate} got an update for group {snapshot.group_id} of prompt {snapshot.prompt.prompt_id}, "
-                "which it never opened; only the gate that admitted a group may be asked about it"
-            )
-        plan = queue.pop(0)
-        if not queue:
-            del self._pending[snapshot.prompt.prompt_id]
-        return plan
+@dataclasses.dataclass(kw_only=True)
+class SealedRecord(GroupRecord):
+    """A group of a gate that commits once (DPS, the oracle): ``sealed`` once it did."""
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"seq": self._seq, "pending": {str(k): [dict(p) for p in v] for k, v in self._pending.items()}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._seq = int(state["seq"])
-        self._pending = {int(k): [dict(p) for p in v] for k, v in state["pending"].items()}
+    sealed: bool = False
 
 
 class StepQuota:

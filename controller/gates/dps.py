@@ -10,7 +10,7 @@ is ``SaraGate`` built on the same selector (``controller.gates.registry``).
 from __future__ import annotations
 
 from controller.gates.base import BaseGate
-from controller.gates.common import abandon, commit, too_many_failures
+from controller.gates.common import SealedRecord, abandon, commit, too_many_failures
 from controller.selectors.dps import DpsSelector
 from pipeline.types import GroupAction, GroupPlan, GroupSnapshot
 
@@ -32,12 +32,13 @@ class DpsGate(BaseGate):
     >>> from controller.selectors.dps import DpsSelector
     >>> pool = PromptPool([Prompt(i, "", (1,)) for i in range(4)], seed=0)
     >>> gate = DpsGate(DpsSelector(pool, seed=0), group_size=8)
-    >>> plans = gate.admit(slots=3, step=0)
+    >>> plans = gate.admit(range(3), step=0)
     >>> len({p.prompt.prompt_id for p in plans}), [(p.target_size, p.initial) for p in plans][0]
     (3, (8, 8))
     """
 
     name = "dps"
+    Record = SealedRecord
 
     def __init__(self, selector: DpsSelector, group_size: int):
         if not isinstance(selector, DpsSelector):
@@ -47,20 +48,19 @@ class DpsGate(BaseGate):
             )
         super().__init__(selector, group_size)
 
-    def admit(self, slots: int, step: int) -> list[GroupPlan]:
+    def admit(self, group_ids: range, step: int) -> list[GroupPlan]:
         plans = []
-        for prompt in self.source.take(max(slots, 0)):
-            self._book.add(prompt.prompt_id, {})
-            plans.append(GroupPlan(prompt, self.group_size, self.group_size))
+        for group_id, prompt in zip(group_ids, self.source.take(len(group_ids))):
+            self._open(group_id, prompt)
+            plans.append(GroupPlan(group_id, prompt, self.group_size, self.group_size))
         return plans
 
-    def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
-        rec = self._record(snapshot)
-        if rec.get("sealed"):
+    def _update(self, snapshot: GroupSnapshot, rec: SealedRecord) -> list[GroupAction]:
+        if rec.sealed:
             return []
         if too_many_failures(snapshot):
             self._verdicts.add("abandon_failures")
             return [abandon(snapshot.group_id, "failures")]
-        rec["sealed"] = True
+        rec.sealed = True
         self._verdicts.add("commit")
         return [commit(snapshot.group_id, "dps")]

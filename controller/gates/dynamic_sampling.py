@@ -34,7 +34,7 @@ import math
 from typing import Any, Literal
 
 from controller.gates.common import abandon, commit, hold
-from controller.gates.rounds import RoundCapError, RoundGate  # noqa: F401  (RoundCapError: re-exported)
+from controller.gates.rounds import RoundCapError, RoundGate, RoundRecord  # noqa: F401  (RoundCapError: re-exported)
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector
 from pipeline.types import GroupAction, GroupSnapshot, TrainBatch
@@ -66,7 +66,7 @@ class DynamicSamplingGate(RoundGate):
     >>> from controller.prompts import PromptPool
     >>> pool = PromptPool([Prompt(i, "", (1,)) for i in range(8)], seed=0)
     >>> gate = DynamicSamplingGate(pool, group_size=4, batch_groups=1)
-    >>> plans = gate.admit(slots=8, step=0)
+    >>> plans = gate.admit(range(8), step=0)
     >>> len(plans)                                   # one round: 3 x batch_groups prompts
     3
     >>> def done(gid, prompt, rewards):
@@ -102,22 +102,21 @@ class DynamicSamplingGate(RoundGate):
 
     # --- judging ------------------------------------------------------------------------
 
-    def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
-        rec = self._record(snapshot)
-        if rec["verdict"] == "abandon":
-            rec["verdict"] = ""  # a controller replaced our ABANDON by an intervention: judge again
-        if rec["verdict"] or snapshot.in_flight > 0:
+    def _update(self, snapshot: GroupSnapshot, rec: RoundRecord) -> list[GroupAction]:
+        if rec.verdict == "abandon":
+            rec.verdict = ""  # a controller replaced our ABANDON by an intervention: judge again
+        if rec.verdict or snapshot.in_flight > 0:
             return []
         return [self._judge(snapshot, rec)] + self._count(rec)
 
-    def _may_commit(self, rec: dict[str, Any]) -> bool:
-        return self._quota.can_commit() and self._quota.fill_step <= rec["step"]
+    def _may_commit(self, rec: RoundRecord) -> bool:
+        return self._quota.can_commit() and self._quota.fill_step <= rec.step
 
-    def _judge(self, snapshot: GroupSnapshot, rec: dict[str, Any]) -> GroupAction:
+    def _judge(self, snapshot: GroupSnapshot, rec: RoundRecord) -> GroupAction:
         gid = snapshot.group_id
         if snapshot.finished < 2:
             return self._verdict(rec, abandon(gid, "too_few_valid"))
-        if snapshot.is_mixed or rec["fallback"]:
+        if snapshot.is_mixed or rec.fallback:
             if self._may_commit(rec):
                 self._quota.commit()
                 return self._verdict(rec, commit(gid, "effective" if snapshot.is_mixed else "fallback"))
@@ -167,7 +166,7 @@ class DynamicSamplingGate(RoundGate):
             actions.append(self._verdict(self._groups[gid], commit(gid, "surplus_committed")))
         return actions
 
-    def _closed(self, group_id: int, rec: dict[str, Any], committed: bool) -> None:
+    def _closed(self, group_id: int, rec: RoundRecord, committed: bool) -> None:
         super()._closed(group_id, rec, committed)
         if group_id in self._held:
             self._held.remove(group_id)

@@ -19,14 +19,24 @@ group of ``group_size`` committed at once, so each step still gets B groups.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from controller.allocation import hora_allocate
 from controller.gates.base import BaseGate
-from controller.gates.common import abandon, commit, hold, launch, too_many_failures
+from controller.gates.common import GroupRecord, abandon, commit, hold, launch, too_many_failures
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector
 from pipeline.types import GroupAction, GroupPlan, GroupSnapshot, TrainBatch
+
+
+@dataclass(kw_only=True)
+class HoraRecord(GroupRecord):
+    """A HORA group: its ``phase`` (probe, wait, commit, abandoned; or replacement: a plain
+    group owed for a dropped one) and the allocation batch it probes for."""
+
+    phase: str
+    batch: int | None = None
 
 
 class HoraGate(BaseGate):
@@ -53,18 +63,20 @@ class HoraGate(BaseGate):
     >>> from pipeline.types import GroupSnapshot, Prompt
     >>> from controller.prompts import PromptPool
     >>> gate = HoraGate(PromptPool([Prompt(i, "", (1,)) for i in range(2)], seed=0), group_size=8, batch_groups=2)
-    >>> a, b = gate.admit(slots=4, step=0)
+    >>> a, b = gate.admit(range(4), step=0)
     >>> (a.target_size, a.initial), gate.extra_budget
     ((8, 4), 8)
-    >>> def probed(gid, plan, rewards):
-    ...     return GroupSnapshot(gid, plan.prompt, 8, rewards, in_flight=0, launched=4, failed=0, tokens=0, policy_version=0)
-    >>> [x.kind.value for x in gate.update(probed(0, a, (0.0, 0.0, 0.0, 0.0)))]
+    >>> def probed(plan, rewards):
+    ...     return GroupSnapshot(plan.group_id, plan.prompt, 8, rewards, in_flight=0, launched=4, failed=0, tokens=0,
+    ...                          policy_version=0)
+    >>> [x.kind.value for x in gate.update(probed(a, (0.0, 0.0, 0.0, 0.0)))]
     ['hold']
-    >>> [(x.kind.value, x.group_id, x.n) for x in gate.update(probed(1, b, (1.0, 1.0, 1.0, 1.0)))]
+    >>> [(x.kind.value, x.group_id, x.n) for x in gate.update(probed(b, (1.0, 1.0, 1.0, 1.0)))]
     [('launch', 0, 6), ('commit', 0, 0), ('launch', 1, 2), ('commit', 1, 0)]
     """
 
     name = "hora"
+    Record = HoraRecord
 
     def __init__(
         self,
@@ -104,48 +116,47 @@ class HoraGate(BaseGate):
 
     # --- admission ----------------------------------------------------------------------
 
-    def admit(self, slots: int, step: int) -> list[GroupPlan]:
+    def admit(self, group_ids: range, step: int) -> list[GroupPlan]:
         self._horizon = max(self._horizon, step)
         plans = []
-        for prompt in self.source.take(max(0, min(slots, self._replacements))):
+        for group_id, prompt in zip(group_ids, self.source.take(max(0, min(len(group_ids), self._replacements)))):
             self._replacements -= 1
-            self._book.add(prompt.prompt_id, {"phase": "replacement"})
-            plans.append(GroupPlan(prompt, self.group_size, self.group_size))
-        slots -= len(plans)
+            self._open(group_id, prompt, phase="replacement")
+            plans.append(GroupPlan(group_id, prompt, self.group_size, self.group_size))
+        group_ids = group_ids[len(plans):]
         batch = self._batch
         if batch["allocated"]:
             if batch["index"] + 1 > self._horizon:
                 return plans
             self._batch = batch = {"index": batch["index"] + 1, "to_open": self.batch_groups, "ready": [], "allocated": False}
-        for prompt in self.source.take(max(0, min(slots, batch["to_open"]))):
+        for group_id, prompt in zip(group_ids, self.source.take(max(0, min(len(group_ids), batch["to_open"])))):
             batch["to_open"] -= 1
-            self._book.add(prompt.prompt_id, {"phase": "probe", "batch": batch["index"]})
-            plans.append(GroupPlan(prompt, self.group_size, self.probe_size))
+            self._open(group_id, prompt, phase="probe", batch=batch["index"])
+            plans.append(GroupPlan(group_id, prompt, self.group_size, self.probe_size))
         return plans
 
     # --- probes and allocation ----------------------------------------------------------
 
-    def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
-        rec = self._record(snapshot)
+    def _update(self, snapshot: GroupSnapshot, rec: HoraRecord) -> list[GroupAction]:
         gid = snapshot.group_id
-        if rec["phase"] == "replacement":
-            rec["phase"] = "commit"
+        if rec.phase == "replacement":
+            rec.phase = "commit"
             self._verdicts.add("replacement")
             return [commit(gid, "hora replacement")]
-        if rec["phase"] == "abandoned":
+        if rec.phase == "abandoned":
             return [abandon(gid, "failures")]  # a controller replaced our ABANDON: propose it again
-        if rec["phase"] == "wait" and snapshot.in_flight == 0:
+        if rec.phase == "wait" and snapshot.in_flight == 0:
             return [hold(gid, "await batch")]  # a controller added samples while it waited
-        if rec["phase"] != "probe" or snapshot.in_flight > 0:
+        if rec.phase != "probe" or snapshot.in_flight > 0:
             return []
         if snapshot.finished < self.probe_size:
             if too_many_failures(snapshot):
-                rec["phase"] = "abandoned"
+                rec.phase = "abandoned"
                 self._batch["to_open"] += 1  # a fresh prompt takes its place in the batch
                 self._verdicts.add("abandon_failures")
                 return [abandon(gid, "failures")]
             return [launch(gid, self.probe_size - snapshot.finished, "replace failed")]
-        rec["phase"] = "wait"
+        rec.phase = "wait"
         self._batch["ready"].append(gid)
         if self._batch["to_open"] == 0 and len(self._batch["ready"]) == self.batch_groups:
             return self._allocate()
@@ -154,17 +165,15 @@ class HoraGate(BaseGate):
     def _allocate(self) -> list[GroupAction]:
         ready = self._batch["ready"]
         recs = [self._groups[g] for g in ready]
-        extra = hora_allocate(
-            [r["s"] for r in recs], [r["s"] + r["f"] for r in recs], self.extra_budget, prior=self.prior
-        )
+        extra = hora_allocate([r.s for r in recs], [r.s + r.f for r in recs], self.extra_budget, prior=self.prior)
         actions = []
         for gid, rec, m in zip(ready, recs, extra):
-            rec["phase"] = "commit"
+            rec.phase = "commit"
             if m > 0:
                 actions.append(launch(gid, m, "hora extra"))
             actions.append(commit(gid, f"hora m={m}"))
         self._verdicts.add("commit", len(ready))
-        self._verdicts.add("saturated_commit", sum(1 for r in recs if r["s"] == 0 or r["f"] == 0))
+        self._verdicts.add("saturated_commit", sum(1 for r in recs if r.s == 0 or r.f == 0))
         self._batch["allocated"] = True
         return actions
 
@@ -174,13 +183,13 @@ class HoraGate(BaseGate):
         self._horizon = max(self._horizon, step + 1)
         return []
 
-    def _closed(self, group_id: int, rec: dict[str, Any], committed: bool) -> None:
-        if rec["phase"] in ("commit", "replacement") and not committed:
+    def _closed(self, group_id: int, rec: HoraRecord, committed: bool) -> None:
+        if rec.phase in ("commit", "replacement") and not committed:
             self._replacements += 1  # owed again: the step still needs batch_groups groups
-        elif rec["phase"] == "wait" and group_id in self._batch["ready"]:
+        elif rec.phase == "wait" and group_id in self._batch["ready"]:
             self._batch["ready"].remove(group_id)
             self._batch["to_open"] += 1
-        elif rec["phase"] == "probe" and rec.get("batch") == self._batch["index"]:
+        elif rec.phase == "probe" and rec.batch == self._batch["index"]:
             self._batch["to_open"] += 1
 
     def _extra_state(self) -> dict[str, Any]:

@@ -34,15 +34,23 @@ at the price of really generating the dropped groups, so its *wall clock* is not
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from controller.gates.base import BaseGate
-from controller.gates.common import abandon, commit, too_many_failures
+from controller.gates.common import SealedRecord, abandon, commit, too_many_failures
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector
 from pipeline.types import GroupAction, GroupPlan, GroupSnapshot
+
+
+@dataclass(kw_only=True)
+class OracleRecord(SealedRecord):
+    """An oracle group: ``saturated_cost`` (rollouts, tokens) once its draw turned out saturated."""
+
+    saturated_cost: list[int] | None = None
 
 
 class OracleGate(BaseGate):
@@ -66,13 +74,14 @@ class OracleGate(BaseGate):
     >>> from controller.prompts import PromptPool
     >>> p = {0: 0.0, 1: 0.5, 2: 1.0, 3: 0.5}
     >>> gate = OracleGate(PromptPool([Prompt(i, "", (1,)) for i in range(4)], seed=0), 8, p.__getitem__, seed=0)
-    >>> sorted(plan.prompt.prompt_id for plan in gate.admit(slots=2, step=0))   # never the p = 0 or 1 prompts
+    >>> sorted(plan.prompt.prompt_id for plan in gate.admit(range(2), step=0))   # never the p = 0 or 1 prompts
     [1, 3]
-    >>> len(OracleGate(PromptPool([Prompt(i, "", (1,)) for i in range(4)], seed=0), 8, None, seed=0).admit(4, 0))
+    >>> len(OracleGate(PromptPool([Prompt(i, "", (1,)) for i in range(4)], seed=0), 8, None, seed=0).admit(range(4), 0))
     4
     """
 
     name = "oracle"
+    Record = OracleRecord
 
     def __init__(
         self,
@@ -98,36 +107,33 @@ class OracleGate(BaseGate):
     def exhausted(self) -> bool:
         return self._barren or super().exhausted
 
-    def admit(self, slots: int, step: int) -> list[GroupPlan]:
+    def admit(self, group_ids: range, step: int) -> list[GroupPlan]:
         plans: list[GroupPlan] = []
         scanned = 0
         limit = max(self.source.active, 1)
-        while len(plans) < slots and scanned < limit:
+        while len(plans) < len(group_ids) and scanned < limit:
             got = self.source.take(1)
             if not got:
                 break
             prompt = got[0]
             scanned += 1
-            if self.success_probability is None:  # hindsight: the realised draw decides in update()
-                self._book.add(prompt.prompt_id, {})
-                plans.append(GroupPlan(prompt, self.group_size, self.group_size))
-                continue
-            p = float(self.success_probability(prompt.prompt_id))
-            if not 0.0 <= p <= 1.0:
-                raise ValueError(f"success_probability({prompt.prompt_id})={p} is not a probability")
-            count = int(self._rng.binomial(self.group_size, p))
-            if 0 < count < self.group_size:
-                self._book.add(prompt.prompt_id, {})
-                plans.append(GroupPlan(prompt, self.group_size, self.group_size))
-            else:
-                self.source.release(prompt.prompt_id)
-                self._verdicts.add("skip")
-        self._barren = slots > 0 and not plans and scanned >= limit
+            if self.success_probability is not None:  # else hindsight: the realised draw decides in update()
+                p = float(self.success_probability(prompt.prompt_id))
+                if not 0.0 <= p <= 1.0:
+                    raise ValueError(f"success_probability({prompt.prompt_id})={p} is not a probability")
+                count = int(self._rng.binomial(self.group_size, p))
+                if not 0 < count < self.group_size:
+                    self.source.release(prompt.prompt_id)
+                    self._verdicts.add("skip")
+                    continue
+            group_id = group_ids[len(plans)]
+            self._open(group_id, prompt)
+            plans.append(GroupPlan(group_id, prompt, self.group_size, self.group_size))
+        self._barren = len(group_ids) > 0 and not plans and scanned >= limit
         return plans
 
-    def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
-        rec = self._record(snapshot)
-        if rec.get("sealed"):
+    def _update(self, snapshot: GroupSnapshot, rec: OracleRecord) -> list[GroupAction]:
+        if rec.sealed:
             return []
         if too_many_failures(snapshot):
             self._verdicts.add("abandon_failures")
@@ -135,20 +141,20 @@ class OracleGate(BaseGate):
         if snapshot.in_flight > 0 or snapshot.finished + snapshot.failed < snapshot.launched:
             return []  # judge the whole group
         if snapshot.is_mixed:
-            rec["sealed"] = True
+            rec.sealed = True
             self._verdicts.add("commit")
             return [commit(snapshot.group_id, "oracle")]
         # Perfect foresight would not have paid for this group: drop it and book its cost as
         # uncounted (once it is really gone: a controller may override the abandon), so the
         # floor's cost is the rollouts of the effective groups it trains on.
-        rec["saturated_cost"] = [snapshot.launched, snapshot.tokens]
+        rec.saturated_cost = [snapshot.launched, snapshot.tokens]
         self._verdicts.add("uncounted")
         return [abandon(snapshot.group_id, "oracle: saturated, uncounted")]
 
-    def _closed(self, group_id: int, rec: dict[str, Any], committed: bool) -> None:
-        if not committed and "saturated_cost" in rec:
-            self._uncounted_rollouts += int(rec["saturated_cost"][0])
-            self._uncounted_tokens += int(rec["saturated_cost"][1])
+    def _closed(self, group_id: int, rec: OracleRecord, committed: bool) -> None:
+        if not committed and rec.saturated_cost is not None:
+            self._uncounted_rollouts += int(rec.saturated_cost[0])
+            self._uncounted_tokens += int(rec.saturated_cost[1])
 
     @property
     def uncounted_rollouts(self) -> int:

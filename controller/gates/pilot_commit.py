@@ -36,13 +36,26 @@ plan, ``exhausted`` turns True once the buffer is empty, and the orchestrator re
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from controller.gates.common import abandon, commit, hold, launch, too_many_failures
-from controller.gates.rounds import RoundGate
+from controller.gates.rounds import RoundGate, RoundRecord
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector
 from pipeline.types import GroupAction, GroupSnapshot, TrainBatch
+
+
+@dataclass(kw_only=True)
+class PilotRecord(RoundRecord):
+    """A pilot: its success rate ``p_hat`` once judged, the horizon step at which it entered
+    the buffer (``born``), why it would be abandoned while it is a fallback candidate
+    (``reason``), and whether a controller's intervention made it be judged again."""
+
+    p_hat: float | None = None
+    born: int | None = None
+    reason: str = ""
+    rejudge: bool = False
 
 
 class PilotCommitGate(RoundGate):
@@ -76,7 +89,7 @@ class PilotCommitGate(RoundGate):
     >>> from pipeline.types import GroupSnapshot, Prompt
     >>> from controller.prompts import PromptPool
     >>> gate = PilotCommitGate(PromptPool([Prompt(i, "", (1,)) for i in range(6)], seed=0), group_size=8, batch_groups=1)
-    >>> plans = gate.admit(slots=6, step=0)
+    >>> plans = gate.admit(range(6), step=0)
     >>> len(plans), (plans[0].target_size, plans[0].initial)
     (3, (8, 4))
     >>> pilot = GroupSnapshot(0, plans[0].prompt, 8, (1.0, 0.0, 1.0, 0.0), in_flight=0, launched=4, failed=0,
@@ -86,6 +99,7 @@ class PilotCommitGate(RoundGate):
     """
 
     name = "pilot_commit"
+    Record = PilotRecord
 
     def __init__(
         self,
@@ -150,14 +164,13 @@ class PilotCommitGate(RoundGate):
 
     # --- judging pilots -----------------------------------------------------------------
 
-    def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
-        rec = self._record(snapshot)
+    def _update(self, snapshot: GroupSnapshot, rec: PilotRecord) -> list[GroupAction]:
         gid = snapshot.group_id
-        if rec["verdict"] == "abandon":
+        if rec.verdict == "abandon":
             # A controller replaced our ABANDON by an intervention: judge the grown pilot again
             # (its eviction count already happened).
-            rec["verdict"], rec["rejudge"] = "", True
-        if rec["verdict"] or snapshot.in_flight > 0:
+            rec.verdict, rec.rejudge = "", True
+        if rec.verdict or snapshot.in_flight > 0:
             return []
         if snapshot.finished < self.pilot_size:
             if too_many_failures(snapshot):
@@ -167,26 +180,26 @@ class PilotCommitGate(RoundGate):
         else:
             actions = self._judge(snapshot, rec)
         actions += self._drain()
-        if rec["verdict"] == "" and gid in self._buffer:
+        if rec.verdict == "" and gid in self._buffer:
             actions.append(self._verdict(rec, hold(gid, "buffered")))
         return actions + self._count(rec)
 
-    def _judge(self, snapshot: GroupSnapshot, rec: dict[str, Any]) -> list[GroupAction]:
+    def _judge(self, snapshot: GroupSnapshot, rec: PilotRecord) -> list[GroupAction]:
         gid, pid = snapshot.group_id, snapshot.prompt.prompt_id
         p_hat = snapshot.successes / snapshot.finished
-        rec["p_hat"] = p_hat
-        if not rec.get("rejudge") and self._evicts(pid, p_hat):
+        rec.p_hat = p_hat
+        if not rec.rejudge and self._evicts(pid, p_hat):
             return [self._verdict(rec, abandon(gid, "evict"))]
-        if self.p_low <= p_hat <= 1.0 - self.p_up or rec["fallback"]:
+        if self.p_low <= p_hat <= 1.0 - self.p_up or rec.fallback:
             self._buffer.append(gid)
-            rec["born"] = self._quota.horizon
+            rec.born = self._quota.horizon
             return []
         reason = "defer" if p_hat < self.p_low else "skip"
         if self.on_round_cap == "fill" and self._in_last_round(rec) and self._uncovered() > 0:
             self._candidates.append(gid)
             if len(self._candidates) >= self._uncovered():
                 self._stop_opening()
-            rec["reason"] = reason
+            rec.reason = reason
             return [self._verdict(rec, hold(gid, "fallback_candidate"))]
         return [self._verdict(rec, abandon(gid, reason))]
 
@@ -209,7 +222,7 @@ class PilotCommitGate(RoundGate):
             gid = self._buffer.pop(0)
             rec = self._groups[gid]
             self._quota.commit()
-            rest = self.group_size - (rec["s"] + rec["f"])
+            rest = self.group_size - (rec.s + rec.f)
             if rest > 0:
                 actions.append(launch(gid, rest, "pilot_commit n_c"))
             actions.append(self._verdict(rec, commit(gid, "commit")))
@@ -218,15 +231,15 @@ class PilotCommitGate(RoundGate):
     def _round_ended(self) -> list[GroupAction]:
         self._check_cap(short=self._uncovered() > 0)
         actions = []
-        best = sorted(self._candidates, key=lambda g: (abs(self._groups[g]["p_hat"] - 0.5), g))
+        best = sorted(self._candidates, key=lambda g: (abs(self._groups[g].p_hat - 0.5), g))
         for gid in best:
             rec = self._groups[gid]
             if self._uncovered() > 0:
                 self._buffer.append(gid)  # already held: it waits like any kept pilot
-                rec["born"] = self._quota.horizon
+                rec.born = self._quota.horizon
                 self._verdicts.add("fallback_kept")
             else:
-                actions.append(self._verdict(rec, abandon(gid, rec["reason"])))
+                actions.append(self._verdict(rec, abandon(gid, rec.reason)))
         self._candidates = []
         actions += self._drain()
         return actions
@@ -245,12 +258,12 @@ class PilotCommitGate(RoundGate):
         actions = []
         for gid in list(self._buffer):
             rec = self._groups[gid]
-            if step + 1 - rec["born"] > self.max_buffer_age:
+            if step + 1 - rec.born > self.max_buffer_age:
                 self._buffer.remove(gid)
                 actions.append(self._verdict(rec, abandon(gid, "stale")))
         return actions + self._drain()
 
-    def _closed(self, group_id: int, rec: dict[str, Any], committed: bool) -> None:
+    def _closed(self, group_id: int, rec: PilotRecord, committed: bool) -> None:
         super()._closed(group_id, rec, committed)
         if group_id in self._buffer:
             self._buffer.remove(group_id)

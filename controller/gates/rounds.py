@@ -12,16 +12,18 @@ Round cap: when round ``max_rounds`` of a step ends and the step is still short,
 
 ``RoundGate`` keeps the quota, the series and the fallback candidates, opens the rounds in
 ``admit``, counts judged groups (``_count``), checks the cap (``_check_cap``) and checkpoints
-all three. A subclass implements ``update`` (calling ``_count`` once a group is judged),
+all three; each group's ``RoundRecord`` says which step and round it serves and its verdict.
+A subclass implements ``_update`` (calling ``_count`` once a group is judged),
 ``_round_ended`` and ``_cap_message``; it may narrow ``_round_needed``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from controller.gates.base import BaseGate
-from controller.gates.common import StepQuota
+from controller.gates.common import GroupRecord, StepQuota
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector
 from pipeline.types import GroupAction, GroupPlan
@@ -29,6 +31,19 @@ from pipeline.types import GroupAction, GroupPlan
 
 class RoundCapError(RuntimeError):
     """A gate ran ``max_rounds`` rounds for one step without filling its batch."""
+
+
+@dataclass(kw_only=True)
+class RoundRecord(GroupRecord):
+    """A group of a round: the step and round it serves, whether the round cap's fallback was
+    on when it opened, its verdict (an action kind, "" before one) and whether it is counted
+    as judged in its round."""
+
+    step: int
+    round: int
+    fallback: bool = False
+    verdict: str = ""
+    counted: bool = False
 
 
 class RoundGate(BaseGate):
@@ -58,25 +73,25 @@ class RoundGate(BaseGate):
     >>> from pipeline.types import GroupSnapshot, Prompt
     >>> class CommitAll(RoundGate):                    # commits every group, round after round
     ...     round_size = 2
-    ...     def update(self, snapshot):
-    ...         rec = self._record(snapshot)
+    ...     def _update(self, snapshot, rec):
     ...         self._quota.commit()
     ...         return [self._verdict(rec, commit(snapshot.group_id, "seen"))] + self._count(rec)
     ...     def _round_ended(self):
     ...         return []
     >>> gate = CommitAll(PromptPool([Prompt(i, "", (1,)) for i in range(9)], seed=0), group_size=4, batch_groups=4,
     ...                  max_rounds=3, on_round_cap="fill", initial_size=4)
-    >>> plans = gate.admit(slots=8, step=0)
-    >>> len(plans), len(gate.admit(slots=8, step=0))   # a round of 2; the next waits for their verdicts
+    >>> plans = gate.admit(range(8), step=0)
+    >>> len(plans), len(gate.admit(range(2, 10), step=0))   # a round of 2; the next waits for their verdicts
     (2, 0)
-    >>> for gid, plan in enumerate(plans):
-    ...     _ = gate.update(GroupSnapshot(gid, plan.prompt, 4, (1.0, 0.0, 1.0, 0.0), in_flight=0, launched=4,
-    ...                                   failed=0, tokens=0, policy_version=0))
-    >>> len(gate.admit(slots=8, step=0)), gate.state_dict()["series"]
+    >>> for plan in plans:
+    ...     _ = gate.update(GroupSnapshot(plan.group_id, plan.prompt, 4, (1.0, 0.0, 1.0, 0.0), in_flight=0,
+    ...                                   launched=4, failed=0, tokens=0, policy_version=0))
+    >>> len(gate.admit(range(2, 10), step=0)), gate.state_dict()["series"]
     (2, {'step': 0, 'round': 2, 'to_open': 0, 'pending': 2, 'fallback': False})
     """
 
     round_size: int
+    Record: type[RoundRecord] = RoundRecord
 
     def __init__(
         self,
@@ -102,7 +117,7 @@ class RoundGate(BaseGate):
 
     # --- admission ----------------------------------------------------------------------
 
-    def admit(self, slots: int, step: int) -> list[GroupPlan]:
+    def admit(self, group_ids: range, step: int) -> list[GroupPlan]:
         self._quota.see_step(step)
         if not self._quota.can_commit():
             return []
@@ -114,15 +129,13 @@ class RoundGate(BaseGate):
                 return []
             series["round"] += 1
             series["to_open"] = self.round_size
-        prompts = self.source.take(max(0, min(slots, series["to_open"])))
+        prompts = self.source.take(max(0, min(len(group_ids), series["to_open"])))
         series["to_open"] -= len(prompts)
         series["pending"] += len(prompts)
         plans = []
-        for prompt in prompts:
-            plan = {"step": series["step"], "round": series["round"], "fallback": series["fallback"], "verdict": "",
-                    "counted": False}
-            self._book.add(prompt.prompt_id, plan)
-            plans.append(GroupPlan(prompt, self.group_size, self._initial_size))
+        for group_id, prompt in zip(group_ids, prompts):
+            self._open(group_id, prompt, step=series["step"], round=series["round"], fallback=series["fallback"])
+            plans.append(GroupPlan(group_id, prompt, self.group_size, self._initial_size))
         return plans
 
     def _round_needed(self) -> bool:
@@ -131,17 +144,17 @@ class RoundGate(BaseGate):
 
     # --- rounds -------------------------------------------------------------------------
 
-    def _in_round(self, rec: dict[str, Any]) -> bool:
+    def _in_round(self, rec: RoundRecord) -> bool:
         """The group belongs to the series' current round."""
-        return rec["step"] == self._series["step"] and rec["round"] == self._series["round"]
+        return rec.step == self._series["step"] and rec.round == self._series["round"]
 
-    def _in_last_round(self, rec: dict[str, Any]) -> bool:
+    def _in_last_round(self, rec: RoundRecord) -> bool:
         """The group belongs to the last round the cap allows for the series' step."""
-        return rec["round"] >= self.max_rounds and rec["step"] == self._series["step"]
+        return rec.round >= self.max_rounds and rec.step == self._series["step"]
 
-    def _count(self, rec: dict[str, Any]) -> list[GroupAction]:
+    def _count(self, rec: RoundRecord) -> list[GroupAction]:
         """The group is judged: count it in its round (once); the actions of the round's end."""
-        counted, rec["counted"] = rec["counted"], True
+        counted, rec.counted = rec.counted, True
         series = self._series
         if not counted and self._in_round(rec):
             series["pending"] -= 1
@@ -170,17 +183,17 @@ class RoundGate(BaseGate):
         """The ``RoundCapError`` message: the shortfall and the settings that fix it."""
         raise NotImplementedError
 
-    def _verdict(self, rec: dict[str, Any], action: GroupAction) -> GroupAction:
-        rec["verdict"] = action.kind.value
+    def _verdict(self, rec: RoundRecord, action: GroupAction) -> GroupAction:
+        rec.verdict = action.kind.value
         self._verdicts.add(action.reason)
         return action
 
     # --- closing and checkpoint ---------------------------------------------------------
 
-    def _closed(self, group_id: int, rec: dict[str, Any], committed: bool) -> None:
-        if rec["verdict"] == "commit" and not committed:
+    def _closed(self, group_id: int, rec: RoundRecord, committed: bool) -> None:
+        if rec.verdict == "commit" and not committed:
             self._quota.uncommit()  # dropped by the orchestrator: its place in the batch is free again
-        if not rec["counted"] and self._in_round(rec):
+        if not rec.counted and self._in_round(rec):
             self._series["pending"] -= 1
         if group_id in self._candidates:
             self._candidates.remove(group_id)

@@ -33,14 +33,23 @@ seen all-wrong before needs less evidence to be abandoned. ``tau_commit`` is not
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from controller.gates.base import BaseGate
-from controller.gates.common import abandon, commit, launch, too_many_failures
+from controller.gates.common import GroupRecord, abandon, commit, launch, too_many_failures
 from controller.posterior import discount_posterior, effective_probability
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector
 from pipeline.types import GroupAction, GroupPlan, GroupSnapshot
+
+
+@dataclass(kw_only=True)
+class SaraRecord(GroupRecord):
+    """A SARA group: the Beta prior (a, b) its prompt had when it opened."""
+
+    a: float
+    b: float
 
 
 class SaraGate(BaseGate):
@@ -69,8 +78,8 @@ class SaraGate(BaseGate):
     >>> from pipeline.types import GroupSnapshot, Prompt
     >>> from controller.prompts import PromptPool
     >>> gate = SaraGate(PromptPool([Prompt(0, "", (1,))], seed=0), group_size=8)
-    >>> [(p.target_size, p.initial) for p in gate.admit(slots=1, step=0)]
-    [(8, 4)]
+    >>> [(p.group_id, p.target_size, p.initial) for p in gate.admit(range(7, 8), step=0)]
+    [(7, 8, 4)]
     >>> probe = GroupSnapshot(group_id=7, prompt=Prompt(0, "", (1,)), target_size=8, rewards=(1.0, 0.0, 0.0, 0.0),
     ...                      in_flight=0, launched=4, failed=0, tokens=100, policy_version=0)
     >>> [(a.kind.value, a.n) for a in gate.update(probe)]
@@ -78,6 +87,7 @@ class SaraGate(BaseGate):
     """
 
     name = "sara"
+    Record = SaraRecord
 
     def __init__(
         self,
@@ -118,13 +128,13 @@ class SaraGate(BaseGate):
 
     # --- admission ----------------------------------------------------------------------
 
-    def admit(self, slots: int, step: int) -> list[GroupPlan]:
+    def admit(self, group_ids: range, step: int) -> list[GroupPlan]:
         initial = self.group_size if self.launch == "eager" else self.probe_size
         plans = []
-        for prompt in self.source.take(max(slots, 0)):
+        for group_id, prompt in zip(group_ids, self.source.take(len(group_ids))):
             a, b = self._prior_of(prompt.prompt_id)
-            self._book.add(prompt.prompt_id, {"a": a, "b": b})
-            plans.append(GroupPlan(prompt, self.group_size, initial))
+            self._open(group_id, prompt, a=a, b=b)
+            plans.append(GroupPlan(group_id, prompt, self.group_size, initial))
         return plans
 
     def _prior_of(self, prompt_id: int) -> tuple[float, float]:
@@ -140,8 +150,7 @@ class SaraGate(BaseGate):
         size = max(self.group_size, successes + failures)
         return effective_probability(successes, failures, size, prior or self.prior)
 
-    def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
-        rec = self._record(snapshot)
+    def _update(self, snapshot: GroupSnapshot, rec: SaraRecord) -> list[GroupAction]:
         gid, t, running = snapshot.group_id, snapshot.finished, snapshot.in_flight
         if too_many_failures(snapshot):
             self._verdicts.add("abandon_failures")
@@ -155,7 +164,7 @@ class SaraGate(BaseGate):
             wanted = self.group_size if self.launch == "eager" else self.probe_size
             missing = wanted - t - running
             return [launch(gid, missing, "replace failed")] if running == 0 and missing > 0 else []
-        p_eff = self.predict(snapshot.successes, snapshot.failures, (rec["a"], rec["b"]))
+        p_eff = self.predict(snapshot.successes, snapshot.failures, (rec.a, rec.b))
         if p_eff >= self.tau_commit:
             self._verdicts.add("commit")
             rest = self.group_size - t - running
@@ -171,9 +180,9 @@ class SaraGate(BaseGate):
 
     # --- history ------------------------------------------------------------------------
 
-    def _closed(self, group_id: int, rec: dict[str, Any], committed: bool) -> None:
-        if not committed and rec.get("s", 0) + rec.get("f", 0) > 0:
-            self._carry(rec["prompt_id"], rec["s"], rec["f"])
+    def _closed(self, group_id: int, rec: SaraRecord, committed: bool) -> None:
+        if not committed and rec.s + rec.f > 0:
+            self._carry(rec.prompt_id, rec.s, rec.f)
 
     def _shipped(self, prompt_id: int, successes: int, samples: int) -> None:
         self._carry(prompt_id, successes, samples - successes)

@@ -16,9 +16,9 @@ class UniformGate(Gate):
     --------
     >>> from pipeline.types import Prompt
     >>> gate = UniformGate(PromptPool([Prompt(i, "", (1,)) for i in range(4)], seed=0), group_size=8)
-    >>> plans = gate.admit(slots=2, step=0)
-    >>> [(p.target_size, p.initial) for p in plans]
-    [(8, 8), (8, 8)]
+    >>> plans = gate.admit(range(2), step=0)
+    >>> [(p.group_id, p.target_size, p.initial) for p in plans]
+    [(0, 8, 8), (1, 8, 8)]
     """
 
     def __init__(self, pool: PromptPool, group_size: int):
@@ -28,8 +28,8 @@ class UniformGate(Gate):
         self.group_size = group_size
         self._sealed: set[int] = set()
 
-    def admit(self, slots: int, step: int) -> list[GroupPlan]:
-        return [GroupPlan(p, self.group_size, self.group_size) for p in self.pool.take(slots)]
+    def admit(self, group_ids: range, step: int) -> list[GroupPlan]:
+        return [GroupPlan(gid, p, self.group_size, self.group_size) for gid, p in zip(group_ids, self.pool.take(len(group_ids)))]
 
     def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
         if snapshot.group_id in self._sealed:

@@ -102,8 +102,8 @@ class GateProbe(Gate):
         self.abandoned_incomplete = 0
         self.false_abandonment_sum = 0.0
 
-    def admit(self, slots: int, step: int):
-        return self._gate.admit(slots, step)
+    def admit(self, group_ids: range, step: int):
+        return self._gate.admit(group_ids, step)
 
     def update(self, snapshot):
         self._last[snapshot.group_id] = snapshot
