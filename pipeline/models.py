@@ -208,6 +208,9 @@ def ensure_base_model(run_dir: str | Path, task_cfg, model_cfg: BaseModelConfig 
     model_settings = {k: v for k, v in to_dict(model_cfg).items() if k not in ("threads", "path")}
     # how rewards are read and prompts rendered do not change the warm start's weights
     task_settings = {k: v for k, v in to_dict(task_cfg).items() if k not in ("success_threshold", "chat_template")}
+    for section in task_settings.values():  # scratchpad=false: base models cached before it existed still match
+        if isinstance(section, dict) and section.get("scratchpad") is False:
+            del section["scratchpad"]
     wanted = {"task": task_settings, "model": model_settings}
     if target.exists():
         base = load_model(target)

@@ -230,11 +230,14 @@ def sample_groups(model, tokenizer: CharTokenizer, prompt_ids, group_size: int, 
 
 
 def measure_policy(task: Task, tokenizer: CharTokenizer, model, n_prompts: int = 256, group_size: int = 8,
-                   temperature: float = 1.0, seed: int = 0, max_new_tokens: int = 32,
+                   temperature: float = 1.0, seed: int = 0, max_new_tokens: int | None = None,
                    batch_prompts: int = 64, split: str = "eval") -> PolicyStats:
     """Sample ``group_size`` responses for each of ``n_prompts`` prompts of ``split`` (held-out
-    by default) and grade them with the task's reward."""
+    by default) and grade them with the task's reward. ``max_new_tokens``: default the task's
+    ``sample_tokens`` (32; a scratchpad task's longest response)."""
     start = time.perf_counter()
+    if max_new_tokens is None:
+        max_new_tokens = task.sample_tokens
     problems = task.problems(split, n_prompts, seed=seed)
     prompts = [task.to_prompt(p, tokenizer.encode_prompt) for p in problems]
     rates: list[float] = []

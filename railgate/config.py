@@ -62,6 +62,13 @@ class RunConfig:
             require(o.max_tokens < self.model.max_len,
                     f"orchestrator.max_tokens={o.max_tokens} leaves no room for a prompt in model.max_len={self.model.max_len}; "
                     "lower orchestrator.max_tokens or raise model.max_len (a new base model)")
+            arith = self.task.arithmetic
+            if self.task.name == "arithmetic" and arith.scratchpad:
+                need = arith.response_tokens
+                require(o.max_tokens >= need,
+                        f"task.arithmetic.scratchpad=true writes responses of up to {need} tokens, but orchestrator.max_tokens="
+                        f"{o.max_tokens}; set orchestrator.max_tokens={need + 12 - need % 4} and model.max_len="
+                        f"{max(self.model.max_len, need + 12 - need % 4 + 2 * arith.max_digits + 4)} or more")
             require(not self.task.chat_template,
                     "task.chat_template=true needs a chat model, and the project's model (model.path empty) has no chat "
                     "template; set model.path to a Hugging Face chat model directory, or task.chat_template=false")

@@ -24,6 +24,10 @@ padding    what a short warm start learns
 ``none``   0.04 at step 600: the digits to read move with both operands' lengths
 =========  ==============================================================================
 
+With ``scratchpad=True`` (addition only) the response writes the sum digit by digit first,
+one fixed-width step per digit position with its carry, then ``>`` and the answer
+(``pipeline.tasks.scratchpad``): 52 tokens at most for 5 digits instead of 7.
+
 Difficulty is the number of digits of the longer operand (``min_digits``..``max_digits``,
 drawn uniformly); the other operand has between 1 and that many digits. Subtraction puts
 the larger operand first, so answers are never negative.
@@ -34,6 +38,7 @@ from __future__ import annotations
 import random
 
 from pipeline.tasks.base import Problem, Task
+from pipeline.tasks.scratchpad import SCRATCHPAD_CHARS, join_steps
 
 PADDINGS = ("none", "pair", "max")
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
@@ -54,6 +59,9 @@ class ArithmeticTask(Task):
     padding
         ``"max"``: zero-pad both operands to ``max_digits``; ``"pair"``: the shorter one to
         the longer one's length; ``"none"``: as written (see the module docstring).
+    scratchpad
+        Write the work before the answer: ``a+b+carry=sum`` per digit position, lowest first,
+        then ``>`` and the answer; the reward grades the answer only. Addition only.
     eval_share
         Share of the problem space held out for evaluation.
 
@@ -71,6 +79,8 @@ class ArithmeticTask(Task):
     ('00037+00415=', '254')
     >>> [ArithmeticTask(padding=p).make_problem(37, "+", 415).text for p in ("pair", "none")]
     ['037+415', '37+415']
+    >>> ArithmeticTask(max_digits=3, scratchpad=True).make_problem(37, "+", 85).solution
+    '7+5+0=12,3+8+1=12,0+0+1=01>221'
     """
 
     name = "arithmetic"
@@ -83,6 +93,7 @@ class ArithmeticTask(Task):
         ops: str = "+",
         reverse_answer: bool = True,
         padding: str = "max",
+        scratchpad: bool = False,
         eval_share: float = 0.1,
     ) -> None:
         super().__init__(eval_share)
@@ -100,10 +111,25 @@ class ArithmeticTask(Task):
         if padding not in PADDINGS:
             raise ValueError(f"padding={padding!r} must be one of {', '.join(PADDINGS)}")
         self.padding = padding
+        if scratchpad and self.ops != "+":
+            raise ValueError(f"scratchpad=True writes carries of additions; ops={self.ops!r} must be '+'")
+        self.scratchpad = scratchpad
+        if scratchpad:
+            self.sample_tokens = self.max_response_tokens(max_digits)
+
+    @staticmethod
+    def max_response_tokens(max_digits: int) -> int:
+        """Longest scratchpad response in tokens, ``<eos>`` included: ``max_digits`` steps of 8
+        characters and their commas, ``>``, an answer of up to ``max_digits + 1`` digits, ``<eos>``.
+
+        >>> ArithmeticTask.max_response_tokens(5)
+        52
+        """
+        return 9 * max_digits - 1 + 1 + (max_digits + 1) + 1
 
     @property
     def alphabet(self) -> str:
-        return "0123456789=" + self.ops
+        return "0123456789=" + self.ops + (SCRATCHPAD_CHARS if self.scratchpad else "")
 
     def make_problem(self, a: int, op: str, b: int) -> Problem:
         """The problem ``a op b`` (for tests and examples)."""
@@ -111,7 +137,8 @@ class ArithmeticTask(Task):
         answer = str(result)[::-1] if self.reverse_answer else str(result)
         width = {"none": 0, "pair": max(len(str(a)), len(str(b))), "max": self.max_digits}[self.padding]
         text = f"{a:0{width}d}{op}{b:0{width}d}"
-        return Problem(key=text, text=text, answer=answer, solution=answer, difficulty=float(max(len(str(a)), len(str(b)))))
+        solution = join_steps(_carry_steps(a, b, len(text.split(op)[0])), answer) if self.scratchpad else answer
+        return Problem(key=text, text=text, answer=answer, solution=solution, difficulty=float(max(len(str(a)), len(str(b)))))
 
     def sample_problem(self, rng: random.Random) -> Problem:
         op = rng.choice(self.ops)
@@ -130,8 +157,21 @@ class ArithmeticTask(Task):
     def __repr__(self) -> str:
         return (
             f"ArithmeticTask(min_digits={self.min_digits}, max_digits={self.max_digits}, ops={self.ops!r}, "
-            f"reverse_answer={self.reverse_answer}, padding={self.padding!r})"
+            f"reverse_answer={self.reverse_answer}, padding={self.padding!r}"
+            + (", scratchpad=True)" if self.scratchpad else ")")
         )
+
+
+def _carry_steps(a: int, b: int, width: int) -> list[str]:
+    """``a + b`` digit by digit, lowest first: ``x+y+carry=sum`` with a two-digit sum, over
+    ``width`` positions or the longer operand's digits (the last carry still counts)."""
+    steps, carry = [], 0
+    for k in range(max(width, len(str(a)), len(str(b)))):
+        x, y = a // 10**k % 10, b // 10**k % 10
+        total = x + y + carry
+        steps.append(f"{x}+{y}+{carry}={total:02d}")
+        carry = total // 10
+    return steps
 
 
 def _number_with_digits(rng: random.Random, digits: int) -> int:

@@ -66,6 +66,8 @@ class Task(ABC):
     name: str = "task"
     reward: str = "exact"  # a key of pipeline.rewards.REWARDS
     success_threshold: float = 0.5  # a reward above it is a success (task.success_threshold; set by build_task)
+    scratchpad: bool = False  # responses write steps, then '>' and the answer (pipeline/tasks/scratchpad.py)
+    sample_tokens: int = 32  # tokens sampled per response when measuring the policy (pipeline.warmstart)
 
     def __init__(self, eval_share: float = 0.1) -> None:
         if not 0 < eval_share < 1:
@@ -99,11 +101,20 @@ class Task(ABC):
         return self.format_prompt(problem), problem.solution
 
     def scorer(self, decode: Callable[[Sequence[int]], str]) -> TextReward:
-        """This task's reward as a ``Scorer`` over token ids, decoding with ``decode``."""
+        """This task's reward as a ``Scorer`` over token ids, decoding with ``decode`` (a
+        scratchpad task grades only the final answer: ``pipeline.tasks.scratchpad``)."""
+        if self.scratchpad:
+            from pipeline.tasks.scratchpad import FinalAnswerDecode
+
+            decode = FinalAnswerDecode(decode)
         return build_reward(self.reward, decode)
 
     def score(self, prompt: Prompt, response_text: str) -> float:
         """The reward of ``response_text`` for ``prompt``."""
+        if self.scratchpad:
+            from pipeline.tasks.scratchpad import final_answer
+
+            response_text = final_answer(response_text)
         return self.scorer(_no_decode).score_text(prompt, response_text)
 
     def split_of(self, problem: Problem) -> Split:

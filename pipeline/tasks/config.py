@@ -29,11 +29,22 @@ class ArithmeticConfig:
     """Zero-pad both operands to max_digits ('max': learned in a few hundred steps), the
     shorter to the longer one's length ('pair': learned width by width, slowly) or not at
     all ('none': too slow for a CPU warm start). See pipeline/tasks/arithmetic.py."""
+    scratchpad: bool = False
+    """Responses write the work first, one 'a+b+carry=sum' step per digit position, then '>'
+    and the answer (up to 10 x max_digits + 2 tokens: set orchestrator.max_tokens and
+    model.max_len to fit); the reward grades the answer only. Addition only."""
 
     def __post_init__(self) -> None:
         require(1 <= self.min_digits <= self.max_digits, f"task.arithmetic min_digits={self.min_digits}, "
                 f"max_digits={self.max_digits}: need 1 <= min_digits <= max_digits")
         require(bool(self.ops) and set(self.ops) <= set("+-*"), f"task.arithmetic.ops={self.ops!r} must be a non-empty subset of '+-*'")
+        require(not self.scratchpad or self.ops == "+", f"task.arithmetic.scratchpad=true writes the carries of additions; "
+                f"ops={self.ops!r} must be '+' (or set scratchpad=false)")
+
+    @property
+    def response_tokens(self) -> int:
+        """Longest reference response in tokens, <eos> included (scratchpad: 10 x max_digits + 2)."""
+        return 10 * self.max_digits + 2 if self.scratchpad else self.max_digits + 2
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,10 @@ class CountdownConfig:
     """Targets lie in 1..max_target."""
     ops: str = "+-*"
     """Operators of the reference solutions (responses may use + - * / and parentheses)."""
+    scratchpad: bool = False
+    """Responses write one equation per step (e.g. '3+7=10,10+12=22'), then '>' and the
+    expression; the reward grades the expression only. About 24 tokens on average, 44 at most
+    with the defaults: set orchestrator.max_tokens and model.max_len to fit."""
 
     def __post_init__(self) -> None:
         require(2 <= self.min_numbers <= self.max_numbers, f"task.countdown min_numbers={self.min_numbers}, "

@@ -10,6 +10,10 @@ exact); the target is its value, redrawn until it lies in ``[1, max_target]``. T
 lists the numbers in the order the reference solution uses them, so every problem is
 solvable with all of them in order; other solutions are accepted too. Difficulty is the
 count of numbers.
+
+With ``scratchpad=True`` the reference response writes one equation per operation of the
+fold, then ``>`` and the expression, e.g. ``3+7=10,10+12=22>3+7+12``
+(``pipeline.tasks.scratchpad``); the reward grades the expression only.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import random
 
 from pipeline.rewards.countdown import check_countdown, format_spec
 from pipeline.tasks.base import Problem, Task
+from pipeline.tasks.scratchpad import SCRATCHPAD_CHARS, join_steps
 
 _PLUS_MINUS = 1  # precedence of a top-level + or - (needs parentheses under * or /)
 
@@ -36,6 +41,9 @@ class CountdownTask(Task):
         are redrawn.
     ops
         Operators of reference solutions, a subset of ``"+-*/"`` (responses may use all four).
+    scratchpad
+        Reference responses write one equation per step, then ``>`` and the expression;
+        the reward grades the expression only.
     eval_share
         Share of the problem space held out for evaluation.
 
@@ -49,6 +57,8 @@ class CountdownTask(Task):
     (1.0, 0.0)
     >>> task.format_prompt(task.make_problem([3, 7, 12], 22, "3+7+12"))
     '3 7 12 to 22:'
+    >>> CountdownTask(scratchpad=True).make_problem([3, 7, 12], 22, "3+7+12", ["3+7=10", "10+12=22"]).solution
+    '3+7=10,10+12=22>3+7+12'
     """
 
     name = "countdown"
@@ -61,6 +71,7 @@ class CountdownTask(Task):
         max_number: int = 20,
         max_target: int = 200,
         ops: str = "+-*",
+        scratchpad: bool = False,
         eval_share: float = 0.1,
     ) -> None:
         super().__init__(eval_share)
@@ -76,17 +87,23 @@ class CountdownTask(Task):
         self.min_numbers, self.max_numbers = min_numbers, max_numbers
         self.max_number, self.max_target = max_number, max_target
         self.ops = "".join(sorted(set(ops), key="+-*/".index))
+        self.scratchpad = scratchpad
+        if scratchpad:
+            self.sample_tokens = 96
 
     @property
     def alphabet(self) -> str:
         # responses may use any operator and parentheses, whatever the reference solutions use
-        return "0123456789+-*/() to:"
+        return "0123456789+-*/() to:" + (SCRATCHPAD_CHARS if self.scratchpad else "")
 
-    def make_problem(self, numbers: list[int], target: int, solution: str) -> Problem:
-        """The problem of reaching ``target`` from ``numbers`` (``solution`` must be correct)."""
+    def make_problem(self, numbers: list[int], target: int, solution: str, steps: list[str] | None = None) -> Problem:
+        """The problem of reaching ``target`` from ``numbers`` (``solution`` must be correct;
+        a scratchpad task writes ``steps``, its equations, before it)."""
         if not check_countdown(solution, numbers, target):
             raise ValueError(f"solution {solution!r} does not reach {target} from {numbers}")
         text = " ".join(str(n) for n in numbers) + f" to {target}"
+        if self.scratchpad:
+            solution = join_steps(steps or [], solution)
         return Problem(
             key=text, text=text, answer=format_spec(numbers, target), solution=solution, difficulty=float(len(numbers))
         )
@@ -95,13 +112,15 @@ class CountdownTask(Task):
         k = rng.randint(self.min_numbers, self.max_numbers)
         while True:
             numbers = [rng.randint(1, self.max_number) for _ in range(k)]
-            solution, value = self._fold(rng, numbers)
+            solution, value, steps = self._fold(rng, numbers)
             if 1 <= value <= self.max_target:
-                return self.make_problem(numbers, value, solution)
+                return self.make_problem(numbers, value, solution, steps)
 
-    def _fold(self, rng: random.Random, numbers: list[int]) -> tuple[str, int]:
+    def _fold(self, rng: random.Random, numbers: list[int]) -> tuple[str, int, list[str]]:
         expr, value, prec = str(numbers[0]), numbers[0], 3
+        steps: list[str] = []
         for x in numbers[1:]:
+            before = value
             op = rng.choice(self.ops)
             # keep every intermediate value a positive integer: fall back to '+' otherwise
             if (op == "-" and value <= x) or (op == "/" and (x == 1 or value % x)):
@@ -111,7 +130,8 @@ class CountdownTask(Task):
             else:
                 left = f"({expr})" if prec == _PLUS_MINUS else expr
                 expr, value, prec = f"{left}{op}{x}", value * x if op == "*" else value // x, 2
-        return expr, value
+            steps.append(f"{before}{op}{x}={value}")
+        return expr, value, steps
 
     def format_prompt(self, problem: Problem) -> str:
         return problem.text + ":"
@@ -119,5 +139,6 @@ class CountdownTask(Task):
     def __repr__(self) -> str:
         return (
             f"CountdownTask(min_numbers={self.min_numbers}, max_numbers={self.max_numbers}, "
-            f"max_number={self.max_number}, max_target={self.max_target}, ops={self.ops!r})"
+            f"max_number={self.max_number}, max_target={self.max_target}, ops={self.ops!r}"
+            + (", scratchpad=True)" if self.scratchpad else ")")
         )
