@@ -211,6 +211,10 @@ def ensure_base_model(run_dir: str | Path, task_cfg, model_cfg: BaseModelConfig 
     for section in task_settings.values():  # scratchpad=false: base models cached before it existed still match
         if isinstance(section, dict) and section.get("scratchpad") is False:
             del section["scratchpad"]
+    arith = task_settings.get("arithmetic")  # likewise its template and reward at their defaults
+    for key, before in (("template", ""), ("reward", "exact")):
+        if isinstance(arith, dict) and arith.get(key) == before:
+            del arith[key]
     wanted = {"task": task_settings, "model": model_settings}
     if target.exists():
         base = load_model(target)

@@ -208,3 +208,18 @@ def test_template_keeps_latex_braces(tmp_path):
                        template="Problem: {prompt}\nAnswer:", reward="exact")
     texts = {p.text for p in task.train_prompts(200, seed=0) + task.eval_prompts(50, seed=0)}
     assert "Problem: Simplify \\frac{2}{4}\nAnswer:" in texts
+
+
+def test_arithmetic_in_words_keeps_the_split_and_grades_the_last_number():
+    """A template changes what the model reads, not which problems are held out."""
+    words = ArithmeticTask(max_digits=2, reverse_answer=False, padding="none",
+                           template="What is {a} {op} {b}? Answer with the number only.", reward="numeric")
+    compact = ArithmeticTask(max_digits=2, reverse_answer=False, padding="none")
+    pw, pc = words.eval_prompts(20, seed=0), compact.eval_prompts(20, seed=0)
+    assert [p.prompt_id for p in pw] == [p.prompt_id for p in pc] and [p.answer for p in pw] == [p.answer for p in pc]
+    assert all(p.text.startswith("What is ") and p.text.endswith("number only.") for p in pw)
+    p = pw[0]
+    assert words.score(p, f"1 + 1 = {p.answer}") == 1.0 and compact.score(p, f"1 + 1 = {p.answer}") == 0.0
+    assert words.score(p, f"{p.answer} or 1") == 0.0  # the last number counts
+    with pytest.raises(ConfigError, match=r"may hold only the fields \{a\}, \{op\} and \{b\}"):
+        build(TaskConfig, {"arithmetic": {"template": "What is {x}?"}})

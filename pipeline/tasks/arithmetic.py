@@ -62,6 +62,12 @@ class ArithmeticTask(Task):
     scratchpad
         Write the work before the answer: ``a+b+carry=sum`` per digit position, lowest first,
         then ``>`` and the answer; the reward grades the answer only. Addition only.
+    template
+        The prompt as words for a pretrained chat model, with ``{a}``, ``{op}``, ``{b}`` (the
+        operands unpadded); empty: the compact ``00037+00415=``. Problem keys (and so the
+        train/eval split) stay the compact form.
+    reward
+        ``"exact"`` (the response is the answer) or ``"numeric"`` (its last number is).
     eval_share
         Share of the problem space held out for evaluation.
 
@@ -81,6 +87,13 @@ class ArithmeticTask(Task):
     ['037+415', '37+415']
     >>> ArithmeticTask(max_digits=3, scratchpad=True).make_problem(37, "+", 85).solution
     '7+5+0=12,3+8+1=12,0+0+1=01>221'
+    >>> chat = ArithmeticTask(reverse_answer=False, template="What is {a} {op} {b}?", reward="numeric")
+    >>> problem = chat.make_problem(37, "+", 415)
+    >>> chat.format_prompt(problem), problem.answer
+    ('What is 37 + 415?', '452')
+    >>> p = chat.eval_prompts(1, seed=0)[0]
+    >>> chat.score(p, f"The sum is {p.answer}."), chat.score(p, "I do not know")
+    (1.0, 0.0)
     """
 
     name = "arithmetic"
@@ -94,6 +107,8 @@ class ArithmeticTask(Task):
         reverse_answer: bool = True,
         padding: str = "max",
         scratchpad: bool = False,
+        template: str = "",
+        reward: str = "exact",
         eval_share: float = 0.1,
     ) -> None:
         super().__init__(eval_share)
@@ -114,6 +129,17 @@ class ArithmeticTask(Task):
         if scratchpad and self.ops != "+":
             raise ValueError(f"scratchpad=True writes carries of additions; ops={self.ops!r} must be '+'")
         self.scratchpad = scratchpad
+        if template:
+            try:
+                template.format(a=1, op="+", b=2)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ValueError(f"template={template!r} may hold only {{a}}, {{op}} and {{b}} ({exc!r})") from None
+        if scratchpad and template:
+            raise ValueError("scratchpad=True writes the compact form; set template='' or scratchpad=False")
+        self.template = template
+        if reward not in ("exact", "numeric"):
+            raise ValueError(f"reward={reward!r} must be 'exact' or 'numeric'")
+        self.reward = reward
         if scratchpad:
             self.sample_tokens = self.max_response_tokens(max_digits)
 
@@ -129,7 +155,8 @@ class ArithmeticTask(Task):
 
     @property
     def alphabet(self) -> str:
-        return "0123456789=" + self.ops + (SCRATCHPAD_CHARS if self.scratchpad else "")
+        words = "".join(sorted(set(self.template.format(a=0, op=self.ops, b=0)))) if self.template else ""
+        return "0123456789=" + self.ops + (SCRATCHPAD_CHARS if self.scratchpad else "") + words
 
     def make_problem(self, a: int, op: str, b: int) -> Problem:
         """The problem ``a op b`` (for tests and examples)."""
@@ -138,7 +165,8 @@ class ArithmeticTask(Task):
         width = {"none": 0, "pair": max(len(str(a)), len(str(b))), "max": self.max_digits}[self.padding]
         text = f"{a:0{width}d}{op}{b:0{width}d}"
         solution = join_steps(_carry_steps(a, b, len(text.split(op)[0])), answer) if self.scratchpad else answer
-        return Problem(key=text, text=text, answer=answer, solution=solution, difficulty=float(max(len(str(a)), len(str(b)))))
+        words = self.template.format(a=a, op=op, b=b) if self.template else text
+        return Problem(key=text, text=words, answer=answer, solution=solution, difficulty=float(max(len(str(a)), len(str(b)))))
 
     def sample_problem(self, rng: random.Random) -> Problem:
         op = rng.choice(self.ops)
@@ -152,13 +180,14 @@ class ArithmeticTask(Task):
         return self.make_problem(a, op, b)
 
     def format_prompt(self, problem: Problem) -> str:
-        return problem.text + "="
+        return problem.text if self.template else problem.text + "="
 
     def __repr__(self) -> str:
         return (
             f"ArithmeticTask(min_digits={self.min_digits}, max_digits={self.max_digits}, ops={self.ops!r}, "
             f"reverse_answer={self.reverse_answer}, padding={self.padding!r}"
-            + (", scratchpad=True)" if self.scratchpad else ")")
+            + (", scratchpad=True" if self.scratchpad else "")
+            + (f", template={self.template!r}, reward={self.reward!r})" if self.template else ")")
         )
 
 

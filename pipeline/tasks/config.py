@@ -13,6 +13,14 @@ BUILTIN_REWARDS = ("math_verify", "exact", "numeric")
 USER_REWARD = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")  # module:function
 
 
+def _template_ok(template: str) -> bool:
+    try:
+        template.format(a=1, op="+", b=2)
+    except (KeyError, IndexError, ValueError):
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class ArithmeticConfig:
     """``task.name: arithmetic``: multi-digit arithmetic, answers written backwards."""
@@ -33,6 +41,12 @@ class ArithmeticConfig:
     """Responses write the work first, one 'a+b+carry=sum' step per digit position, then '>'
     and the answer (up to 10 x max_digits + 2 tokens: set orchestrator.max_tokens and
     model.max_len to fit); the reward grades the answer only. Addition only."""
+    template: str = ""
+    """The prompt in words for a pretrained chat model, with {a}, {op} and {b} (operands
+    unpadded), e.g. 'What is {a} {op} {b}? Answer with the number only.'; empty: the compact
+    '00037+00415=' form. Set reverse_answer=false with it."""
+    reward: Literal["exact", "numeric"] = "exact"
+    """'exact': the response is the answer; 'numeric': the response's last number is."""
 
     def __post_init__(self) -> None:
         require(1 <= self.min_digits <= self.max_digits, f"task.arithmetic min_digits={self.min_digits}, "
@@ -40,6 +54,10 @@ class ArithmeticConfig:
         require(bool(self.ops) and set(self.ops) <= set("+-*"), f"task.arithmetic.ops={self.ops!r} must be a non-empty subset of '+-*'")
         require(not self.scratchpad or self.ops == "+", f"task.arithmetic.scratchpad=true writes the carries of additions; "
                 f"ops={self.ops!r} must be '+' (or set scratchpad=false)")
+        require(not (self.scratchpad and self.template), "task.arithmetic.scratchpad=true writes the compact form; "
+                "set task.arithmetic.template='' or scratchpad=false")
+        require(_template_ok(self.template), f"task.arithmetic.template={self.template!r} may hold only the fields "
+                "{a}, {op} and {b} (write literal braces as {{ and }})")
 
     @property
     def response_tokens(self) -> int:
