@@ -11,6 +11,7 @@
     python run.py bench allocation                  every allocation policy side by side (sim)
     python run.py bench allocation --config configs/bench_allocation_torch.yaml   ... on the real model
     python run.py bench rail                        SARA vs SARA + ARPO heuristic vs SARA + RAIL
+    python run.py bench recover                     branches from failed prefixes vs fresh samples
     python run.py bench engine --arch gpt2          torch engine vs transformers generate
     python run.py bench engine vllm|ray             vLLM engine vs raw AsyncLLM; Ray 2 replicas vs 1
 
@@ -85,6 +86,15 @@ def _parser() -> argparse.ArgumentParser:
     common(overhead, CONFIG_DIR / "bench_overhead.yaml")
     overhead.add_argument("--long-steps", type=int, default=None, help="steps of the long-running memory check")
     overhead.add_argument("--out", type=Path, default=Path("runs/bench_overhead"), help="output directory")
+
+    recover = bench_sub.add_parser("recover", help="success of branches from failed responses' prefixes vs fresh samples "
+                                   "(a fixed warm-started base model)")
+    common(recover, CONFIG_DIR / "default.yaml")
+    recover.add_argument("--prompts", type=int, default=400, help="held-out prompts (default: %(default)s)")
+    recover.add_argument("--branches", type=int, default=4, help="continuations per cut point (default: %(default)s)")
+    recover.add_argument("--failed-per-prompt", type=int, default=2,
+                         help="failed responses branched per prompt (default: %(default)s)")
+    recover.add_argument("--out", type=Path, default=Path("runs/bench_recover"), help="output directory (base model cached there)")
 
     bench_sub.add_parser("engine", help="the torch engine's tokens/s against transformers generate, same run "
                          "(options: python run.py bench engine --help)")
@@ -222,6 +232,18 @@ def main(argv: list[str] | None = None) -> int:
 
             cfg = load_config(args.config, args.overrides)
             run_overhead_bench(cfg, args.out, long_steps=args.long_steps, progress=not args.no_progress)
+            return 0
+        if command == "bench" and args.bench == "recover":
+            from railgate.bench.recover import measure_recoverability, render
+
+            cfg = load_config(args.config, args.overrides)
+            if cfg.engine.kind == "sim":
+                raise ConfigError(f"bench recover needs a real model; {args.config} sets engine.kind=sim: use "
+                                  "configs/default.yaml or set engine.kind=torch")
+            report = measure_recoverability(cfg, args.out, prompts=args.prompts, branches=args.branches,
+                                            failed_per_prompt=args.failed_per_prompt, progress=not args.no_progress)
+            print(render(report))
+            print(f"wrote {args.out / 'recover.md'} and {args.out / 'recover.json'}")
             return 0
         if command == "bench" and args.bench in ("allocation", "rail"):
             from railgate.bench import policies as named

@@ -1,0 +1,350 @@
+"""Is a failed trajectory worth branching from? RAIL's premise, measured on a fixed base model.
+
+``python run.py bench recover --config configs/default.yaml --set task.arithmetic.scratchpad=true
+--set orchestrator.max_tokens=64 --set model.max_len=96``
+
+1. **Groups.** The warm-started base model (``OUT/base_model``, or ``model.path``) samples a
+   group of ``group_size`` responses for each of ``prompts`` held-out prompts on the torch
+   engine, at temperature 1: step-0 accuracy, tokens per response, and per difficulty level
+   the share of all-fail, mixed and all-pass groups.
+2. **Branches.** Up to ``failed_per_prompt`` failed responses per prompt are branched from
+   three cut points, ``branches`` continuations each (a ``BranchSpec`` prefix, as RAIL's
+   branch arm sends it): *early*, the first quarter of the response's tokens; *mid*, half of
+   them; *entropy*, every token before the response's highest-entropy token (the policy's
+   entropy when it sampled that token; the first token is left out so that a prefix is never
+   empty). A branch succeeds when its completed response scores above the success threshold.
+3. **Fresh.** The same prompts get as many fresh samples (new seeds) as one cut's branches
+   (``branches`` per failed response taken): the success rate a branch has to beat. Rates are also given on the prompts whose group was all-fail,
+   the groups a branch would have to turn mixed.
+
+Every rate comes with its count and a 95% Wilson interval. Samples of one prompt are
+correlated, so the intervals are narrower than those of independent prompts: read a
+difference as real only when it is well outside both intervals.
+
+Every request has its own seed (``SamplingParams.seed``, engine seed from the run seed):
+the same config, prompts and seed give the same table up to float rounding of batch shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.seeding import derive_seed
+from pipeline.types import BranchSpec, Prompt, SampleFinished, SampleRequest, SamplingParams, TokenDelta
+
+CUTS = ("early", "mid", "entropy")
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One sampled response: its tokens (prefix included), log-probs, entropies per response
+    token (``nan`` for a branch prefix's tokens) and reward."""
+
+    prompt_index: int
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    entropies: tuple[float, ...]
+    reward: float
+    success: bool
+
+
+@dataclass
+class Rate:
+    """Successes out of trials, with a 95% Wilson interval.
+
+    >>> r = Rate(30, 100)
+    >>> round(r.rate, 2), [round(x, 3) for x in r.interval]
+    (0.3, [0.219, 0.396])
+    >>> Rate(0, 0).cell()
+    '-'
+    """
+
+    successes: int = 0
+    trials: int = 0
+
+    def add(self, success: bool) -> None:
+        self.successes += int(success)
+        self.trials += 1
+
+    @property
+    def rate(self) -> float:
+        return self.successes / self.trials if self.trials else float("nan")
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson(self.successes, self.trials)
+
+    def cell(self) -> str:
+        if not self.trials:
+            return "-"
+        lo, hi = self.interval
+        return f"{self.rate:.3f} [{lo:.3f}, {hi:.3f}] ({self.successes}/{self.trials})"
+
+
+def wilson(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (95% at z = 1.96)."""
+    if trials == 0:
+        return (0.0, 1.0)
+    p = successes / trials
+    denom = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denom
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+@dataclass
+class LevelStats:
+    """What one difficulty level measured."""
+
+    prompts: int = 0
+    accuracy: Rate = field(default_factory=Rate)
+    all_fail: int = 0
+    mixed: int = 0
+    all_pass: int = 0
+    tokens: int = 0
+    fresh: Rate = field(default_factory=Rate)
+    fresh_all_fail: Rate = field(default_factory=Rate)
+    branch: dict[str, Rate] = field(default_factory=lambda: {c: Rate() for c in CUTS})
+    branch_all_fail: dict[str, Rate] = field(default_factory=lambda: {c: Rate() for c in CUTS})
+    prefix_tokens: dict[str, int] = field(default_factory=lambda: {c: 0 for c in CUTS})
+    recovered_groups: dict[str, int] = field(default_factory=lambda: {c: 0 for c in CUTS})  # all-fail groups a branch turned mixed
+    fresh_recovered_groups: int = 0
+
+
+def cut_position(cut: str, entropies: tuple[float, ...]) -> int:
+    """How many response tokens a branch at ``cut`` keeps (0: no branch possible).
+
+    >>> [cut_position(c, (0.1, 0.9, 0.2, 0.5, 0.3, 0.1, 0.0, 0.2)) for c in CUTS]
+    [2, 4, 1]
+    >>> cut_position("entropy", (2.0, 0.1, 0.3))  # the first token is never the cut
+    2
+    >>> cut_position("early", (0.5,))
+    0
+    """
+    n = len(entropies)
+    if n < 2:
+        return 0
+    if cut == "early":
+        return max(1, n // 4)
+    if cut == "mid":
+        return max(1, n // 2)
+    if cut == "entropy":
+        return max(range(1, n), key=lambda t: (entropies[t], -t))
+    raise ValueError(f"cut={cut!r} is not one of {', '.join(CUTS)}")
+
+
+async def _sample_all(engine, requests: list[SampleRequest], concurrency: int) -> list[tuple[SampleFinished, tuple[float, ...]]]:
+    """Stream every request through ``engine`` (at most ``concurrency`` at once); the final
+    event of each, with the entropies of its generated tokens."""
+    import anyio
+
+    out: list[Any] = [None] * len(requests)
+    limit = anyio.Semaphore(concurrency)
+
+    async def one(i: int, request: SampleRequest) -> None:
+        async with limit:
+            entropies: list[float] = []
+            async for event in engine.stream(request):
+                if isinstance(event, TokenDelta):
+                    entropies.extend(event.entropies or (float("nan"),) * len(event.token_ids))
+                elif isinstance(event, SampleFinished):
+                    out[i] = (event, tuple(entropies))
+
+    async with anyio.create_task_group() as tg:
+        for i, request in enumerate(requests):
+            tg.start_soon(one, i, request)
+    return out
+
+
+def _response(event: SampleFinished, eos_id: int | None) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    ids, lps = tuple(event.token_ids), tuple(event.logprobs)
+    if ids and ids[-1] == eos_id:
+        ids, lps = ids[:-1], lps[:-1]
+    return ids, lps
+
+
+def measure_recoverability(cfg, out: Path, prompts: int = 400, branches: int = 4, failed_per_prompt: int = 2,
+                           progress: bool = True) -> dict[str, Any]:
+    """Run the measurement of the module docstring for run config ``cfg``; returns the report
+    (also written to ``OUT/recover.json`` and ``OUT/recover.md``)."""
+    import copy
+
+    import anyio
+    import torch
+
+    from pipeline.engines.torch_engine import TorchEngine
+    from pipeline.models import BASE_DIR_NAME, ensure_base_model
+    from pipeline.tasks import build_task
+    from railgate.build import _torch_kwargs
+
+    if prompts < 1 or branches < 1 or failed_per_prompt < 1:
+        from pipeline.configuration import ConfigError
+
+        raise ConfigError(f"--prompts={prompts}, --branches={branches} and --failed-per-prompt={failed_per_prompt} must be >= 1")
+    out.mkdir(parents=True, exist_ok=True)
+    task = build_task(cfg.task)
+    started = time.perf_counter()
+    base = ensure_base_model(out, cfg.task, cfg.model, progress=progress)
+    warm_s = time.perf_counter() - started
+    tok = base.tokenizer
+    scorer = task.scorer(tok.decode)
+    threshold = cfg.task.success_threshold
+    max_tokens = cfg.orchestrator.max_tokens
+    torch.set_num_threads(cfg.torch_engine.threads)
+    context = base.context_length if cfg.model.path else None
+    engine = TorchEngine(copy.deepcopy(base.model), tok.eos_id, **_torch_kwargs(cfg, context))
+    concurrency = cfg.torch_engine.max_batch
+    seed = derive_seed(cfg.seed, "recover")
+    group_size = cfg.orchestrator.group_size
+    plist: list[Prompt] = task.eval_prompts(prompts, seed=cfg.seed, encode=tok.encode_prompt)
+
+    def request(rid: str, i: int, k: int, branch: BranchSpec | None = None) -> SampleRequest:
+        params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=seed)
+        return SampleRequest(rid, group_id=i, sample_index=k, prompt=plist[i], params=params, branch=branch)
+
+    def run(requests: list[SampleRequest]) -> list[Trajectory]:
+        results = anyio.run(_sample_all, engine, requests, concurrency)
+        trajectories = []
+        for req, (event, ents) in zip(requests, results):
+            if event.error:
+                raise RuntimeError(f"request {req.request_id} failed in the engine: {event.error}")
+            ids, lps = _response(event, tok.eos_id)
+            prefix = req.branch.prefix_len if req.branch is not None else 0
+            ents = ((float("nan"),) * prefix + ents)[: len(ids)]
+            reward = float(scorer(req.prompt, ids))
+            trajectories.append(Trajectory(req.group_id, ids, lps, ents, reward, reward > threshold))
+        return trajectories
+
+    try:
+        t0 = time.perf_counter()
+        groups = run([request(f"g{i}.s{k}", i, k) for i in range(len(plist)) for k in range(group_size)])
+        by_prompt: list[list[Trajectory]] = [groups[i * group_size:(i + 1) * group_size] for i in range(len(plist))]
+        branch_reqs: list[tuple[str, SampleRequest]] = []
+        fresh_reqs: list[SampleRequest] = []
+        for i, group in enumerate(by_prompt):
+            failed = [(k, t) for k, t in enumerate(group) if not t.success][:failed_per_prompt]
+            if not failed:
+                continue
+            fresh_reqs += [request(f"f{i}.{j}", i, j) for j in range(branches * len(failed))]
+            for k, traj in failed:
+                for cut in CUTS:
+                    pos = cut_position(cut, traj.entropies)
+                    if pos < 1 or pos >= max_tokens:
+                        continue
+                    spec = BranchSpec(f"g{i}.s{k}", pos, traj.token_ids[:pos], traj.logprobs[:pos])
+                    branch_reqs += [(cut, request(f"b{i}.{k}.{cut}.{j}", i, k, spec)) for j in range(branches)]
+        fresh = run(fresh_reqs)
+        branched = run([r for _, r in branch_reqs])
+        sample_s = time.perf_counter() - t0
+    finally:
+        anyio.run(engine.aclose)
+
+    levels: dict[float, LevelStats] = {}
+    total = LevelStats()
+    all_fail = set()
+    for i, group in enumerate(by_prompt):
+        wins = sum(t.success for t in group)
+        for stats in (levels.setdefault(plist[i].difficulty, LevelStats()), total):
+            stats.prompts += 1
+            for t in group:
+                stats.accuracy.add(t.success)
+                stats.tokens += len(t.token_ids)
+            if wins == 0:
+                stats.all_fail += 1
+            elif wins == group_size:
+                stats.all_pass += 1
+            else:
+                stats.mixed += 1
+        if wins == 0:
+            all_fail.add(i)
+    fresh_wins: dict[int, bool] = {}
+    for t in fresh:
+        fresh_wins[t.prompt_index] = fresh_wins.get(t.prompt_index, False) or t.success
+        for stats in (levels[plist[t.prompt_index].difficulty], total):
+            stats.fresh.add(t.success)
+            if t.prompt_index in all_fail:
+                stats.fresh_all_fail.add(t.success)
+    for i in all_fail:
+        if fresh_wins.get(i):
+            levels[plist[i].difficulty].fresh_recovered_groups += 1
+            total.fresh_recovered_groups += 1
+    branch_wins: dict[tuple[int, str], bool] = {}
+    for (cut, req), t in zip(branch_reqs, branched):
+        key = (t.prompt_index, cut)
+        branch_wins[key] = branch_wins.get(key, False) or t.success
+        for stats in (levels[plist[t.prompt_index].difficulty], total):
+            stats.branch[cut].add(t.success)
+            stats.prefix_tokens[cut] += req.branch.prefix_len
+            if t.prompt_index in all_fail:
+                stats.branch_all_fail[cut].add(t.success)
+    for (i, cut), won in branch_wins.items():
+        if won and i in all_fail:
+            levels[plist[i].difficulty].recovered_groups[cut] += 1
+            total.recovered_groups[cut] += 1
+
+    report = {
+        "task": repr(task), "base_model": str(cfg.model.path or out / BASE_DIR_NAME),
+        "warm_start": base.meta.get("warm_start"), "warm_start_wall_s": warm_s, "sampling_wall_s": sample_s,
+        "prompts": len(plist), "group_size": group_size, "branches": branches, "failed_per_prompt": failed_per_prompt,
+        "max_tokens": max_tokens, "seed": cfg.seed, "samples": len(groups) + len(fresh) + len(branched),
+        "levels": {str(d): _stats_dict(s) for d, s in sorted(levels.items())}, "all": _stats_dict(total),
+    }
+    (out / "recover.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "recover.md").write_text(render(report) + "\n")
+    return report
+
+
+def _stats_dict(s: LevelStats) -> dict[str, Any]:
+    def rate(r: Rate) -> dict[str, Any]:
+        return {"successes": r.successes, "trials": r.trials, "rate": r.rate, "ci95": list(r.interval)}
+
+    d = asdict(s)
+    d["accuracy"], d["fresh"], d["fresh_all_fail"] = rate(s.accuracy), rate(s.fresh), rate(s.fresh_all_fail)
+    d["branch"] = {c: rate(r) for c, r in s.branch.items()}
+    d["branch_all_fail"] = {c: rate(r) for c, r in s.branch_all_fail.items()}
+    d["tokens_per_response"] = s.tokens / max(1, s.accuracy.trials)
+    d["mean_prefix_tokens"] = {c: s.prefix_tokens[c] / max(1, s.branch[c].trials) for c in CUTS}
+    return d
+
+
+def _cell(r: dict[str, Any]) -> str:
+    if not r["trials"]:
+        return "-"
+    lo, hi = r["ci95"]
+    return f"{r['rate']:.3f} [{lo:.2f}, {hi:.2f}] ({r['successes']}/{r['trials']})"
+
+
+def render(report: dict[str, Any]) -> str:
+    """The report as Markdown tables: the base model's profile, then branch against fresh."""
+    rows = list(report["levels"].items()) + [("all", report["all"])]
+    lines = [f"{report['task']}; {report['prompts']} held-out prompts, groups of {report['group_size']}, "
+             f"{report['branches']} branches per cut of up to {report['failed_per_prompt']} failed responses per prompt, "
+             f"seed {report['seed']}, {report['samples']} samples in {report['sampling_wall_s']:.0f} s", "",
+             "| level | prompts | step-0 accuracy | all-fail | mixed | all-pass | tokens/response |",
+             "|---|---|---|---|---|---|---|"]
+    for name, s in rows:
+        n = max(1, s["prompts"])
+        lines.append(f"| {name} | {s['prompts']} | {_cell(s['accuracy'])} | {s['all_fail'] / n:.2f} | {s['mixed'] / n:.2f} | "
+                     f"{s['all_pass'] / n:.2f} | {s['tokens_per_response']:.1f} |")
+    lines += ["", "Success rate of a branch from a failed response's prefix, against a fresh sample of the same prompts "
+              "(rate [95% interval] (successes/trials); prefix: mean tokens kept):", "",
+              "| level | fresh | early | mid | entropy | prefix early/mid/entropy |", "|---|---|---|---|---|---|"]
+    for name, s in rows:
+        p = s["mean_prefix_tokens"]
+        lines.append(f"| {name} | {_cell(s['fresh'])} | " + " | ".join(_cell(s["branch"][c]) for c in CUTS)
+                     + f" | {p['early']:.1f} / {p['mid']:.1f} / {p['entropy']:.1f} |")
+    lines += ["", "The same on prompts whose group was all-fail; groups: all-fail groups that at least one of the "
+              "prompt's branches (or fresh samples) at that cut turned mixed:", "",
+              "| level | all-fail groups | fresh | early | mid | entropy | groups fresh / early / mid / entropy |",
+              "|---|---|---|---|---|---|---|"]
+    for name, s in rows:
+        g = s["recovered_groups"]
+        lines.append(f"| {name} | {s['all_fail']} | {_cell(s['fresh_all_fail'])} | "
+                     + " | ".join(_cell(s["branch_all_fail"][c]) for c in CUTS)
+                     + f" | {s['fresh_recovered_groups']} / {g['early']} / {g['mid']} / {g['entropy']} |")
+    return "\n".join(lines)
