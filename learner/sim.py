@@ -13,11 +13,12 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.protocols import Learner
 from pipeline.simworld import SimPolicyState, SimWorld
 from pipeline.types import StepResult, TrainBatch
 
 
-class SimLearner:
+class SimLearner(Learner):
     """Moves the simulated policy from the rewards of committed groups.
 
     >>> from pipeline.config import SimConfig

@@ -9,7 +9,10 @@ Columns (``STEPS.schema``)::
     step int64, prompt_id int64, group_id int64, sample_index int32, request_id string,
     prompt_token_ids list<int32>, token_ids list<int32>, logprobs list<float32>,
     reward float64, finish_reason int8 (FinishReason value), policy_version int64,
-    advantage float32 (null when not given), group_launched int64, group_tokens int64
+    advantage float32 (the learner's, null from a learner without them), group_launched int64, group_tokens int64
+
+The orchestrator trains on each batch from memory and writes it here behind the learner step,
+with ``Learner.advantages`` (null for the simulator's learner, which computes none).
 
 Precision: ``logprobs`` are float32, the precision models compute them in, so log-probs that
 came from a float32 tensor round-trip exactly and others are rounded to the nearest float32

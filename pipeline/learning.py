@@ -1,7 +1,8 @@
 """One learner step as the orchestrator runs it: train, record, push weights, measure, evaluate.
 
-``LearnerStep`` trains on a ``TrainBatch`` (in a worker thread, or inline on the simulator's
-virtual clock), writes it to the Arrow buffer, pushes the new weights into the engine, writes
+``LearnerStep`` trains on a ``TrainBatch`` from memory (in a worker thread, or inline on the
+simulator's virtual clock), then records it in the buffer (``pipeline.buffer.ArrowBuffer``:
+Arrow segments on disk) with the learner's advantages, pushes the new weights into the engine, writes
 the step's metrics (the budget, the learner's, the gate's and the controller's, namespaced),
 evaluates every ``eval_every`` steps, and keeps the evaluation records. A held-out accuracy at
 or above ``orchestrator.target_accuracy`` stops the run through the tracker's ``stop_reason``.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import anyio.to_thread
 
@@ -20,7 +21,7 @@ from pipeline.clock import VirtualClock, WallClock
 from pipeline.config import OrchestratorConfig
 from pipeline.engines.base import Engine
 from pipeline.metrics import MetricsWriter, NullMetricsWriter
-from pipeline.protocols import Evaluator, Learner
+from pipeline.protocols import Buffer, Evaluator, Learner
 from pipeline.scoring import ScoringService
 from pipeline.tracker import GroupTracker
 from pipeline.types import StepResult, TrainBatch
@@ -43,7 +44,7 @@ class LearnerStep:
         clock: VirtualClock | WallClock,
         scoring: ScoringService,
         evaluator: Evaluator | None = None,
-        buffer: Any = None,
+        buffer: Buffer | None = None,
         metrics: MetricsWriter | NullMetricsWriter | None = None,
         on_step: Callable[[int, dict[str, float]], None] | None = None,
         checkpoint_due: Callable[[int], bool] = lambda step: False,
@@ -66,16 +67,8 @@ class LearnerStep:
     async def __call__(self, batch: TrainBatch, in_thread: bool) -> tuple[TrainBatch, StepResult, dict | None]:
         """One step on ``batch``: the batch trained on, the learner's result, and its state
         when a checkpoint is due after this step (else None)."""
-        budget = self.tracker.budget
-        budget.tokens_trained += sum(g.trained_tokens for g in batch.groups)  # before the buffer drops it
-        if in_thread:
-            if self.buffer is not None:
-                batch = await anyio.to_thread.run_sync(self._through_buffer, batch)
-            result = await anyio.to_thread.run_sync(self.learner.step, batch)
-        else:
-            if self.buffer is not None:
-                batch = self._through_buffer(batch)
-            result = self.learner.step(batch)
+        self.tracker.budget.tokens_trained += sum(g.trained_tokens for g in batch.groups)
+        result = await anyio.to_thread.run_sync(self._train, batch) if in_thread else self._train(batch)
         await self.engine.update_weights(self.learner.weights())
         metrics = self._step_metrics(batch, result)
         step = batch.step + 1
@@ -92,9 +85,12 @@ class LearnerStep:
             self.on_step(step, metrics)
         return batch, result, learner_state
 
-    def _through_buffer(self, batch: TrainBatch) -> TrainBatch:
-        record_batch = self.buffer.put(batch)
-        return self.buffer.to_train_batch(record_batch)
+    def _train(self, batch: TrainBatch) -> StepResult:
+        """The learner's step on the batch as it is, then the batch into the buffer behind it."""
+        result = self.learner.step(batch)
+        if self.buffer is not None:
+            self.buffer.put(batch, self.learner.advantages(batch))
+        return result
 
     def _step_metrics(self, batch: TrainBatch, result: StepResult) -> dict[str, float]:
         version = self.engine.policy_version
@@ -112,7 +108,7 @@ class LearnerStep:
             **result.metrics,
             "pipeline/step_staleness_max": float(max(stale, default=0)),
             "pipeline/batch_effective_fraction": sum(g.is_effective for g in batch.groups) / max(1, len(batch.groups)),
-            "pipeline/open_groups": float(self.tracker.open_groups),
+            "pipeline/open_groups": float(len(self.tracker.groups)),
             "pipeline/engine_time": float(self.clock.now()),
             "pipeline/step_wall_s": now - self._step_started,
             "engine/policy_version": float(version),

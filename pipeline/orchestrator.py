@@ -39,47 +39,16 @@ from pipeline.decisions import NullSink  # noqa: F401  (re-exported: older impor
 from pipeline.engines.base import Engine
 from pipeline.group import GroupRun
 from pipeline.hooktimer import HookTimer
+from pipeline.inbox import ControllerActions, SampleDone, StepDone
 from pipeline.learning import LearnerStep
 from pipeline.metrics import Budget, MetricsWriter, NullMetricsWriter
-from pipeline.protocols import Controller, DecisionSink, Evaluator, Gate, Learner
+from pipeline.protocols import Buffer, Controller, DecisionSink, Evaluator, Gate, Learner
 from pipeline.scoring import ScoringService
-from pipeline.tracker import GateStalled, GroupTracker, Launch, TrackerOutput  # noqa: F401  (GateStalled re-exported)
-from pipeline.types import (
-    FinishReason,
-    GroupAction,
-    SampleFinished,
-    SampleRequest,
-    ScoredSample,
-    StepResult,
-    TokenDelta,
-    TrainBatch,
-)
+from pipeline.tracker import GateStalled, GroupTracker, TrackerOutput  # noqa: F401  (GateStalled re-exported)
+from pipeline.types import FinishReason, SampleFinished, SampleRequest, ScoredSample, TokenDelta, TrainBatch
 
 # How long a cancelled sample's cleanup may wait for the engine to confirm its abort.
 _ABORT_GRACE_S = 5.0
-
-
-@dataclass(frozen=True)
-class SampleDone:
-    """Inbox: a sample ended and was scored."""
-
-    scored: ScoredSample
-
-
-@dataclass(frozen=True)
-class StepDone:
-    """Inbox: the learner finished a step."""
-
-    batch: TrainBatch
-    result: StepResult
-    learner_state: dict | None = None  # taken between steps, when a checkpoint is due
-
-
-@dataclass(frozen=True)
-class ControllerActions:
-    """Inbox: actions the controller chose at a token-level decision point."""
-
-    actions: tuple[GroupAction, ...]
 
 
 @dataclass
@@ -98,7 +67,7 @@ class RunSummary:
 class Orchestrator:
     """Runs ``config.steps`` learner steps of online RL; see the module docstring.
 
-    ``buffer`` (an ``ArrowBuffer``) is optional: with it every batch goes to disk. ``on_step``
+    ``buffer`` (an ``ArrowBuffer``) is optional: with it every trained batch goes to disk. ``on_step``
     is called after each step with the step's metrics (progress bars). ``checkpoint`` is called
     with ``state_dict`` every ``checkpoint_every`` steps; ``resume_state`` (such a dict)
     continues a run. ``railgate.build.build_orchestrator`` wires one from a run config.
@@ -115,7 +84,7 @@ class Orchestrator:
         config: OrchestratorConfig,
         evaluator: Evaluator | None = None,
         clock: VirtualClock | WallClock | None = None,
-        buffer: Any = None,
+        buffer: Buffer | None = None,
         trace: DecisionSink | None = None,
         metrics: MetricsWriter | NullMetricsWriter | None = None,
         on_step: Callable[[int, dict[str, float]], None] | None = None,

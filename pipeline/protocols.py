@@ -152,6 +152,11 @@ class Learner(Protocol):
         """What ``Engine.update_weights`` takes."""
         ...
 
+    def advantages(self, batch: TrainBatch) -> Sequence[Sequence[float]] | None:
+        """Per-rollout advantages of ``batch``, group by group, as the learner computes them
+        (the buffer records them); None (the default) when it has none, as the simulator's."""
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         ...
 

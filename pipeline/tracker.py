@@ -44,20 +44,8 @@ from pipeline.hooktimer import HookTimer
 from pipeline.metrics import Budget
 from pipeline.protocols import Controller, DecisionSink, Gate
 from pipeline.seeding import sample_seed
-from pipeline.types import (
-    ActionKind,
-    BranchSpec,
-    CommittedGroup,
-    FinishReason,
-    GroupAction,
-    SampleFinished,
-    SampleRequest,
-    SamplingParams,
-    ScoredSample,
-    TokenDelta,
-    TrainBatch,
-)
-
+from pipeline.types import (ActionKind, BranchSpec, CommittedGroup, FinishReason, GroupAction, SampleFinished,
+                            SampleRequest, SamplingParams, ScoredSample, TokenDelta, TrainBatch)
 
 
 class GateStalled(RuntimeError):
@@ -141,10 +129,6 @@ class GroupTracker:
         return self._next_group_id
 
     @property
-    def open_groups(self) -> int:
-        return len(self._groups)
-
-    @property
     def in_flight(self) -> int:
         return self._in_flight
 
@@ -167,9 +151,7 @@ class GroupTracker:
         # Every open group may still commit, so open groups count against the step-ahead limit.
         committed_ahead = (self._batches_sent - self._steps_done) * b + len(self.pending) + len(self._groups)
         still_needed = cfg.steps * b - (self._batches_sent * b + len(self.pending) + self._sealed_open)
-        if committed_ahead >= (cfg.max_async_steps + 1) * b or still_needed <= 0 or self.stop_reason:
-            return self._output()
-        if self.budget_spent():
+        if committed_ahead >= (cfg.max_async_steps + 1) * b or still_needed <= 0 or self.stop_reason or self.budget_spent():
             return self._output()
         free = cfg.max_concurrent_samples - self._in_flight - len(self._launch_queue)
         room = (cfg.max_async_steps + 1) * b - committed_ahead

@@ -13,6 +13,7 @@ from controller.gates.uniform import UniformGate
 from controller.noop import NoopController
 from controller.prompts import PromptPool
 from learner.sim import SimLearner
+from pipeline.buffer import ArrowBuffer, read_all
 from pipeline.clock import VirtualClock, WallClock
 from pipeline.config import OrchestratorConfig, SimConfig
 from pipeline.engines.sim import SimEngine
@@ -24,7 +25,8 @@ from pipeline.types import ActionKind, GroupAction, GroupPlan, SampleFinished
 SMALL = OrchestratorConfig(batch_groups=8, group_size=4, steps=5, max_concurrent_samples=64, max_open_groups=32, eval_every=5)
 
 
-def make(cfg=SMALL, sim=None, gate=None, scorer=None, fail_every=0, realtime=False, timeout_s=5.0):
+def make(cfg=SMALL, sim=None, gate=None, scorer=None, fail_every=0, realtime=False, timeout_s=5.0, learner=None,
+         buffer=None):
     world = SimWorld(sim or SimConfig(num_prompts=256, num_eval_prompts=64, seed=3))
     clock = WallClock() if realtime else VirtualClock()
     engine = SimEngine(world, clock=clock, fail_every=fail_every)
@@ -34,8 +36,9 @@ def make(cfg=SMALL, sim=None, gate=None, scorer=None, fail_every=0, realtime=Fal
         gate=gate(pool) if gate else UniformGate(pool, cfg.group_size),
         controller=NoopController(),
         scoring=ScoringService(scorer or SimAnswerScorer(), timeout_s, 2),
-        learner=SimLearner(world, cfg.group_size, seed=0),
+        learner=(learner or SimLearner)(world, cfg.group_size, seed=0),
         config=cfg,
+        buffer=buffer,
         evaluator=SimEvaluator(world, engine),
         clock=clock,
         seed=7,
@@ -238,3 +241,30 @@ def test_stop_at_target_accuracy():
     assert summary.steps < 200
     assert "target accuracy" in summary.stop_reason
     assert summary.evals[-1]["eval/accuracy"] >= 0.52
+
+
+class AdvantageLearner(SimLearner):
+    """Keeps the batches it trains on; its advantages number each group's rollouts."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batches = []
+
+    def step(self, batch):
+        self.batches.append(batch)
+        return super().step(batch)
+
+    def advantages(self, batch):
+        return [[float(i) for i in range(len(g.rollouts))] for g in batch.groups]
+
+
+def test_the_learner_trains_from_memory_and_the_buffer_records_its_advantages(tmp_path):
+    with ArrowBuffer(tmp_path) as buffer:
+        orch, _ = make(cfg=dataclasses.replace(SMALL, steps=2), learner=AdvantageLearner, buffer=buffer)
+        anyio.run(orch.run)
+    learner = orch.learn.learner
+    trained = [g for batch in learner.batches for g in batch.groups]
+    assert len(learner.batches) == 2 and all(g.trained_tokens > 0 for g in trained)  # an Arrow round trip drops them
+    table = read_all(tmp_path)
+    assert table.column("group_id").to_pylist() == [g.group_id for g in trained for _ in g.rollouts]
+    assert table.column("advantage").to_pylist() == [float(i) for g in trained for i in range(len(g.rollouts))]
