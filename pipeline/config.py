@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pipeline.configuration import require
+from pipeline.configuration import at_most, require
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,12 @@ class SimConfig:
         require(self.chunk_tokens >= 1, f"sim.chunk_tokens={self.chunk_tokens} must be >= 1")
         require(self.vocab_size > 3, f"sim.vocab_size={self.vocab_size} must be > 3")
         require(self.decode_tokens_per_s > 0, "sim.decode_tokens_per_s must be > 0")
+        require(self.length_spread >= 0, f"sim.length_spread={self.length_spread} must be >= 0")
+        require(self.prefill_s >= 0, f"sim.prefill_s={self.prefill_s} must be >= 0")
+        require(self.drift_std >= 0, f"sim.drift_std={self.drift_std} must be >= 0")
+        for key, limit in (("num_prompts", 10**7), ("num_eval_prompts", 10**7), ("vocab_size", 1 << 24),
+                           ("chunk_tokens", 1 << 20), ("length_success", 1 << 20), ("length_failure", 1 << 20)):
+            at_most(f"sim.{key}", getattr(self, key), limit)
 
 
 @dataclass(frozen=True)
@@ -177,6 +183,15 @@ class OrchestratorConfig:
         require(self.reward_threads >= 1, f"orchestrator.reward_threads={self.reward_threads} must be >= 1")
         require(self.steps >= 1, f"orchestrator.steps={self.steps} must be >= 1")
         require(0 <= self.target_accuracy <= 1, f"orchestrator.target_accuracy={self.target_accuracy} must be in [0, 1]")
+        require(self.temperature > 0, f"orchestrator.temperature={self.temperature} must be > 0; use a small value like "
+                "0.01 for near-greedy sampling")
+        require(0 < self.top_p <= 1, f"orchestrator.top_p={self.top_p} must be in (0, 1]; 1 = no nucleus cut")
+        require(self.max_rollouts >= 0, f"orchestrator.max_rollouts={self.max_rollouts} must be >= 0 (0 = no limit)")
+        require(self.eval_every >= 0, f"orchestrator.eval_every={self.eval_every} must be >= 0 (0 = only at the end)")
+        for key, limit in (("batch_groups", 65536), ("group_size", 4096), ("max_tokens", 1 << 20), ("steps", 10**8),
+                           ("max_concurrent_samples", 1 << 20), ("max_open_groups", 1 << 20), ("stream_buffer", 1 << 20),
+                           ("reward_threads", 1024)):
+            at_most(f"orchestrator.{key}", getattr(self, key), limit)
 
 
 @dataclass(frozen=True)
@@ -221,6 +236,8 @@ class TorchEngineConfig:
         require(self.max_batch >= 1, f"torch_engine.max_batch={self.max_batch} must be >= 1")
         require(self.delta_tokens >= 1, f"torch_engine.delta_tokens={self.delta_tokens} must be >= 1")
         require(self.threads >= 1, f"torch_engine.threads={self.threads} must be >= 1")
+        at_most("torch_engine.max_batch", self.max_batch, 1 << 16)
+        at_most("torch_engine.threads", self.threads, 1024)
 
 
 @dataclass(frozen=True)
@@ -243,3 +260,5 @@ class DataConfig:
         require(self.num_eval_prompts >= 1, f"data.num_eval_prompts={self.num_eval_prompts} must be >= 1")
         require(self.eval_samples >= 1, f"data.eval_samples={self.eval_samples} must be >= 1")
         require(self.eval_temperature > 0, f"data.eval_temperature={self.eval_temperature} must be > 0")
+        for key, limit in (("num_train_prompts", 10**7), ("num_eval_prompts", 10**7), ("eval_samples", 4096)):
+            at_most(f"data.{key}", getattr(self, key), limit)

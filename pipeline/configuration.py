@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -83,9 +84,14 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {p} does not exist; pass an existing file to --config "
                           f"(the shipped ones are in {CONFIG_DIR})")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = parse_yaml(p.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {p} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+                          f"{exc.start}); save it as UTF-8") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {p} is not valid YAML: {exc}") from exc
+        raise ConfigError(f"config file {p} is not valid YAML: {shorten(str(exc), 300)}") from None
+    except ConfigError as exc:
+        raise ConfigError(f"config file {p}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {p} must hold a mapping at the top level, got {type(data).__name__}")
     return data
@@ -107,8 +113,52 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if not isinstance(child, dict):
                 raise ConfigError(f"--set {item!r}: '{part}' is a value, not a section")
             node = child
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+        try:
+            node[parts[-1]] = parse_yaml(raw) if raw.strip() else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {shorten(item)}: the value is not a YAML scalar or list "
+                              f"({shorten(str(exc).splitlines()[0], 120)}); quote it") from None
+        except ConfigError as exc:
+            raise ConfigError(f"--set {shorten(item)}: {exc}") from None
     return out
+
+
+MAX_YAML_ALIASES = 100
+"""Aliases (``*name``) one YAML document may use; a few are handy, thousands are an alias bomb."""
+
+
+class _LimitedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a document using more than ``MAX_YAML_ALIASES`` aliases,
+    before anything is expanded: nested aliases ("a billion laughs") would otherwise build a
+    structure exponentially larger than the file, which copying and validating never finish."""
+
+    def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
+        if self.check_event(yaml.AliasEvent):
+            self._aliases = getattr(self, "_aliases", 0) + 1
+            if self._aliases > MAX_YAML_ALIASES:
+                mark = self.peek_event().start_mark
+                raise ConfigError(f"the YAML uses more than {MAX_YAML_ALIASES} aliases (*name) by line {mark.line + 1}: "
+                                  "an alias bomb? write the values out")
+        return super().compose_node(parent, index)
+
+
+def parse_yaml(text: str) -> Any:
+    """``yaml.safe_load`` with the alias limit of ``_LimitedLoader``.
+
+    >>> parse_yaml("a: &x [1, 2]\\nb: *x")
+    {'a': [1, 2], 'b': [1, 2]}
+    >>> bomb = "a: &a [x, x]\\n" + "".join(f"{c}: &{c} [*{p}, *{p}]\\n" for p, c in zip("abcdefgh", "bcdefghi"))
+    >>> bomb += "j: [" + ", ".join(["*i"] * 100) + "]"
+    >>> parse_yaml(bomb)
+    Traceback (most recent call last):
+    ...
+    pipeline.configuration.ConfigError: the YAML uses more than 100 aliases (*name) by line 10: an alias bomb? write the values out
+    """
+    loader = _LimitedLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -126,6 +176,18 @@ def require(condition: bool, message: str) -> None:
     """Raise ``ConfigError(message)`` unless ``condition``; for ``__post_init__`` checks."""
     if not condition:
         raise ConfigError(message)
+
+
+def at_most(key: str, value: float, limit: float) -> None:
+    """``ConfigError`` when ``value`` is above ``limit``: sizes far past any real run are typos
+    (an extra digit or two), and would otherwise allocate or loop until memory or patience ends.
+
+    >>> at_most("orchestrator.batch_groups", 10**9, 65536)
+    Traceback (most recent call last):
+    ...
+    pipeline.configuration.ConfigError: orchestrator.batch_groups=1000000000 is above its limit of 65536; check for a typo
+    """
+    require(value <= limit, f"{key}={value} is above its limit of {limit}; check for a typo")
 
 
 def shorten(value: Any, limit: int = 60) -> str:
@@ -161,7 +223,7 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         if dataclasses.is_dataclass(value):
             return value
         if not isinstance(value, dict):
-            raise ConfigError(f"'{path}' must be a section (mapping), got {value!r}")
+            raise ConfigError(f"'{path}' must be a section (mapping), got {shorten(value)}")
         return build(tp, value, path)
     if origin in (typing.Union, types.UnionType):
         args = get_args(tp)
@@ -175,15 +237,15 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
                 return _coerce(arg, value, path)
             except ConfigError as exc:
                 errors.append(str(exc))
-        raise ConfigError(errors[0] if errors else f"'{path}'={value!r} has the wrong type")
+        raise ConfigError(errors[0] if errors else f"'{path}'={shorten(value)} has the wrong type")
     if origin is Literal:
         allowed = get_args(tp)
         if value not in allowed:
-            raise ConfigError(f"'{path}'={value!r} is not one of {', '.join(map(repr, allowed))}")
+            raise ConfigError(f"'{path}'={shorten(value)} is not one of {', '.join(map(repr, allowed))}")
         return value
     if origin in (tuple, list):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"'{path}' must be a list, got {value!r}")
+            raise ConfigError(f"'{path}' must be a list, got {shorten(value)}")
         args = get_args(tp)
         if origin is tuple and args and args[-1] is not Ellipsis and len(args) != len(value):
             raise ConfigError(f"'{path}' must have {len(args)} items, got {len(value)}")
@@ -192,26 +254,28 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         return tuple(items) if origin is tuple else items
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"'{path}' must be a mapping, got {value!r}")
+            raise ConfigError(f"'{path}' must be a mapping, got {shorten(value)}")
         return dict(value)
     if tp is bool:
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
             return value.lower() in ("true", "yes", "1")
-        raise ConfigError(f"'{path}'={value!r} must be true or false")
+        raise ConfigError(f"'{path}'={shorten(value)} must be true or false")
     if tp in (int, float):
         if isinstance(value, bool):
-            raise ConfigError(f"'{path}'={value!r} must be a number, not a boolean")
+            raise ConfigError(f"'{path}'={shorten(value)} must be a number, not a boolean")
         try:
             number = tp(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"'{path}'={value!r} must be {'an integer' if tp is int else 'a number'}") from None
+        except (TypeError, ValueError, OverflowError):
+            raise ConfigError(f"'{path}'={shorten(value)} must be {'an integer' if tp is int else 'a number'}") from None
+        if tp is float and not math.isfinite(number):
+            raise ConfigError(f"'{path}'={shorten(value)} must be a finite number (not NaN or infinity)")
         if tp is int and isinstance(value, float) and not value.is_integer():
-            raise ConfigError(f"'{path}'={value!r} must be an integer")
+            raise ConfigError(f"'{path}'={shorten(value)} must be an integer")
         return number
     if tp is str:
         if isinstance(value, (dict, list)):
-            raise ConfigError(f"'{path}' must be a string, got {value!r}")
+            raise ConfigError(f"'{path}' must be a string, got {shorten(value)}")
         return str(value)
     return value

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.configuration import require
+from pipeline.configuration import at_most, require
 
 
 @dataclass(frozen=True)
@@ -55,3 +55,6 @@ class BaseModelConfig:
         require(self.warm_start_lr > 0, f"model.warm_start_lr={self.warm_start_lr} must be > 0")
         require(0 <= self.warm_start_target < 1, f"model.warm_start_target={self.warm_start_target} must be in [0, 1)")
         require(self.threads >= 1, f"model.threads={self.threads} must be >= 1")
+        for key, limit in (("d_model", 1 << 16), ("n_layers", 1024), ("n_heads", 1024), ("max_len", 1 << 20),
+                           ("warm_start_batch", 1 << 16), ("warm_start_steps", 10**8), ("threads", 1024)):
+            at_most(f"model.{key}", getattr(self, key), limit)
