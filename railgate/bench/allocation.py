@@ -45,8 +45,8 @@ from typing import Any, Iterable
 import numpy as np
 
 from configs import SCENARIO_DIR
-from pipeline.protocols import Gate
 from railgate.bench.policies import order, overrides
+from railgate.bench.probe import GateProbe
 
 MODELS = {"effective": 1.0, "normalised": 0.1}
 
@@ -89,58 +89,6 @@ class RunSpec:
         if self.scenario:
             base = merge(base, _scenario(self.scenario))
         return load_config(None, self.overrides(), base=base)
-
-
-class GateProbe(Gate):
-    """Wraps a gate to measure false abandonment exactly in the sim (benchmark only)."""
-
-    def __init__(self, gate: Any, world: Any, engine: Any):
-        self._gate = gate
-        self._world = world
-        self._engine = engine
-        self._last: dict[int, Any] = {}
-        self.abandoned_incomplete = 0
-        self.false_abandonment_sum = 0.0
-
-    def admit(self, group_ids: range, step: int):
-        return self._gate.admit(group_ids, step)
-
-    def update(self, snapshot):
-        self._last[snapshot.group_id] = snapshot
-        actions = self._gate.update(snapshot)
-        for action in actions:
-            if action.kind.value == "abandon":
-                self._measure(self._last.get(action.group_id))
-        return actions
-
-    def _measure(self, snap) -> None:
-        if snap is None or snap.finished >= snap.target_size or snap.is_mixed or snap.finished == 0:
-            return
-        p = self._world.success_probability(self._engine.state, snap.prompt.prompt_id)
-        m = snap.target_size - snap.finished
-        all_success = snap.successes == snap.finished
-        self.abandoned_incomplete += 1
-        self.false_abandonment_sum += 1.0 - (p**m if all_success else (1.0 - p) ** m)
-
-    def on_closed(self, group_id: int, committed: bool) -> None:
-        self._last.pop(group_id, None)
-        self._gate.on_closed(group_id, committed)
-
-    def on_step(self, step: int, batch):
-        return self._gate.on_step(step, batch)
-
-    def state_dict(self):
-        return self._gate.state_dict()
-
-    def load_state_dict(self, state) -> None:
-        self._gate.load_state_dict(state)
-
-    @property
-    def uncounted_rollouts(self) -> int:
-        return self._gate.uncounted_rollouts
-
-    def metrics(self) -> dict[str, float]:
-        return self._gate.metrics()
 
 
 def run_one(spec: RunSpec) -> dict[str, Any]:
