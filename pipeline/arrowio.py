@@ -278,14 +278,28 @@ def _superseded_rules(path: Path, kind: SegmentKind) -> list[tuple[str, int]]:
         return []
     number = segment_number(path, kind.prefix)
     rules = []
-    for line in rules_file.read_text().splitlines():
+    try:
+        lines = rules_file.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SegmentFormatError(f"{rules_file} cannot be read ({exc}); restore it from a copy or delete it "
+                                 "(then rows a resumed run redid are read twice)") from None
+    for i, line in enumerate(lines, start=1):
         try:
             rule = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a torn last line: its resume never started writing
-        if rule.get("prefix") == kind.prefix and number is not None and number < int(rule["before_segment"]):
-            if rule["column"] in kind.schema.names:
-                rules.append((rule["column"], int(rule["start"])))
+        except ValueError:
+            if i == len(lines):
+                continue  # a torn last line: its resume never started writing
+            rule = None
+        try:
+            prefix, column = rule["prefix"], rule["column"]
+            before, start = int(rule["before_segment"]), int(rule["start"])
+        except (TypeError, KeyError, ValueError, OverflowError):
+            raise SegmentFormatError(
+                f"{rules_file} line {i} is not a supersede rule ({line[:80]!r}); each line must be "
+                '{"prefix": ..., "before_segment": N, "column": ..., "start": N}: restore the file or delete that line'
+            ) from None
+        if prefix == kind.prefix and number is not None and number < before and column in kind.schema.names:
+            rules.append((column, start))
     return rules
 
 

@@ -102,16 +102,16 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     out = _deep_copy(data)
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"--set {item!r} must look like key.sub=value, e.g. --set gate.kind=sara")
+            raise ConfigError(f"--set {shorten(item)} must look like key.sub=value, e.g. --set gate.kind=sara")
         key, raw = item.split("=", 1)
         parts = [p for p in key.strip().split(".") if p]
         if not parts:
-            raise ConfigError(f"--set {item!r} has an empty key")
+            raise ConfigError(f"--set {shorten(item)} has an empty key")
         node = out
         for part in parts[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise ConfigError(f"--set {item!r}: '{part}' is a value, not a section")
+                raise ConfigError(f"--set {shorten(item)}: '{shorten(part)}' is a value, not a section")
             node = child
         try:
             node[parts[-1]] = parse_yaml(raw) if raw.strip() else ""

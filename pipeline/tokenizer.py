@@ -29,6 +29,8 @@ import json
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from pipeline.configuration import shorten
+
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 SPECIAL_TOKENS = (PAD, BOS, EOS)
 VOCAB_FILE = "railgate_tokenizer.json"
@@ -100,9 +102,10 @@ class CharTokenizer:
             return [stoi[ch] for ch in text]
         except KeyError:
             pos = next(i for i, ch in enumerate(text) if ch not in stoi)
+            where = repr(text) if len(text) <= 80 else f"...{text[max(0, pos - 30):pos + 30]!r}... of {len(text)} characters"
             raise TokenizerError(
-                f"character {text[pos]!r} (at {pos} in {text!r}) is not in the tokenizer's vocabulary "
-                f"{self.alphabet!r}; build the tokenizer from an alphabet that contains it (CharTokenizer.for_tasks)"
+                f"character {text[pos]!r} (at {pos} in {where}) is not in the tokenizer's vocabulary "
+                f"{shorten(self.alphabet, 200)}; build the tokenizer from an alphabet that contains it (CharTokenizer.for_tasks)"
             ) from None
 
     def encode_prompt(self, text: str) -> list[int]:

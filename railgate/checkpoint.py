@@ -152,15 +152,15 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
     directory = run / "checkpoints"
     pointer = directory / "latest"
     if not run.is_dir():
-        raise ConfigError(f"--resume {run_dir}: no such run directory; pass the run_dir of an earlier train run")
+        raise ConfigError(f"{run_dir}: no such run directory; pass the run_dir of an earlier train run")
     _check_inside(run, directory, "the checkpoints directory")
     if not pointer.is_file():
         legacy = _files(directory, _LEGACY_NAME)
         if legacy:
             load_checkpoint(legacy[-1])  # raises the legacy format's message
         raise ConfigError(
-            f"--resume {run_dir}: no checkpoint in {directory} (the run stopped before its first checkpoint, "
-            "or log.checkpoint_every was 0); start it again without --resume"
+            f"{run_dir}: no checkpoint in {directory} (the run stopped before its first checkpoint, or "
+            "log.checkpoint_every was 0); train it again (with --overwrite)"
         )
     _check_inside(run, pointer, "checkpoints/latest")
     name = pointer.read_bytes()[:200].decode("utf-8", "replace").strip()

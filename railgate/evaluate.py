@@ -10,19 +10,26 @@ from pathlib import Path
 import anyio
 
 from railgate.build import build_components
-from railgate.checkpoint import latest_checkpoint, load_checkpoint
+from railgate.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from railgate.config import RunConfig
 from railgate.report import markdown_table
+from railgate.rundir import check_writable
 
 
 def evaluate_run(cfg: RunConfig, base: bool = False, samples: int | None = None) -> dict[str, float]:
     if samples is not None:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, eval_samples=samples))
+    check_writable(Path(cfg.run_dir))  # the result goes there: fail now, not after the evaluation
+    checkpoint = None if base else latest_checkpoint(cfg.run_dir)
+    state = None if checkpoint is None else load_checkpoint(checkpoint)  # checked before anything is built
     components = build_components(cfg, progress=False)
     step = 0
-    if not base:
-        state = load_checkpoint(latest_checkpoint(cfg.run_dir))
-        components.learner.load_state_dict(state["learner"])
+    if state is not None:
+        try:
+            components.learner.load_state_dict(state["learner"])
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
+            raise CheckpointError(f"checkpoint {checkpoint} does not fit this run's model ({type(exc).__name__}: "
+                                  f"{str(exc)[:160]}); evaluate with the config the run was trained with") from None
         anyio.run(components.engine.update_weights, components.learner.weights())
         step = int(state["step"])
     try:

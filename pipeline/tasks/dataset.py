@@ -18,6 +18,7 @@ a share ``eval_share`` of the rows in the eval split.
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 import random
@@ -58,14 +59,24 @@ def read_records(path: Path, fields: list[str]) -> Iterator[tuple[str, Any]]:
     if not path.is_file():
         raise DatasetError(f"dataset file {path} does not exist; check the path (relative paths start at the working directory)")
     if suffix in JSONL_SUFFIXES:
-        with path.open(encoding="utf-8") as fh:
-            for number, line in enumerate(fh, start=1):
+        with path.open("rb") as fh:
+            for number, raw in enumerate(fh, start=1):
+                if number == 1 and raw.startswith(codecs.BOM_UTF8):
+                    raw = raw[len(codecs.BOM_UTF8):]  # a byte-order mark (some editors write one) is not row data
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    yield f"line {number}", _Invalid(f"not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1}); "
+                                                     "save the file as UTF-8")
+                    continue
                 if not line.strip():
                     continue  # blank lines (a trailing newline) are not rows
                 try:
                     yield f"line {number}", json.loads(line)
                 except json.JSONDecodeError as exc:
                     yield f"line {number}", _Invalid(f"invalid JSON ({exc.msg})")
+                except (ValueError, RecursionError) as exc:  # a number of 5000 digits, arrays nested 10^5 deep
+                    yield f"line {number}", _Invalid(f"invalid JSON ({str(exc)[:80]})")
     elif suffix in PARQUET_SUFFIXES:
         import pyarrow.parquet as pq
 
