@@ -96,10 +96,11 @@ class LearnerConfig:
     seed: int = 0
     """Seed of the learner's private torch RNG stream (dropout, if a model has any)."""
     noise_scale: bool = True
-    """Estimate the simple gradient noise scale every step from the micro-batches' gradients
-    (``learner.noise_scale``; logged as ``learner/noise_scale``, in rollouts). No extra forward
-    or backward pass and the same update bit for bit; it needs at least two micro-batches per
-    step (``micro_batch`` at most half the rollouts trained per step)."""
+    """Estimate the simple gradient noise scale every step (``learner.noise_scale``, in
+    rollouts): ``learner/noise_scale`` from this step's gradient and the previous step's (one
+    gradient copy kept), ``learner/noise_scale_micro`` from the micro-batches' gradients (needs
+    at least two per step: ``micro_batch`` at most half the rollouts trained per step). No extra
+    forward or backward pass and the same update bit for bit."""
     noise_scale_ema: float = 0.99
     """Per-step decay of the moving averages of |G|^2 and tr(Sigma) whose ratio is the logged
     noise scale (0.99: about the last 100 steps). Long, because one step's |G|^2 estimate is

@@ -11,8 +11,10 @@ One ``step(batch)``:
    aggregated with batch-wide normalisers so that micro-batching does not change the
    gradient; backward; then one clipped-gradient AdamW step;
 4. ``policy_version`` + 1 and ``learner/…`` metrics, among them the simple gradient noise
-   scale ``learner/noise_scale`` (in rollouts), read off the first epoch's micro-batch
-   gradients with no extra pass and no change to the update (``learner.noise_scale``).
+   scale ``learner/noise_scale`` (in rollouts) from this step's gradient and the previous
+   step's, and ``learner/noise_scale_micro`` from the first epoch's micro-batch gradients, with
+   no extra pass and no change to the update (setting ``learner.noise_scale``; the method is in
+   the ``learner.noise_scale`` module).
 
 On-policy data gives a ratio of 1 up to numerics (engine and learner run the same weights);
 stale samples (from an engine that ran ahead by ``max_async_steps``) are clipped like any
@@ -40,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import logging
 import math
 import time
 from dataclasses import dataclass
@@ -51,11 +52,15 @@ import torch
 from learner.advantages import compute_advantages, saturated_mask
 from learner.config import LearnerConfig
 from learner.losses import ppo_clip_loss
-from learner.noise_scale import GradientNoise, MicroBatchGradients, NoiseScaleEMA
+from learner.noise_scale import (
+    GradientNoise,
+    MicroBatchGradients,
+    NoiseScaleEMA,
+    PreviousStepGradient,
+    consecutive_estimate,
+)
 from learner.packing import BatchError, Chunk, pack
 from pipeline.types import Rollout, StepResult, TrainBatch
-
-log = logging.getLogger(__name__)
 
 
 class TorchLearner:
@@ -95,8 +100,9 @@ class TorchLearner:
         vocab = getattr(getattr(model, "config", None), "vocab_size", None)
         self.vocab_size = int(vocab) if vocab else None
         self._version = 0
-        self.noise = NoiseScaleEMA(config.noise_scale_ema) if config.noise_scale else None
-        self._noise_warned = False
+        self.noise = NoiseScaleEMA(config.noise_scale_ema) if config.noise_scale else None  # consecutive steps
+        self.noise_micro = NoiseScaleEMA(config.noise_scale_ema) if config.noise_scale else None  # micro-batches
+        self._previous = PreviousStepGradient()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)
             self._rng_state = torch.get_rng_state()
@@ -121,15 +127,20 @@ class TorchLearner:
         totals = dict(loss=0.0, grad_norm=0.0, clip=0.0, kl=0.0, kl_ref=0.0, ent=0.0, tokens=0.0, skipped=0.0)
         epochs = cfg.ppo_epochs if plan.chunks else 0
         noise: GradientNoise | None = None
+        big_sq = dot_prev = None
         with self._private_rng(keep=True):
             for epoch in range(epochs):
                 self.optimizer.zero_grad(set_to_none=True)
                 # the noise scale is measured on the first epoch (the on-policy gradient)
                 probe = MicroBatchGradients(self._params) if self.noise is not None and epoch == 0 else None
                 self._backward(plan, totals, probe)
+                if probe is not None:  # before clipping scales the gradient in place
+                    dot_prev = self._previous.dot_and_keep(self._params)
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf))
                 if probe is not None:
-                    noise = probe.estimate(grad_norm**2)
+                    noise, big_sq = probe.estimate(grad_norm**2), grad_norm**2
+                    if not math.isfinite(grad_norm):
+                        self._previous.reset()
                 totals["grad_norm"] += grad_norm
                 if math.isfinite(grad_norm):
                     self.optimizer.step()
@@ -154,7 +165,7 @@ class TorchLearner:
         })
         if self.ref_model is not None:
             metrics["learner/kl_ref"] = totals["kl_ref"] / tok
-        metrics.update(self._noise_metrics(noise, plan))
+        metrics.update(self._noise_metrics(noise, plan, big_sq, dot_prev))
         return StepResult(step=batch.step, policy_version=self._version, metrics=metrics)
 
     def compute_gradients(self, batch: TrainBatch) -> dict[str, torch.Tensor]:
@@ -184,7 +195,8 @@ class TorchLearner:
             "version": self._version,
         }
         if self.noise is not None:
-            state["noise_scale"] = self.noise.state_dict()
+            state["noise_scale"] = {"steps": self.noise.state_dict(), "micro": self.noise_micro.state_dict(),
+                                    "previous": self._previous.state_dict()}
         if self.ref_model is not None:
             state["ref_model"] = {k: v.detach().clone() for k, v in self.ref_model.state_dict().items()}
         return state
@@ -200,7 +212,9 @@ class TorchLearner:
         self._rng_state = state["rng"].clone()
         self._version = int(state["version"])
         if self.noise is not None and "noise_scale" in state:  # absent from checkpoints written before it existed
-            self.noise.load_state_dict(state["noise_scale"])
+            self.noise.load_state_dict(state["noise_scale"]["steps"])
+            self.noise_micro.load_state_dict(state["noise_scale"]["micro"])
+            self._previous.load_state_dict(state["noise_scale"]["previous"])
         if self.ref_model is not None and "ref_model" in state:
             self.ref_model.load_state_dict(state["ref_model"])
 
@@ -237,7 +251,8 @@ class TorchLearner:
                 probe.before()
             out.loss.backward()
             if probe is not None:
-                probe.after(self._share(chunk, plan), len(chunk.index))
+                share = self._share(chunk, plan)
+                probe.after(share, share * plan.num_seqs)  # its effective size in rollouts
             totals["loss"] += float(out.loss.detach())
             for key, value in (("clip", out.clip_frac), ("kl", out.approx_kl), ("kl_ref", out.kl_ref), ("ent", out.entropy)):
                 totals[key] += value * out.tokens
@@ -249,27 +264,28 @@ class TorchLearner:
             return chunk.num_tokens / max(plan.num_tokens, 1.0)
         return len(chunk.index) / max(plan.num_seqs, 1.0)
 
-    def _noise_metrics(self, noise: GradientNoise | None, plan: "_Plan") -> dict[str, float]:
-        """This step's gradient-noise estimates and the moving-average noise scale (when defined)."""
-        if self.noise is None:
+    def _noise_metrics(
+        self, micro: GradientNoise | None, plan: "_Plan", big_sq: float | None, dot_prev: float | None
+    ) -> dict[str, float]:
+        """This step's gradient-noise estimates and the moving-average noise scales (when defined)."""
+        if self.noise is None or self.noise_micro is None:
             return {}
         out: dict[str, float] = {}
-        if noise is not None:
-            self.noise.update(noise)
-            out = {
-                "learner/grad_sq_small": noise.small_sq, "learner/grad_sq_big": noise.big_sq,
-                "learner/grad_sq": noise.grad_sq, "learner/trace_sigma": noise.trace,
-                "learner/noise_batch_small": noise.b_small,
-            }
-        elif plan.chunks and not self._noise_warned:
-            self._noise_warned = True
-            log.warning(
-                "learner.noise_scale: a step of %d rollouts fits in %d micro-batch of learner.micro_batch=%d; the noise "
-                "scale needs at least 2 per step: set learner.micro_batch <= %d (or learner.noise_scale=false)",
-                int(plan.num_seqs), len(plan.chunks), self.config.micro_batch, max(1, int(plan.num_seqs) // 2),
-            )
-        if math.isfinite(self.noise.value):
-            out["learner/noise_scale"] = self.noise.value
+        if big_sq is not None and math.isfinite(big_sq):
+            out["learner/grad_sq_big"] = big_sq
+            if dot_prev is not None and math.isfinite(dot_prev):
+                est = consecutive_estimate(big_sq, dot_prev, plan.num_seqs)
+                self.noise.update(est)
+                out.update({"learner/grad_dot_prev": dot_prev, "learner/trace_sigma": est.trace})
+        if micro is not None:
+            self.noise_micro.update(micro)
+            out.update({
+                "learner/grad_sq_small": micro.small_sq, "learner/grad_sq_micro": micro.grad_sq,
+                "learner/trace_sigma_micro": micro.trace, "learner/noise_batch_small": micro.b_small,
+            })
+        for key, ema in (("learner/noise_scale", self.noise), ("learner/noise_scale_micro", self.noise_micro)):
+            if math.isfinite(ema.value):
+                out[key] = ema.value
         return out
 
     @contextlib.contextmanager

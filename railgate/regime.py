@@ -1,24 +1,29 @@
 """The training regime of a run, from the learner's gradient noise scale.
 
-The torch learner logs per step the unbiased estimates of |G|² (``learner/grad_sq``) and
-tr(Σ) (``learner/trace_sigma``) and their moving-average ratio ``learner/noise_scale``: the
-simple noise scale B_simple of McCandlish et al. (2018), in rollouts (``learner.noise_scale``).
+The torch learner logs per step the simple noise scale B_simple of McCandlish et al. (2018),
+in rollouts (``learner.noise_scale``): from consecutive steps' gradients, |G|² as
+``learner/grad_dot_prev`` = G_t · G_(t-1) and tr(Σ) as ``learner/trace_sigma`` =
+B (|G_t|² - G_t · G_(t-1)), their moving-average ratio ``learner/noise_scale``; and the same
+from the step's micro-batches (``learner/grad_sq_micro``, ``learner/trace_sigma_micro``,
+``learner/noise_scale_micro``), a diagnostic that is biased far below the noise scale.
 
 A run's noise scale is the ratio of the run means of tr(Σ) and |G|² (the paper's advice,
-average numerator and denominator before dividing, applied to the whole run), with a 95%
-interval from the spread of the per-step |G|² estimates, which dominates its uncertainty when
-the batch is far below the noise scale. Against the rollouts trained per step (B) it says what
-limits progress: well above B_simple a step's gradient is already nearly exact, so progress is
-limited by the number of optimiser steps and a smaller batch (more steps from the same
-rollouts) pays more than filling the batch with better groups; well below it the gradient is
-mostly noise, so every informative rollout counts and skipping saturated groups pays. (The
-theory assumes a learning rate tuned to the batch; at a fixed Adam learning rate fewer, larger
-steps also move the weights less.) The simulator's learner has no gradient and logs none.
+average numerator and denominator before dividing, applied to the whole run), with Fieller's
+95% interval for a ratio of means from the per-step estimates; far below the noise scale the
+uncertainty of |G|² dominates and the interval is unbounded above.
+
+Against the rollouts trained per step (B) the noise scale says what limits progress: well
+above B_simple a step's gradient is already nearly exact, so progress is limited by the number
+of optimiser steps and a smaller batch (more steps from the same rollouts) pays more than
+filling the batch with better groups; well below it the gradient is mostly noise, so every
+informative rollout counts and skipping saturated groups pays. (The theory assumes a learning
+rate tuned to the batch; at a fixed Adam learning rate fewer, larger steps also move the
+weights less.) The simulator's learner has no gradient and logs none.
 
 >>> log = NoiseScaleLog()
 >>> for step, (trace, grad_sq) in enumerate([(100.0, 1.0), (300.0, 3.0)]):
 ...     log(step + 1, {"learner/noise_scale": 50.0, "learner/rollouts_trained": 64.0,
-...                    "learner/trace_sigma": trace, "learner/grad_sq": grad_sq})
+...                    "learner/trace_sigma": trace, "learner/grad_dot_prev": grad_sq})
 >>> s = log.summary()
 >>> s["noise_scale"], s["noise_scale_step_mean"], s["batch_rollouts"]     # 200 / 2; mean of 50, 50
 (100.0, 50.0, 64.0)
@@ -34,7 +39,11 @@ from typing import Any, Iterable
 
 STEP_LIMITED = 2.0
 """B / B_simple at or above this: step-limited; at or below 1 / STEP_LIMITED: noise-limited."""
-KEYS = ("learner/noise_scale", "learner/rollouts_trained", "learner/trace_sigma", "learner/grad_sq")
+KEYS = ("learner/rollouts_trained", "learner/noise_scale", "learner/trace_sigma", "learner/grad_dot_prev",
+        "learner/noise_scale_micro", "learner/trace_sigma_micro", "learner/grad_sq_micro")
+ESTIMATES = {"noise_scale": ("learner/trace_sigma", "learner/grad_dot_prev"),
+             "noise_scale_micro": ("learner/trace_sigma_micro", "learner/grad_sq_micro")}
+"""Run-summary prefix: the per-step metrics of tr(Σ) and |G|² it is the ratio of."""
 
 
 class NoiseScaleLog:
@@ -66,37 +75,60 @@ class NoiseScaleLog:
         return cls.from_records(read_metrics(path)) if path.is_file() else cls()
 
     def summary(self) -> dict[str, float | int | None]:
-        """The run's noise scale (see the module docstring; None when the run mean of |G|² is
-        not positive), its 95% interval ``noise_scale_low`` .. ``noise_scale_high`` (None:
-        unbounded), ``noise_scale_step_mean`` (the mean of the logged moving-average values),
-        ``noise_scale_steps`` (steps measured), ``batch_rollouts`` (mean rollouts trained per
-        step) and the raw run means ``trace_sigma_mean``, ``grad_sq_mean`` with the standard
-        error ``grad_sq_se``. None wherever nothing was measured."""
-        measured = [m for m in self._steps.values() if "learner/trace_sigma" in m and "learner/grad_sq" in m]
-        n = len(measured)
-        out: dict[str, float | int | None] = dict.fromkeys(("noise_scale", "noise_scale_low", "noise_scale_high"))
-        raw: dict[str, float | None] = dict.fromkeys(("trace_sigma_mean", "grad_sq_mean", "grad_sq_se"))
-        if n:
-            trace = sum(m["learner/trace_sigma"] for m in measured) / n
-            grad_sq = sum(m["learner/grad_sq"] for m in measured) / n
-            spread = math.sqrt(sum((m["learner/grad_sq"] - grad_sq) ** 2 for m in measured) / (n - 1)) if n > 1 else math.inf
-            half = 2.0 * spread / math.sqrt(n)
-            raw = {"trace_sigma_mean": trace, "grad_sq_mean": grad_sq, "grad_sq_se": spread / math.sqrt(n) if n > 1 else None}
+        """Per estimate (``noise_scale``: consecutive steps; ``noise_scale_micro``: micro-batches)
+        the run's noise scale (None when the run mean of |G|² is not positive), its 95% interval
+        ``_low`` .. ``_high`` (None: unbounded), ``_steps`` (steps measured), ``_step_mean`` (the
+        mean of the logged moving-average values) and the raw run means ``_trace`` and
+        ``_grad_sq`` with the standard error ``_grad_sq_se``; and ``batch_rollouts``, the mean
+        rollouts trained per step. None wherever nothing was measured."""
+        steps = list(self._steps.values())
+        out: dict[str, float | int | None] = {}
+        for prefix, (trace_key, grad_key) in ESTIMATES.items():
+            measured = [m for m in steps if trace_key in m and grad_key in m]
+            r = _ratio([m[trace_key] for m in measured], [m[grad_key] for m in measured])
+            out.update({
+                prefix: r["point"], f"{prefix}_low": r["low"], f"{prefix}_high": r["high"],
+                f"{prefix}_steps": len(measured), f"{prefix}_step_mean": _mean(m.get(f"learner/{prefix}") for m in steps),
+                f"{prefix}_trace": r["trace"], f"{prefix}_grad_sq": r["grad_sq"], f"{prefix}_grad_sq_se": r["se"],
+            })
+        out["batch_rollouts"] = _mean(m.get("learner/rollouts_trained") for m in steps)
+        return out
 
-            def ratio(denominator: float) -> float | None:
-                return trace / denominator if denominator > 0 and trace > 0 and math.isfinite(denominator) else None
 
-            out = {"noise_scale": ratio(grad_sq), "noise_scale_low": ratio(grad_sq + half),
-                   "noise_scale_high": ratio(grad_sq - half)}
-            if out["noise_scale"] is None and trace <= 0:  # no spread between micro-batches: noise scale 0
-                out = dict.fromkeys(out, 0.0) if grad_sq > 0 else out
-        return {
-            **out,
-            **raw,
-            "noise_scale_step_mean": _mean(m.get("learner/noise_scale") for m in self._steps.values()),
-            "noise_scale_steps": n,
-            "batch_rollouts": _mean(m.get("learner/rollouts_trained") for m in self._steps.values()),
-        }
+def _ratio(traces: list[float], grad_sqs: list[float]) -> dict[str, float | None]:
+    """Run mean of tr(Σ) over run mean of |G|² with Fieller's 95% interval for a ratio of means
+    (from the per-step estimates' variances and covariance). Far below the noise scale the mean
+    of |G|² is not clear of 0 and the interval is unbounded above (``high`` None) or, if even
+    its lower end is unresolved, absent (``low`` None). A run whose micro-batches never differ
+    (tr(Σ) = 0) has noise scale 0."""
+    out: dict[str, float | None] = dict.fromkeys(("point", "low", "high", "trace", "grad_sq", "se"))
+    n = len(grad_sqs)
+    if not n:
+        return out
+    t, g = sum(traces) / n, sum(grad_sqs) / n
+    out.update(trace=t, grad_sq=g, point=t / g if g > 0 and t > 0 else None)
+    if t <= 0 < g:
+        return {**out, "point": 0.0, "low": 0.0, "high": 0.0}
+    if n < 2:
+        return out
+    var_t = sum((x - t) ** 2 for x in traces) / (n - 1) / n
+    var_g = sum((x - g) ** 2 for x in grad_sqs) / (n - 1) / n
+    cov = sum((x - t) * (y - g) for x, y in zip(traces, grad_sqs)) / (n - 1) / n
+    out["se"] = math.sqrt(var_g)
+    # R is in the set where (t - R g)² <= z² Var(t - R g): a R² + b R + c <= 0
+    z2 = 4.0
+    a, b, c = g * g - z2 * var_g, -2.0 * (t * g - z2 * cov), t * t - z2 * var_t
+    disc = b * b - 4 * a * c
+    if a > 0:  # |G|² clear of 0: a bounded interval (none when it is clearly below 0: a biased estimate)
+        if g <= 0:
+            return out
+        root = math.sqrt(max(disc, 0.0))
+        return {**out, "low": max((-b - root) / (2 * a), 0.0), "high": (-b + root) / (2 * a)}
+    if disc <= 0:
+        return out  # the whole line: nothing resolved
+    # a <= 0: the set lies outside the roots, unbounded above; its lower end is the larger root
+    r2 = max((-b - math.sqrt(disc)) / (2 * a), (-b + math.sqrt(disc)) / (2 * a)) if a else -c / b
+    return {**out, "low": r2 if r2 > 0 else None}
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -141,8 +173,8 @@ def regime_sentence(batch: float | None, noise_scale: float | None, low: float |
             return (f"the gradient is not resolved over the run's {steps} measured steps (the run mean of |G|² is within "
                     f"its noise of 0): the noise scale is too far above the batch ({batch:.0f} rollouts) for the run to "
                     "bound it; more steps are needed to say which way progress is limited")
-        return ("the gradient noise scale was not measured (the simulator has no gradient; the torch learner needs at "
-                "least two micro-batches per step: learner.micro_batch at most half the rollouts per step)")
+        return ("the gradient noise scale was not measured (the simulator has no gradient; on a real model it needs "
+                "learner.noise_scale on and at least two steps)")
     assert batch is not None
     interval = ""
     if low is not None or high is not None:
@@ -168,3 +200,46 @@ def regime_sentence(batch: float | None, noise_scale: float | None, low: float |
     unsettled = "" if noise_scale is None or ends <= {kind} else (
         f" (the interval reaches {' and '.join(sorted(ends - {kind}))}: not settled)")
     return f"{head}: {tail}{unsettled}"
+
+
+def combine(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several runs' summaries (seeds of one setting) as one: mean points when every run has one,
+    the widest interval, the fewest steps, the mean batch.
+
+    >>> combine([{"noise_scale": 100.0, "noise_scale_low": 50.0, "noise_scale_high": 300.0},
+    ...          {"noise_scale": 200.0, "noise_scale_low": 80.0, "noise_scale_high": None}])["noise_scale_high"] is None
+    True
+    """
+    out: dict[str, Any] = {}
+    for prefix in ESTIMATES:
+        points = [r.get(prefix) for r in summaries]
+        lows = [r.get(f"{prefix}_low") for r in summaries]
+        highs = [r.get(f"{prefix}_high") for r in summaries]
+        out[prefix] = sum(points) / len(points) if points and all(p is not None for p in points) else None
+        out[f"{prefix}_low"] = min((v for v in lows if v is not None), default=None)
+        out[f"{prefix}_high"] = max(highs) if highs and all(v is not None for v in highs) else None
+        out[f"{prefix}_steps"] = min((int(r.get(f"{prefix}_steps") or 0) for r in summaries), default=0)
+    out["batch_rollouts"] = _mean(r.get("batch_rollouts") for r in summaries)
+    return out
+
+
+def regime_text(summary: dict[str, Any]) -> str:
+    """A run's (or ``combine``d runs') noise scale in words: what the consecutive-step estimate
+    says, then the micro-batch figure beside it.
+
+    >>> print(regime_text({"batch_rollouts": 64.0, "noise_scale": 800.0, "noise_scale_low": 400.0,
+    ...     "noise_scale_high": 5000.0, "noise_scale_steps": 300, "noise_scale_micro_steps": 0}))
+    The batch (64 rollouts) is 12.5 times below the noise scale (800 rollouts; 95% interval 400 to 5000): progress is noise-limited; skipping saturated groups pays more than smaller batches.
+    """
+    batch = summary.get("batch_rollouts")
+    main = regime_sentence(batch, summary.get("noise_scale"), summary.get("noise_scale_low"),
+                           summary.get("noise_scale_high"), steps=int(summary.get("noise_scale_steps") or 0))
+    text = f"{main[:1].upper()}{main[1:]}."
+    if summary.get("noise_scale_micro_steps"):
+        point, low, high = (summary.get(f"noise_scale_micro{s}") for s in ("", "_low", "_high"))
+        figure = f"{point:.0f} rollouts" if point is not None else "not resolved"
+        if low is not None:
+            figure += f" (95% interval {low:.0f} to {'unbounded' if high is None else f'{high:.0f}'})"
+        text += (f" The micro-batch estimate (within each step; biased when the batch is far below the noise scale): "
+                 f"{figure}.")
+    return text

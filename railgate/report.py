@@ -65,7 +65,7 @@ def summary_table(cfg: Any, summary: RunSummary) -> str:
 def regime_paragraph(cfg: Any) -> str:
     """The run's gradient noise scale in words, from ``metrics.jsonl`` in ``cfg.run_dir``; empty
     for a simulator run (no gradient) or a run directory without metrics."""
-    from railgate.regime import NoiseScaleLog, regime_sentence
+    from railgate.regime import NoiseScaleLog, regime_text
 
     run_dir = getattr(cfg, "run_dir", None)
     if not run_dir or getattr(getattr(cfg, "engine", None), "kind", "sim") == "sim":
@@ -73,13 +73,11 @@ def regime_paragraph(cfg: Any) -> str:
     noise = NoiseScaleLog.from_run_dir(run_dir).summary()
     if noise["batch_rollouts"] is None:
         return ""
-    sentence = regime_sentence(noise["batch_rollouts"], noise["noise_scale"], noise["noise_scale_low"],
-                               noise["noise_scale_high"], steps=int(noise["noise_scale_steps"] or 0))
     how = ""
-    if noise["noise_scale_steps"]:
-        how = (f" The noise scale is the simple gradient noise scale (McCandlish et al. 2018) in rollouts: the run mean "
-               f"of tr(Σ) over the run mean of |G|², from the micro-batches of {noise['noise_scale_steps']} steps.")
-    return f"\n\n**Regime.** {sentence[:1].upper()}{sentence[1:]}.{how}"
+    if noise["noise_scale_steps"] or noise["noise_scale_micro_steps"]:
+        how = (" The noise scale is the simple gradient noise scale (McCandlish et al. 2018) in rollouts: the run mean "
+               "of tr(Σ) over the run mean of |G|² from consecutive steps' gradients (Fieller's 95% interval).")
+    return f"\n\n**Regime.** {regime_text(noise)}{how}"
 
 
 def accuracy_plot(evals: Sequence[dict[str, float]], path: Path, title: str = "") -> bool:

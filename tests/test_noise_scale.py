@@ -10,14 +10,20 @@ G = E[g] = δ and Σ = Cov[g] = (|δ|² + s²) I + δδᵀ:
 from __future__ import annotations
 
 import copy
-import logging
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from learner.noise_scale import MicroBatchGradients, NoiseScaleEMA, partition_estimate, two_batch_estimate
+from learner.noise_scale import (
+    MicroBatchGradients,
+    NoiseScaleEMA,
+    PreviousStepGradient,
+    consecutive_estimate,
+    partition_estimate,
+    two_batch_estimate,
+)
 from tests.test_torch_learner import make_learner, on_policy, random_groups, tiny_llama
 
 D, NOISE_SD = 10, 1.0
@@ -113,6 +119,28 @@ def test_micro_batch_probe_on_torch_backward_recovers_the_noise_scale_and_keeps_
     assert ema.value == pytest.approx(21.0, rel=0.1)
 
 
+def test_consecutive_step_products_recover_the_noise_scale_of_linear_regression():
+    """Independent batches: E[G_t · G_(t-1)] = |G|², and B (|G_t|² - G_t · G_(t-1)) averages to tr(Σ)."""
+    from railgate.regime import NoiseScaleLog
+
+    torch.manual_seed(1)
+    w = torch.nn.Parameter(torch.tensor(DELTA))  # w* = 0
+    previous, log, big_b = PreviousStepGradient(), NoiseScaleLog(), 32
+    for step in range(3000):
+        x = torch.randn(big_b, D, dtype=torch.float64)
+        y = NOISE_SD * torch.randn(big_b, dtype=torch.float64)
+        w.grad = None
+        (0.5 * (x @ w - y).square().sum() / big_b).backward()
+        dot = previous.dot_and_keep([w])
+        if dot is not None:
+            est = consecutive_estimate(float(w.grad.square().sum()), dot, big_b)
+            log(step, {"learner/trace_sigma": est.trace, "learner/grad_dot_prev": dot, "learner/rollouts_trained": 32.0})
+    s = log.summary()
+    assert s["noise_scale_grad_sq"] == pytest.approx(1.0, rel=0.1) and s["noise_scale_trace"] == pytest.approx(21.0, rel=0.1)
+    assert s["noise_scale"] == pytest.approx(21.0, rel=0.1) and s["noise_scale_steps"] == 2999
+    assert s["noise_scale_low"] < 21.0 < s["noise_scale_high"] < 1.2 * 21.0
+
+
 def test_bad_partitions_are_refused():
     with pytest.raises(ValueError, match="need >= 2 parts"):
         partition_estimate([1.0], [1.0], [4], 1.0)
@@ -133,10 +161,12 @@ def test_torch_learner_logs_the_noise_scale_and_its_update_is_bit_identical():
     for batch in batches:
         a, b = on.step(batch).metrics, off.step(batch).metrics
         assert a["learner/grad_norm"] == b["learner/grad_norm"] and a["learner/loss"] == b["learner/loss"]
-        for name in ("grad_sq_small", "grad_sq_big", "grad_sq", "trace_sigma", "noise_batch_small"):
+        for name in ("grad_sq_small", "grad_sq_big", "grad_sq_micro", "trace_sigma_micro", "noise_batch_small"):
             assert math.isfinite(a[f"learner/{name}"]) and f"learner/{name}" not in b
+        assert ("learner/grad_dot_prev" in a) == (batch is not batches[0]) and "learner/grad_dot_prev" not in b
         # defined once the averaged |G|² is positive (a random tiny model's batch is mostly noise)
-        assert ("learner/noise_scale" in a) == (on.noise.grad_sq > 0) and "learner/noise_scale" not in b
+        for key, ema in (("learner/noise_scale", on.noise), ("learner/noise_scale_micro", on.noise_micro)):
+            assert (key in a) == (ema.steps > 0 and ema.grad_sq > 0) and key not in b
         assert a["learner/grad_sq_big"] == pytest.approx(a["learner/grad_norm"] ** 2, rel=1e-6)
         assert a["learner/noise_batch_small"] == pytest.approx(3.0, rel=0.5)  # micro-batches of 3 rollouts
     assert all(torch.equal(v, off.weights()[k]) for k, v in on.weights().items())
@@ -151,23 +181,36 @@ def test_identical_micro_batches_have_noise_scale_zero_in_the_learner(agg):
     group = ([1, 5, 6], [([7, 8, 2], 1.0), ([9, 10, 11, 2], 0.0)])
     metrics = learner.step(on_policy(learner, [group] * 4)).metrics
     assert metrics["learner/noise_batch_small"] == pytest.approx(2.0)
-    assert metrics["learner/grad_sq"] == pytest.approx(metrics["learner/grad_sq_big"], rel=1e-4)
-    assert metrics["learner/noise_scale"] == pytest.approx(0.0, abs=1e-2)
+    assert metrics["learner/grad_sq_micro"] == pytest.approx(metrics["learner/grad_sq_big"], rel=1e-4)
+    assert metrics["learner/noise_scale_micro"] == pytest.approx(0.0, abs=1e-2)
 
 
 @pytest.mark.parametrize("agg", ["seq_mean_token_mean", "seq_mean_token_sum"])
 def test_sequence_mean_losses_get_a_noise_scale_too(agg):
     learner = make_learner(micro_batch=2, loss_agg=agg)
     metrics = learner.step(on_policy(learner, random_groups(4, sizes=(2, 2, 2)))).metrics
-    assert math.isfinite(metrics["learner/noise_scale"]) or metrics["learner/grad_sq"] <= 0
+    assert math.isfinite(metrics["learner/noise_scale_micro"]) or metrics["learner/grad_sq_micro"] <= 0
 
 
-def test_one_micro_batch_per_step_logs_no_noise_scale_and_says_how_to_get_one(caplog):
+def test_one_micro_batch_per_step_has_the_consecutive_step_estimate_only():
     learner = make_learner(micro_batch=128)
-    with caplog.at_level(logging.WARNING, logger="learner.torch_learner"):
-        metrics = learner.step(on_policy(learner, random_groups())).metrics
-    assert "learner/noise_scale" not in metrics and "learner/trace_sigma" not in metrics
-    assert "set learner.micro_batch <= 5" in caplog.text  # 11 rollouts in the batch
+    metrics = learner.step(on_policy(learner, random_groups())).metrics
+    assert not any(k in metrics for k in ("learner/noise_scale_micro", "learner/trace_sigma_micro", "learner/grad_dot_prev"))
+    assert metrics["learner/grad_sq_big"] > 0
+    # the consecutive-step product needs no micro-batches: from the second step on
+    second = learner.step(on_policy(learner, random_groups(1))).metrics
+    assert "learner/grad_dot_prev" in second and "learner/trace_sigma" in second
+
+
+def test_the_consecutive_step_product_is_the_product_of_the_two_gradients():
+    learner = make_learner(lr=1e-2, micro_batch=3)
+    first, second = on_policy(learner, random_groups(0)), on_policy(learner, random_groups(1))
+    g1 = torch.cat([g.flatten() for g in learner.compute_gradients(first).values()])
+    learner.step(first)
+    g2 = torch.cat([g.flatten() for g in learner.compute_gradients(second).values()])
+    metrics = learner.step(second).metrics
+    assert metrics["learner/grad_dot_prev"] == pytest.approx(float(g1 @ g2), rel=1e-4)
+    assert metrics["learner/grad_sq_big"] == pytest.approx(float(g2 @ g2), rel=1e-4)
 
 
 def test_noise_scale_state_resumes_exactly():
@@ -180,5 +223,7 @@ def test_noise_scale_state_resumes_exactly():
     resumed = make_learner(tiny_llama(seed=7), micro_batch=3, lr=1e-2)
     resumed.load_state_dict(state)
     got = resumed.step(batches[2]).metrics
-    assert got["learner/trace_sigma"] == expected["learner/trace_sigma"]
-    assert resumed.noise.state_dict() == learner.noise.state_dict() and learner.noise.steps == 3
+    for key in ("learner/trace_sigma", "learner/grad_dot_prev", "learner/trace_sigma_micro"):
+        assert got[key] == expected[key]
+    assert resumed.noise.state_dict() == learner.noise.state_dict() and learner.noise.steps == 2  # from step 2 on
+    assert resumed.noise_micro.state_dict() == learner.noise_micro.state_dict() and learner.noise_micro.steps == 3

@@ -237,8 +237,10 @@ def summarise(results: list[dict[str, Any]], target_gain: float) -> list[dict[st
             "gain error vs frozen": _ms([-c.get("controller/gain_error_reduction", math.nan) for c in ctl], digits=2),
             "steps": _ms([r["steps"] for r in runs], digits=0),
             "noise scale": _ms([_value(r, "noise_scale") for r in runs], digits=0),
-            "noise scale 95%": _interval(runs),
+            "noise scale 95%": _interval(runs, "noise_scale"),
             "batch / noise scale": _ms([_value(r, "batch_rollouts") / _value(r, "noise_scale") for r in runs], digits=2),
+            "noise scale (micro-batches)": _ms([_value(r, "noise_scale_micro") for r in runs], digits=0),
+            "micro-batches 95%": _interval(runs, "noise_scale_micro"),
         })
     empty = [h for h in rows[0] if all(row[h] == "n/a" for row in rows)] if rows else []
     return [{k: v for k, v in row.items() if k not in empty} for row in rows]
@@ -250,12 +252,13 @@ def _value(run: dict[str, Any], key: str) -> float:
     return float(value) if isinstance(value, (int, float)) else math.nan
 
 
-def _interval(runs: list[dict[str, Any]]) -> str:
-    """The widest 95% interval of the runs' noise scales: lowest bound to highest ('n/a' on the sim)."""
-    if not any(r.get("noise_scale_steps") for r in runs):
+def _interval(runs: list[dict[str, Any]], prefix: str) -> str:
+    """The widest 95% interval of the runs' noise scales (``prefix``: ``noise_scale`` from
+    consecutive steps, ``noise_scale_micro`` from the micro-batches); 'n/a' where none was measured."""
+    if not any(r.get(f"{prefix}_steps") for r in runs):
         return "n/a"
-    lows = [_value(r, "noise_scale_low") for r in runs]
-    highs = [_value(r, "noise_scale_high") for r in runs]
+    lows = [_value(r, f"{prefix}_low") for r in runs]
+    highs = [_value(r, f"{prefix}_high") for r in runs]
     if not any(math.isfinite(v) for v in lows):
         return "unresolved"  # no seed's run mean of |G|² stands above its noise
     low = min(v for v in lows if math.isfinite(v))
@@ -264,29 +267,19 @@ def _interval(runs: list[dict[str, Any]]) -> str:
 
 
 def regime_notes(results: list[dict[str, Any]]) -> list[str]:
-    """One sentence per panel with a measured noise scale: what it means for that setting, from
+    """One note per panel with a measured noise scale: what it means for that setting, from
     GRPO's runs (uniform) when there are some, else from every run of the panel."""
-    from railgate.regime import regime_sentence
+    from railgate.regime import combine, regime_text
 
     notes = []
     for scenario, model in sorted({(r["scenario"], r["model"]) for r in results}):
         panel = [r for r in results if (r["scenario"], r["model"]) == (scenario, model)]
         runs = [r for r in panel if r["policy"] == "uniform"] or panel
-        if not any(r.get("noise_scale_steps") for r in runs):
+        if not any(r.get("noise_scale_steps") or r.get("noise_scale_micro_steps") for r in runs):
             continue
-        scales = [_value(r, "noise_scale") for r in runs]
-        lows = [_value(r, "noise_scale_low") for r in runs]
-        highs = [_value(r, "noise_scale_high") for r in runs]
-        batch = float(np.mean([_value(r, "batch_rollouts") for r in runs]))
-        # every seed must resolve the gradient for a point estimate; the interval is the widest
-        scale = float(np.mean(scales)) if all(math.isfinite(v) for v in scales) else None
-        low = min((v for v in lows if math.isfinite(v)), default=None)
-        high = None if any(not math.isfinite(v) for v in highs) else max(highs)
         who = "GRPO's runs" if runs[0]["policy"] == "uniform" else "all runs"
         name = f"{scenario}, {model}" if scenario else f"real model ({panel[0].get('engine', '')})"
-        steps = min(int(r.get("noise_scale_steps") or 0) for r in runs)
-        note = f"{name}, {who}: {regime_sentence(batch, scale, low, high, steps=steps)}."
-        notes.append(note[:1].upper() + note[1:])
+        notes.append(f"{name[:1].upper()}{name[1:]}, {who}: {regime_text(combine(runs))}")
     return notes
 
 
@@ -432,9 +425,10 @@ def report_text(results: list[dict[str, Any]], target_gain: float, title: str, s
     table = markdown_table(headers, [[r[h] for h in headers] for r in rows])
     notes = regime_notes(results)
     regime = ("\n**Regime.** 'noise scale' is the learner's simple gradient noise scale (McCandlish et al. 2018) in "
-              "rollouts, per run the run mean of tr(Σ) over the run mean of |G|² (mean ± std over seeds; '95%' the widest "
-              "interval of the seeds, from the spread of the per-step |G|² estimates); 'batch / noise scale' the rollouts "
-              "trained per step over it. "
+              "rollouts, per run the run mean of tr(Σ) over the run mean of |G|², from consecutive steps' gradients "
+              "(|G|² as the mean of G_t · G_(t-1)); mean ± std over seeds, '95%' the widest of the seeds' Fieller "
+              "intervals; 'batch / noise scale' the rollouts trained per step over it; '(micro-batches)' the same from "
+              "the micro-batches within each step (biased far below the noise scale). "
               + " ".join(notes) + "\n") if notes else ""
     return (
         f"# {title}\n\n{setup}, target = start accuracy + "
