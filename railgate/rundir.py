@@ -252,6 +252,22 @@ def disk_error(exc: BaseException) -> str | None:
     return None
 
 
+def close_all(*closables: Any) -> None:
+    """``close()`` every one that has it, even when one fails (a full disk fails them all); then
+    raise the first failure."""
+    first: BaseException | None = None
+    for closable in closables:
+        close = getattr(closable, "close", None)
+        if close is None:
+            continue
+        try:
+            close()
+        except BaseException as exc:
+            first = first or exc
+    if first is not None:
+        raise first
+
+
 def check_writable(path: Path) -> None:
     """``RunDirError`` unless a file can be created in ``path`` (checked before long work whose
     result goes there, such as an evaluation)."""

@@ -151,7 +151,7 @@ class _Encoder:
             raise StateFormatError(f"at {path}: a numpy array of dtype {array.dtype} cannot go into a checkpoint; "
                                    "only numeric and boolean arrays can")
         key = f"a{len(self.arrays)}"
-        self.arrays[key] = np.ascontiguousarray(array)
+        self.arrays[key] = array if array.flags.c_contiguous else array.copy(order="C")  # keeps 0-d arrays 0-d
         return key
 
     def _tensor(self, tensor: Any, torch: Any, path: str) -> str:

@@ -34,7 +34,7 @@ from railgate.interrupt import run_orchestrator
 from railgate.preflight import preflight
 from railgate.progress import ProgressBar
 from railgate.report import accuracy_plot, summary_table
-from railgate.rundir import RunDir, TraceSlot, open_run_dir
+from railgate.rundir import RunDir, TraceSlot, close_all, open_run_dir
 
 
 @dataclass
@@ -94,11 +94,10 @@ def _train(cfg: RunConfig, run: RunDir, progress: bool | None, on_step: Callable
         summary = run_orchestrator(orchestrator)  # Ctrl-C: stop at a step boundary with a checkpoint
     finally:
         bar.close()
-        for closable in (trace, buffer, metrics):
-            close = getattr(closable, "close", None)
-            if close is not None:
-                close()
-        anyio.run(components.engine.aclose)
+        try:
+            close_all(trace, buffer, metrics)  # each one, even when another fails (a full disk)
+        finally:
+            anyio.run(components.engine.aclose)
     write_summary(run_dir, cfg, summary)
     return TrainResult(run_dir, summary, components)
 
