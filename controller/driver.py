@@ -38,6 +38,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
+from controller.selectors import PromptSelector
 from pipeline.types import (
     ActionKind,
     CommittedGroup,
@@ -79,7 +80,7 @@ def snapshot_of(group_id: int, prompt: Prompt, rewards: Sequence[float], target_
                          in_flight=in_flight, launched=launched, failed=failed, tokens=tokens, policy_version=policy_version)
 
 
-class _CallerChoice:
+class _CallerChoice(PromptSelector):
     """A prompt selector that hands the gate exactly the prompt the caller opened."""
 
     def __init__(self) -> None:
@@ -94,15 +95,6 @@ class _CallerChoice:
         return out
 
     def evict(self, prompt_id: int) -> None:
-        return None
-
-    def observe(self, prompt_id: int, successes: int, samples: int) -> None:
-        return None
-
-    def release(self, prompt_id: int) -> None:
-        return None
-
-    def advance(self, step: int) -> None:
         return None
 
     def state_dict(self) -> dict[str, Any]:

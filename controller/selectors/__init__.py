@@ -26,7 +26,8 @@ __all__ = ["CursorSelector", "PromptSelector", "as_selector"]
 
 @runtime_checkable
 class PromptSelector(Protocol):
-    """What gates need of a prompt source."""
+    """What gates need of a prompt source. ``observe``, ``release`` and ``advance`` default to
+    doing nothing, which a selector with no opinion inherits by subclassing ``PromptSelector``."""
 
     @property
     def active(self) -> int:
@@ -43,15 +44,15 @@ class PromptSelector(Protocol):
 
     def observe(self, prompt_id: int, successes: int, samples: int) -> None:
         """A group of ``prompt_id`` showed ``successes`` of ``samples`` valid rewards."""
-        ...
+        return None
 
     def release(self, prompt_id: int) -> None:
         """The group opened for ``prompt_id`` closed; it may be selected again."""
-        ...
+        return None
 
     def advance(self, step: int) -> None:
         """Learner step ``step`` finished: the policy moved."""
-        ...
+        return None
 
     def state_dict(self) -> dict[str, Any]:
         ...
@@ -60,7 +61,7 @@ class PromptSelector(Protocol):
         ...
 
 
-class CursorSelector:
+class CursorSelector(PromptSelector):
     """``PromptPool`` order, nothing learned: the selector of every gate without DPS."""
 
     def __init__(self, pool: PromptPool):
@@ -75,15 +76,6 @@ class CursorSelector:
 
     def evict(self, prompt_id: int) -> None:
         self.pool.evict(prompt_id)
-
-    def observe(self, prompt_id: int, successes: int, samples: int) -> None:
-        return None
-
-    def release(self, prompt_id: int) -> None:
-        return None
-
-    def advance(self, step: int) -> None:
-        return None
 
     def state_dict(self) -> dict[str, Any]:
         return {"pool": self.pool.state_dict()}
