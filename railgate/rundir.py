@@ -116,9 +116,12 @@ def open_run_dir(cfg: RunConfig, resume: bool = False, overwrite: bool = False) 
                 for entry in used:
                     _remove(entry)
             yield run
-        except BaseException:
+        except BaseException as exc:
             if not run.committed:
                 lock.discard_if_created()  # a refused run leaves no lock file the directory did not have
+            message = disk_error(exc, where=path) if isinstance(exc, Exception) else None
+            if message is not None:  # a full disk or read-only directory: one line, however deep in the chain
+                raise RunDirError(message) from exc
             raise
 
 
@@ -219,9 +222,10 @@ _DISK_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota 
                 errno.EPERM: "permission denied"}
 
 
-def disk_error(exc: BaseException) -> str | None:
+def disk_error(exc: BaseException, where: Path | str | None = None) -> str | None:
     """One line for a failed write a user can fix (full disk, read-only or forbidden path),
     found anywhere in ``exc``'s cause/context chain or exception group; None for anything else.
+    ``where`` names the place when the error does not (a failed ``write`` has no file name).
 
     >>> disk_error(RuntimeError("x")) is None
     True
@@ -242,10 +246,10 @@ def disk_error(exc: BaseException) -> str | None:
             continue
         seen.add(id(e))
         if isinstance(e, OSError) and e.errno in _DISK_ERRNOS:
-            where = e.filename or "the run directory"
+            place = e.filename or where or "the run directory"
             fix = ("free space (or pass another --run-dir), then continue with --resume" if e.errno in (errno.ENOSPC, errno.EDQUOT)
                    else "make it writable or pass another --run-dir")
-            return f"cannot write {where}: {_DISK_ERRNOS[e.errno]}; {fix}"
+            return f"cannot write {place}: {_DISK_ERRNOS[e.errno]}; {fix}"
         if isinstance(e, BaseExceptionGroup):
             stack.extend(e.exceptions)
         stack.extend([e.__context__, e.__cause__])
