@@ -313,11 +313,13 @@ class _Lock:
         self.path = run_dir / LOCK_FILE
         self._fd: int | None = None
         self._created = False
+        self._made_dir = False
 
     def __enter__(self) -> _Lock:
         import fcntl
 
         try:
+            self._made_dir = not self.run_dir.exists()
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._created = not self.path.exists()
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -343,10 +345,17 @@ class _Lock:
         return self
 
     def discard_if_created(self) -> None:
-        """A refused run leaves the directory as it found it: no lock file it did not have."""
+        """A refused run leaves the directory as it found it: no lock file it did not have, and
+        no directory at all if it made it and nothing else was written there."""
         if self._created:
             self.path.unlink(missing_ok=True)
             self._created = False
+        if self._made_dir:
+            try:
+                self.run_dir.rmdir()  # only when empty
+            except OSError:
+                pass
+            self._made_dir = False
 
     def __exit__(self, *exc: object) -> None:
         import fcntl
