@@ -98,3 +98,15 @@ def test_dataset_problems_through_the_cli(tmp_path, problem):
     assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert expect in lines[0] and len(lines[0]) < 1000, lines[0][:300]
     assert not run.exists()
+
+
+def test_a_long_text_is_shortened_in_errors():
+    from pipeline.configuration import ConfigError, apply_overrides
+    from pipeline.tokenizer import CharTokenizer, TokenizerError
+
+    with pytest.raises(TokenizerError) as info:
+        CharTokenizer("ab").encode("a" * 1_000_000 + "c")
+    assert len(str(info.value)) < 400 and "of 1000001 characters" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        apply_overrides({}, ["x" * 1_000_000])
+    assert len(str(info.value)) < 400
