@@ -162,7 +162,7 @@ def regime_sentence(batch: float | None, noise_scale: float | None, low: float |
     ``steps`` the steps measured (to tell an unresolved gradient from no measurement).
 
     >>> print(regime_sentence(64.0, 640.0, low=320.0, high=None))
-    the batch (64 rollouts) is 10.0 times below the noise scale (640 rollouts; 95% interval 320 to unbounded): progress is noise-limited; skipping saturated groups pays more than smaller batches
+    the noise scale (640 rollouts; 95% interval 320 to unbounded) is 10.0 times the batch (64 rollouts): progress is noise-limited; skipping saturated groups pays more than smaller batches (at a learning rate tuned to the batch size; at a fixed one, smaller batches also take more steps of the same size)
     """
     kind = regime(batch, noise_scale, low)
     if kind == "not measured":
@@ -185,14 +185,16 @@ def regime_sentence(batch: float | None, noise_scale: float | None, low: float |
         head = (f"the gradient is not resolved over the run: the noise scale is at least {low:.0f} rollouts (95% lower "
                 f"bound), {low / batch:.1f} times the batch ({batch:.0f} rollouts)")
     elif kind == "noise-limited":
-        head = (f"the batch ({batch:.0f} rollouts) is {noise_scale / batch:.1f} times below the noise scale "
-                f"({noise_scale:.0f} rollouts{interval})")
+        head = (f"the noise scale ({noise_scale:.0f} rollouts{interval}) is {noise_scale / batch:.1f} times the batch "
+                f"({batch:.0f} rollouts)")
     else:
         head = (f"the batch ({batch:.0f} rollouts) is {batch / max(noise_scale, 1e-12):.1f} times the noise scale "
                 f"({noise_scale:.0f} rollouts{interval})")
     tail = {
         "step-limited": "progress is step-limited; smaller batches pay more than skipping saturated groups",
-        "noise-limited": "progress is noise-limited; skipping saturated groups pays more than smaller batches",
+        "noise-limited": "progress is noise-limited; skipping saturated groups pays more than smaller batches "
+                         "(at a learning rate tuned to the batch size; at a fixed one, smaller batches also take "
+                         "more steps of the same size)",
         "near the noise scale": "near it, steps and signal limit progress about equally; neither smaller batches nor "
                                 "skipping saturated groups dominates",
     }[kind]
@@ -229,7 +231,7 @@ def regime_text(summary: dict[str, Any]) -> str:
 
     >>> print(regime_text({"batch_rollouts": 64.0, "noise_scale": 800.0, "noise_scale_low": 400.0,
     ...     "noise_scale_high": 5000.0, "noise_scale_steps": 300, "noise_scale_micro_steps": 0}))
-    The batch (64 rollouts) is 12.5 times below the noise scale (800 rollouts; 95% interval 400 to 5000): progress is noise-limited; skipping saturated groups pays more than smaller batches.
+    The noise scale (800 rollouts; 95% interval 400 to 5000) is 12.5 times the batch (64 rollouts): progress is noise-limited; skipping saturated groups pays more than smaller batches (at a learning rate tuned to the batch size; at a fixed one, smaller batches also take more steps of the same size).
     """
     batch = summary.get("batch_rollouts")
     main = regime_sentence(batch, summary.get("noise_scale"), summary.get("noise_scale_low"),

@@ -50,7 +50,7 @@ def test_the_run_noise_scale_is_the_ratio_of_run_means_with_fieller_interval():
     # with tr(Σ) constant, Fieller's lower end is tr / (mean + 2 se)
     assert s["noise_scale_low"] == pytest.approx(100 / (1 / 6 + 2 * np.std(grad_sq, ddof=1) / math.sqrt(6)))
     sentence = regime_sentence(s["batch_rollouts"], s["noise_scale"], s["noise_scale_low"], s["noise_scale_high"])
-    assert "9.4 times below the noise scale (600 rollouts; 95% interval 144 to unbounded)" in sentence
+    assert "the noise scale (600 rollouts; 95% interval 144 to unbounded) is 9.4 times the batch (64 rollouts)" in sentence
     assert "noise-limited" in sentence and "not settled" not in sentence
     assert regime_sentence(64.0, 600.0, 100.0, None).endswith("(the interval reaches near the noise scale: not settled)")
     resolved = steps_log([100.0, 120.0, 80.0, 100.0], [2.0, 2.2, 1.8, 2.0]).summary()
