@@ -110,7 +110,8 @@ def _checkpoint_state(run_dir: Path, step: int | None) -> dict[str, Any]:
     if step is None:
         return load_checkpoint(latest_checkpoint(run_dir))
     directory = run_dir / "checkpoints"
-    found = [p for p in sorted(directory.glob(f"step-{step:06d}.*")) if not p.name.endswith(".tmp")]
+    found = sorted((p for p in directory.glob(f"step-{step:06d}.*") if not p.name.endswith(".tmp")),
+                   key=lambda p: p.suffix == ".ckpt")  # a converted .pt's .ckpt, when both are there
     if not found:
         steps = sorted({int(m.group(1)) for p in directory.glob("step-*")
                         if (m := re.fullmatch(r"step-(\d+)\.\w+", p.name))})
