@@ -24,17 +24,33 @@ class GroupRun:
     tokens: int = 0
     sealed: bool = False
     closed: bool = False
-    samples: list[ScoredSample] = field(default_factory=list)
+    samples: list[ScoredSample] = field(default_factory=list)  # every ended sample, in finishing order
     in_flight: dict[str, SampleRequest] = field(default_factory=dict)  # running samples by request id
     decision_ids: list[int] = field(default_factory=list)
+    # Kept as samples end, so that a snapshot does not re-scan them: the valid ones, their
+    # rewards and origins, and the completed samples that got no reward.
+    _valid: list[ScoredSample] = field(default_factory=list)
+    _rewards: list[float] = field(default_factory=list)
+    _origins: list[int] = field(default_factory=list)
+    _unrewarded: int = 0
+
+    def add(self, scored: ScoredSample) -> None:
+        """One more ended sample of the group (any finish reason)."""
+        self.samples.append(scored)
+        if scored.is_valid:
+            self._valid.append(scored)
+            self._rewards.append(scored.reward)
+            self._origins.append(scored.request.origin)
+        elif scored.result.finish_reason.is_success:
+            self._unrewarded += 1
 
     @property
     def rewards(self) -> tuple[float, ...]:
-        return tuple(s.reward for s in self.samples if s.is_valid)
+        return tuple(self._rewards)
 
     @property
     def origins(self) -> tuple[int, ...]:
-        return tuple(s.request.origin for s in self.samples if s.is_valid)
+        return tuple(self._origins)
 
     def snapshot(self, policy_version: int) -> GroupSnapshot:
         return GroupSnapshot(
@@ -45,7 +61,7 @@ class GroupRun:
             in_flight=len(self.in_flight) + self.queued,  # queued launches are as good as running
             launched=self.launched,
             # a sample with no reward counts as failed: gates stop paying for a group that gets none
-            failed=self.failed + sum(1 for s in self.samples if s.result.finish_reason.is_success and not s.is_valid),
+            failed=self.failed + self._unrewarded,
             tokens=self.tokens,
             policy_version=policy_version,
             origins=self.origins,
@@ -63,10 +79,9 @@ class GroupRun:
                 finish_reason=s.result.finish_reason,
                 policy_version=s.result.policy_version,
             )
-            for s in sorted(self.samples, key=lambda s: s.request.sample_index)
-            if s.is_valid
+            for s in sorted(self._valid, key=lambda s: s.request.sample_index)
         )
-        valid = [s for s in self.samples if s.is_valid]
+        valid = self._valid
         return CommittedGroup(
             group_id=self.group_id,
             prompt_id=self.prompt.prompt_id,

@@ -10,10 +10,8 @@ in order -- the orchestrator's async shell (``pipeline.orchestrator``) starts an
 per launch; the gate conformance harness (``tests/gate_harness.py``) schedules a simulated
 finish -- so the same lifecycle runs under both.
 
->>> from controller.gates.uniform import UniformGate
->>> from controller.noop import NoopController
->>> from controller.prompts import PromptPool
->>> from pipeline.config import OrchestratorConfig
+>>> from controller.gates.uniform import UniformGate; from controller.noop import NoopController
+>>> from controller.prompts import PromptPool; from pipeline.config import OrchestratorConfig
 >>> from pipeline.types import FinishReason, Prompt, SampleFinished, ScoredSample
 >>> pool = PromptPool([Prompt(i, "", (1,)) for i in range(8)], seed=0)
 >>> cfg = OrchestratorConfig(batch_groups=1, group_size=2, steps=1, max_concurrent_samples=4, max_open_groups=2)
@@ -73,6 +71,9 @@ class TrackerOutput:
     cancels: list[str] = field(default_factory=list)
 
 
+_NOTHING = TrackerOutput(launches=(), cancels=())  # type: ignore[arg-type]  # a call that does nothing; shared, read-only
+
+
 class GroupTracker:
     """Group state, admission, actions, batches and budget of one run; see the module docstring.
 
@@ -99,6 +100,7 @@ class GroupTracker:
         self.seed = seed
         self.run_id = run_id
         self.trace = trace if trace is not None else NullSink()
+        self._records = not isinstance(self.trace, NullSink)
         self.hook_timer = hook_timer
         self.now = now
         self.policy_version = policy_version
@@ -129,16 +131,19 @@ class GroupTracker:
         return self._next_group_id
 
     @property
-    def in_flight(self) -> int:
-        return self._in_flight
-
-    @property
     def groups(self) -> Mapping[int, GroupRun]:
         """The open groups by id (read-only)."""
         return MappingProxyType(self._groups)
 
+    def group(self, group_id: int) -> GroupRun | None:
+        """The open group ``group_id`` (None once it closed)."""
+        return self._groups.get(group_id)
+
     def _output(self) -> TrackerOutput:
-        out, self._out = self._out, TrackerOutput()
+        out = self._out
+        if not out.launches and not out.cancels:
+            return _NOTHING  # most calls start and cancel nothing: no allocation
+        self._out = TrackerOutput()
         return out
 
     # --- admission and launches ----------------------------------------------------------
@@ -233,14 +238,14 @@ class GroupTracker:
             self.budget.rollouts_failed += 1
         else:
             self.budget.rollouts_finished += 1
-        extra = max(0, finished.num_tokens - self._prefix(request) - streamed)
+        extra = max(0, finished.num_tokens - (request.branch.prefix_len if request.branch else 0) - streamed)
         self.budget.tokens_generated += extra
         group.tokens += extra
 
     def abort_tokens(self, request: SampleRequest, n: int = 0, final: SampleFinished | None = None, streamed: int = 0) -> None:
         """Tokens a cancelled sample produced while it was being aborted (not its group's)."""
         if final is not None:
-            n = max(0, final.num_tokens - self._prefix(request) - streamed)
+            n = max(0, final.num_tokens - (request.branch.prefix_len if request.branch else 0) - streamed)
         self.budget.tokens_generated += n
 
     def sample_cancelled(self, group: GroupRun) -> None:
@@ -251,10 +256,6 @@ class GroupTracker:
     def sample_gone(self) -> None:
         """A cancelled sample's task ended: its engine slot is free."""
         self._in_flight -= 1
-
-    @staticmethod
-    def _prefix(request: SampleRequest) -> int:
-        return request.branch.prefix_len if request.branch else 0
 
     # --- decisions -----------------------------------------------------------------------
 
@@ -270,7 +271,7 @@ class GroupTracker:
             group.failed += 1
         elif reason is FinishReason.ABORTED:
             group.aborted += 1
-        group.samples.append(scored)
+        group.add(scored)
         self._touched.add(group.group_id)
         started = time.perf_counter_ns() if self.hook_timer is not None else 0
         snapshot = group.snapshot(self.policy_version())
@@ -324,11 +325,12 @@ class GroupTracker:
             return
         decision_id = self.trace.next_decision_id()
         group.decision_ids.append(decision_id)
-        self.trace.log_decision(gate_decision(
-            decision_id, action, prompt=group.prompt, rewards=group.rewards, in_flight=len(group.in_flight),
-            launched=group.launched, target_size=group.target_size, executed=executed, time=self.now(),
-            run_id=self.run_id, policy_version=self.policy_version(),
-        ))
+        if self._records:  # a NullSink keeps none: do not build them
+            self.trace.log_decision(gate_decision(
+                decision_id, action, prompt=group.prompt, rewards=group.rewards, in_flight=len(group.in_flight),
+                launched=group.launched, target_size=group.target_size, executed=executed, time=self.now(),
+                run_id=self.run_id, policy_version=self.policy_version(),
+            ))
 
     # --- shipping and closing ------------------------------------------------------------
 

@@ -52,6 +52,12 @@ from pipeline.types import (
 )
 
 
+# A response of n tokens (20 to 79): shared tuples, since allocating them per sample is a
+# measurable share of a harness run.
+_TOKENS = [(1,) * n for n in range(80)]
+_LOGPROBS = [(0.0,) * n for n in range(80)]
+
+
 class ProtocolViolation(AssertionError):
     """The gate broke the group lifecycle of pipeline/protocols.py."""
 
@@ -141,6 +147,8 @@ class _Controller(Controller):
 
     def on_group(self, snapshot: GroupSnapshot, proposed: list[GroupAction]) -> list[GroupAction]:
         h, final = self.harness, []
+        if not (h.cfg.override_abandon or h.cfg.extend_commit):
+            return proposed
         for a in proposed:
             mine = a.group_id == snapshot.group_id
             if (mine and a.kind is ActionKind.ABANDON and self.interventions.get(a.group_id, 0) < 2
@@ -273,7 +281,13 @@ class GateHarness:
 
     def clone_with(self, gate: Gate) -> "GateHarness":
         """An exact copy of this run whose gate is ``gate`` (restored from a checkpoint)."""
-        return copy.deepcopy(self, memo={id(self.gate): gate})
+        # Frozen messages are shared, not copied (walking them dominated a clone's cost).
+        frozen = [*_TOKENS, *_LOGPROBS, *self.batch_log, *self.learner_waiting, *self.tracker.pending]
+        for group in [*self.groups.values(), *self.closed_groups]:
+            frozen += [group.prompt, *group.samples, *group.in_flight.values()]
+        memo = {id(x): x for x in frozen}
+        memo[id(self.gate)] = gate
+        return copy.deepcopy(self, memo=memo)
 
     def resumed_with(self, gate: Gate) -> "GateHarness":
         """What ``train --resume`` does, from a checkpoint taken now (``GroupTracker.state_dict``)
@@ -328,11 +342,11 @@ class GateHarness:
             outcomes = self.outcomes[group.group_id]
             while len(outcomes) <= request.sample_index:
                 outcomes.append(float(self.uniform() < self.p[group.prompt.prompt_id]))
-            final = SampleFinished(request_id, (1,) * length, (0.0,) * length, FinishReason.STOP, 0)
+            final = SampleFinished(request_id, _TOKENS[length], _LOGPROBS[length], FinishReason.STOP, 0)
             reward = outcomes[request.sample_index]
         self.tracker.sample_ended(group, request, final, streamed=0)
         self._do(self.tracker.on_sample(ScoredSample(request, final, reward)))
-        g = self.groups.get(group.group_id)
+        g = self.tracker.group(group.group_id)
         if g is not None and not g.sealed and g.group_id not in self.held and not g.in_flight and not g.queued:
             raise ProtocolViolation(
                 f"{type(self.gate).__name__} left group {g.group_id} idle with no verdict "

@@ -60,7 +60,8 @@ class BaseGate(Gate):
                 f"{type(self).__name__} got an update for group {snapshot.group_id} of prompt "
                 f"{snapshot.prompt.prompt_id}, which it never opened; only the gate that admitted a group may be asked about it"
             )
-        rec.s, rec.f = snapshot.successes, snapshot.failures
+        rec.s = snapshot.successes
+        rec.f = snapshot.finished - rec.s
         return self._update(snapshot, rec)
 
     def _update(self, snapshot: GroupSnapshot, rec: Any) -> list[GroupAction]:
