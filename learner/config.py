@@ -1,6 +1,6 @@
 """Settings of the learner package (the ``learner:`` section of a run config).
 
-One frozen dataclass, a docstring under every field; ``pipeline.configuration.build`` turns
+One frozen dataclass, a docstring under every field; ``pipeline.config.build.build`` turns
 YAML into it and rejects unknown keys. The defaults are plain GRPO (std-normalised
 advantages, symmetric clip 0.2, token-mean loss, no reference model) at the learning rate
 that worked on this machine's 0.4M-parameter policy (3e-4; 1e-3 collapsed it). The baselines
@@ -18,7 +18,7 @@ DAPO clip-higher       ``clip_high: 0.28`` (with any estimator; DAPO pairs it wi
 >>> LearnerConfig(clip_low=0.2, clip_high=0.1)
 Traceback (most recent call last):
 ...
-pipeline.configuration.ConfigError: learner.clip_high=0.1 is below learner.clip_low=0.2; DAPO's clip-higher raises clip_high (0.28), it never lowers it: set clip_high >= clip_low
+pipeline.config.build.ConfigError: learner.clip_high=0.1 is below learner.clip_low=0.2; DAPO's clip-higher raises clip_high (0.28), it never lowers it: set clip_high >= clip_low
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pipeline.configuration import require
+from pipeline.config.build import require
 
 Algorithm = Literal["grpo", "rloo", "drgrpo"]
 LossAgg = Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"]

@@ -8,9 +8,9 @@ that what GRPO leaves near zero on the hardest levels is visible. Samples the re
 gives no reward (None) are left out.
 
 >>> import anyio
->>> from pipeline.config import SimConfig
->>> from pipeline.simworld import SimWorld, SimAnswerScorer
->>> from pipeline.engines.sim import SimEngine
+>>> from pipeline.config.sections import SimConfig
+>>> from pipeline.sim.world import SimWorld, SimAnswerScorer
+>>> from pipeline.sim.engine import SimEngine
 >>> engine = SimEngine(SimWorld(SimConfig(num_prompts=16, num_eval_prompts=4)))
 >>> evaluator = SamplingEvaluator(engine, [engine.prompt(i) for i in range(16)], SimAnswerScorer(),
 ...                               samples_per_prompt=4, max_tokens=512)
@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import anyio
 
 from pipeline.protocols import Scorer
-from pipeline.scoring import ScoringService
+from pipeline.tasks.rewards.scoring import ScoringService
 from pipeline.seeding import sample_seed
 from pipeline.types import Prompt, SampleFinished, SampleRequest, SamplingParams
 

@@ -1,7 +1,7 @@
 """One learner step as the orchestrator runs it: train, record, push weights, measure, evaluate.
 
 ``LearnerStep`` trains on a ``TrainBatch`` from memory (in a worker thread, or inline on the
-simulator's virtual clock), then records it in the buffer (``pipeline.buffer.ArrowBuffer``:
+simulator's virtual clock), then records it in the buffer (``pipeline.store.buffer.ArrowBuffer``:
 Arrow segments on disk) with the learner's advantages, pushes the new weights into the engine, writes
 the step's metrics (the budget, the learner's, the gate's and the controller's, namespaced),
 evaluates every ``eval_every`` steps, and keeps the evaluation records. A held-out accuracy at
@@ -18,11 +18,11 @@ from typing import Callable
 import anyio.to_thread
 
 from pipeline.clock import VirtualClock, WallClock
-from pipeline.config import OrchestratorConfig
+from pipeline.config.sections import OrchestratorConfig
 from pipeline.engines.base import Engine
 from pipeline.metrics import MetricsWriter, NullMetricsWriter
 from pipeline.protocols import Buffer, Evaluator, Learner
-from pipeline.scoring import ScoringService
+from pipeline.tasks.rewards.scoring import ScoringService
 from pipeline.tracker import GroupTracker
 from pipeline.types import StepResult, TrainBatch
 

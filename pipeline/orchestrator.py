@@ -34,7 +34,7 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from pipeline.clock import VirtualClock, WallClock
-from pipeline.config import OrchestratorConfig
+from pipeline.config.sections import OrchestratorConfig
 from pipeline.decisions import NullSink  # noqa: F401  (re-exported: older imports name it here)
 from pipeline.engines.base import Engine
 from pipeline.group import GroupRun
@@ -43,7 +43,7 @@ from pipeline.inbox import ControllerActions, SampleDone, StepDone
 from pipeline.learning import LearnerStep
 from pipeline.metrics import Budget, MetricsWriter, NullMetricsWriter
 from pipeline.protocols import Buffer, Controller, DecisionSink, Evaluator, Gate, Learner
-from pipeline.scoring import ScoringService
+from pipeline.tasks.rewards.scoring import ScoringService
 from pipeline.tracker import GateStalled, GroupTracker, TrackerOutput  # noqa: F401  (GateStalled re-exported)
 from pipeline.types import FinishReason, SampleFinished, SampleRequest, ScoredSample, TokenDelta, TrainBatch
 

@@ -165,7 +165,7 @@ class Learner(Protocol):
 
 
 class Buffer(Protocol):
-    """Where every trained batch is recorded (``pipeline.buffer.ArrowBuffer``: Arrow segments)."""
+    """Where every trained batch is recorded (``pipeline.store.buffer.ArrowBuffer``: Arrow segments)."""
 
     def put(self, batch: TrainBatch, advantages: Sequence[Sequence[float]] | None = None) -> Any:
         """Record one step's batch, with the learner's per-rollout advantages when it has them."""
@@ -183,7 +183,7 @@ class Evaluator(Protocol):
 
 
 class DecisionSink(Protocol):
-    """Where decisions and their outcomes go (``pipeline.tracelog.TraceLog`` or a null sink)."""
+    """Where decisions and their outcomes go (``pipeline.store.tracelog.TraceLog`` or a null sink)."""
 
     def next_decision_id(self) -> int:
         """A fresh id, unique within the trace (continuing after a resumed run's records)."""

@@ -11,7 +11,7 @@ per launch; the gate conformance harness (``tests/gate_harness.py``) schedules a
 finish -- so the same lifecycle runs under both.
 
 >>> from controller.gates.uniform import UniformGate; from controller.noop import NoopController
->>> from controller.prompts import PromptPool; from pipeline.config import OrchestratorConfig
+>>> from controller.prompts import PromptPool; from pipeline.config.sections import OrchestratorConfig
 >>> from pipeline.types import FinishReason, Prompt, SampleFinished, ScoredSample
 >>> pool = PromptPool([Prompt(i, "", (1,)) for i in range(8)], seed=0)
 >>> cfg = OrchestratorConfig(batch_groups=1, group_size=2, steps=1, max_concurrent_samples=4, max_open_groups=2)
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
-from pipeline.config import OrchestratorConfig
+from pipeline.config.sections import OrchestratorConfig
 from pipeline.decisions import NullSink, gate_decision
 from pipeline.group import GroupRun
 from pipeline.hooktimer import HookTimer

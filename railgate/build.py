@@ -11,18 +11,18 @@ from typing import Any, Callable
 from controller.gates.registry import build_gate
 from controller.noop import NoopController
 from controller.prompts import PromptPool
-from learner.sim import SimLearner
+from pipeline.sim.learner import SimLearner
 from pipeline.clock import VirtualClock, WallClock
-from pipeline.configuration import ConfigError
+from pipeline.config.build import ConfigError
 from pipeline.decisions import NullSink
-from pipeline.engines.sim import SimEngine
+from pipeline.sim.engine import SimEngine
 from pipeline.hooktimer import HookTimer
 from pipeline.metrics import MetricsWriter
 from pipeline.orchestrator import Orchestrator
 from pipeline.protocols import Buffer, Controller, DecisionSink, Evaluator, Gate, Learner, Scorer
-from pipeline.scoring import ScoringService
+from pipeline.tasks.rewards.scoring import ScoringService
 from pipeline.seeding import derive_seed
-from pipeline.simworld import SimAnswerScorer, SimEvaluator, SimWorld
+from pipeline.sim.world import SimAnswerScorer, SimEvaluator, SimWorld
 from railgate.config import RunConfig
 from railgate.preflight import preflight
 
@@ -113,12 +113,12 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
     from learner.torch_learner import TorchLearner
     from pipeline.engines.torch_engine import TorchEngine
     from pipeline.evaluation import SamplingEvaluator
-    from pipeline.models import ensure_base_model
+    from pipeline.policy.models import ensure_base_model
     from pipeline.tasks import build_task
 
     task = build_task(cfg.task)
     if not cfg.model.path:  # fail before a warm start, with the tokenizer it would build
-        from pipeline.tokenizer import CharTokenizer
+        from pipeline.policy.tokenizer import CharTokenizer
 
         _prompts(cfg, task, CharTokenizer.for_tasks(task).encode_prompt)
     base = ensure_base_model(cfg.run_dir, cfg.task, cfg.model, progress=progress)

@@ -42,7 +42,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from pipeline.configuration import ConfigError
+from pipeline.config.build import ConfigError
 from railgate.state_codec import StateFormatError, decode_state, encode_state
 
 MAGIC = b"RAILGATE-CHECKPOINT\n"

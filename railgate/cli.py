@@ -124,12 +124,12 @@ def _parser() -> argparse.ArgumentParser:
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by input (files, directories, traces, datasets): one clear line, exit 2."""
     from controller.rail.replay import ReplayError
-    from pipeline.arrowio import SegmentFormatError
+    from pipeline.store.arrowio import SegmentFormatError
     from pipeline.engines.base import EngineError
-    from pipeline.models import ModelDirError
+    from pipeline.policy.models import ModelDirError
     from pipeline.tracker import GateStalled
     from pipeline.tasks.dataset import DatasetError
-    from pipeline.tokenizer import TokenizerError
+    from pipeline.policy.tokenizer import TokenizerError
     from railgate.checkpoint import CheckpointError
     from railgate.import_model import ModelImportError
     from railgate.rundir import RunDirError
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
             bench_engines_main(argv[2:])
         else:
-            from pipeline.engines.bench import main as bench_engine_main
+            from railgate.bench.throughput import main as bench_engine_main
 
             bench_engine_main(argv[2:])
         return 0
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         from configs import resolve
 
         args.config = resolve(args.config)  # `configs/X.yaml` means the shipped one, from any directory
-    from pipeline.configuration import ConfigError
+    from pipeline.config.build import ConfigError
     from railgate.config import load_config
     from railgate.train import tune_gc
 

@@ -13,7 +13,7 @@ Rules across sections are checked at load time too, before any model is built:
 >>> load_config(None, ["gate.kind=sara", "gate.sara.probe_size=12", "orchestrator.group_size=8"])
 Traceback (most recent call last):
 ...
-pipeline.configuration.ConfigError: gate.sara.probe_size=12 is above orchestrator.group_size=8; lower gate.sara.probe_size or raise orchestrator.group_size
+pipeline.config.build.ConfigError: gate.sara.probe_size=12 is above orchestrator.group_size=8; lower gate.sara.probe_size or raise orchestrator.group_size
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from typing import Any
 
 from controller.config import ControllerConfig, GateConfig
 from learner.config import LearnerConfig
-from pipeline.config import DataConfig, EngineConfig, LogConfig, OrchestratorConfig, SimConfig, TorchEngineConfig
-from pipeline.model_config import BaseModelConfig
+from pipeline.config.sections import DataConfig, EngineConfig, LogConfig, OrchestratorConfig, SimConfig, TorchEngineConfig
+from pipeline.policy.config import BaseModelConfig
 from pipeline.tasks.config import TaskConfig
-from pipeline.configuration import ConfigError, apply_overrides, build, load_yaml, merge, require, to_dict
+from pipeline.config.build import ConfigError, apply_overrides, build, load_yaml, merge, require, to_dict
 
 
 @dataclass(frozen=True)

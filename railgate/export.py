@@ -14,7 +14,7 @@ other tools read without railgate.
 
 The project's own model keeps its character tokenizer in the standard form: a
 ``PreTrainedTokenizerFast`` (``tokenizer.json``, one token per character, ``<bos>`` added to
-every text) that gives the same ids as ``pipeline.tokenizer.CharTokenizer``. A user's model
+every text) that gives the same ids as ``pipeline.policy.tokenizer.CharTokenizer``. A user's model
 (``model.path``) keeps the tokenizer it came with, chat template included.
 
 Each output is written under a temporary name and renamed into place, so an interrupted
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.configuration import ConfigError
+from pipeline.config.build import ConfigError
 from railgate.config import RunConfig
 
 MODEL_DIR = "model"
@@ -70,7 +70,7 @@ def export_run(cfg: RunConfig, run_dir: str | Path, out: str | Path, step: int |
 def export_model(cfg: RunConfig, run_dir: Path, out: Path, step: int | None = None) -> tuple[int, Any]:
     """Write the policy after learner step ``step`` (None: the newest checkpoint; 0: the base
     policy) as a Hugging Face directory ``out``; returns the step exported and the tokenizer."""
-    from pipeline.models import BASE_DIR_NAME, load_model
+    from pipeline.policy.models import BASE_DIR_NAME, load_model
 
     base_dir = Path(cfg.model.path) if cfg.model.path else run_dir / BASE_DIR_NAME
     if not base_dir.is_dir():

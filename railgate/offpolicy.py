@@ -18,8 +18,8 @@ from typing import Any, Sequence
 
 from controller.rail.config import RailConfig
 from controller.rail.replay import LoggedSet, ReplayError, ReplayReport, load_logged, replay
-from pipeline.configuration import ConfigError
-from pipeline.tracelog import segment_digest, trace_segment_paths
+from pipeline.config.build import ConfigError
+from pipeline.store.tracelog import segment_digest, trace_segment_paths
 from railgate.config import RunConfig
 from railgate.report import markdown_table
 

@@ -8,7 +8,7 @@ Every failure is a ``ConfigError`` naming the key, the value and the fix:
 >>> preflight(load_config(None, ["engine.kind=torch", "model.path=/no/such/model"]))
 Traceback (most recent call last):
 ...
-pipeline.configuration.ConfigError: model.path=/no/such/model does not exist; point it at a model directory (config.json, weights, tokenizer) (python run.py import-model turns a GGUF file into one), or leave it empty to build and warm-start the project's model
+pipeline.config.build.ConfigError: model.path=/no/such/model does not exist; point it at a model directory (config.json, weights, tokenizer) (python run.py import-model turns a GGUF file into one), or leave it empty to build and warm-start the project's model
 >>> preflight(load_config(None, ["engine.kind=sim"]))  # the simulator needs nothing
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from pipeline.configuration import ConfigError
+from pipeline.config.build import ConfigError
 from railgate.config import RunConfig
 
 _ENGINE_PACKAGES = {

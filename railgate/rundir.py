@@ -14,7 +14,7 @@ run. In order, before anything in the directory changes:
    checked against the one the run was started with: only ``RESUMABLE_KEYS`` may differ.
 
 ``RunDir.commit(components)`` then restores the checkpoint into the built components and only
-after that writes ``config.yaml`` and the supersede rules (``pipeline.arrowio.mark_superseded``):
+after that writes ``config.yaml`` and the supersede rules (``pipeline.store.arrowio.mark_superseded``):
 a resume that fails leaves the directory exactly as it was.
 
 >>> import tempfile
@@ -43,8 +43,8 @@ from typing import Any, Iterator
 
 import yaml
 
-from pipeline.arrowio import mark_superseded, next_segment_number
-from pipeline.configuration import ConfigError, shorten, to_dict
+from pipeline.store.arrowio import mark_superseded, next_segment_number
+from pipeline.config.build import ConfigError, shorten, to_dict
 from railgate.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from railgate.config import RunConfig, dump_config, load_config
 

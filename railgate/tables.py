@@ -4,7 +4,7 @@ with no railgate code: ``buffer.parquet`` and ``trace.parquet`` (``python run.py
 What an outside reader of the raw Arrow streams would have to know is applied here:
 
 * **resume rules**: rows a killed run wrote after its last checkpoint, which the resumed run
-  wrote again, are left out (``pipeline.arrowio.mark_superseded``): each step and decision once;
+  wrote again, are left out (``pipeline.store.arrowio.mark_superseded``): each step and decision once;
 * **one step numbering**: ``step`` is the learner step that trained the row, counted from 1
   as in ``metrics.jsonl`` (the raw buffer counts from 0);
 * **one time base**: ``time`` (of a decision) and ``outcome_time`` are seconds on the run's
@@ -39,9 +39,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.arrowio import read_segments, segment_number, segment_paths, warn_torn
-from pipeline.buffer import STEPS, BufferFormatError
-from pipeline.tracelog import DECISIONS, OUTCOMES, Trace, TraceFormatError
+from pipeline.store.arrowio import read_segments, segment_number, segment_paths, warn_torn
+from pipeline.store.buffer import STEPS, BufferFormatError
+from pipeline.store.tracelog import DECISIONS, OUTCOMES, Trace, TraceFormatError
 from pipeline.types import FinishReason
 
 BUFFER_FILE = "buffer.parquet"

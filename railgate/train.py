@@ -4,8 +4,8 @@ Run directory layout (formats users rely on; see the README):
 
     config.yaml        the resolved configuration
     metrics.jsonl      one line per learner step, namespaced metric names
-    trace/             decisions-NNNNN.arrows, outcomes-NNNNN.arrows (pipeline.tracelog)
-    buffer/            steps-NNNNN.arrows, one record batch per learner step (pipeline.buffer)
+    trace/             decisions-NNNNN.arrows, outcomes-NNNNN.arrows (pipeline.store.tracelog)
+    buffer/            steps-NNNNN.arrows, one record batch per learner step (pipeline.store.buffer)
     summary.json       final budget, evaluations, stop reason
     report.md          the summary table
     accuracy.png       held-out accuracy against cumulative rollouts (overall and per level)
@@ -22,11 +22,11 @@ from typing import Any, Callable
 
 import anyio
 
-from pipeline.buffer import ArrowBuffer
+from pipeline.store.buffer import ArrowBuffer
 from pipeline.metrics import MetricsWriter
 from pipeline.decisions import NullSink
 from pipeline.orchestrator import RunSummary
-from pipeline.tracelog import TraceLog
+from pipeline.store.tracelog import TraceLog
 from railgate.build import Components, build_components, build_orchestrator
 from railgate.checkpoint import CheckpointWriter
 from railgate.config import RunConfig
@@ -63,7 +63,7 @@ def train(
     With ``resume`` the newest checkpoint of ``cfg.run_dir`` is loaded: gate, controller and
     learner state, the data cursor, the budget and the committed groups not yet trained carry
     over; trace and buffer records the killed run wrote after that checkpoint are superseded
-    (``pipeline.arrowio.mark_superseded``), so nothing is lost or counted twice. Without it a
+    (``pipeline.store.arrowio.mark_superseded``), so nothing is lost or counted twice. Without it a
     directory that already holds a run is refused unless ``overwrite`` (``railgate.rundir``).
     """
     preflight(cfg)  # engines, model and dataset paths: before anything is written or warm-started

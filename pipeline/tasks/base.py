@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Sequence
 
-from pipeline.rewards import TextReward, build_reward
+from pipeline.tasks.rewards import TextReward, build_reward
 from pipeline.types import Prompt
 
 Split = Literal["train", "eval"]
@@ -64,10 +64,10 @@ class Task(ABC):
     """
 
     name: str = "task"
-    reward: str = "exact"  # a key of pipeline.rewards.REWARDS
+    reward: str = "exact"  # a key of pipeline.tasks.rewards.REWARDS
     success_threshold: float = 0.5  # a reward above it is a success (task.success_threshold; set by build_task)
     scratchpad: bool = False  # responses write steps, then '>' and the answer (pipeline/tasks/scratchpad.py)
-    sample_tokens: int = 32  # tokens sampled per response when measuring the policy (pipeline.warmstart)
+    sample_tokens: int = 32  # tokens sampled per response when measuring the policy (pipeline.policy.warmstart)
 
     def __init__(self, eval_share: float = 0.1) -> None:
         if not 0 < eval_share < 1:

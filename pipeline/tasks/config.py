@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pipeline.configuration import require
+from pipeline.config.build import require
 
 BUILTIN_REWARDS = ("math_verify", "exact", "numeric")
 USER_REWARD = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")  # module:function

@@ -2,7 +2,7 @@
 
 Prompt ``3 7 12 to 22:``; a correct response is any expression that equals the target and
 uses each given number at most once, e.g. ``3+7+12`` or ``12+7+3``. The checker is the safe
-parser of ``pipeline.rewards.countdown`` (no ``eval``).
+parser of ``pipeline.tasks.rewards.countdown`` (no ``eval``).
 
 How problems are made: draw the numbers, then fold them left to right with random
 operators into a reference solution, keeping intermediate values positive (and divisions
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 
-from pipeline.rewards.countdown import check_countdown, format_spec
+from pipeline.tasks.rewards.countdown import check_countdown, format_spec
 from pipeline.tasks.base import Problem, Task
 from pipeline.tasks.scratchpad import SCRATCHPAD_CHARS, join_steps
 

@@ -4,7 +4,7 @@ Field names are configurable (``prompt_field="problem", answer_field="solution"`
 MATH layout). A prompt is text, or a list of chat messages (``{"role", "content"}`` dicts,
 rendered with the model's chat template). An answer may have any JSON type: the built-in
 rewards grade its text (a string as is, anything else as JSON: ``42`` -> ``"42"``), and a
-user's reward function (``reward="module:function"``, ``pipeline.rewards.user``) gets the value
+user's reward function (``reward="module:function"``, ``pipeline.tasks.rewards.user``) gets the value
 itself, with every other field of the row. A row is *bad* when a needed field is missing,
 empty or of the wrong kind, or when its prompt is longer than ``max_prompt_chars``.
 ``on_bad_row="skip"`` skips and counts bad rows (``task.load_report``); ``"error"`` raises at
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, Sequence
 
-from pipeline.hf_tokenizer import is_messages
-from pipeline.rewards.user import DatasetRow, UserReward, is_user_reward, load_reward_function
-from pipeline.rewards.base import TextReward
+from pipeline.policy.hf_tokenizer import is_messages
+from pipeline.tasks.rewards.user import DatasetRow, UserReward, is_user_reward, load_reward_function
+from pipeline.tasks.rewards.base import TextReward
 from pipeline.tasks.base import Problem, Split, Task
 from pipeline.types import Prompt
 
@@ -249,8 +249,8 @@ class DatasetTask(Task):
         Prompt template; ``{prompt}`` is replaced by the row's prompt (other braces are kept,
         so LaTeX is safe).
     reward
-        ``"math_verify"``, ``"exact"`` or ``"numeric"`` (a key of ``pipeline.rewards.REWARDS``), or
-        a user's TRL-style reward function as ``"module:function"`` (``pipeline.rewards.user``).
+        ``"math_verify"``, ``"exact"`` or ``"numeric"`` (a key of ``pipeline.tasks.rewards.REWARDS``), or
+        a user's TRL-style reward function as ``"module:function"`` (``pipeline.tasks.rewards.user``).
     eval_share
         Share of rows held out when there is no ``eval_path``.
     on_bad_row
@@ -343,7 +343,7 @@ class DatasetTask(Task):
         return self._rows[prompt_id]
 
     def scorer(self, decode: Callable[[Sequence[int]], str]) -> TextReward | UserReward:
-        """The built-in reward, or the user's function with the rows' fields (``pipeline.rewards.user``)."""
+        """The built-in reward, or the user's function with the rows' fields (``pipeline.tasks.rewards.user``)."""
         if self._reward_function is None:
             return super().scorer(decode)
         return UserReward(self._reward_function, decode, self._rows, name=self.reward)

@@ -82,7 +82,7 @@ class RunSpec:
         return out + list(self.extra)
 
     def config(self):
-        from pipeline.configuration import load_yaml, merge
+        from pipeline.config.build import load_yaml, merge
         from railgate.config import load_config
 
         base = load_yaml(self.base_config)
@@ -156,7 +156,7 @@ def hardest_accuracy(e: dict[str, float]) -> float:
 
 
 def _scenario(name: str) -> dict[str, Any]:
-    from pipeline.configuration import ConfigError, load_yaml
+    from pipeline.config.build import ConfigError, load_yaml
 
     path = SCENARIO_DIR / f"{name}.yaml"
     if not path.is_file():
@@ -336,7 +336,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 
 def is_sim_config(path: str | Path) -> bool:
     """Whether a benchmark's base config runs the simulator (``engine.kind``, default sim)."""
-    from pipeline.configuration import load_yaml
+    from pipeline.config.build import load_yaml
 
     return load_yaml(path).get("engine", {}).get("kind", "sim") == "sim"
 
@@ -371,7 +371,7 @@ def grid(base_config: Path, out: Path, scenarios: list[str], policies: list[str]
 
 def ensure_shared_base_model(base_config: Path, out: Path, progress: bool) -> Path:
     """Warm-start (or reuse) the base model every run of a real-model benchmark starts from."""
-    from pipeline.models import BASE_DIR_NAME, ensure_base_model
+    from pipeline.policy.models import BASE_DIR_NAME, ensure_base_model
     from railgate.config import load_config
 
     cfg = load_config(base_config, [])

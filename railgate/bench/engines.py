@@ -28,7 +28,7 @@ from typing import Any
 
 import anyio
 
-from pipeline.engines.bench import bench_engine
+from railgate.bench.throughput import bench_engine
 from pipeline.types import Prompt, SampleRequest, SamplingParams
 
 

@@ -26,9 +26,9 @@ import anyio
 import psutil
 
 from pipeline.clock import VirtualClock, WallClock
-from pipeline.engines.sim import SimEngine
+from pipeline.sim.engine import SimEngine
 from pipeline.hooktimer import HookTimer
-from pipeline.tracelog import read_trace
+from pipeline.store.tracelog import read_trace
 from pipeline.types import SampleRequest
 from railgate.build import build_components, build_orchestrator
 from railgate.config import RunConfig
@@ -53,8 +53,8 @@ class _Recorder:
 
 
 def _pipeline_pass(cfg: RunConfig, work_dir: Path, record: bool = False) -> tuple[float, int, list[SampleRequest]]:
-    from pipeline.buffer import ArrowBuffer
-    from pipeline.tracelog import TraceLog
+    from pipeline.store.buffer import ArrowBuffer
+    from pipeline.store.tracelog import TraceLog
 
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)

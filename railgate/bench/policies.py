@@ -17,12 +17,12 @@ policies of RAIL are SARA plus a controller:
 >>> overrides("nope")
 Traceback (most recent call last):
 ...
-pipeline.configuration.ConfigError: unknown policy 'nope'; choose from uniform, ds, pilot_commit, hora, sara, sara_eager, sara_stream, dps, sara_dps, oracle, sara_arpo, sara_rail, sara_rail_s2l
+pipeline.config.build.ConfigError: unknown policy 'nope'; choose from uniform, ds, pilot_commit, hora, sara, sara_eager, sara_stream, dps, sara_dps, oracle, sara_arpo, sara_rail, sara_rail_s2l
 """
 
 from __future__ import annotations
 
-from pipeline.configuration import ConfigError
+from pipeline.config.build import ConfigError
 
 _RAIL = ("gate.kind=sara", "controller.kind=rail")
 

@@ -6,9 +6,9 @@ before it is complete and while it is still all-same, the probe adds the exact p
 made it mixed: the expectation of "complete the abandoned group and look", without noise.
 
 >>> from controller.gates.sara import SaraGate
->>> from pipeline.config import SimConfig
->>> from pipeline.engines.sim import SimEngine
->>> from pipeline.simworld import SimWorld
+>>> from pipeline.config.sections import SimConfig
+>>> from pipeline.sim.engine import SimEngine
+>>> from pipeline.sim.world import SimWorld
 >>> from pipeline.types import GroupSnapshot
 >>> world = SimWorld(SimConfig(num_prompts=4, num_eval_prompts=2))
 >>> engine = SimEngine(world)

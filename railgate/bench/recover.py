@@ -178,12 +178,12 @@ def measure_recoverability(cfg, out: Path, prompts: int = 400, branches: int = 4
     import torch
 
     from pipeline.engines.torch_engine import TorchEngine
-    from pipeline.models import BASE_DIR_NAME, ensure_base_model
+    from pipeline.policy.models import BASE_DIR_NAME, ensure_base_model
     from pipeline.tasks import build_task
     from railgate.build import _torch_kwargs
 
     if prompts < 1 or branches < 1 or failed_per_prompt < 1:
-        from pipeline.configuration import ConfigError
+        from pipeline.config.build import ConfigError
 
         raise ConfigError(f"--prompts={prompts}, --branches={branches} and --failed-per-prompt={failed_per_prompt} must be >= 1")
     out.mkdir(parents=True, exist_ok=True)

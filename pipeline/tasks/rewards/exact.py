@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 
-from pipeline.rewards.base import Decode, TextReward
+from pipeline.tasks.rewards.base import Decode, TextReward
 from pipeline.types import Prompt
 
 # A signed decimal with optional thousands separators (1,234.5) or an exponent (1e-3).

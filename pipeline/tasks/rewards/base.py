@@ -6,7 +6,7 @@ response text, so tasks and tests can call it without a tokenizer.
 
 Rewards run in the pipeline's worker threads (``runs_inline = False``), or in its worker
 processes when they declare ``runs_in_process = True`` (those that can hold the GIL for long:
-``pipeline.reward_workers``); either way the pipeline enforces the timeout, and a reward itself
+``pipeline.tasks.rewards.workers``); either way the pipeline enforces the timeout, and a reward itself
 never sets alarms or signals.
 """
 

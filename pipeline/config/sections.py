@@ -1,7 +1,7 @@
 """Settings of the pipeline package: engines, the simulator, the orchestrator, on-disk logs.
 
 Each field carries a docstring under it; ``configs/*.yaml`` mirror these sections.
-``pipeline.configuration.build`` turns YAML into these classes and rejects unknown keys.
+``pipeline.config.build.build`` turns YAML into these classes and rejects unknown keys.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pipeline.configuration import at_most, require
+from pipeline.config.build import at_most, require
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class DifficultyComponent:
 @dataclass(frozen=True)
 class SimConfig:
     """The policy simulator (``engine.kind: sim``). Its dynamics are written out in
-    ``pipeline/simworld.py``; nothing here knows which allocation policy is running."""
+    ``pipeline/sim/world.py``; nothing here knows which allocation policy is running."""
 
     num_prompts: int = 4096
     """Prompts in the training pool."""

@@ -9,7 +9,7 @@ process's CPU time (all its threads): on a machine shared with other work, wall 
 with the neighbours' load and CPU time much less. The first call of each pays one-off costs,
 so ``main`` runs a warm-up round and then interleaves the two, reporting medians.
 
-    python -m pipeline.engines.bench --hidden 128 --layers 2 --prompts 16 --group 8 --max-tokens 32
+    python -m railgate.bench.throughput --hidden 128 --layers 2 --prompts 16 --group 8 --max-tokens 32
 
 >>> import anyio, torch
 >>> from transformers import LlamaConfig, LlamaForCausalLM

@@ -38,8 +38,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from pipeline.configuration import ConfigError
-from pipeline.rewards.base import Decode
+from pipeline.config.build import ConfigError
+from pipeline.tasks.rewards.base import Decode
 from pipeline.tasks.config import USER_REWARD
 from pipeline.types import Prompt
 
@@ -107,7 +107,7 @@ class UserReward:
     """
 
     runs_inline = False
-    runs_in_process = True  # user code may hold the GIL past any timeout: pipeline.reward_workers
+    runs_in_process = True  # user code may hold the GIL past any timeout: pipeline.tasks.rewards.workers
 
     def __init__(self, function: Callable[..., Sequence[Any]], decode: Decode, rows: Mapping[int, DatasetRow],
                  name: str = "") -> None:

@@ -13,11 +13,11 @@ by name in the workers (classes and functions of a module, not of ``__main__``, 
 Start-up -- a fresh interpreter importing the scorer's packages, and the scorer's
 ``warm_up()`` if it has one -- is not counted against the reward timeout.
 Scorers ask for this by declaring ``runs_in_process = True`` (math-verify and users'
-``module:function`` rewards do); ``pipeline.scoring.ScoringService`` then routes their calls
+``module:function`` rewards do); ``pipeline.tasks.rewards.scoring.ScoringService`` then routes their calls
 here. A worker ends when its connection closes: when the pool is closed or collected, or when
 the run's process ends, however it ends.
 
->>> from pipeline.simworld import CORRECT_TOKEN, SimAnswerScorer
+>>> from pipeline.sim.world import CORRECT_TOKEN, SimAnswerScorer
 >>> from pipeline.types import Prompt
 >>> workers = RewardWorkers(SimAnswerScorer(), workers=1)
 >>> workers.call(Prompt(0, "", ()), (7, CORRECT_TOKEN), timeout_s=60.0)
@@ -116,7 +116,7 @@ class RewardWorkers:
 
 
 class _Worker:
-    """One worker: a fresh interpreter (``python -m pipeline.reward_workers FD``) talking over a
+    """One worker: a fresh interpreter (``python -m pipeline.tasks.rewards.workers FD``) talking over a
     socket pair, so that nothing of the parent's main module is re-imported and the reward's own
     prints cannot garble the replies."""
 
@@ -126,7 +126,7 @@ class _Worker:
         env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "pipeline.reward_workers", str(child_sock.fileno())],
+                [sys.executable, "-m", "pipeline.tasks.rewards.workers", str(child_sock.fileno())],
                 pass_fds=(child_sock.fileno(),), env=env, stdin=subprocess.DEVNULL, start_new_session=True,
             )
         finally:

@@ -2,7 +2,7 @@
 
 No model hub is reachable here, so the CPU default trains its own starting policy: a
 0.4M-parameter decoder (d_model 128, 2 layers) with the character tokenizer, warm-started by
-supervised training on the task until its sampled accuracy reaches 0.4 (``pipeline.warmstart``;
+supervised training on the task until its sampled accuracy reaches 0.4 (``pipeline.policy.warmstart``;
 measured on this 2-core CPU when quiet: arithmetic 37 s, Countdown 4 min). It is a plain
 ``transformers`` ``GPT2LMHeadModel``, so the torch engine, the learner and vLLM all load it
 the usual way.
@@ -24,7 +24,7 @@ and the warm-start report).
 
 A user's model (``model.path``) is any standard Hugging Face causal-LM directory:
 ``config.json``, safetensors (or ``pytorch_model.bin``) weights and a tokenizer that
-``AutoTokenizer`` loads (``pipeline.hf_tokenizer.HFTokenizer``). The rule for such a model:
+``AutoTokenizer`` loads (``pipeline.policy.hf_tokenizer.HFTokenizer``). The rule for such a model:
 it is used as it is, with no warm start (it is assumed to be competent enough that some
 groups are mixed), and its context length is its config's ``max_position_embeddings``
 (``model.max_len`` and the architecture settings apply only to the project's model). A
@@ -43,10 +43,10 @@ from typing import Any
 
 import torch
 
-from pipeline.configuration import to_dict
-from pipeline.hf_tokenizer import HFTokenizer
-from pipeline.model_config import BaseModelConfig  # re-exported: the config class lives apart from torch
-from pipeline.tokenizer import VOCAB_FILE, CharTokenizer, TokenizerError
+from pipeline.config.build import to_dict
+from pipeline.policy.hf_tokenizer import HFTokenizer
+from pipeline.policy.config import BaseModelConfig  # re-exported: the config class lives apart from torch
+from pipeline.policy.tokenizer import VOCAB_FILE, CharTokenizer, TokenizerError
 
 META_FILE = "railgate_base.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -191,7 +191,7 @@ def ensure_base_model(run_dir: str | Path, task_cfg, model_cfg: BaseModelConfig 
     interrupted warm start leaves no half-written model behind.
     """
     from pipeline.tasks import build_task
-    from pipeline.warmstart import warm_start
+    from pipeline.policy.warmstart import warm_start
 
     model_cfg = model_cfg or BaseModelConfig()
     chat = bool(getattr(task_cfg, "chat_template", False))

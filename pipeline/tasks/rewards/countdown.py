@@ -26,7 +26,7 @@ from collections import Counter
 from fractions import Fraction
 from typing import Sequence
 
-from pipeline.rewards.base import Decode, TextReward
+from pipeline.tasks.rewards.base import Decode, TextReward
 from pipeline.types import Prompt
 
 MAX_EXPRESSION_CHARS = 200

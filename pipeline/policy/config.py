@@ -1,7 +1,7 @@
 """Settings of the base policy (``model:`` in the YAML configs), apart from the model code.
 
 The run configuration (``railgate.config``) composes this class, and every command reads the
-configuration, so it lives here, free of torch and transformers: ``pipeline.models``, which
+configuration, so it lives here, free of torch and transformers: ``pipeline.policy.models``, which
 builds, warm-starts and loads the model, imports torch at its top and re-exports this class.
 
 >>> cfg = BaseModelConfig(d_model=64, n_heads=4)
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.configuration import at_most, require
+from pipeline.config.build import at_most, require
 
 
 @dataclass(frozen=True)

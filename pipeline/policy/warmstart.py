@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.tasks.base import Task
-from pipeline.tokenizer import CharTokenizer
+from pipeline.policy.tokenizer import CharTokenizer
 
 IGNORE = -100
 

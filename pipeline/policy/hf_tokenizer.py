@@ -3,7 +3,7 @@ the interface the pipeline uses of ``CharTokenizer``: ``encode_prompt``, ``decod
 ids and ``vocab_size``.
 
 A user's model directory (``model.path``) brings its own tokenizer; the project's tiny model
-keeps the character tokenizer (``pipeline.tokenizer``). Prompts are rendered in one of two ways:
+keeps the character tokenizer (``pipeline.policy.tokenizer``). Prompts are rendered in one of two ways:
 
 * plain text: tokenized with the tokenizer's own special tokens (a Llama tokenizer adds ``<s>``);
 * chat: the tokenizer's chat template with the generation prompt appended, tokenized as it
@@ -34,7 +34,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from pipeline.tokenizer import TokenizerError
+from pipeline.policy.tokenizer import TokenizerError
 
 Messages = list  # [{"role": ..., "content": ...}, ...]
 

@@ -1,6 +1,6 @@
 """The keys a TRL or verl user types, answered with the railgate key they mean.
 
-``pipeline.configuration.build`` looks an unknown key up here before guessing a close
+``pipeline.config.build.build`` looks an unknown key up here before guessing a close
 spelling, so ``--set learner.beta=0.04`` says "TRL's beta is learner.kl_coef" instead of
 suggesting Adam's ``betas``. A key matches by its longest dotted suffix in the table
 (``actor_rollout_ref.rollout.n`` matches ``rollout.n``); a bare ``n`` matches nothing.

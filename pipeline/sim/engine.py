@@ -6,8 +6,8 @@ released chunk by chunk at the engine times a decoder of ``decode_tokens_per_s``
 produce them, on a ``VirtualClock`` (fast, exact ordering) or a ``WallClock`` (real sleeps).
 
 >>> import anyio
->>> from pipeline.config import SimConfig
->>> from pipeline.simworld import SimWorld
+>>> from pipeline.config.sections import SimConfig
+>>> from pipeline.sim.world import SimWorld
 >>> from pipeline.types import Prompt, SampleRequest, SamplingParams, SampleFinished
 >>> engine = SimEngine(SimWorld(SimConfig(num_prompts=8, num_eval_prompts=8)))
 >>> req = SampleRequest("r0", group_id=0, sample_index=0, prompt=engine.prompt(3),
@@ -30,7 +30,7 @@ import numpy as np
 
 from pipeline.clock import VirtualClock, WallClock
 from pipeline.engines.base import EngineBase
-from pipeline.simworld import CORRECT_TOKEN, WRONG_TOKEN, SimPolicyState, SimWorld, Trajectory
+from pipeline.sim.world import CORRECT_TOKEN, WRONG_TOKEN, SimPolicyState, SimWorld, Trajectory
 from pipeline.types import FinishReason, Prompt, RolloutEvent, SampleFinished, SampleRequest, TokenDelta
 
 # Finished trajectories kept for branching (least recently used are dropped).

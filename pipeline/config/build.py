@@ -1,9 +1,9 @@
 """Typed configuration: frozen dataclasses built from YAML-shaped dicts, strictly.
 
-Each package owns the dataclasses of its settings (``pipeline.config``, ``controller.config``,
+Each package owns the dataclasses of its settings (``pipeline.config.sections``, ``controller.config``,
 ``learner.config``); ``railgate.config.RunConfig`` composes them. This module only converts:
 it rejects unknown keys (naming the key and the closest valid one, or for a key that TRL or
-verl users type, the railgate key it means: ``pipeline.foreign_keys``), coerces scalars to
+verl users type, the railgate key it means: ``pipeline.config.foreign_keys``), coerces scalars to
 the annotated type, and applies ``--set a.b=c`` overrides.
 
 >>> from dataclasses import dataclass
@@ -16,7 +16,7 @@ the annotated type, and applies ``--set a.b=c`` overrides.
 >>> build(Gate, {"probe_sise": 6})
 Traceback (most recent call last):
 ...
-pipeline.configuration.ConfigError: unknown key 'probe_sise'; did you mean 'probe_size'? (valid keys: probe_size)
+pipeline.config.build.ConfigError: unknown key 'probe_sise'; did you mean 'probe_size'? (valid keys: probe_size)
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 
-from pipeline.foreign_keys import foreign_hint
+from pipeline.config.foreign_keys import foreign_hint
 
 T = TypeVar("T")
 
@@ -152,7 +152,7 @@ def parse_yaml(text: str) -> Any:
     >>> parse_yaml(bomb)
     Traceback (most recent call last):
     ...
-    pipeline.configuration.ConfigError: the YAML uses more than 100 aliases (*name) by line 10: an alias bomb? write the values out
+    pipeline.config.build.ConfigError: the YAML uses more than 100 aliases (*name) by line 10: an alias bomb? write the values out
     """
     loader = _LimitedLoader(text)
     try:
@@ -185,7 +185,7 @@ def at_most(key: str, value: float, limit: float) -> None:
     >>> at_most("orchestrator.batch_groups", 10**9, 65536)
     Traceback (most recent call last):
     ...
-    pipeline.configuration.ConfigError: orchestrator.batch_groups=1000000000 is above its limit of 65536; check for a typo
+    pipeline.config.build.ConfigError: orchestrator.batch_groups=1000000000 is above its limit of 65536; check for a typo
     """
     require(value <= limit, f"{key}={value} is above its limit of {limit}; check for a typo")
 

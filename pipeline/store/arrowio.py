@@ -1,6 +1,6 @@
 """Append-only Arrow IPC stream segments: the one place that writes and reads railgate's files.
 
-The trace log (``pipeline.tracelog``) and the committed-group buffer (``pipeline.buffer``) both
+The trace log (``pipeline.store.tracelog``) and the committed-group buffer (``pipeline.store.buffer``) both
 store their records as *segments*: Arrow IPC **stream** files named ``<prefix>-NNNNN.arrows``
 in one directory. Each opening of a writer takes the next free segment number, so a resumed
 run appends new files and never rewrites old ones.
@@ -219,7 +219,7 @@ def _check_schema(path: Path, schema: pa.Schema, kind: SegmentKind, error: type[
     if VERSION_KEY not in meta or KIND_KEY not in meta:
         raise error(
             f"{path} is an Arrow stream but not a railgate segment (no {VERSION_KEY.decode()} in its schema "
-            f"metadata); railgate writes these with pipeline.tracelog / pipeline.buffer"
+            f"metadata); railgate writes these with pipeline.store.tracelog / pipeline.store.buffer"
         )
     found_kind = meta[KIND_KEY].decode()
     if found_kind != kind.prefix:

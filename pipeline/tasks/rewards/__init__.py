@@ -14,10 +14,10 @@
 
 from __future__ import annotations
 
-from pipeline.rewards.base import Decode, TextReward
-from pipeline.rewards.countdown import CountdownReward, check_countdown, evaluate_expression
-from pipeline.rewards.exact import ExactMatchReward, NumericReward, exact_match, numeric_match
-from pipeline.rewards.mathverify import MathVerifyReward, math_verify_match
+from pipeline.tasks.rewards.base import Decode, TextReward
+from pipeline.tasks.rewards.countdown import CountdownReward, check_countdown, evaluate_expression
+from pipeline.tasks.rewards.exact import ExactMatchReward, NumericReward, exact_match, numeric_match
+from pipeline.tasks.rewards.mathverify import MathVerifyReward, math_verify_match
 
 REWARDS = {
     "exact": ExactMatchReward,

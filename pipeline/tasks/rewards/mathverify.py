@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from pipeline.rewards.base import Decode, TextReward
+from pipeline.tasks.rewards.base import Decode, TextReward
 from pipeline.types import Prompt
 
 
@@ -69,7 +69,7 @@ class MathVerifyReward(TextReward):
     1.0
     """
 
-    runs_in_process = True  # sympy can hold the GIL for minutes (9^{9^{9^{9}}}): pipeline.reward_workers
+    runs_in_process = True  # sympy can hold the GIL for minutes (9^{9^{9^{9}}}): pipeline.tasks.rewards.workers
 
     def __init__(self, decode: Decode) -> None:
         super().__init__(decode)

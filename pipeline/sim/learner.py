@@ -14,14 +14,14 @@ from typing import Any
 import numpy as np
 
 from pipeline.protocols import Learner
-from pipeline.simworld import SimPolicyState, SimWorld
+from pipeline.sim.world import SimPolicyState, SimWorld
 from pipeline.types import StepResult, TrainBatch
 
 
 class SimLearner(Learner):
     """Moves the simulated policy from the rewards of committed groups.
 
-    >>> from pipeline.config import SimConfig
+    >>> from pipeline.config.sections import SimConfig
     >>> from pipeline.types import CommittedGroup, Rollout, FinishReason, TrainBatch
     >>> world = SimWorld(SimConfig(num_prompts=2, num_eval_prompts=2))
     >>> learner = SimLearner(world, group_size=2, seed=0)

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import expit, ndtr, ndtri
 
-from pipeline.config import SimConfig
+from pipeline.config.sections import SimConfig
 
 KNOTS = 8
 CORRECT_TOKEN = 1
@@ -91,7 +91,7 @@ class Trajectory:
 class SimWorld:
     """Prompt difficulties and the probabilities that follow from a policy state.
 
-    >>> from pipeline.config import SimConfig
+    >>> from pipeline.config.sections import SimConfig
     >>> w = SimWorld(SimConfig(num_prompts=4, num_eval_prompts=3, seed=1))
     >>> s = w.initial_state()
     >>> 0.0 < w.success_probability(s, 0) < 1.0

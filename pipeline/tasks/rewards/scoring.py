@@ -2,7 +2,7 @@
 
 A reward function that raises, or runs past ``timeout_s``, gives reward 0 and is counted; the
 run goes on. Scorers that declare ``runs_in_process = True`` (math-verify, users' rewards) run
-in worker processes (``pipeline.reward_workers``): a call past the timeout has its worker
+in worker processes (``pipeline.tasks.rewards.workers``): a call past the timeout has its worker
 killed, so the timeout fires even when the call holds the GIL (a huge power inside sympy).
 Other scorers run in worker threads; Python cannot kill a thread, so a hung reward keeps its
 thread until it returns by itself: the limiter slot is freed at the timeout
@@ -38,7 +38,7 @@ import anyio
 import anyio.to_thread
 
 from pipeline.protocols import Scorer
-from pipeline.reward_workers import RewardFailed, RewardTimeout, RewardWorkers
+from pipeline.tasks.rewards.workers import RewardFailed, RewardTimeout, RewardWorkers
 from pipeline.types import NO_REWARD, Prompt
 
 

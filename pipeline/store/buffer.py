@@ -2,7 +2,7 @@
 
 ``ArrowBuffer.put`` turns a ``TrainBatch`` into one record batch, one row per rollout, groups
 contiguous and in batch order, and appends it to ``steps-NNNNN.arrows`` segments (Arrow IPC
-streams, see ``pipeline.arrowio``; each opening of a buffer starts a new segment).
+streams, see ``pipeline.store.arrowio``; each opening of a buffer starts a new segment).
 
 Columns (``STEPS.schema``)::
 
@@ -31,7 +31,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from pipeline.arrowio import (
+from pipeline.store.arrowio import (
     SegmentFormatError,
     SegmentKind,
     SegmentWriter,

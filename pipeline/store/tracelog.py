@@ -1,6 +1,6 @@
 """The decision trace: every gate/controller decision and its later outcome, on disk.
 
-Layout of a trace directory (see ``pipeline.arrowio`` for the segment rules)::
+Layout of a trace directory (see ``pipeline.store.arrowio`` for the segment rules)::
 
     decisions-00000.arrows   outcomes-00000.arrows     first opening of the run
     decisions-00001.arrows   outcomes-00001.arrows     a resumed run appends a new pair
@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.arrowio import (
+from pipeline.store.arrowio import (
     SegmentFormatError,
     SegmentKind,
     SegmentWriter,

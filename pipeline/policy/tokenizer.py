@@ -29,7 +29,7 @@ import json
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from pipeline.configuration import shorten
+from pipeline.config.build import shorten
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 SPECIAL_TOKENS = (PAD, BOS, EOS)
@@ -60,7 +60,7 @@ class CharTokenizer:
     >>> tok.encode("abc")
     Traceback (most recent call last):
     ...
-    pipeline.tokenizer.TokenizerError: character 'c' (at 2 in 'abc') is not in the tokenizer's vocabulary ' ab'; build the tokenizer from an alphabet that contains it (CharTokenizer.for_tasks)
+    pipeline.policy.tokenizer.TokenizerError: character 'c' (at 2 in 'abc') is not in the tokenizer's vocabulary ' ab'; build the tokenizer from an alphabet that contains it (CharTokenizer.for_tasks)
     """
 
     def __init__(self, alphabet: Iterable[str]) -> None:
