@@ -1,16 +1,16 @@
 """Settings of the controller package's gates: one section per gate, under ``gate:``.
 
-``configs/*.yaml`` mirror these classes; ``pipeline.configuration.build`` turns YAML into them
+``configs/*.yaml`` mirror these classes; ``pipeline.config.build.build`` turns YAML into them
 and rejects unknown keys. Checks that need the group size or batch size (a probe larger than the
 group, a HORA budget below one probe round) run in ``controller.gates.registry.build_gate``.
 
->>> from pipeline.configuration import build
+>>> from pipeline.config.build import build
 >>> build(GateConfig, {"kind": "sara", "sara": {"tau_abandon": 0.4}}).sara.tau_abandon
 0.4
 >>> build(GateConfig, {"kind": "sara", "sara": {"tau_abandon": 0.9, "tau_commit": 0.8}})
 Traceback (most recent call last):
 ...
-pipeline.configuration.ConfigError: gate.sara.tau_abandon=0.9 must be below gate.sara.tau_commit=0.8; lower tau_abandon or raise tau_commit
+pipeline.config.build.ConfigError: gate.sara.tau_abandon=0.9 must be below gate.sara.tau_commit=0.8; lower tau_abandon or raise tau_commit
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from controller.rail.config import RailConfig
-from pipeline.configuration import require
+from pipeline.config.build import require
 
 GateKind = Literal["uniform", "ds", "pilot_commit", "hora", "sara", "dps", "sara_dps", "oracle"]
 
@@ -219,7 +219,7 @@ class GateConfig:
         >>> GateConfig(kind="sara", sara=SaraConfig(probe_size=10)).check_sizes(group_size=8, batch_groups=4)
         Traceback (most recent call last):
         ...
-        pipeline.configuration.ConfigError: gate.sara.probe_size=10 is above orchestrator.group_size=8; lower gate.sara.probe_size or raise orchestrator.group_size
+        pipeline.config.build.ConfigError: gate.sara.probe_size=10 is above orchestrator.group_size=8; lower gate.sara.probe_size or raise orchestrator.group_size
         """
         require(group_size >= 2, f"orchestrator.group_size={group_size} must be >= 2 for a group-relative advantage")
         require(batch_groups >= 1, f"orchestrator.batch_groups={batch_groups} must be >= 1")

@@ -16,7 +16,7 @@ from pipeline.types import Prompt
 
 def tiny_gpt2(vocab_size: int = 64, d_model: int = 64, n_heads: int = 2, n_layers: int = 2, max_len: int = 64, seed: int = 0,
               initializer_range: float = 0.02):
-    """A seeded ``GPT2LMHeadModel`` like ``pipeline.models.build_model`` makes (no dropout, tied head).
+    """A seeded ``GPT2LMHeadModel`` like ``pipeline.policy.models.build_model`` makes (no dropout, tied head).
 
     ``initializer_range`` above the default 0.02 gives peaked logits whose entropy varies from
     token to token (at 0.02 every next-token distribution is nearly uniform).

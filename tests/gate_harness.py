@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pipeline.config import OrchestratorConfig
+from pipeline.config.sections import OrchestratorConfig
 from pipeline.group import GroupRun
 from pipeline.protocols import Controller, Gate
 from pipeline.tracker import GateProtocolError, GroupTracker, TrackerOutput

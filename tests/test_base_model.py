@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from pipeline.models import (
+from pipeline.policy.models import (
     BASE_DIR_NAME,
     META_FILE,
     BaseModelConfig,
@@ -17,8 +17,8 @@ from pipeline.models import (
     save_model,
 )
 from pipeline.tasks import ArithmeticTask, TaskConfig
-from pipeline.tokenizer import VOCAB_FILE, CharTokenizer
-from pipeline.warmstart import IGNORE, measure_policy, sample_groups, sequence_mean_loss, sft_batch, warm_start
+from pipeline.policy.tokenizer import VOCAB_FILE, CharTokenizer
+from pipeline.policy.warmstart import IGNORE, measure_policy, sample_groups, sequence_mean_loss, sft_batch, warm_start
 
 torch.set_num_threads(1)
 

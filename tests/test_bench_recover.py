@@ -5,9 +5,9 @@ import json
 import pytest
 
 from configs import CONFIG_DIR
-from pipeline.models import build_model, save_model
+from pipeline.policy.models import build_model, save_model
 from pipeline.tasks import build_task
-from pipeline.tokenizer import CharTokenizer
+from pipeline.policy.tokenizer import CharTokenizer
 from railgate.bench.recover import CUTS, cut_position, measure_recoverability, render, wilson
 from railgate.cli import main
 from railgate.config import load_config

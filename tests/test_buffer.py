@@ -10,8 +10,8 @@ import pyarrow.compute as pc
 import pytest
 
 from crash_child import kill_after
-from pipeline.arrowio import SegmentKind, SegmentWriter, TornSegmentWarning
-from pipeline.buffer import STEPS, ArrowBuffer, BufferFormatError, read_all, to_record_batch, to_train_batch
+from pipeline.store.arrowio import SegmentKind, SegmentWriter, TornSegmentWarning
+from pipeline.store.buffer import STEPS, ArrowBuffer, BufferFormatError, read_all, to_record_batch, to_train_batch
 from pipeline.types import CommittedGroup, FinishReason, Rollout, TrainBatch
 
 
@@ -148,7 +148,7 @@ def test_batches_that_would_not_round_trip_are_refused():
 
 CHILD = """
 import sys
-from pipeline.buffer import ArrowBuffer
+from pipeline.store.buffer import ArrowBuffer
 from pipeline.types import CommittedGroup, FinishReason, Rollout, TrainBatch
 buf = ArrowBuffer(sys.argv[1])
 for step in range(10**6):

@@ -23,10 +23,10 @@ import pytest
 import torch
 
 from engine_models import read_all
-from pipeline.config import SimConfig
+from pipeline.config.sections import SimConfig
 from pipeline.engines.base import Engine
-from pipeline.engines.sim import SimEngine
-from pipeline.simworld import SimWorld
+from pipeline.sim.engine import SimEngine
+from pipeline.sim.world import SimWorld
 from pipeline.types import BranchSpec, FinishReason, Prompt, SampleFinished, SampleRequest, SamplingParams, TokenDelta
 
 torch.set_num_threads(1)

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from hf_models import save_tiny_llama
-from pipeline.models import load_model
+from pipeline.policy.models import load_model
 from railgate.checkpoint import latest_checkpoint, load_checkpoint
 from railgate.cli import main
 

@@ -1,5 +1,5 @@
 """A key a TRL or verl user types is answered with the railgate key it means: one table
-(``pipeline.foreign_keys``), read by the unknown-key error, every entry naming a real key."""
+(``pipeline.config.foreign_keys``), read by the unknown-key error, every entry naming a real key."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import typing
 
 import pytest
 
-from pipeline.configuration import ConfigError
-from pipeline.foreign_keys import FOREIGN_KEYS
+from pipeline.config.build import ConfigError
+from pipeline.config.foreign_keys import FOREIGN_KEYS
 from railgate.cli import main
 from railgate.config import RunConfig, load_config
 

@@ -12,7 +12,7 @@ import controller.config as config_module
 from controller.config import GateConfig
 from controller.gates.registry import GATE_KINDS, build_gate
 from gate_harness import pool_of
-from pipeline.configuration import ConfigError, apply_overrides, build
+from pipeline.config.build import ConfigError, apply_overrides, build
 
 EXPECTED = {
     "uniform": "UniformGate",

@@ -71,7 +71,7 @@ def test_the_rollout_budget_does_not_count_the_oracles_uncounted_rollouts():
     from railgate.build import build_components
     from railgate.config import load_config
     from pipeline.orchestrator import Orchestrator
-    from pipeline.scoring import ScoringService
+    from pipeline.tasks.rewards.scoring import ScoringService
 
     sim_yaml = Path(__file__).resolve().parents[1] / "configs" / "sim.yaml"
     cfg = load_config(sim_yaml, ["gate.kind=oracle", "orchestrator.max_rollouts=2000", "orchestrator.steps=1000",

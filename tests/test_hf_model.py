@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 
 from hf_models import save_tiny_llama
-from pipeline.buffer import read_all
-from pipeline.hf_tokenizer import HFTokenizer
-from pipeline.models import ModelDirError, load_model
+from pipeline.store.buffer import read_all
+from pipeline.policy.hf_tokenizer import HFTokenizer
+from pipeline.policy.models import ModelDirError, load_model
 from railgate.cli import main
 
 
@@ -98,7 +98,7 @@ def test_the_vllm_engine_serves_a_users_model(llama_dir, tmp_path, capsys):
 
 
 def test_chat_template_without_a_chat_model_stops_at_load():
-    from pipeline.configuration import ConfigError
+    from pipeline.config.build import ConfigError
     from railgate.config import load_config
 
     with pytest.raises(ConfigError, match="task.chat_template=true needs a chat model"):

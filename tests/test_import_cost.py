@@ -36,8 +36,8 @@ def test_the_run_config_and_the_command_line_import_no_heavy_package():
 
 def test_the_old_import_paths_still_give_the_same_classes():
     import pipeline.tasks as tasks
-    from pipeline.model_config import BaseModelConfig as New
-    from pipeline.models import BaseModelConfig as Old
+    from pipeline.policy.config import BaseModelConfig as New
+    from pipeline.policy.models import BaseModelConfig as Old
     from pipeline.tasks import ArithmeticTask, TaskConfig, build_task
     from pipeline.tasks.arithmetic import ArithmeticTask as Direct
 

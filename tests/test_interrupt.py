@@ -16,8 +16,8 @@ from collections import Counter
 
 import pytest
 
-from pipeline.buffer import read_all
-from pipeline.tracelog import read_trace
+from pipeline.store.buffer import read_all
+from pipeline.store.tracelog import read_trace
 from railgate.checkpoint import latest_checkpoint, load_checkpoint
 from run_helpers import ROOT, SMALL, cli
 

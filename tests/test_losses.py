@@ -9,7 +9,7 @@ import torch
 
 from learner.config import LearnerConfig
 from learner.losses import k3_kl, ppo_clip_loss, token_weights
-from pipeline.configuration import ConfigError, build
+from pipeline.config.build import ConfigError, build
 
 torch.set_num_threads(1)
 

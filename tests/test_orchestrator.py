@@ -12,14 +12,14 @@ import pytest
 from controller.gates.uniform import UniformGate
 from controller.noop import NoopController
 from controller.prompts import PromptPool
-from learner.sim import SimLearner
-from pipeline.buffer import ArrowBuffer, read_all
+from pipeline.sim.learner import SimLearner
+from pipeline.store.buffer import ArrowBuffer, read_all
 from pipeline.clock import VirtualClock, WallClock
-from pipeline.config import OrchestratorConfig, SimConfig
-from pipeline.engines.sim import SimEngine
+from pipeline.config.sections import OrchestratorConfig, SimConfig
+from pipeline.sim.engine import SimEngine
 from pipeline.orchestrator import GateStalled, Orchestrator
-from pipeline.scoring import ScoringService
-from pipeline.simworld import SimAnswerScorer, SimEvaluator, SimWorld
+from pipeline.tasks.rewards.scoring import ScoringService
+from pipeline.sim.world import SimAnswerScorer, SimEvaluator, SimWorld
 from pipeline.types import ActionKind, GroupAction, GroupPlan, SampleFinished
 
 SMALL = OrchestratorConfig(batch_groups=8, group_size=4, steps=5, max_concurrent_samples=64, max_open_groups=32, eval_every=5)

@@ -10,7 +10,7 @@ import pytest
 from railgate import preflight as preflight_module
 from railgate.cli import main
 from railgate.config import load_config
-from pipeline.configuration import ConfigError
+from pipeline.config.build import ConfigError
 
 
 def _fails_fast(tmp_path, capsys, *overrides: str) -> str:

@@ -6,7 +6,7 @@ import pytest
 
 from controller.rail.arms import NOOP, Arm, build_arms, expected_tokens, parse_arm
 from controller.rail.config import RailConfig
-from pipeline.configuration import ConfigError, build
+from pipeline.config.build import ConfigError, build
 from pipeline.types import ActionKind, BranchSpec, SamplingParams
 
 DEFAULT = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=128, seed=5)

@@ -10,14 +10,14 @@ from controller.gates.registry import build_gate
 from controller.prompts import PromptPool
 from controller.rail.config import RailConfig
 from controller.rail.controller import RailController
-from learner.sim import SimLearner
+from pipeline.sim.learner import SimLearner
 from pipeline.clock import VirtualClock
-from pipeline.config import OrchestratorConfig, SimConfig
-from pipeline.engines.sim import SimEngine
+from pipeline.config.sections import OrchestratorConfig, SimConfig
+from pipeline.sim.engine import SimEngine
 from pipeline.orchestrator import Orchestrator
-from pipeline.scoring import ScoringService
-from pipeline.simworld import SimAnswerScorer, SimWorld
-from pipeline.tracelog import TraceLog, read_trace
+from pipeline.tasks.rewards.scoring import ScoringService
+from pipeline.sim.world import SimAnswerScorer, SimWorld
+from pipeline.store.tracelog import TraceLog, read_trace
 from pipeline.types import SamplingParams
 
 CFG = OrchestratorConfig(batch_groups=8, group_size=8, steps=6, max_concurrent_samples=128, max_open_groups=32,

@@ -10,8 +10,8 @@ from controller.rail.config import RailConfig
 from controller.rail.controller import RailController
 from controller.rail.learners import build_learner
 from controller.rail.replay import ReplayError, load_logged, replay, train
-from pipeline.arrowio import SegmentKind, SegmentWriter
-from pipeline.tracelog import DECISIONS, TraceFormatError, TraceLog
+from pipeline.store.arrowio import SegmentKind, SegmentWriter
+from pipeline.store.tracelog import DECISIONS, TraceFormatError, TraceLog
 from pipeline.types import TRACE_SCHEMA_VERSION, DecisionRecord, SamplingParams
 from tests.rail_fakes import rescue_round
 

@@ -32,11 +32,11 @@ from controller.prompts import PromptPool
 from controller.rail.config import RailConfig
 from controller.rail.controller import RailController
 from pipeline.clock import WallClock
-from pipeline.config import OrchestratorConfig
+from pipeline.config.sections import OrchestratorConfig
 from pipeline.engines.torch_engine import TorchEngine
 from pipeline.metrics import Budget
 from pipeline.orchestrator import Orchestrator
-from pipeline.scoring import ScoringService
+from pipeline.tasks.rewards.scoring import ScoringService
 from pipeline.types import (
     CommittedGroup,
     GroupSnapshot,

@@ -11,7 +11,7 @@ import json
 import random
 import shutil
 
-from pipeline.tracelog import TraceLog
+from pipeline.store.tracelog import TraceLog
 from pipeline.types import DecisionRecord
 from railgate.cli import main
 

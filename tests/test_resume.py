@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
-from pipeline.buffer import read_all
-from pipeline.tracelog import read_trace
+from pipeline.store.buffer import read_all
+from pipeline.store.tracelog import read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS, GROUPS = 40, 8
@@ -86,8 +86,8 @@ def _batch(step: int):
 
 
 def test_superseded_rows_of_a_killed_run_are_not_read_twice(tmp_path):
-    from pipeline.arrowio import mark_superseded, next_segment_number
-    from pipeline.buffer import ArrowBuffer
+    from pipeline.store.arrowio import mark_superseded, next_segment_number
+    from pipeline.store.buffer import ArrowBuffer
 
     with ArrowBuffer(tmp_path) as first:  # the killed run: trained steps 0-5, checkpointed at 3
         for step in range(6):

@@ -10,13 +10,13 @@ import time
 
 import anyio
 
-from pipeline.config import SimConfig
-from pipeline.engines.sim import SimEngine
+from pipeline.config.sections import SimConfig
+from pipeline.sim.engine import SimEngine
 from pipeline.evaluation import SamplingEvaluator
-from pipeline.rewards import MathVerifyReward
-from pipeline.scoring import ScoringService
-from pipeline.simworld import SimWorld
-from pipeline.tokenizer import CharTokenizer
+from pipeline.tasks.rewards import MathVerifyReward
+from pipeline.tasks.rewards.scoring import ScoringService
+from pipeline.sim.world import SimWorld
+from pipeline.policy.tokenizer import CharTokenizer
 from pipeline.types import Prompt
 
 

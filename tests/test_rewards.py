@@ -6,7 +6,7 @@ import anyio
 import pytest
 
 from pipeline.protocols import Scorer
-from pipeline.rewards import (
+from pipeline.tasks.rewards import (
     CountdownReward,
     ExactMatchReward,
     MathVerifyReward,
@@ -15,8 +15,8 @@ from pipeline.rewards import (
     check_countdown,
     evaluate_expression,
 )
-from pipeline.rewards.countdown import ExpressionError, parse_spec
-from pipeline.tokenizer import CharTokenizer
+from pipeline.tasks.rewards.countdown import ExpressionError, parse_spec
+from pipeline.policy.tokenizer import CharTokenizer
 from pipeline.types import Prompt
 
 TOK = CharTokenizer("0123456789+-*/()=., \\{}abcdefghijklmnopqrstuvwxyz$")

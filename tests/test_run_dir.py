@@ -22,8 +22,8 @@ from collections import Counter
 import pyarrow.compute as pc
 
 import railgate.checkpoint
-from pipeline.buffer import read_all
-from pipeline.tracelog import read_trace
+from pipeline.store.buffer import read_all
+from pipeline.store.tracelog import read_trace
 from railgate.checkpoint import latest_checkpoint, load_checkpoint
 from railgate.cli import main
 from run_helpers import ROOT, SMALL, cli, sim_run, tree_digest

@@ -2,10 +2,10 @@
 
 import pytest
 
-from pipeline.configuration import ConfigError
+from pipeline.config.build import ConfigError
 from pipeline.tasks import ArithmeticTask, CountdownTask, TaskConfig, build_task
 from pipeline.tasks.scratchpad import ANSWER_MARK, STEP_SEP, final_answer
-from pipeline.tokenizer import CharTokenizer
+from pipeline.policy.tokenizer import CharTokenizer
 from configs import CONFIG_DIR
 from railgate.config import load_config
 

@@ -10,7 +10,7 @@ import pytest
 
 from controller.posterior import sara_expected_rollouts, sara_false_abandonment
 from pipeline.orchestrator import Orchestrator
-from pipeline.scoring import ScoringService
+from pipeline.tasks.rewards.scoring import ScoringService
 from railgate.bench.probe import GateProbe
 from railgate.build import build_components
 from railgate.config import load_config

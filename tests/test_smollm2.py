@@ -11,8 +11,8 @@ import json
 import pytest
 
 from configs import CONFIG_DIR
-from pipeline.buffer import read_all
-from pipeline.models import load_model
+from pipeline.store.buffer import read_all
+from pipeline.policy.models import load_model
 from railgate.cli import main
 
 pytestmark = pytest.mark.timeout(1800)

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.configuration import ConfigError, build
+from pipeline.config.build import ConfigError, build
 from pipeline.tasks import (
     ArithmeticTask,
     CountdownTask,
@@ -15,7 +15,7 @@ from pipeline.tasks import (
     TaskConfig,
     build_task,
 )
-from pipeline.tokenizer import CharTokenizer
+from pipeline.policy.tokenizer import CharTokenizer
 
 GENERATED = [ArithmeticTask(), ArithmeticTask(ops="+-*", max_digits=3), CountdownTask(), CountdownTask(ops="+-*/")]
 

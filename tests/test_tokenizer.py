@@ -5,7 +5,7 @@ import json
 import pytest
 
 from pipeline.tasks import ArithmeticTask, CountdownTask
-from pipeline.tokenizer import VOCAB_FILE, CharTokenizer, TokenizerError
+from pipeline.policy.tokenizer import VOCAB_FILE, CharTokenizer, TokenizerError
 
 
 def test_roundtrip_and_special_ids():

@@ -13,7 +13,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from learner.config import LearnerConfig
 from learner.packing import BatchError
 from learner.torch_learner import TorchLearner
-from pipeline.buffer import ArrowBuffer
+from pipeline.store.buffer import ArrowBuffer
 from pipeline.protocols import Learner
 from pipeline.types import CommittedGroup, FinishReason, Rollout, TrainBatch
 

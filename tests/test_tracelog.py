@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from crash_child import kill_after
-from pipeline.arrowio import SegmentKind, SegmentWriter
-from pipeline.tracelog import DECISIONS, TraceFormatError, TraceLog, export_parquet, read_trace
+from pipeline.store.arrowio import SegmentKind, SegmentWriter
+from pipeline.store.tracelog import DECISIONS, TraceFormatError, TraceLog, export_parquet, read_trace
 from pipeline.types import TRACE_SCHEMA_VERSION, DecisionRecord
 
 
@@ -217,7 +217,7 @@ def test_parquet_export_reads_back_with_pandas(tmp_path):
 
 CHILD = """
 import sys
-from pipeline.tracelog import TraceLog
+from pipeline.store.tracelog import TraceLog
 from pipeline.types import DecisionRecord
 log = TraceLog(sys.argv[1], run_id="crash", flush_every=10)
 for i in range(10**7):

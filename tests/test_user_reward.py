@@ -15,10 +15,10 @@ import torch
 from safetensors.torch import load_file
 
 from hf_models import save_tiny_llama
-from pipeline.buffer import read_all
-from pipeline.configuration import ConfigError
+from pipeline.store.buffer import read_all
+from pipeline.config.build import ConfigError
 from pipeline.evaluation import SamplingEvaluator
-from pipeline.rewards.user import DatasetRow, UserReward, load_reward_function
+from pipeline.tasks.rewards.user import DatasetRow, UserReward, load_reward_function
 from pipeline.types import GroupSnapshot, Prompt
 from railgate.checkpoint import latest_checkpoint, load_checkpoint
 from railgate.cli import main
@@ -152,7 +152,7 @@ def test_none_rewards_are_counted_and_left_out_of_the_group():
     import anyio
 
     from pipeline.group import GroupRun
-    from pipeline.scoring import ScoringService
+    from pipeline.tasks.rewards.scoring import ScoringService
     from pipeline.types import FinishReason, SampleFinished, SampleRequest, SamplingParams, ScoredSample
 
     class Maybe:

@@ -12,7 +12,7 @@ Seeds: a gate's random sources derive from the run seed here, in one place
 >>> build_gate(GateConfig(kind="sara", sara=SaraConfig(probe_size=10)), pool, group_size=8, batch_groups=4, seed=0)
 Traceback (most recent call last):
 ...
-pipeline.configuration.ConfigError: gate.sara.probe_size=10 is above orchestrator.group_size=8; lower gate.sara.probe_size or raise orchestrator.group_size
+pipeline.config.build.ConfigError: gate.sara.probe_size=10 is above orchestrator.group_size=8; lower gate.sara.probe_size or raise orchestrator.group_size
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from controller.gates.sara import SaraGate
 from controller.gates.uniform import UniformGate
 from controller.prompts import PromptPool
 from controller.selectors.dps import DpsSelector
-from pipeline.configuration import ConfigError
+from pipeline.config.build import ConfigError
 from pipeline.protocols import Gate
 from pipeline.seeding import derive_seed
 

@@ -1,17 +1,17 @@
 """Settings of the RAIL intervention controller (``controller.rail``), one frozen dataclass.
 
 The lead composes ``RailConfig`` into the run config (the messages name keys under
-``controller.rail``, ``KEY`` below); ``pipeline.configuration.build`` turns YAML into it and
+``controller.rail``, ``KEY`` below); ``pipeline.config.build.build`` turns YAML into it and
 rejects unknown keys. Every field has a docstring; ``__post_init__`` checks ranges and raises
 ``ConfigError`` naming the key, the value and the fix.
 
->>> from pipeline.configuration import build
+>>> from pipeline.config.build import build
 >>> build(RailConfig, {"backend": "river", "cost_lambda": 0.2}).cost_lambda
 0.2
 >>> build(RailConfig, {"branch_temperatures": [0.7, -1.0]})
 Traceback (most recent call last):
 ...
-pipeline.configuration.ConfigError: controller.rail.branch_temperatures=(0.7, -1.0) must hold temperatures > 0 (e.g. [0.7, 1.0, 1.3])
+pipeline.config.build.ConfigError: controller.rail.branch_temperatures=(0.7, -1.0) must hold temperatures > 0 (e.g. [0.7, 1.0, 1.3])
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from pipeline.configuration import require
+from pipeline.config.build import require
 
 KEY = "controller.rail"
 

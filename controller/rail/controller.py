@@ -103,7 +103,7 @@ class RailController:
     config
         ``RailConfig``.
     sink
-        Where decisions and outcomes go (``pipeline.tracelog.TraceLog`` in a run).
+        Where decisions and outcomes go (``pipeline.store.tracelog.TraceLog`` in a run).
     default_params
         The run's sampling settings: interventions take its ``top_p`` and ``max_tokens``.
     seed

@@ -1,6 +1,6 @@
 """Offline replay: train RAIL learners from a decision trace and evaluate policies off-policy.
 
-``load_logged(path)`` reads a trace (``pipeline.tracelog.read_trace``) and keeps the RAIL
+``load_logged(path)`` reads a trace (``pipeline.store.tracelog.read_trace``) and keeps the RAIL
 decisions (``group_rescue``, ``group_extend``, ``token``) with their outcomes, as contexts the
 learners take. What it does with awkward input, and reports in the returned ``LoggedSet``:
 
@@ -27,7 +27,7 @@ policy and of fixed candidates (always no-op, the ARPO heuristic); the learner's
 gain predictions are the DR reward model.
 
 >>> import tempfile
->>> from pipeline.tracelog import TraceLog
+>>> from pipeline.store.tracelog import TraceLog
 >>> d = tempfile.mkdtemp()
 >>> with TraceLog(d, run_id="demo") as log:
 ...     log.log_decision(DecisionRecord(0, 0.0, "", "shadow", "token", 1, 2, 0, 5, {"length_estimate": 0.1},
@@ -56,7 +56,7 @@ from controller.rail.config import RailConfig
 from controller.rail.decider import SHADOW_PREFIX, Decider
 from controller.rail.features import DECISION_POINTS, Context
 from controller.rail.learners import build_learner
-from pipeline.tracelog import read_trace
+from pipeline.store.tracelog import read_trace
 from pipeline.types import DecisionRecord  # noqa: F401  (the doctest's records)
 
 _POINTS = {v: k for k, v in DECISION_POINTS.items()}

@@ -101,8 +101,8 @@ def test_dataset_problems_through_the_cli(tmp_path, problem):
 
 
 def test_a_long_text_is_shortened_in_errors():
-    from pipeline.configuration import ConfigError, apply_overrides
-    from pipeline.tokenizer import CharTokenizer, TokenizerError
+    from pipeline.config.build import ConfigError, apply_overrides
+    from pipeline.policy.tokenizer import CharTokenizer, TokenizerError
 
     with pytest.raises(TokenizerError) as info:
         CharTokenizer("ab").encode("a" * 1_000_000 + "c")
