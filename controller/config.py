@@ -1,8 +1,11 @@
 """Settings of the controller package's gates: one section per gate, under ``gate:``.
 
 ``configs/*.yaml`` mirror these classes; ``pipeline.config.build.build`` turns YAML into them
-and rejects unknown keys. Checks that need the group size or batch size (a probe larger than the
-group, a HORA budget below one probe round) run in ``controller.gates.registry.build_gate``.
+and rejects unknown keys. Each gate takes its section's dataclass (``SaraGate(pool, 8, SaraConfig())``),
+so a rule lives once: a section's own ranges in its ``__post_init__``, the rules that tie it to
+the group and batch sizes (a probe larger than the group, a HORA budget below one probe round) in
+its ``check_sizes``, which ``RunConfig`` runs when a config is loaded and the gate runs when it is
+built.
 
 >>> from pipeline.config.build import build
 >>> build(GateConfig, {"kind": "sara", "sara": {"tau_abandon": 0.4}}).sara.tau_abandon
@@ -31,8 +34,22 @@ def _prior_ok(prior: tuple[float, float], key: str) -> None:
     )
 
 
-def _round_cap_ok(max_rounds: int, factor: float, key: str, factor_name: str) -> None:
+def check_group_sizes(group_size: int, batch_groups: int) -> None:
+    """The sizes every gate needs: a group of at least 2 (a group-relative advantage) and at
+    least one group per step.
+
+    >>> check_group_sizes(1, 4)
+    Traceback (most recent call last):
+    ...
+    pipeline.config.build.ConfigError: orchestrator.group_size=1 must be >= 2 for a group-relative advantage
+    """
+    require(group_size >= 2, f"orchestrator.group_size={group_size} must be >= 2 for a group-relative advantage")
+    require(batch_groups >= 1, f"orchestrator.batch_groups={batch_groups} must be >= 1")
+
+
+def _round_cap_ok(max_rounds: int, factor: float, on_round_cap: str, key: str, factor_name: str) -> None:
     require(max_rounds >= 1, f"{key}.max_rounds={max_rounds} must be >= 1")
+    require(on_round_cap in ("fill", "error"), f"{key}.on_round_cap={on_round_cap!r} must be 'fill' or 'error'")
     require(factor >= 1.0, f"{key}.{factor_name}={factor} must be >= 1 (prompts per round / batch_groups)")
 
 
@@ -52,7 +69,10 @@ class DsConfig:
     groups); 'error' raises RoundCapError, as DAPO does."""
 
     def __post_init__(self) -> None:
-        _round_cap_ok(self.max_rounds, self.oversample, "gate.ds", "oversample")
+        _round_cap_ok(self.max_rounds, self.oversample, self.on_round_cap, "gate.ds", "oversample")
+
+    def check_sizes(self, group_size: int, batch_groups: int) -> None:
+        """DS takes any group and batch size."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +115,13 @@ class PilotCommitConfig:
         )
         require(self.evict_after >= 0, f"{key}.evict_after={self.evict_after} must be >= 0 (0 = never evict)")
         require(self.max_buffer_age >= 0, f"{key}.max_buffer_age={self.max_buffer_age} must be >= 0")
-        _round_cap_ok(self.max_rounds, self.pilot_factor, key, "pilot_factor")
+        _round_cap_ok(self.max_rounds, self.pilot_factor, self.on_round_cap, key, "pilot_factor")
+
+    def check_sizes(self, group_size: int, batch_groups: int) -> None:
+        """A pilot fits in its group."""
+        n_p = self.pilot_size
+        require(n_p <= group_size, f"gate.pilot_commit.pilot_size={n_p} is above orchestrator.group_size={group_size}; "
+                "lower gate.pilot_commit.pilot_size or raise orchestrator.group_size")
 
 
 @dataclass(frozen=True)
@@ -114,6 +140,18 @@ class HoraConfig:
         require(self.probe_size >= 2, f"gate.hora.probe_size={self.probe_size} must be >= 2")
         require(self.budget >= 0, f"gate.hora.budget={self.budget} must be >= 0 (0 = compute-matched)")
         _prior_ok(self.prior, "gate.hora.prior")
+
+    def total_budget(self, group_size: int, batch_groups: int) -> int:
+        """Rollouts per allocation batch: ``budget``, or ``batch_groups * group_size`` when it is 0."""
+        return self.budget or batch_groups * group_size
+
+    def check_sizes(self, group_size: int, batch_groups: int) -> None:
+        """The batch budget covers one probe round (the extra budget R is not negative)."""
+        total = self.total_budget(group_size, batch_groups)
+        probes = batch_groups * self.probe_size
+        source = f"gate.hora.budget={self.budget}" if self.budget else f"the compute-matched budget batch_groups*group_size={total}"
+        require(total >= probes, f"{source} is below one probe round batch_groups*probe_size={probes} "
+                f"(extra budget R={total - probes} < 0); lower gate.hora.probe_size or raise gate.hora.budget")
 
 
 @dataclass(frozen=True)
@@ -150,6 +188,16 @@ class SaraConfig:
             0 <= self.history_discount <= 1,
             f"{key}.history_discount={self.history_discount} must be in [0, 1] (0 = no carried prior)",
         )
+        require(
+            self.launch in ("probe_first", "eager", "streaming"),
+            f"{key}.launch={self.launch!r} must be 'probe_first', 'eager' or 'streaming'",
+        )
+
+    def check_sizes(self, group_size: int, batch_groups: int) -> None:
+        """A probe fits in its group."""
+        k = self.probe_size
+        require(k <= group_size, f"gate.sara.probe_size={k} is above orchestrator.group_size={group_size}; "
+                "lower gate.sara.probe_size or raise orchestrator.group_size")
 
 
 @dataclass(frozen=True)
@@ -221,23 +269,11 @@ class GateConfig:
         ...
         pipeline.config.build.ConfigError: gate.sara.probe_size=10 is above orchestrator.group_size=8; lower gate.sara.probe_size or raise orchestrator.group_size
         """
-        require(group_size >= 2, f"orchestrator.group_size={group_size} must be >= 2 for a group-relative advantage")
-        require(batch_groups >= 1, f"orchestrator.batch_groups={batch_groups} must be >= 1")
-        if self.kind in ("sara", "sara_dps"):
-            k = self.sara.probe_size
-            require(k <= group_size, f"gate.sara.probe_size={k} is above orchestrator.group_size={group_size}; "
-                    "lower gate.sara.probe_size or raise orchestrator.group_size")
-        if self.kind == "pilot_commit":
-            n_p = self.pilot_commit.pilot_size
-            require(n_p <= group_size, f"gate.pilot_commit.pilot_size={n_p} is above orchestrator.group_size={group_size}; "
-                    "lower gate.pilot_commit.pilot_size or raise orchestrator.group_size")
-        if self.kind == "hora":
-            h = self.hora
-            total = h.budget or batch_groups * group_size
-            probes = batch_groups * h.probe_size
-            source = f"gate.hora.budget={h.budget}" if h.budget else f"the compute-matched budget batch_groups*group_size={total}"
-            require(total >= probes, f"{source} is below one probe round batch_groups*probe_size={probes} "
-                    f"(extra budget R={total - probes} < 0); lower gate.hora.probe_size or raise gate.hora.budget")
+        check_group_sizes(group_size, batch_groups)
+        section = {"ds": self.ds, "pilot_commit": self.pilot_commit, "hora": self.hora, "sara": self.sara,
+                   "sara_dps": self.sara}.get(self.kind)
+        if section is not None:
+            section.check_sizes(group_size, batch_groups)
 
 
 @dataclass(frozen=True)

@@ -212,10 +212,11 @@ class GateDriver:
 
     @classmethod
     def sara(cls, group_size: int = 8, probe_size: int = 4, success_threshold: float = 0.5, **options: Any) -> "GateDriver":
-        """A driver of ``controller.gates.sara.SaraGate`` (``options``: its other parameters)."""
+        """A driver of ``controller.gates.sara.SaraGate`` (``options``: the other fields of ``SaraConfig``)."""
+        from controller.config import SaraConfig
         from controller.gates.sara import SaraGate
 
-        return cls(lambda source: SaraGate(source, group_size, probe_size=probe_size, **options), success_threshold)
+        return cls(lambda source: SaraGate(source, group_size, config=SaraConfig(probe_size=probe_size, **options)), success_threshold)
 
     def open(self, text: str, prompt_id: int | None = None, token_ids: Sequence[int] = ()) -> DrivenGroup:
         """A new group for the caller's prompt (``prompt_id``: a stable id of it, for the gate's per-prompt memory)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from controller.config import DsConfig
 from controller.gates.dynamic_sampling import DynamicSamplingGate, RoundCapError
 from gate_harness import GateHarness, HarnessConfig, admit, kinds, pool_of, snap
 from pipeline.types import TrainBatch
@@ -12,7 +13,7 @@ MIXED, ZEROS, ONES = (1, 0, 0, 1), (0, 0, 0, 0), (1, 1, 1, 1)
 
 
 def gate_with_round(batch_groups=1, **kwargs):
-    gate = DynamicSamplingGate(pool_of(50), group_size=4, batch_groups=batch_groups, **kwargs)
+    gate = DynamicSamplingGate(pool_of(50), group_size=4, batch_groups=batch_groups, config=DsConfig(**kwargs))
     plans = admit(gate, slots=100, step=0)
     return gate, [p.prompt for p in plans]
 
@@ -61,7 +62,7 @@ def test_dropped_commit_frees_its_place():
 
 
 def test_round_cap_error_names_the_knobs():
-    gate = DynamicSamplingGate(pool_of(50), group_size=4, batch_groups=1, max_rounds=2, on_round_cap="error")
+    gate = DynamicSamplingGate(pool_of(50), group_size=4, batch_groups=1, config=DsConfig(max_rounds=2, on_round_cap="error"))
     gid = 0
     with pytest.raises(RoundCapError, match=r"0/1 effective groups for step 0 in gate.ds.max_rounds=2"):
         for _ in range(2):
@@ -72,7 +73,7 @@ def test_round_cap_error_names_the_knobs():
 
 
 def test_round_cap_fill_commits_the_last_rounds_groups():
-    gate = DynamicSamplingGate(pool_of(50), group_size=4, batch_groups=1, max_rounds=2)
+    gate = DynamicSamplingGate(pool_of(50), group_size=4, batch_groups=1, config=DsConfig(max_rounds=2))
     gid, actions = 0, []
     for _ in range(2):
         for plan in admit(gate, 10, step=0):
@@ -87,7 +88,7 @@ def test_round_cap_fill_commits_the_last_rounds_groups():
 
 def test_all_unsolvable_pool_fills_every_step_in_the_harness():
     p = {i: 0.0 for i in range(100)}
-    gate = DynamicSamplingGate(pool_of(100), group_size=8, batch_groups=4, max_rounds=2)
+    gate = DynamicSamplingGate(pool_of(100), group_size=8, batch_groups=4, config=DsConfig(max_rounds=2))
     harness = GateHarness(gate, p, HarnessConfig(batch_groups=4, steps=3)).run()
     assert harness.stop_reason == "steps"
     harness.check_invariants()
@@ -97,7 +98,7 @@ def test_all_unsolvable_pool_fills_every_step_in_the_harness():
 
 def test_all_unsolvable_pool_raises_in_error_mode():
     p = {i: 1.0 for i in range(100)}
-    gate = DynamicSamplingGate(pool_of(100), group_size=8, batch_groups=4, max_rounds=3, on_round_cap="error")
+    gate = DynamicSamplingGate(pool_of(100), group_size=8, batch_groups=4, config=DsConfig(max_rounds=3, on_round_cap="error"))
     with pytest.raises(RoundCapError, match="on_round_cap=fill"):
         GateHarness(gate, p, HarnessConfig(batch_groups=4, steps=3)).run()
 
@@ -126,7 +127,7 @@ def test_rounds_open_only_as_far_as_the_step_ahead_room():
 )
 def test_bad_settings_are_rejected(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        DynamicSamplingGate(pool_of(5), group_size=8, batch_groups=2, **kwargs)
+        DynamicSamplingGate(pool_of(5), group_size=8, batch_groups=2, config=DsConfig(**kwargs))
 
 
 def test_an_abandon_replaced_by_an_intervention_is_judged_again():

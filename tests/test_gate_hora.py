@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from controller.config import HoraConfig
 from controller.allocation import hora_allocate
 from controller.gates.hora import HoraGate
 from gate_harness import GateHarness, HarnessConfig, admit, kinds, pool_of, snap
@@ -22,7 +23,7 @@ def probe_batch(gate, successes, probe=4, target=8):
 
 def test_methods_example_allocation():
     # G0 = 4, B = 8, G = 16: R = 8*16 - 8*4 = 96, the worked example of docs/methods.md (HORA)
-    gate = HoraGate(pool_of(20), group_size=16, batch_groups=8, probe_size=4)
+    gate = HoraGate(pool_of(20), group_size=16, batch_groups=8, config=HoraConfig(probe_size=4))
     assert gate.extra_budget == 96
     plans, actions = probe_batch(gate, METHODS_SUCCESSES, target=16)
     assert len(plans) == 8 and all((p.target_size, p.initial) == (16, 4) for p in plans)
@@ -34,7 +35,7 @@ def test_methods_example_allocation():
 
 
 def test_zero_extra_budget_commits_the_probes_alone():
-    gate = HoraGate(pool_of(5), group_size=8, batch_groups=2, probe_size=4, budget=8)
+    gate = HoraGate(pool_of(5), group_size=8, batch_groups=2, config=HoraConfig(probe_size=4, budget=8))
     _, actions = probe_batch(gate, (1, 3))
     assert kinds(actions[-1]) == [("commit", 0, 0), ("commit", 1, 0)]
 
@@ -75,12 +76,13 @@ def test_compute_matched_batches_in_the_harness():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"batch_groups": 8, "probe_size": 10}, r"R=-16 < 0"),
-        ({"batch_groups": 2, "probe_size": 4, "budget": 7}, r"gate.hora.budget=7 is below one probe round"),
-        ({"batch_groups": 8, "probe_size": 1}, "probe_size=1"),
-        ({"batch_groups": 8, "prior": (0.0, 1.0)}, "positive Beta"),
+        ((8, {"probe_size": 10}), r"R=-16 < 0"),
+        ((2, {"probe_size": 4, "budget": 7}), r"gate.hora.budget=7 is below one probe round"),
+        ((8, {"probe_size": 1}), "probe_size=1"),
+        ((8, {"prior": (0.0, 1.0)}), "positive Beta"),
     ],
 )
 def test_bad_settings_are_rejected(kwargs, match):
+    batch_groups, fields = kwargs
     with pytest.raises(ValueError, match=match):
-        HoraGate(pool_of(5), group_size=8, **kwargs)
+        HoraGate(pool_of(5), group_size=8, batch_groups=batch_groups, config=HoraConfig(**fields))

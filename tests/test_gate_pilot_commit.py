@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from controller.config import PilotCommitConfig
 from controller.gates.dynamic_sampling import RoundCapError
 from controller.gates.pilot_commit import PilotCommitGate
 from gate_harness import GateHarness, HarnessConfig, admit, kinds, pool_of, snap
@@ -27,7 +28,7 @@ def test_keep_band_of_the_paper(pilot, verdict):
 
 
 def test_commit_gives_the_rest_of_the_group():
-    gate = PilotCommitGate(pool_of(20), group_size=8, batch_groups=4, pilot_size=2)
+    gate = PilotCommitGate(pool_of(20), group_size=8, batch_groups=4, config=PilotCommitConfig(pilot_size=2))
     (actions,), _ = judged(gate, [(1, 0)])
     assert kinds(actions) == [("launch", 0, 6), ("commit", 0, 0)]
 
@@ -39,7 +40,7 @@ def test_failed_pilot_samples_are_replaced():
 
 
 def test_evicts_after_consecutive_all_correct_pilots_only():
-    gate = PilotCommitGate(pool_of(1), group_size=8, batch_groups=1, pilot_factor=1.0)
+    gate = PilotCommitGate(pool_of(1), group_size=8, batch_groups=1, config=PilotCommitConfig(pilot_factor=1.0))
     reasons = []
     for gid, pilot in enumerate([(1, 1, 1, 1), (1, 0, 1, 1), (1, 1, 1, 1), (1, 1, 1, 1)]):
         gate.on_step(gid - 1, TrainBatch(gid - 1, ())) if gid else None
@@ -51,7 +52,7 @@ def test_evicts_after_consecutive_all_correct_pilots_only():
 
 
 def test_paper_setting_evicts_on_one_all_correct_pilot():
-    gate = PilotCommitGate(pool_of(3), group_size=8, batch_groups=1, evict_after=1)
+    gate = PilotCommitGate(pool_of(3), group_size=8, batch_groups=1, config=PilotCommitConfig(evict_after=1))
     (actions,), prompts = judged(gate, [(1, 1, 1, 1)])
     assert actions[-1].reason == "evict" and gate.source.pool.is_evicted(prompts[0].prompt_id)
 
@@ -67,7 +68,7 @@ def test_kept_pilots_wait_in_the_buffer_and_commit_next_step():
 
 
 def test_buffer_entries_older_than_max_age_are_dropped():
-    gate = PilotCommitGate(pool_of(20), group_size=8, batch_groups=1, pilot_factor=4.0, max_buffer_age=1)
+    gate = PilotCommitGate(pool_of(20), group_size=8, batch_groups=1, config=PilotCommitConfig(pilot_factor=4.0, max_buffer_age=1))
     actions, _ = judged(gate, [(1, 0, 0, 0)] * 4)
     assert [a[-1].kind.value for a in actions] == ["commit", "hold", "hold", "hold"]
     assert kinds(gate.on_step(0, TrainBatch(0, ()))) == [("launch", 1, 4), ("commit", 1, 0)]  # age 1: kept
@@ -83,7 +84,7 @@ def test_no_new_round_while_the_buffer_covers_the_step():
 
 def test_pool_emptied_by_eviction_stalls_with_exhausted_gate():
     p = {i: 1.0 for i in range(6)}
-    gate = PilotCommitGate(pool_of(6), group_size=8, batch_groups=2, evict_after=1)
+    gate = PilotCommitGate(pool_of(6), group_size=8, batch_groups=2, config=PilotCommitConfig(evict_after=1))
     harness = GateHarness(gate, p, HarnessConfig(batch_groups=2, steps=3)).run()
     assert harness.stop_reason == "stalled"
     assert gate.exhausted and gate.source.active == 0
@@ -97,7 +98,7 @@ def test_default_eviction_keeps_a_mostly_easy_pool_alive():
     p = {i: 0.8 for i in range(60)}
     runs = {}
     for evict_after in (1, 2):
-        gate = PilotCommitGate(pool_of(60), group_size=8, batch_groups=8, evict_after=evict_after)
+        gate = PilotCommitGate(pool_of(60), group_size=8, batch_groups=8, config=PilotCommitConfig(evict_after=evict_after))
         harness = GateHarness(gate, p, HarnessConfig(batch_groups=8, steps=15)).run()
         runs[evict_after] = (harness.stop_reason, 60 - gate.source.active)
     assert runs[1] == ("stalled", 60)
@@ -105,7 +106,7 @@ def test_default_eviction_keeps_a_mostly_easy_pool_alive():
 
 
 def test_round_cap_fill_keeps_the_pilots_closest_to_one_half():
-    gate = PilotCommitGate(pool_of(20), group_size=16, batch_groups=1, pilot_size=8, max_rounds=1)
+    gate = PilotCommitGate(pool_of(20), group_size=16, batch_groups=1, config=PilotCommitConfig(pilot_size=8, max_rounds=1))
     prompts = [p.prompt for p in admit(gate, 10, step=0)]
     out = []
     for gid, pilot in enumerate([(0,) * 8, (1,) * 7 + (0,), (0,) * 8]):
@@ -125,9 +126,9 @@ def test_round_cap_fill_keeps_the_pilots_closest_to_one_half():
 def test_round_cap_error_and_fill_in_the_harness():
     p = {i: 0.0 for i in range(100)}
     with pytest.raises(RoundCapError, match="gate.pilot_commit.max_rounds=2"):
-        gate = PilotCommitGate(pool_of(100), group_size=8, batch_groups=2, max_rounds=2, on_round_cap="error")
+        gate = PilotCommitGate(pool_of(100), group_size=8, batch_groups=2, config=PilotCommitConfig(max_rounds=2, on_round_cap="error"))
         GateHarness(gate, p, HarnessConfig(batch_groups=2, steps=2)).run()
-    gate = PilotCommitGate(pool_of(100), group_size=8, batch_groups=2, max_rounds=2)
+    gate = PilotCommitGate(pool_of(100), group_size=8, batch_groups=2, config=PilotCommitConfig(max_rounds=2))
     harness = GateHarness(gate, p, HarnessConfig(batch_groups=2, steps=2)).run()
     assert harness.stop_reason == "steps"
     harness.check_invariants()
@@ -145,7 +146,7 @@ def test_round_cap_error_and_fill_in_the_harness():
 )
 def test_bad_settings_are_rejected(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        PilotCommitGate(pool_of(5), group_size=8, batch_groups=2, **kwargs)
+        PilotCommitGate(pool_of(5), group_size=8, batch_groups=2, config=PilotCommitConfig(**kwargs))
 
 
 def test_an_abandon_replaced_by_an_intervention_is_judged_again_without_a_second_eviction_count():

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from controller.config import SaraConfig
 from controller.gates.sara import SaraGate
 from controller.posterior import effective_probability, sara_expected_rollouts, sara_false_abandonment
 from controller.selectors.dps import DpsSelector
@@ -19,13 +20,13 @@ def opened(gate: SaraGate, n: int = 1):
 
 def test_all_same_probe_of_four_in_eight_is_four_ninths():
     assert math.isclose(effective_probability(0, 4, 8), 4 / 9)
-    gate = SaraGate(pool_of(2), group_size=8, tau_abandon=0.45)
+    gate = SaraGate(pool_of(2), group_size=8, config=SaraConfig(tau_abandon=0.45))
     (prompt,) = opened(gate)
     assert kinds(gate.update(snap(0, prompt, (0, 0, 0, 0)))) == [("abandon", 0, 0)]
 
 
 def test_just_above_four_ninths_continues_one_rollout_at_a_time():
-    gate = SaraGate(pool_of(2), group_size=8, tau_abandon=0.44)
+    gate = SaraGate(pool_of(2), group_size=8, config=SaraConfig(tau_abandon=0.44))
     (prompt,) = opened(gate)
     assert kinds(gate.update(snap(0, prompt, (1, 1, 1, 1)))) == [("launch", 0, 1)]
     # 5 all-correct: P_eff = 3/9 <= 0.44
@@ -33,7 +34,7 @@ def test_just_above_four_ninths_continues_one_rollout_at_a_time():
 
 
 def test_continue_band_ends_in_a_commit_when_the_group_turns_mixed():
-    gate = SaraGate(pool_of(2), group_size=16, tau_abandon=0.3, tau_commit=0.9)
+    gate = SaraGate(pool_of(2), group_size=16, config=SaraConfig(tau_abandon=0.3, tau_commit=0.9))
     (prompt,) = opened(gate)
     assert kinds(gate.update(snap(0, prompt, (0, 0, 0, 0), target=16))) == [("launch", 0, 1)]
     assert kinds(gate.update(snap(0, prompt, (0, 0, 0, 0, 1), target=16))) == [("launch", 0, 11), ("commit", 0, 0)]
@@ -46,7 +47,7 @@ def test_mixed_probe_commits_and_launches_the_rest():
 
 
 def test_commit_threshold_applies_to_all_same_probes():
-    gate = SaraGate(pool_of(2), group_size=8, tau_commit=0.4, tau_abandon=0.1)
+    gate = SaraGate(pool_of(2), group_size=8, config=SaraConfig(tau_commit=0.4, tau_abandon=0.1))
     (prompt,) = opened(gate)
     assert kinds(gate.update(snap(0, prompt, (0, 0, 0, 0)))) == [("launch", 0, 4), ("commit", 0, 0)]
 
@@ -65,7 +66,7 @@ def test_failed_probe_samples_are_replaced():
 
 
 def test_eager_launches_the_whole_group_and_abandons_with_siblings_running():
-    gate = SaraGate(pool_of(2), group_size=8, launch="eager")
+    gate = SaraGate(pool_of(2), group_size=8, config=SaraConfig(launch="eager"))
     plans = admit(gate, 2, step=0)
     assert [(p.target_size, p.initial) for p in plans] == [(8, 8), (8, 8)]
     assert gate.update(snap(0, plans[0].prompt, (0, 0, 0), in_flight=5)) == []
@@ -77,7 +78,7 @@ def test_eager_launches_the_whole_group_and_abandons_with_siblings_running():
 @pytest.mark.parametrize("launch", ["probe_first", "eager"])
 def test_launch_modes_pay_differently(launch):
     p = {i: 0.1 + 0.8 * (i % 5) / 4 for i in range(400)}
-    harness = GateHarness(SaraGate(pool_of(400), 8, launch=launch), p, HarnessConfig(batch_groups=16, steps=10)).run()
+    harness = GateHarness(SaraGate(pool_of(400), 8, config=SaraConfig(launch=launch)), p, HarnessConfig(batch_groups=16, steps=10)).run()
     harness.check_invariants()
     if launch == "eager":
         assert harness.stats["aborted"] > 0  # siblings running when the group was abandoned
@@ -87,7 +88,7 @@ def test_launch_modes_pay_differently(launch):
 
 def test_carried_prior_abandons_a_known_hard_prompt_sooner():
     def gate(discount):
-        return SaraGate(pool_of(1), group_size=8, tau_abandon=0.35, tau_commit=0.5, history_discount=discount)
+        return SaraGate(pool_of(1), group_size=8, config=SaraConfig(tau_abandon=0.35, tau_commit=0.5, history_discount=discount))
 
     for discount, second_verdict in [(0.0, "launch"), (1.0, "abandon")]:
         g = gate(discount)
@@ -100,7 +101,7 @@ def test_carried_prior_abandons_a_known_hard_prompt_sooner():
 
 
 def test_carried_prior_follows_discount_posterior():
-    g = SaraGate(pool_of(1), group_size=8, history_discount=0.5)
+    g = SaraGate(pool_of(1), group_size=8, config=SaraConfig(history_discount=0.5))
     (prompt,) = opened(g)
     g.update(snap(0, prompt, (0, 0, 0, 0)))
     g.on_closed(0, committed=False)
@@ -110,8 +111,8 @@ def test_carried_prior_follows_discount_posterior():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"tau_abandon": 0.9, "tau_commit": 0.8}, "tau_abandon < tau_commit"),
-        ({"tau_abandon": 0.5, "tau_commit": 0.5}, "tau_abandon < tau_commit"),
+        ({"tau_abandon": 0.9, "tau_commit": 0.8}, "must be below gate.sara.tau_commit"),
+        ({"tau_abandon": 0.5, "tau_commit": 0.5}, "must be below gate.sara.tau_commit"),
         ({"probe_size": 9}, "probe_size=9"),
         ({"probe_size": 0}, "probe_size=0"),
         ({"prior": (-1.0, 1.0)}, "positive Beta"),
@@ -121,7 +122,7 @@ def test_carried_prior_follows_discount_posterior():
 )
 def test_bad_settings_are_rejected(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        SaraGate(pool_of(2), group_size=8, **kwargs)
+        SaraGate(pool_of(2), group_size=8, config=SaraConfig(**kwargs))
 
 
 def test_sara_on_dps_releases_and_learns_from_abandoned_probes():
@@ -138,7 +139,7 @@ def test_sara_on_dps_releases_and_learns_from_abandoned_probes():
 
 
 def _closed_form_run(n: int, p: float, seed: int):
-    gate = SaraGate(pool_of(n, seed=seed), group_size=8, probe_size=4)  # abandon iff the 4-probe is all-same
+    gate = SaraGate(pool_of(n, seed=seed), group_size=8, config=SaraConfig(probe_size=4))  # abandon iff the 4-probe is all-same
     cfg = HarnessConfig(batch_groups=256, steps=10_000, max_groups=n, max_async_steps=10_000, learner_time=0.0,
                         seed=seed)
     harness = GateHarness(gate, {i: p for i in range(n)}, cfg).run()
@@ -167,7 +168,7 @@ def test_closed_forms_monte_carlo_20k_prompts():
 def test_a_checkpoint_from_before_admission_ids_loads_and_resumes():
     """Earlier releases numbered a group at its first update and kept the plans of groups that
     had not reported in a "book"; such a state loads, and a resume closes those groups."""
-    gate = SaraGate(pool_of(4), group_size=8, history_discount=1.0)
+    gate = SaraGate(pool_of(4), group_size=8, config=SaraConfig(history_discount=1.0))
     first, second = admit(gate, 2)
     gate.update(snap(first.group_id, first.prompt, (0, 0, 0)))
     old = {
@@ -177,7 +178,7 @@ def test_a_checkpoint_from_before_admission_ids_loads_and_resumes():
             {"prompt_id": second.prompt.prompt_id, "plan_seq": 1, "a": 1.0, "b": 1.0}]}},
         "carried": {},
     }
-    restored = SaraGate(pool_of(4), group_size=8, history_discount=1.0)
+    restored = SaraGate(pool_of(4), group_size=8, config=SaraConfig(history_discount=1.0))
     restored.load_state_dict(old)
     assert restored.open_groups == 2
     for group_id in (0, 1):  # what train --resume does with the groups open at the checkpoint

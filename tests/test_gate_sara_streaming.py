@@ -24,7 +24,7 @@ def snap(rewards, in_flight):
 
 
 def gate():
-    g = SaraGate(PromptPool([PROMPT], seed=0), group_size=8, probe_size=4, launch="streaming")
+    g = SaraGate(PromptPool([PROMPT], seed=0), group_size=8, config=SaraConfig(probe_size=4, launch="streaming"))
     g.admit(range(3, 4), 0)  # the gate only judges groups it opened: group 3
     return g
 

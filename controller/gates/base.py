@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from controller.config import check_group_sizes
 from controller.gates.common import GroupRecord, Verdicts
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector, as_selector
@@ -36,8 +37,7 @@ class BaseGate(Gate):
     Record: type[GroupRecord] = GroupRecord
 
     def __init__(self, source: PromptPool | PromptSelector, group_size: int):
-        if group_size < 2:
-            raise ValueError(f"group_size={group_size} must be >= 2 for a group-relative advantage")
+        check_group_sizes(group_size, batch_groups=1)
         self.source = as_selector(source)
         self.group_size = group_size
         self._groups: dict[int, GroupRecord] = {}

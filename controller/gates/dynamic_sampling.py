@@ -31,8 +31,9 @@ The rounds and the cap are kept by ``RoundGate`` (``controller.gates.rounds``).
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any
 
+from controller.config import DsConfig
 from controller.gates.common import abandon, commit, hold
 from controller.gates.rounds import RoundCapError, RoundGate, RoundRecord  # noqa: F401  (RoundCapError: re-exported)
 from controller.prompts import PromptPool
@@ -51,14 +52,9 @@ class DynamicSamplingGate(RoundGate):
         G, the size of every group.
     batch_groups
         Groups per learner step (B_train).
-    oversample
-        Prompts per round as a multiple of ``batch_groups`` (>= 1; DAPO: 3).
-    max_rounds
-        Rounds per step before ``on_round_cap`` applies.
-    keep_surplus
-        Hold surplus effective groups for the next step instead of discarding them.
-    on_round_cap
-        ``"fill"`` or ``"error"``.
+    config
+        ``DsConfig``: prompts per round as a multiple of ``batch_groups`` (DAPO: 3), the round
+        cap and what happens at it, whether surplus effective groups are held for the next step.
 
     Examples
     --------
@@ -82,21 +78,13 @@ class DynamicSamplingGate(RoundGate):
     name = "ds"
 
     def __init__(
-        self,
-        source: PromptPool | PromptSelector,
-        group_size: int,
-        batch_groups: int,
-        oversample: float = 3.0,
-        max_rounds: int = 10,
-        keep_surplus: bool = False,
-        on_round_cap: Literal["fill", "error"] = "fill",
+        self, source: PromptPool | PromptSelector, group_size: int, batch_groups: int, config: DsConfig = DsConfig()
     ):
-        super().__init__(source, group_size, batch_groups, max_rounds, on_round_cap, initial_size=group_size)
-        if oversample < 1.0:
-            raise ValueError(f"oversample={oversample} must be >= 1 (prompts per round / batch_groups)")
-        self.oversample = oversample
-        self.round_size = math.ceil(oversample * batch_groups)
-        self.keep_surplus = keep_surplus
+        super().__init__(source, group_size, batch_groups, config.max_rounds, config.on_round_cap, initial_size=group_size)
+        self.config = config
+        self.oversample = config.oversample
+        self.round_size = math.ceil(config.oversample * batch_groups)
+        self.keep_surplus = config.keep_surplus
         self._held: list[int] = []  # surplus kept for a later step (keep_surplus)
         # self._candidates (RoundGate): all-same groups of the last round, for on_round_cap=fill
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.allocation import hora_allocate
+from controller.config import HoraConfig, check_group_sizes
 from controller.gates.base import BaseGate
 from controller.gates.common import GroupRecord, abandon, commit, hold, launch, too_many_failures
 from controller.prompts import PromptPool
@@ -50,13 +51,9 @@ class HoraGate(BaseGate):
         G, the nominal group size; with ``budget = 0`` the batch budget is ``B * G``.
     batch_groups
         B, prompts per allocation batch = groups per learner step.
-    probe_size
-        G0 >= 2, probe rollouts per prompt.
-    budget
-        Rollouts per batch, probes included (0 = compute-matched ``B * G``); must be at least
-        one probe round ``B * G0``.
-    prior
-        Beta prior (a0, b0) of every prompt's success rate.
+    config
+        ``HoraConfig``: the probe size G0, the batch budget (probes included; 0 = compute-matched
+        ``B * G``) and the Beta prior.
 
     Examples
     --------
@@ -79,36 +76,17 @@ class HoraGate(BaseGate):
     Record = HoraRecord
 
     def __init__(
-        self,
-        source: PromptPool | PromptSelector,
-        group_size: int,
-        batch_groups: int,
-        probe_size: int = 4,
-        budget: int = 0,
-        prior: tuple[float, float] = (1.0, 1.0),
+        self, source: PromptPool | PromptSelector, group_size: int, batch_groups: int, config: HoraConfig = HoraConfig()
     ):
         super().__init__(source, group_size)
-        if probe_size < 2:
-            raise ValueError(
-                f"probe_size={probe_size} must be >= 2: a group that gets no extra rollouts trains on its probe alone"
-            )
-        if batch_groups < 1:
-            raise ValueError(f"batch_groups={batch_groups} must be >= 1")
-        if len(prior) != 2 or min(prior) <= 0:
-            raise ValueError(f"prior={tuple(prior)} must be two positive Beta pseudo-counts, e.g. (1.0, 1.0)")
-        total = budget if budget > 0 else batch_groups * group_size
-        extra = total - batch_groups * probe_size
-        if extra < 0:
-            what = f"gate.hora.budget={budget}" if budget > 0 else f"the compute-matched budget B*G={total}"
-            raise ValueError(
-                f"{what} is below one probe round batch_groups*probe_size={batch_groups * probe_size} "
-                f"(extra budget R={extra} < 0); lower gate.hora.probe_size or raise gate.hora.budget"
-            )
+        check_group_sizes(group_size, batch_groups)
+        config.check_sizes(group_size, batch_groups)
+        self.config = config
         self.batch_groups = batch_groups
-        self.probe_size = probe_size
-        self.budget = total
-        self.extra_budget = extra
-        self.prior = (float(prior[0]), float(prior[1]))
+        self.probe_size = config.probe_size
+        self.budget = config.total_budget(group_size, batch_groups)
+        self.extra_budget = self.budget - batch_groups * config.probe_size
+        self.prior = (float(config.prior[0]), float(config.prior[1]))
         self._horizon = 0
         # The allocation batch being probed: its index, plans still to open, probed groups.
         self._batch = {"index": 0, "to_open": batch_groups, "ready": [], "allocated": False}

@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
+from controller.config import PilotCommitConfig
 from controller.gates.common import abandon, commit, hold, launch, too_many_failures
 from controller.gates.rounds import RoundGate, RoundRecord
 from controller.prompts import PromptPool
@@ -69,20 +70,10 @@ class PilotCommitGate(RoundGate):
         G = n_p + n_c, the size of a committed group.
     batch_groups
         Groups per learner step (B_train).
-    pilot_size
-        n_p, rollouts per pilot (1 <= n_p <= G).
-    p_low, p_up
-        Keep band ``p_low <= p_hat <= 1 - p_up``.
-    p_solve
-        ``p_hat >= p_solve`` counts toward eviction (above the band, <= 1).
-    evict_after
-        Consecutive such pilots that evict a prompt (0 = never).
-    max_buffer_age
-        Steps a kept pilot may wait in the buffer.
-    pilot_factor
-        Pilots per round as a multiple of ``batch_groups``.
-    max_rounds, on_round_cap
-        The round cap, as in ``DynamicSamplingGate``.
+    config
+        ``PilotCommitConfig``: the pilot size n_p, the keep band ``p_low <= p_hat <= 1 - p_up``,
+        eviction (``p_solve``, ``evict_after``), the buffer's age limit, pilots per round as a
+        multiple of ``batch_groups`` and the round cap, as in ``DynamicSamplingGate``.
 
     Examples
     --------
@@ -106,42 +97,17 @@ class PilotCommitGate(RoundGate):
         source: PromptPool | PromptSelector,
         group_size: int,
         batch_groups: int,
-        pilot_size: int = 4,
-        p_low: float = 0.125,
-        p_up: float = 0.25,
-        p_solve: float = 1.0,
-        evict_after: int = 2,
-        max_buffer_age: int = 4,
-        pilot_factor: float = 3.0,
-        max_rounds: int = 10,
-        on_round_cap: Literal["fill", "error"] = "fill",
+        config: PilotCommitConfig = PilotCommitConfig(),
     ):
-        super().__init__(source, group_size, batch_groups, max_rounds, on_round_cap, initial_size=pilot_size)
-        if not 1 <= pilot_size <= group_size:
-            raise ValueError(
-                f"pilot_size={pilot_size} must be between 1 and group_size={group_size}; "
-                "lower gate.pilot_commit.pilot_size or raise group_size"
-            )
-        if not (0.0 <= p_low and 0.0 <= p_up and p_low <= 1.0 - p_up):
-            raise ValueError(
-                f"the keep band p_low={p_low} <= p_hat <= 1 - p_up={1.0 - p_up} is empty or invalid; "
-                "lower gate.pilot_commit.p_low or gate.pilot_commit.p_up"
-            )
-        if not 1.0 - p_up < p_solve <= 1.0:
-            raise ValueError(
-                f"p_solve={p_solve} must be above the keep band (> 1 - p_up = {1.0 - p_up}) and <= 1"
-            )
-        if evict_after < 0 or max_buffer_age < 0 or pilot_factor < 1.0:
-            raise ValueError(
-                f"need evict_after >= 0, max_buffer_age >= 0, pilot_factor >= 1; got "
-                f"{evict_after}, {max_buffer_age}, {pilot_factor}"
-            )
-        self.pilot_size = pilot_size
-        self.p_low, self.p_up, self.p_solve = p_low, p_up, p_solve
-        self.evict_after = evict_after
-        self.max_buffer_age = max_buffer_age
-        self.pilot_factor = pilot_factor
-        self.round_size = math.ceil(pilot_factor * batch_groups)
+        super().__init__(source, group_size, batch_groups, config.max_rounds, config.on_round_cap, config.pilot_size)
+        config.check_sizes(group_size, batch_groups)
+        self.config = config
+        self.pilot_size = config.pilot_size
+        self.p_low, self.p_up, self.p_solve = config.p_low, config.p_up, config.p_solve
+        self.evict_after = config.evict_after
+        self.max_buffer_age = config.max_buffer_age
+        self.pilot_factor = config.pilot_factor
+        self.round_size = math.ceil(config.pilot_factor * batch_groups)
         self._buffer: list[int] = []  # kept pilots waiting for a step with room, oldest first
         # self._candidates (RoundGate): out-of-band pilots of the last round (on_round_cap=fill)
         self._streak: dict[int, int] = {}  # prompt_id -> consecutive pilots at p_hat >= p_solve

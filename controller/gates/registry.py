@@ -65,17 +65,17 @@ def build_gate(
         if kind == "uniform":
             return UniformGate(pool, group_size)
         if kind == "ds":
-            return DynamicSamplingGate(pool, group_size, batch_groups, **asdict(config.ds))
+            return DynamicSamplingGate(pool, group_size, batch_groups, config.ds)
         if kind == "pilot_commit":
-            return PilotCommitGate(pool, group_size, batch_groups, **asdict(config.pilot_commit))
+            return PilotCommitGate(pool, group_size, batch_groups, config.pilot_commit)
         if kind == "hora":
-            return HoraGate(pool, group_size, batch_groups, **asdict(config.hora))
+            return HoraGate(pool, group_size, batch_groups, config.hora)
         if kind == "sara":
-            return SaraGate(pool, group_size, **asdict(config.sara))
+            return SaraGate(pool, group_size, config.sara)
         if kind == "dps":
             return DpsGate(build_dps_selector(config.dps, pool, seed), group_size)
         if kind == "sara_dps":
-            return SaraGate(build_dps_selector(config.dps, pool, seed), group_size, **asdict(config.sara))
+            return SaraGate(build_dps_selector(config.dps, pool, seed), group_size, config.sara)
         if kind == "oracle":
             return OracleGate(pool, group_size, success_probability, seed=derive_seed(seed, "gate", "oracle"))
     except (ValueError, TypeError) as exc:

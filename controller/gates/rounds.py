@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from controller.config import check_group_sizes
 from controller.gates.base import BaseGate
 from controller.gates.common import GroupRecord, StepQuota
 from controller.prompts import PromptPool
@@ -103,10 +104,7 @@ class RoundGate(BaseGate):
         initial_size: int,
     ):
         super().__init__(source, group_size)
-        if max_rounds < 1:
-            raise ValueError(f"max_rounds={max_rounds} must be >= 1")
-        if on_round_cap not in ("fill", "error"):
-            raise ValueError(f"on_round_cap={on_round_cap!r} must be 'fill' or 'error'")
+        check_group_sizes(group_size, batch_groups)
         self.batch_groups = batch_groups
         self.max_rounds = max_rounds
         self.on_round_cap = on_round_cap

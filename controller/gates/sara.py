@@ -34,8 +34,9 @@ seen all-wrong before needs less evidence to be abandoned. ``tau_commit`` is not
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
+from controller.config import SaraConfig
 from controller.gates.base import BaseGate
 from controller.gates.common import GroupRecord, abandon, commit, launch, too_many_failures
 from controller.posterior import discount_posterior, effective_probability
@@ -61,17 +62,9 @@ class SaraGate(BaseGate):
         Where prompts come from: a ``PromptPool``, or a ``DpsSelector`` for SARA + DPS.
     group_size
         G, the size of a committed group.
-    probe_size
-        k, the rollouts that must finish before any verdict (1 <= k <= G).
-    tau_commit, tau_abandon
-        Thresholds on ``P_eff``, ``0 <= tau_abandon < tau_commit <= 1``.
-    prior
-        Beta prior (a0, b0) of a prompt's success rate, both > 0.
-    history_discount
-        gamma in [0, 1]: carry each prompt's posterior to its next group, shrunk toward the
-        prior by gamma; 0 turns it off.
-    launch
-        ``"probe_first"``, ``"eager"`` or ``"streaming"``.
+    config
+        ``SaraConfig``: the probe size k, the thresholds on ``P_eff``, the Beta prior, the
+        carried-history discount and the launch mode.
 
     Examples
     --------
@@ -89,40 +82,16 @@ class SaraGate(BaseGate):
     name = "sara"
     Record = SaraRecord
 
-    def __init__(
-        self,
-        source: PromptPool | PromptSelector,
-        group_size: int,
-        probe_size: int = 4,
-        tau_commit: float = 0.5,
-        tau_abandon: float = 0.45,
-        prior: tuple[float, float] = (1.0, 1.0),
-        history_discount: float = 0.0,
-        launch: Literal["probe_first", "eager", "streaming"] = "probe_first",
-    ):
+    def __init__(self, source: PromptPool | PromptSelector, group_size: int, config: SaraConfig = SaraConfig()):
         super().__init__(source, group_size)
-        if not 1 <= probe_size <= group_size:
-            raise ValueError(
-                f"probe_size={probe_size} must be between 1 and group_size={group_size}; "
-                "lower gate.sara.probe_size or raise group_size"
-            )
-        if not 0.0 <= tau_abandon < tau_commit <= 1.0:
-            raise ValueError(
-                f"need 0 <= tau_abandon < tau_commit <= 1, got tau_abandon={tau_abandon}, tau_commit={tau_commit}; "
-                "lower gate.sara.tau_abandon or raise gate.sara.tau_commit"
-            )
-        if len(prior) != 2 or min(prior) <= 0:
-            raise ValueError(f"prior={tuple(prior)} must be two positive Beta pseudo-counts, e.g. (1.0, 1.0)")
-        if not 0.0 <= history_discount <= 1.0:
-            raise ValueError(f"history_discount={history_discount} must be in [0, 1] (0 = no carried prior)")
-        if launch not in ("probe_first", "eager", "streaming"):
-            raise ValueError(f"launch={launch!r} must be 'probe_first', 'eager' or 'streaming'")
-        self.probe_size = probe_size
-        self.tau_commit = tau_commit
-        self.tau_abandon = tau_abandon
-        self.prior = (float(prior[0]), float(prior[1]))
-        self.history_discount = history_discount
-        self.launch = launch
+        config.check_sizes(group_size, batch_groups=1)
+        self.config = config
+        self.probe_size = config.probe_size
+        self.tau_commit = config.tau_commit
+        self.tau_abandon = config.tau_abandon
+        self.prior = (float(config.prior[0]), float(config.prior[1]))
+        self.history_discount = config.history_discount
+        self.launch = config.launch
         # prompt_id -> carried posterior (a, b); only kept when history_discount > 0.
         self._carried: dict[int, tuple[float, float]] = {}
 
