@@ -30,6 +30,12 @@ from pipeline.tasks.config import TaskConfig
 from pipeline.config.build import ConfigError, apply_overrides, build, load_yaml, merge, require, to_dict
 
 
+ROLLOUT_STEP_GATES = ("uniform", "sara", "dps", "sara_dps")
+"""The gates that commit group by group with no per-step quota of their own, so a learner
+step may be defined by rollouts (``orchestrator.batch_rollouts``). DS, Pilot-Commit and HORA
+fill exactly ``batch_groups`` groups per step; the oracle books rollouts as uncounted."""
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything one run needs."""
@@ -58,6 +64,10 @@ class RunConfig:
         require(bool(self.run_dir), "run_dir must not be empty; set run_dir: runs/NAME")
         o = self.orchestrator
         self.gate.check_sizes(o.group_size, o.batch_groups)
+        require(not o.batch_rollouts or self.gate.kind in ROLLOUT_STEP_GATES,
+                f"orchestrator.batch_rollouts={o.batch_rollouts} (a learner step of that many rollouts) needs a gate that "
+                f"commits group by group ({', '.join(ROLLOUT_STEP_GATES)}), not gate.kind={self.gate.kind!r}; "
+                "change gate.kind or set orchestrator.batch_rollouts=0")
         if self.engine.kind != "sim" and not self.model.path:
             require(o.max_tokens < self.model.max_len,
                     f"orchestrator.max_tokens={o.max_tokens} leaves no room for a prompt in model.max_len={self.model.max_len}; "
@@ -65,10 +75,11 @@ class RunConfig:
             arith = self.task.arithmetic
             if self.task.name == "arithmetic" and arith.scratchpad:
                 need = arith.response_tokens
+                fit_tokens, fit_len = self.task.lengths(self.model.max_len) or (need, self.model.max_len)
                 require(o.max_tokens >= need,
                         f"task.arithmetic.scratchpad=true writes responses of up to {need} tokens, but orchestrator.max_tokens="
-                        f"{o.max_tokens}; set orchestrator.max_tokens={need + 12 - need % 4} and model.max_len="
-                        f"{max(self.model.max_len, need + 12 - need % 4 + 2 * arith.max_digits + 4)} or more")
+                        f"{o.max_tokens}; set orchestrator.max_tokens={fit_tokens} and model.max_len={fit_len} or more, "
+                        "or leave both out of the config: they then follow from the task")
             require(not self.task.chat_template,
                     "task.chat_template=true needs a chat model, and the project's model (model.path empty) has no chat "
                     "template; set model.path to a Hugging Face chat model directory, or task.chat_template=false")
@@ -82,11 +93,43 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, bas
     """Read ``path`` (or the defaults), apply ``overrides``, validate."""
     data = merge(base or {}, load_yaml(path) if path else {})
     data = apply_overrides(data, overrides or [])
-    return build(RunConfig, data)
+    return build(RunConfig, fill_lengths(data))
+
+
+def fill_lengths(data: dict[str, Any]) -> dict[str, Any]:
+    """``orchestrator.max_tokens`` and ``model.max_len`` from the task's token needs
+    (``TaskConfig.lengths``), each where the config does not give it, on a real engine (a
+    ``model.path`` keeps its own context length; ``model.max_len`` is then only recorded).
+    A value the config gives is kept and checked.
+
+    >>> cfg = load_config(None, ["engine.kind=torch", "task.arithmetic.scratchpad=true"])
+    >>> cfg.orchestrator.max_tokens, cfg.model.max_len
+    (64, 96)
+    >>> load_config(None, ["engine.kind=torch", "orchestrator.max_tokens=24"]).orchestrator.max_tokens
+    24
+    """
+    try:  # a bad section is reported by the full build, with its own message
+        task = build(TaskConfig, data.get("task"), "task")
+        engine = build(EngineConfig, data.get("engine"), "engine")
+        orchestrator = data.get("orchestrator") or {}
+        model_data = data.get("model") or {}
+        if not isinstance(orchestrator, dict) or not isinstance(model_data, dict):
+            return data
+    except ConfigError:
+        return data
+    fit = task.lengths(BaseModelConfig.__dataclass_fields__["max_len"].default)
+    if engine.kind == "sim" or fit is None:
+        return data
+    out = dict(data)
+    if "max_tokens" not in orchestrator:
+        out["orchestrator"] = {**orchestrator, "max_tokens": fit[0]}
+    if "max_len" not in model_data:
+        out["model"] = {**model_data, "max_len": fit[1]}
+    return out
 
 
 def dump_config(config: RunConfig) -> dict[str, Any]:
     return to_dict(config)
 
 
-__all__ = ["RunConfig", "load_config", "dump_config", "ConfigError"]
+__all__ = ["RunConfig", "load_config", "fill_lengths", "dump_config", "ConfigError"]

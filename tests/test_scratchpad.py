@@ -95,9 +95,21 @@ def test_countdown_scratchpad_targets_fit_64_tokens():
     assert worst <= 64 + 1  # prompt + response: max_len 96 with max_tokens 64 leaves room
 
 
+def test_lengths_follow_the_task_unless_the_config_gives_them():
+    assert (load_config(DEFAULT).orchestrator.max_tokens, load_config(DEFAULT).model.max_len) == (16, 64)
+    cfg = load_config(DEFAULT, ["task.arithmetic.scratchpad=true"])
+    assert (cfg.orchestrator.max_tokens, cfg.model.max_len) == (64, 96) == cfg.task.lengths(64)
+    cfg = load_config(DEFAULT, ["task.arithmetic.scratchpad=true", "task.arithmetic.max_digits=3"])
+    assert (cfg.orchestrator.max_tokens, cfg.model.max_len) == (44, 64)  # 32-token responses, 9-token prompts
+    cfg = load_config(DEFAULT, ["task.arithmetic.scratchpad=true", "model.max_len=128"])
+    assert (cfg.orchestrator.max_tokens, cfg.model.max_len) == (64, 128)  # a given value is kept
+    assert load_config(DEFAULT, ["engine.kind=sim", "task.arithmetic.scratchpad=true"]).orchestrator.max_tokens == 256
+
+
 def test_config_refuses_a_scratchpad_that_does_not_fit_and_other_ops():
-    with pytest.raises(ConfigError, match=r"up to 52 tokens.*max_tokens=16; set orchestrator.max_tokens=64"):
-        load_config(DEFAULT, ["task.arithmetic.scratchpad=true"])
+    with pytest.raises(ConfigError, match=r"up to 52 tokens.*max_tokens=16; set orchestrator.max_tokens=64 and "
+                                          r"model.max_len=96 or more, or leave both out"):
+        load_config(DEFAULT, ["task.arithmetic.scratchpad=true", "orchestrator.max_tokens=16"])
     with pytest.raises(ConfigError, match="ops='\\+-' must be '\\+'"):
         load_config(DEFAULT, SCRATCH_RUN + ["task.arithmetic.ops=+-"])
     cfg = load_config(DEFAULT, SCRATCH_RUN + ["task.name=countdown", "task.countdown.scratchpad=true"])

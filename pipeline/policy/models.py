@@ -182,6 +182,28 @@ def load_model(directory: str | Path, chat_template: bool = False) -> BaseModel:
     return BaseModel(model=model, tokenizer=tokenizer, path=d, meta=meta)
 
 
+def base_settings(task_cfg, model_cfg: BaseModelConfig) -> dict[str, Any]:
+    """The task and model settings that decide a warm-started base model's weights, as its
+    ``railgate_base.json`` records them: a cached model is reused only for equal settings.
+
+    >>> from pipeline.tasks import TaskConfig
+    >>> sorted(base_settings(TaskConfig(), BaseModelConfig())["model"])[:3]
+    ['d_model', 'max_len', 'n_heads']
+    """
+    # settings that change the weights; threads and path do not
+    model_settings = {k: v for k, v in to_dict(model_cfg).items() if k not in ("threads", "path")}
+    # how rewards are read and prompts rendered do not change the warm start's weights
+    task_settings = {k: v for k, v in to_dict(task_cfg).items() if k not in ("success_threshold", "chat_template")}
+    for section in task_settings.values():  # scratchpad=false: base models cached before it existed still match
+        if isinstance(section, dict) and section.get("scratchpad") is False:
+            del section["scratchpad"]
+    arith = task_settings.get("arithmetic")  # likewise its template and reward at their defaults
+    for key, before in (("template", ""), ("reward", "exact")):
+        if isinstance(arith, dict) and arith.get(key) == before:
+            del arith[key]
+    return {"task": task_settings, "model": model_settings}
+
+
 def ensure_base_model(run_dir: str | Path, task_cfg, model_cfg: BaseModelConfig | None = None, progress: bool = True) -> BaseModel:
     """The base policy of a run: ``model_cfg.path`` if set, else ``run_dir/base_model``,
     built and warm-started on the first call and loaded from there afterwards.
@@ -204,18 +226,7 @@ def ensure_base_model(run_dir: str | Path, task_cfg, model_cfg: BaseModelConfig 
         )
     task = build_task(task_cfg)
     target = Path(run_dir) / BASE_DIR_NAME
-    # settings that change the weights; threads and path do not
-    model_settings = {k: v for k, v in to_dict(model_cfg).items() if k not in ("threads", "path")}
-    # how rewards are read and prompts rendered do not change the warm start's weights
-    task_settings = {k: v for k, v in to_dict(task_cfg).items() if k not in ("success_threshold", "chat_template")}
-    for section in task_settings.values():  # scratchpad=false: base models cached before it existed still match
-        if isinstance(section, dict) and section.get("scratchpad") is False:
-            del section["scratchpad"]
-    arith = task_settings.get("arithmetic")  # likewise its template and reward at their defaults
-    for key, before in (("template", ""), ("reward", "exact")):
-        if isinstance(arith, dict) and arith.get(key) == before:
-            del arith[key]
-    wanted = {"task": task_settings, "model": model_settings}
+    wanted = base_settings(task_cfg, model_cfg)
     if target.exists():
         base = load_model(target)
         stale = [k for k in wanted if base.meta.get(k) != wanted[k]]

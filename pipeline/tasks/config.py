@@ -39,8 +39,9 @@ class ArithmeticConfig:
     all ('none': too slow for a CPU warm start). See pipeline/tasks/arithmetic.py."""
     scratchpad: bool = False
     """Responses write the work first, one 'a+b+carry=sum' step per digit position, then '>'
-    and the answer (up to 10 x max_digits + 2 tokens: set orchestrator.max_tokens and
-    model.max_len to fit); the reward grades the answer only. Addition only."""
+    and the answer (up to 10 x max_digits + 2 tokens; orchestrator.max_tokens and model.max_len
+    follow from it when a config does not give them: ``TaskConfig.lengths``); the reward
+    grades the answer only. Addition only."""
     template: str = ""
     """The prompt in words for a pretrained chat model, with {a}, {op} and {b} (operands
     unpadded), e.g. 'What is {a} {op} {b}? Answer with the number only.'; empty: the compact
@@ -63,6 +64,12 @@ class ArithmeticConfig:
     def response_tokens(self) -> int:
         """Longest reference response in tokens, <eos> included (scratchpad: 10 x max_digits + 2)."""
         return 10 * self.max_digits + 2 if self.scratchpad else self.max_digits + 2
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Longest compact prompt in tokens, <bos> included: two operands padded to max_digits,
+        the operator and '=' (``00037+00415=`` is 13 tokens)."""
+        return 2 * self.max_digits + 3
 
 
 @dataclass(frozen=True)
@@ -147,6 +154,27 @@ class TaskConfig:
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
     countdown: CountdownConfig = field(default_factory=CountdownConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
+
+    def lengths(self, min_len: int) -> tuple[int, int] | None:
+        """``(orchestrator.max_tokens, model.max_len)`` that fit this task on the project's model:
+        the one source of the generation and context lengths when a config does not give them.
+        None where the task states no token need (Countdown, datasets).
+
+        max_tokens is the longest reference response plus at least 9 tokens of slack, rounded
+        up to a multiple of 4; max_len holds the longest prompt and max_tokens, rounded up to a
+        multiple of 32, and is at least ``min_len`` (``model.max_len``'s default).
+
+        >>> TaskConfig().lengths(64)  # answer-only addition up to 5 digits: 7-token answers
+        (16, 64)
+        >>> TaskConfig(arithmetic=ArithmeticConfig(scratchpad=True)).lengths(64)  # 52-token responses
+        (64, 96)
+        """
+        if self.name != "arithmetic" or self.arithmetic.template:
+            return None
+        need = self.arithmetic.response_tokens
+        max_tokens = need + 12 - need % 4
+        room = max_tokens + self.arithmetic.prompt_tokens
+        return max_tokens, max(min_len, -(-room // 32) * 32)
 
     def __post_init__(self) -> None:
         require(0 < self.eval_share < 1, f"task.eval_share={self.eval_share} must be in (0, 1)")
