@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import os
 import shutil
 import time
 from pathlib import Path
@@ -119,30 +121,65 @@ def throughput(cfg: RunConfig, out: Path, repeats: int = 3) -> list[dict[str, An
     return rows
 
 
-def hook_latency(cfg: RunConfig, levels: tuple[int, ...] = (64, 512, 4096)) -> list[dict[str, Any]]:
+# (gate, controller) pairs measured at each level: the gate alone, then SARA with RAIL live.
+HOOK_VARIANTS: tuple[tuple[str, str], ...] = (("uniform", "none"), ("sara", "none"), ("sara", "rail"))
+
+
+def _hook_config(cfg: RunConfig, groups: int, gate: str, controller: str) -> RunConfig:
+    orch_cfg = dataclasses.replace(
+        cfg.orchestrator, batch_groups=groups, max_open_groups=groups, max_concurrent_samples=groups * cfg.orchestrator.group_size,
+        max_async_steps=0, steps=max(2, 2048 // groups), eval_every=0,
+    )
+    sim = dataclasses.replace(cfg.sim, num_prompts=max(cfg.sim.num_prompts, 2 * groups))
+    gate_cfg = dataclasses.replace(cfg.gate, kind=gate)
+    ctrl = cfg.controller
+    if controller == "rail":
+        # RAIL acting (live) from the first decision, with its default VW backend.
+        rail = dataclasses.replace(ctrl.rail, mode="live", auto_promote=False, backend="vw")
+        ctrl = dataclasses.replace(ctrl, kind="rail", rail=rail)
+    else:
+        ctrl = dataclasses.replace(ctrl, kind="none")
+    return dataclasses.replace(cfg, orchestrator=orch_cfg, sim=sim, gate=gate_cfg, controller=ctrl)
+
+
+def _percentile_us(samples: list[int], q: float) -> float:
+    if not samples:
+        return math.nan
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))] / 1000.0
+
+
+def hook_latency(
+    cfg: RunConfig, levels: tuple[int, ...] = (64, 512, 4096), variants: tuple[tuple[str, str], ...] = HOOK_VARIANTS,
+) -> list[dict[str, Any]]:
+    """Per level and (gate, controller): the decision hook's p50/p99 (snapshot + gate + controller
+    per finished sample), RAIL's own decisions (group and token decision points; amortised per
+    decision when decided in batches) and the whole pipeline's cost per rollout."""
     rows = []
-    g = cfg.orchestrator.group_size
     for groups in levels:
-        orch_cfg = dataclasses.replace(
-            cfg.orchestrator, batch_groups=groups, max_open_groups=groups, max_concurrent_samples=groups * g,
-            max_async_steps=0, steps=max(2, 8192 // groups), eval_every=0,
-        )
-        sim = dataclasses.replace(cfg.sim, num_prompts=max(cfg.sim.num_prompts, 2 * groups))
-        c = dataclasses.replace(cfg, orchestrator=orch_cfg, sim=sim)
-        comps = build_components(c)
-        timer = HookTimer()
-        orch = build_orchestrator(c, dataclasses.replace(comps, evaluator=None), hook_timer=timer)
-        started = time.perf_counter()
-        summary = anyio.run(orch.run)
-        elapsed = time.perf_counter() - started
-        rows.append({
-            "concurrent groups": groups,
-            "gate": c.gate.kind,
-            "hook calls": timer.calls,
-            "p50 us": timer.percentile_us(50),
-            "p99 us": timer.percentile_us(99),
-            "pipeline us/rollout": elapsed / max(1, summary.budget.rollouts_started) * 1e6,
-        })
+        for gate, controller in variants:
+            c = _hook_config(cfg, groups, gate, controller)
+            comps = build_components(c)
+            timer = HookTimer()
+            orch = build_orchestrator(c, dataclasses.replace(comps, evaluator=None), hook_timer=timer)
+            started = time.perf_counter()
+            summary = anyio.run(orch.run)
+            elapsed = time.perf_counter() - started
+            decisions = list(getattr(comps.controller, "latency_ns", ()))
+            rows.append({
+                "concurrent groups": groups,
+                "gate": gate,
+                "controller": "RAIL (vw, live)" if controller == "rail" else "none",
+                "hook calls": timer.calls,
+                "hook p50 us": timer.percentile_us(50),
+                "hook p99 us": timer.percentile_us(99),
+                "RAIL decisions": int(summary.controller_metrics.get("controller/decisions", len(decisions))) if controller == "rail" else 0,
+                "decision p50 us": _percentile_us(decisions, 50),
+                "decision p99 us": _percentile_us(decisions, 99),
+                "rollouts": summary.budget.rollouts_started,
+                "pipeline us/rollout": elapsed / max(1, summary.budget.rollouts_started) * 1e6,
+            })
+            print(rows[-1], flush=True)
     return rows
 
 
@@ -186,7 +223,7 @@ def long_run(cfg: RunConfig, out: Path, steps: int) -> dict[str, Any]:
 
 def run_overhead_bench(cfg: RunConfig, out: Path, long_steps: int | None = None, progress: bool = True) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {}
+    report: dict[str, Any] = {"load_average_start": list(os.getloadavg()), "cpus": os.cpu_count()}
     sections = []
     report["throughput"] = throughput(cfg, out)
     sections.append("## Pipeline vs raw engine (same requests, same run)\n\n" + _table(report["throughput"]))
@@ -207,6 +244,10 @@ def run_overhead_bench(cfg: RunConfig, out: Path, long_steps: int | None = None,
             )
         )
         print(sections[-1], flush=True)
+    report["load_average_end"] = list(os.getloadavg())
+    sections.insert(0, "Load average (1, 5, 15 min) at the start: {} and at the end: {} ({} CPUs)".format(
+        ", ".join(f"{x:.2f}" for x in report["load_average_start"]),
+        ", ".join(f"{x:.2f}" for x in report["load_average_end"]), report["cpus"]))
     (out / "overhead.md").write_text("\n\n".join(sections) + "\n")
     (out / "overhead.json").write_text(json.dumps(report, indent=2, default=str))
     print(f"\nwritten: {out / 'overhead.md'}")
