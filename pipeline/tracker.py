@@ -107,6 +107,12 @@ class GroupTracker:
         self.budget = Budget()
         self.stop_reason = ""
         self.pending: list[CommittedGroup] = []  # shipped groups waiting to fill a batch
+        # Rollout cost of each pending group: its own launches plus those of the groups
+        # abandoned since the previous commit (orchestrator.batch_rollouts steps by their sum).
+        self._pending_cost: list[int] = []
+        self._loose_cost = 0  # rollouts of groups abandoned since the last commit
+        self._overshoot = 0  # rollouts the batches sent so far spent beyond steps * batch_rollouts
+        self._sent_costs: deque[list[int]] = deque()  # the costs of _sent_untrained's groups
         self._default_params = SamplingParams(temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens)
         self._groups: dict[int, GroupRun] = {}
         self._next_group_id = 0
@@ -152,7 +158,7 @@ class GroupTracker:
         """Open the groups the gate wants while the step-ahead, open-group and concurrency
         limits leave room; launch what can start."""
         cfg = self.config
-        b = cfg.batch_groups
+        b = cfg.step_groups
         # Every open group may still commit, so open groups count against the step-ahead limit.
         committed_ahead = (self._batches_sent - self._steps_done) * b + len(self.pending) + len(self._groups)
         still_needed = cfg.steps * b - (self._batches_sent * b + len(self.pending) + self._sealed_open)
@@ -360,8 +366,11 @@ class GroupTracker:
                 self.budget.groups_committed += 1
                 self.budget.groups_effective += int(effective)
                 self.pending.append(shipped)
+                self._pending_cost.append(self._loose_cost + group.launched)
+                self._loose_cost = 0
                 self.controller.on_closed(shipped, group.snapshot(self.policy_version()))
         if not committed:
+            self._loose_cost += group.launched
             self.budget.groups_abandoned += 1
             self.controller.on_closed(None, group.snapshot(self.policy_version()))
         self.gate.on_closed(group.group_id, committed)
@@ -371,16 +380,38 @@ class GroupTracker:
     # --- batches and learner steps -------------------------------------------------------
 
     def next_batch(self) -> TrainBatch | None:
-        """The next batch, when ``batch_groups`` groups are pending and the run needs one;
-        it leaves the tracker only at ``batch_sent``."""
-        b = self.config.batch_groups
-        if len(self.pending) < b or self._batches_sent >= self.config.steps:
+        """The next batch, when the pending groups fill one and the run needs one; it leaves
+        the tracker only at ``batch_sent``."""
+        n = self._batch_len()
+        if not n or self._batches_sent >= self.config.steps:
             return None
-        return TrainBatch(step=self._batches_sent, groups=tuple(self.pending[:b]))
+        return TrainBatch(step=self._batches_sent, groups=tuple(self.pending[:n]))
+
+    def _batch_len(self) -> int:
+        """How many pending groups the next batch takes (0: not enough yet): ``batch_groups``;
+        with ``batch_rollouts`` N, the shortest run of pending groups after which the rollouts
+        spent since the run began (abandoned groups' included) reach (step + 1) * N: a step
+        ends at the first commit past its share of the budget, and what one step spends beyond
+        it is taken off the next, so a budget buys the same number of steps whatever the gate."""
+        if not self.config.batch_rollouts:
+            b = self.config.batch_groups
+            return b if len(self.pending) >= b else 0
+        need = self.config.batch_rollouts - self._overshoot
+        spent = 0
+        for i, cost in enumerate(self._pending_cost):
+            spent += cost
+            if spent >= need:
+                return i + 1
+        return 0
 
     def batch_sent(self, batch: TrainBatch) -> None:
         """``batch`` (from ``next_batch``) is on its way to the learner."""
-        del self.pending[: len(batch.groups)]
+        n = len(batch.groups)
+        del self.pending[:n]
+        self._sent_costs.append(self._pending_cost[:n])
+        if self.config.batch_rollouts:
+            self._overshoot += sum(self._pending_cost[:n]) - self.config.batch_rollouts
+        del self._pending_cost[:n]
         self._batches_sent += 1
         self._sent_untrained.append(batch)
 
@@ -389,6 +420,7 @@ class GroupTracker:
         self._steps_done = batch.step + 1
         if self._sent_untrained and self._sent_untrained[0].step == batch.step:
             self._sent_untrained.popleft()
+            self._sent_costs.popleft()
         step_actions = self.gate.on_step(batch.step, batch)
         for action in step_actions:
             self._log_gate_decision(action)
@@ -400,7 +432,7 @@ class GroupTracker:
         can produce another event."""
         if self._in_flight or self._launch_queue or self._batches_sent > self._steps_done:
             return
-        if len(self.pending) >= self.config.batch_groups:
+        if self._batch_len():
             return
         if self.budget_spent():
             self.stop_reason = f"rollout budget of {self.config.max_rollouts} spent"
@@ -409,10 +441,16 @@ class GroupTracker:
         raise GateStalled(
             f"the gate ({type(self.gate).__name__}) opened no group while nothing is running "
             f"({len(self._groups)} open groups, {held} of them held with nothing in flight, "
-            f"{len(self.pending)} committed groups waiting for a batch of {self.config.batch_groups}); "
+            f"{len(self.pending)} committed groups waiting for a batch of {self._batch_text()}); "
             "the prompt pool may be exhausted or emptied by eviction -- add prompts, relax eviction, "
             "or lower orchestrator.batch_groups"
         )
+
+    def _batch_text(self) -> str:
+        need = self.config.batch_rollouts
+        if not need:
+            return f"{self.config.batch_groups}"
+        return f"{need} rollouts, {sum(self._pending_cost) + self._loose_cost} spent"
 
     # --- checkpoint ----------------------------------------------------------------------
 
@@ -429,6 +467,12 @@ class GroupTracker:
             "open_group_ids": sorted(self._groups),
             "untrained_batches": [b.groups for b in self._sent_untrained],
             "pending": list(self.pending),
+            # batch_rollouts: each untrained group's rollout cost, in the order load_state_dict
+            # puts them back, and the abandoned rollouts not yet attached to a commit
+            "pending_cost": [c for costs in self._sent_costs for c in costs] + self._pending_cost,
+            "loose_cost": self._loose_cost,
+            "overshoot": self._overshoot - sum(sum(costs) - self.config.batch_rollouts for costs in self._sent_costs)
+            if self.config.batch_rollouts else 0,  # the untrained batches are cut again on resume
             "gate": self.gate.state_dict(),
             "controller": self.controller.state_dict(),
             "policy_version": self.policy_version(),
@@ -441,5 +485,9 @@ class GroupTracker:
         self.budget.load_state_dict(state["budget"])
         # Committed groups that were never trained go first, in their original order.
         self.pending = [g for groups in state["untrained_batches"] for g in groups] + list(state["pending"])
+        cost = state.get("pending_cost")  # absent from checkpoints written before batch_rollouts
+        self._pending_cost = list(cost) if cost is not None and len(cost) == len(self.pending) else [g.launched for g in self.pending]
+        self._loose_cost = int(state.get("loose_cost", 0))
+        self._overshoot = int(state.get("overshoot", 0))
         for group_id in state["open_group_ids"]:
             self.gate.on_closed(group_id, False)

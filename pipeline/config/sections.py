@@ -134,6 +134,14 @@ class OrchestratorConfig:
 
     batch_groups: int = 64
     """Committed groups per learner step (B_train)."""
+    batch_rollouts: int = 0
+    """0 (the default): a learner step trains on ``batch_groups`` committed groups, however
+    many rollouts the gate spent to get them. N > 0: a learner step is N rollouts generated
+    instead -- it trains on the groups committed while N rollouts were spent, the rollouts of
+    abandoned groups counted toward the step they were spent in -- so every gate takes the
+    same number of optimiser steps for the same rollout budget. Streaming gates only
+    (uniform, sara, dps, sara_dps); admission then plans for ``ceil(N / group_size)`` groups
+    per step (``step_groups``)."""
     group_size: int = 8
     """Target samples per group (G)."""
     max_tokens: int = 256
@@ -188,10 +196,24 @@ class OrchestratorConfig:
         require(0 < self.top_p <= 1, f"orchestrator.top_p={self.top_p} must be in (0, 1]; 1 = no nucleus cut")
         require(self.max_rollouts >= 0, f"orchestrator.max_rollouts={self.max_rollouts} must be >= 0 (0 = no limit)")
         require(self.eval_every >= 0, f"orchestrator.eval_every={self.eval_every} must be >= 0 (0 = only at the end)")
-        for key, limit in (("batch_groups", 65536), ("group_size", 4096), ("max_tokens", 1 << 20), ("steps", 10**8),
+        require(self.batch_rollouts == 0 or self.batch_rollouts >= self.group_size,
+                f"orchestrator.batch_rollouts={self.batch_rollouts} must be 0 (off: batch_groups groups per step) or at "
+                f"least group_size={self.group_size} (one full group per step); e.g. batch_groups*group_size="
+                f"{self.batch_groups * self.group_size}")
+        for key, limit in (("batch_groups", 65536), ("batch_rollouts", 1 << 28), ("group_size", 4096), ("max_tokens", 1 << 20), ("steps", 10**8),
                            ("max_concurrent_samples", 1 << 20), ("max_open_groups", 1 << 20), ("stream_buffer", 1 << 20),
                            ("reward_threads", 1024)):
             at_most(f"orchestrator.{key}", getattr(self, key), limit)
+
+    @property
+    def step_groups(self) -> int:
+        """Groups per learner step that admission plans for: ``batch_groups``, or with
+        ``batch_rollouts`` the full groups that fill it.
+
+        >>> OrchestratorConfig(batch_groups=8).step_groups, OrchestratorConfig(batch_rollouts=60).step_groups
+        (8, 8)
+        """
+        return -(-self.batch_rollouts // self.group_size) if self.batch_rollouts else self.batch_groups
 
 
 @dataclass(frozen=True)
