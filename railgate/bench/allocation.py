@@ -45,7 +45,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from configs import SCENARIO_DIR
-from railgate.bench.policies import order, overrides
+from railgate.bench.policies import order, overrides, step_rollouts
 from railgate.bench.probe import GateProbe
 
 MODELS = {"effective": 1.0, "normalised": 0.1}
@@ -88,7 +88,10 @@ class RunSpec:
         base = load_yaml(self.base_config)
         if self.scenario:
             base = merge(base, _scenario(self.scenario))
-        return load_config(None, self.overrides(), base=base)
+        cfg = load_config(None, self.overrides(), base=base)
+        o = cfg.orchestrator
+        steps = [] if o.batch_rollouts else step_rollouts(self.policy, o.batch_groups, o.group_size)
+        return load_config(None, self.overrides() + steps, base=base) if steps else cfg
 
 
 def run_one(spec: RunSpec) -> dict[str, Any]:

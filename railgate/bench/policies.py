@@ -7,6 +7,10 @@ policies of RAIL are SARA plus a controller:
   saturated probes), deterministic (``behaviour_epsilon=0``); the learned controller only
   watches.
 * ``sara_rail`` -- the learned controller acting from the first decision and learning online.
+* ``sara_rollouts`` -- SARA with a learner step of ``batch_groups * group_size`` rollouts
+  generated (``orchestrator.batch_rollouts``, set per run from its batch size by
+  ``step_rollouts``): abandoned probes count toward the step they were spent in, so it takes
+  GRPO's number of optimiser steps for the same budget.
 * ``sara_rail_s2l`` -- shadow-to-live: the heuristic acts (with exploration) until the
   doubly-robust lower bound says the learned policy is better, then the learned policy acts.
 
@@ -17,7 +21,7 @@ policies of RAIL are SARA plus a controller:
 >>> overrides("nope")
 Traceback (most recent call last):
 ...
-pipeline.config.build.ConfigError: unknown policy 'nope'; choose from uniform, ds, pilot_commit, hora, sara, sara_eager, sara_stream, dps, sara_dps, oracle, sara_arpo, sara_rail, sara_rail_s2l
+pipeline.config.build.ConfigError: unknown policy 'nope'; choose from uniform, ds, pilot_commit, hora, sara, sara_rollouts, sara_eager, sara_stream, dps, sara_dps, oracle, sara_arpo, sara_rail, sara_rail_s2l
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ POLICIES: dict[str, tuple[str, ...]] = {
     "pilot_commit": ("gate.kind=pilot_commit",),
     "hora": ("gate.kind=hora",),
     "sara": ("gate.kind=sara",),
+    "sara_rollouts": ("gate.kind=sara",),  # + orchestrator.batch_rollouts from step_rollouts
     "sara_eager": ("gate.kind=sara", "gate.sara.launch=eager"),
     "sara_stream": ("gate.kind=sara", "gate.sara.launch=streaming"),
     "dps": ("gate.kind=dps",),
@@ -45,10 +50,24 @@ POLICIES: dict[str, tuple[str, ...]] = {
 
 SIM_ALLOCATION = ("uniform", "ds", "pilot_commit", "hora", "sara", "sara_eager", "sara_stream", "dps", "sara_dps", "oracle")
 """``bench allocation`` on the simulator: every allocation policy and launch mode."""
-MODEL_ALLOCATION = ("uniform", "ds", "pilot_commit", "hora", "sara", "sara_dps", "oracle")
+MODEL_ALLOCATION = ("uniform", "ds", "pilot_commit", "hora", "sara", "sara_rollouts", "sara_dps", "oracle")
 """``bench allocation`` on a real model (each run costs minutes): the policies the issue names."""
 RAIL = ("uniform", "sara", "sara_arpo", "sara_rail", "sara_rail_s2l", "oracle")
 """``bench rail``: SARA alone, with the heuristic, with the learned controller; GRPO and the floor."""
+
+
+STEP_BY_ROLLOUTS = frozenset({"sara_rollouts"})
+"""Policies whose learner step is the run's ``batch_groups * group_size`` rollouts generated."""
+
+
+def step_rollouts(policy: str, batch_groups: int, group_size: int) -> list[str]:
+    """The override that makes ``policy``'s learner step rollouts, for a run of that batch size
+    (none for the other policies).
+
+    >>> step_rollouts("sara_rollouts", 8, 8), step_rollouts("sara", 8, 8)
+    (['orchestrator.batch_rollouts=64'], [])
+    """
+    return [f"orchestrator.batch_rollouts={batch_groups * group_size}"] if policy in STEP_BY_ROLLOUTS else []
 
 
 def overrides(policy: str) -> list[str]:
