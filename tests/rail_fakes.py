@@ -79,8 +79,9 @@ def committed(group_id, rewards, length=40) -> CommittedGroup:
 
 
 def rescue_round(rail, gid, pays):
-    """One rescue decision; an intervention recovers the group (variance 0.1875) when ``pays``,
-    else it burns 400 tokens on a group that is dropped anyway."""
+    """One rescue decision; an intervention recovers the group (variance 0.1875) for 50 tokens
+    (1.25 rollouts of 40 tokens) when ``pays``, else it burns 400 tokens (10 rollouts) on a
+    group that is dropped anyway."""
     out = rail.on_group(snapshot(group_id=gid, tokens=400), [GroupAction(ActionKind.ABANDON, gid)])
     launches = [a for a in out if a.kind is ActionKind.LAUNCH]
     if not launches:
@@ -89,7 +90,7 @@ def rescue_round(rail, gid, pays):
     d = launches[0].origin
     if pays:
         rewards = (0.0,) * 4 + (1.0, 0.0, 1.0, 0.0)
-        final = snapshot(group_id=gid, rewards=rewards, origins=(-1,) * 4 + (d,) * 2 + (-1,) * 2, tokens=500)
+        final = snapshot(group_id=gid, rewards=rewards, origins=(-1,) * 4 + (d,) * 2 + (-1,) * 2, tokens=450)
         rail.on_closed(committed(gid, rewards), final)
     else:
         rail.on_closed(None, snapshot(group_id=gid, rewards=(0.0,) * 6, origins=(-1,) * 4 + (d, d), tokens=800))

@@ -94,10 +94,12 @@ def test_abandon_waits_for_the_rescue_samples_then_passes():
     rail.on_closed(None, done)
     [(decision_id, reward, tokens)] = sink.outcomes
     assert decision_id == d and tokens == 140  # every token after the rescue is its cost
-    assert reward == pytest.approx(-0.1 * 140 / 1000)  # dropped: no gain
+    assert rail.length_estimate == 128  # max_tokens / 2 until a response is seen
+    # dropped: no gain; the cost in rollout-equivalents, tokens / mean tokens per rollout
+    assert reward == pytest.approx(-rail.config.cost_lambda * 140 / 128)
 
 
-def test_successful_rescue_earns_the_groups_variance_minus_its_tokens():
+def test_successful_rescue_earns_the_groups_variance_minus_its_rollout_equivalents():
     rail, sink = make(token_decisions=False, branch_sizes=(), resample_sizes=(2,), resample_temperatures=(1.3,))
     [launch] = rail.on_group(snapshot(tokens=400), [ABANDON])
     d = launch.origin
@@ -105,7 +107,7 @@ def test_successful_rescue_earns_the_groups_variance_minus_its_tokens():
     final = snapshot(rewards=rewards, origins=(-1,) * 4 + (d, d, -1, -1), tokens=1000)
     rail.on_closed(committed(1, rewards), final)
     [(decision_id, reward, tokens)] = sink.outcomes
-    assert tokens == 600 and reward == pytest.approx(np.var(rewards) - 0.1 * 0.6)
+    assert tokens == 600 and reward == pytest.approx(np.var(rewards) - rail.config.cost_lambda * 600 / rail.length_estimate)
     assert rail.learner.learned == 1
 
 

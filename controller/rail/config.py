@@ -85,9 +85,10 @@ class RailConfig:
     """Replaced abandons per group; each rescue makes the gate decide again, so this bounds it."""
 
     cost_lambda: float = 0.1
-    """Reward = realised variance gain - cost_lambda * tokens / 1000. Price it for the task's
-    response length: on the real-model benchmark (5-token answers) 0.1 over-intervenes and
-    20 matches SARA alone (docs/benchmarks/real_model.md)."""
+    """Price of one rollout-equivalent: reward = realised variance gain - cost_lambda *
+    tokens / (the run's mean tokens per rollout). In the budget's unit, so one value holds on
+    5-token answers and 50-token scratchpads; an intervention pays when its variance gain
+    beats cost_lambda per rollout it costs (docs/methods.md, "RAIL's price")."""
     gain_threshold: float = 0.0
     """Live rule: the learned policy intervenes freely only when some intervention's predicted
     gain exceeds this; otherwise its intervention mass shrinks by ``below_threshold_explore``."""
@@ -170,7 +171,7 @@ class RailConfig:
             require(value >= 0, f"{KEY}.{name}={value} must be >= 0")
         require(
             self.cost_lambda >= 0 and math.isfinite(self.cost_lambda),
-            f"{KEY}.cost_lambda={self.cost_lambda} must be a finite price >= 0 per 1000 tokens",
+            f"{KEY}.cost_lambda={self.cost_lambda} must be a finite price >= 0 per rollout-equivalent (e.g. 0.1)",
         )
         require(math.isfinite(self.gain_threshold), f"{KEY}.gain_threshold={self.gain_threshold} must be finite")
         require(

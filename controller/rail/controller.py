@@ -313,7 +313,7 @@ class RailController:
         """Reward, log, learn and promote for one decision of a closed group."""
         reward, _gain, tokens = decision_reward(
             d.point, snapshot.rewards, snapshot.origins, d.decision_id, committed,
-            d.expected_tokens, snapshot.tokens - d.tokens_at, self.config.cost_lambda, noop=d.noop,
+            d.expected_tokens, snapshot.tokens - d.tokens_at, self.config.cost_lambda, self.length_estimate, noop=d.noop,
         )
         self.sink.log_outcome(d.decision_id, reward, tokens)
         self.counts["outcomes"] += 1

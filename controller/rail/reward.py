@@ -1,6 +1,11 @@
-"""The reward of one RAIL decision: realised variance gain of the group minus its token cost.
+"""The reward of one RAIL decision: realised variance gain of the group minus its cost.
 
-``reward = gain - cost_lambda * tokens / 1000``, computed when the group closes:
+``reward = gain - cost_lambda * tokens / rollout_tokens``, computed when the group closes.
+The cost is priced in the budget's unit, rollout-equivalents: the decision's tokens divided
+by the run's mean tokens per rollout (``rollout_tokens``, the controller's running mean of
+response lengths). One ``cost_lambda`` then means the same on 5-token answers and on
+50-token scratchpads: an intervention pays when its variance gain beats ``cost_lambda`` per
+rollout it costs (docs/methods.md, "RAIL's price").
 
 * **no-op**: 0 by construction (nothing launched, nothing changed);
 * **rescue** (the intervention replaced the gate's ABANDON): without it the group would have
@@ -19,8 +24,8 @@ Samples that failed or were aborted carry no reward and so add no variance.
 >>> round(variance_gain((0.0, 0.0, 1.0, 0.0), (-1, -1, 7, 7), decision_id=7), 4)
 0.1875
 >>> decision_reward("rescue", (0.0, 0.0, 1.0, 0.0), (-1, -1, 7, 7), 7, committed=True,
-...                 expected_tokens=300.0, tokens_since=400, cost_lambda=0.1)
-(0.1475, 0.1875, 400)
+...                 expected_tokens=300.0, tokens_since=400, cost_lambda=0.02, rollout_tokens=100.0)
+(0.1075, 0.1875, 400)
 """
 
 from __future__ import annotations
@@ -56,9 +61,11 @@ def decision_reward(
     expected_tokens: float,
     tokens_since: int,
     cost_lambda: float,
+    rollout_tokens: float,
     noop: bool = False,
 ) -> tuple[float, float, int]:
-    """``(reward, gain, tokens)`` of a decision; see the module docstring for each case."""
+    """``(reward, gain, tokens)`` of a decision; see the module docstring for each case.
+    ``rollout_tokens``: mean tokens per rollout (at least 1 is used)."""
     if noop:
         return 0.0, 0.0, 0
     tokens_since = max(int(tokens_since), 0)
@@ -68,4 +75,4 @@ def decision_reward(
     else:
         gain = variance_gain(rewards, origins, decision_id) if committed else 0.0
         tokens = int(min(math.ceil(expected_tokens), tokens_since))
-    return gain - cost_lambda * tokens / 1000.0, gain, tokens
+    return gain - cost_lambda * tokens / max(float(rollout_tokens), 1.0), gain, tokens
