@@ -37,6 +37,7 @@ import asyncio
 import heapq
 import itertools
 import time
+from typing import Any
 
 import anyio
 
@@ -99,9 +100,9 @@ class VirtualClock:
         self._tokens = itertools.count(1)
         self._active: set[int] = set()
         self._heap: list[tuple[float, int]] = []
-        self._waiting: dict[int, anyio.Event] = {}
+        self._waiting: dict[int, Any] = {}  # token -> its waiter (see _new_waiter)
         self._holds = 0
-        self._event_type = None
+        self._new: Any = None
 
     def now(self) -> float:
         return self._now
@@ -115,9 +116,9 @@ class VirtualClock:
     def unregister(self, token: int) -> None:
         """The stream is finished or closed (idempotent)."""
         self._active.discard(token)
-        event = self._waiting.pop(token, None)
-        if event is not None:
-            event.set()
+        waiter = self._waiting.pop(token, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
         self._maybe_advance()
 
     async def sleep_until(self, token: int, t: float) -> None:
@@ -126,28 +127,32 @@ class VirtualClock:
         if t <= self._now:
             await anyio.lowlevel.checkpoint()
             return
-        event = self._new_event()
-        self._waiting[token] = event
+        waiter = self._new_waiter()
+        self._waiting[token] = waiter
         heapq.heappush(self._heap, (t, token))
         self._maybe_advance()
-        if event.is_set():
+        if waiter.done():
             await anyio.lowlevel.checkpoint()  # woken at once: still a cancellation point
         else:
-            await event.wait()
+            await waiter
 
-    def _new_event(self):
-        # anyio.Event looks up the running backend on every construction; on asyncio, whose
-        # Event has the same wait()/set() surface, that lookup is a measurable share of a
-        # simulated rollout's cost, so it is done once.
-        if self._event_type is None:
-            self._event_type = running_event_type()
-        return self._event_type()
+    def _new_waiter(self) -> Any:
+        # One waiter per sleep, i.e. per simulated chunk. On asyncio a bare future of the
+        # running loop (what asyncio.Event.wait creates anyway, without the Event and its
+        # waiter list around it); elsewhere an anyio.Event behind the same done/set_result
+        # surface. The backend is looked up once.
+        if self._new is None:
+            if running_event_type() is asyncio.Event:
+                self._new = asyncio.get_running_loop().create_future
+            else:
+                self._new = _EventWaiter
+        return self._new()
 
     def wake(self, token: int) -> None:
         """Wake a waiting stream now (an abort); its sleep returns at the current time."""
-        event = self._waiting.pop(token, None)
-        if event is not None:
-            event.set()
+        waiter = self._waiting.pop(token, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def hold(self) -> None:
         """Keep time still until ``release`` (the pipeline is acting on a finished sample)."""
@@ -171,6 +176,24 @@ class VirtualClock:
         self._now = max(self._now, t)
         while self._heap and self._heap[0][0] <= t:
             _, token = heapq.heappop(self._heap)
-            event = self._waiting.pop(token, None)
-            if event is not None:
-                event.set()
+            waiter = self._waiting.pop(token, None)
+            if waiter is not None and not waiter.done():  # a cancelled sleep's future is done
+                waiter.set_result(None)
+
+
+class _EventWaiter:
+    """An ``anyio.Event`` with a future's ``done`` / ``set_result`` / ``await`` (non-asyncio backends)."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def set_result(self, _value: Any) -> None:
+        self._event.set()
+
+    def __await__(self):
+        return self._event.wait().__await__()

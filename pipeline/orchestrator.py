@@ -34,6 +34,7 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from pipeline.clock import VirtualClock, WallClock
+from pipeline.collector import fewer_collections
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.decisions import NullSink  # noqa: F401  (re-exported: older imports name it here)
 from pipeline.engines.base import Engine
@@ -149,13 +150,8 @@ class Orchestrator:
         # step-ahead limit lives in GroupTracker.admit.
         batch_send, batch_recv = anyio.create_memory_object_stream[TrainBatch](1)
         try:
-            async with anyio.create_task_group() as tg:
-                self._tg = tg
-                self._inbox = inbox_send
-                if not self._inline_learner:
-                    tg.start_soon(self._learner_loop, batch_recv, inbox_send.clone())
-                await self._track(inbox_recv, batch_send)
-                tg.cancel_scope.cancel()
+            with fewer_collections():
+                await self._run_tasks(inbox_send, inbox_recv, batch_send, batch_recv)
         except BaseExceptionGroup as group:
             # One task failed and the rest were cancelled: surface that one error as itself.
             errors = [e for e in group.exceptions if not isinstance(e, anyio.get_cancelled_exc_class())]
@@ -167,6 +163,15 @@ class Orchestrator:
             steps=tracker.steps_done, budget=tracker.budget, evals=self.learn.evals, stop_reason=tracker.stop_reason,
             wall_s=time.monotonic() - started, controller_metrics=dict(tracker.controller.metrics()),
         )
+
+    async def _run_tasks(self, inbox_send, inbox_recv, batch_send, batch_recv) -> None:
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            self._inbox = inbox_send
+            if not self._inline_learner:
+                tg.start_soon(self._learner_loop, batch_recv, inbox_send.clone())
+            await self._track(inbox_recv, batch_send)
+            tg.cancel_scope.cancel()
 
     # --- the tracking loop ---------------------------------------------------------------
 
@@ -211,7 +216,8 @@ class Orchestrator:
         for launch in out.launches:
             events = self.engine.stream(launch.request)  # registers the request now, before the task runs
             scope = self._scopes[launch.request.request_id] = anyio.CancelScope()
-            self._tg.start_soon(self._sample_task, launch.group, launch.request, events, scope, self._inbox)
+            # A fixed name: anyio would otherwise build one from the function per task.
+            self._tg.start_soon(self._sample_task, launch.group, launch.request, events, scope, self._inbox, name="sample")
 
     async def _train_inline(self) -> None:
         """Virtual engine time: learning takes none of it, so each batch is trained at the very
