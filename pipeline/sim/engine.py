@@ -222,42 +222,42 @@ class _SimStream:
             prefix_tokens = tuple(range(3, 3 + start_pos))  # stand-in tokens when the caller sent none
             prefix_lps = (0.0,) * start_pos
         tokens_l, lps_l, ents_l = eng._tables.render(rng, traj, start_pos, world)
-        out_tokens: list[int] = list(prefix_tokens)
-        out_lps: list[float] = list(prefix_lps)
+        # Tuples once: each delta is a slice of them, and the final event is the prefix plus
+        # the slice produced so far (no per-chunk list growth).
+        tokens_t, lps_t, ents_t = tuple(tokens_l), tuple(lps_l), tuple(ents_l)
+        n = len(tokens_t)
         t = self._clock.now()
         rate = cfg.decode_tokens_per_s
         chunk = cfg.chunk_tokens
-        for i in range(0, len(tokens_l), chunk):
-            j = min(i + chunk, len(tokens_l))
+        clock, token = self._clock, self._token
+        rid = req.request_id
+        for i in range(0, n, chunk):
+            j = min(i + chunk, n)
             t_chunk_start = t
             t += (j - i) / rate
             if not self._aborted:
-                await self._clock.sleep_until(self._token, t)
+                await clock.sleep_until(token, t)
             if self._aborted:
-                produced = int((self._clock.now() - t_chunk_start) * rate)
+                produced = int((clock.now() - t_chunk_start) * rate)
                 j = i + max(0, min(j - i, produced))
-                out_tokens.extend(tokens_l[i:j])
-                out_lps.extend(lps_l[i:j])
-                yield self._finished(out_tokens, out_lps, FinishReason.ABORTED, version)
+                yield self._finished(prefix_tokens + tokens_t[:j], prefix_lps + lps_t[:j], FinishReason.ABORTED, version)
                 return
-            out_tokens.extend(tokens_l[i:j])
-            out_lps.extend(lps_l[i:j])
             yield TokenDelta(
-                request_id=req.request_id,
-                token_ids=tuple(tokens_l[i:j]),
-                logprobs=tuple(lps_l[i:j]),
-                entropies=tuple(ents_l[i:j]),
+                request_id=rid,
+                token_ids=tokens_t[i:j],
+                logprobs=lps_t[i:j],
+                entropies=ents_t[i:j],
                 position=start_pos + i,
             )
-        eng._remember(req.request_id, traj)
+        eng._remember(rid, traj)
         reason = FinishReason.LENGTH if traj.truncated else FinishReason.STOP
-        yield self._finished(out_tokens, out_lps, reason, version)
+        yield self._finished(prefix_tokens + tokens_t, prefix_lps + lps_t, reason, version)
 
-    def _finished(self, tokens: list[int], lps: list[float], reason: FinishReason, version: int) -> SampleFinished:
+    def _finished(self, tokens: tuple[int, ...], lps: tuple[float, ...], reason: FinishReason, version: int) -> SampleFinished:
         return SampleFinished(
             request_id=self._req.request_id,
-            token_ids=tuple(tokens),
-            logprobs=tuple(lps),
+            token_ids=tokens,
+            logprobs=lps,
             finish_reason=reason,
             policy_version=version,
             engine_time=self._clock.now(),
