@@ -82,6 +82,7 @@ class VWLearner(BanditLearner):
         self._vw = vowpalwabbit.Workspace(self._args)
         self._names: dict[str, str] = {}
         self._arm_heads: dict[str, str] = {}
+        self._templates: dict[tuple[str, ...], str] = {}
 
     # --- examples --------------------------------------------------------------------
 
@@ -91,10 +92,20 @@ class VWLearner(BanditLearner):
             name = self._names[key] = _BAD.sub("_", key) or "_"
         return name
 
+    def _shared_template(self, keys: tuple[str, ...]) -> str:
+        template = self._templates.get(keys)
+        if template is None:
+            # '%.6g' formats a float exactly as f'{v:.6g}' does; '%' in a feature name is escaped.
+            name = self._name
+            template = self._templates[keys] = "shared |s " + " ".join(f"{name(k).replace('%', '%%')}:%.6g" for k in keys)
+        return template
+
     def _lines(self, context: Context) -> list[str]:
+        # A decision point's features come with the same keys in the same order every time, so
+        # the shared line is one '%' over a template made once per key set.
+        features = context.features
+        lines = [self._shared_template(tuple(features)) % tuple(features.values())]
         name = self._name
-        shared = " ".join([f"{name(k)}:{v:.6g}" for k, v in context.features.items()])
-        lines = [f"shared |s {shared}"]
         for arm, cost in zip(context.arms, context.costs):
             head = self._arm_heads.get(arm.name)
             if head is None:
