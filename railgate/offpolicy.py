@@ -101,7 +101,7 @@ def write_report(report: ReplayReport, out: Path, title: str) -> None:
         + (f" Given twice, read once: {', '.join(map(str, logged.duplicates))}." if logged.duplicates else "")
     )
     table = markdown_table(["policy", "estimator", "value", "lower", "upper"], report_rows(report))
-    text = f"# {title}\n\n{notes}\n\nValue = mean reward per decision (variance gain minus token cost).\n\n{table}\n"
+    text = f"# {title}\n\n{notes}\n\nValue = mean reward per decision (variance gain minus cost_lambda x rollout-equivalents spent).\n\n{table}\n"
     (out / "offpolicy.md").write_text(text)
     (out / "offpolicy.json").write_text(json.dumps({"n": report.n, "rows": report_rows(report)}, default=float))
     _plot(report, out / "offpolicy.png", title)
@@ -139,7 +139,7 @@ def offpolicy_figure(report: ReplayReport, title: str = "Off-policy evaluation")
     ax.axhline(report.logged_value.value, color="grey", linestyle="--", label="logged (behaviour) policy, on-policy mean")
     ax.set_xticks(range(len(values)), labels, fontsize=7)
     ax.set_xlabel("candidate policy and off-policy estimator")
-    ax.set_ylabel("value per decision\n(variance gain - token cost)", fontsize=8)
+    ax.set_ylabel("value per decision\n(variance gain - rollout cost)", fontsize=8)
     ax.set_title(f"{title[:80]} ({report.n} decisions)", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
