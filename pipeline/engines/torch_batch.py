@@ -39,6 +39,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from pipeline.engines.torch_attention import use_decode_attention
 from pipeline.engines.torch_sampling import sample_rows, uniforms
 from pipeline.types import FinishReason
 
@@ -104,7 +105,9 @@ class _BufferLayer(DynamicLayer):
         self._vbuf[:, :, self._len : end] = value_states
         self._len = end
         self.keys, self.values = self._kbuf[:, :, :end], self._vbuf[:, :, :end]
-        return self.keys, self.values
+        # Attention reads the whole buffer (contiguous: a slice of it would be copied per layer and
+        # step); the step's mask hides the columns not written yet.
+        return self._kbuf, self._vbuf
 
 
 class DecodeBatch:
@@ -128,6 +131,7 @@ class DecodeBatch:
         self.model = model
         self.eos_id = -1 if eos_id is None else int(eos_id)
         self.device = torch.device(device)
+        use_decode_attention(model)  # one-token queries: two matmuls, not SDPA's flash kernel
         self._layers, self._kv_heads, self._head_dim, self._dtype = _probe_cache(model, self.device)
         self.prefilled_contexts = 0  # distinct contexts run through a prefill forward (cumulative)
         self.copied_rows = 0  # new rows that copied a resident row's cache instead (cumulative)
@@ -186,13 +190,11 @@ class DecodeBatch:
             raise RuntimeError(f"KV cache overflow at column {self._length}; this is a bug in the capacity bookkeeping")
         for layer, k, v in zip(self._cache.layers, self._k, self._v):
             layer.bind(k, v, self._length)
-        cols = torch.arange(self._length + 1, device=self.device)
-        dtype = self._k[0].dtype
-        mask = torch.zeros(len(self.rows), 1, 1, self._length + 1, dtype=dtype, device=self.device)
-        mask.masked_fill_(cols[None, None, None, :] < self._start[:, None, None, None], torch.finfo(dtype).min)
+        # Every row sees column ``length`` from this step on (its start is at most the rebuild's width).
+        self._mask[:, :, :, self._length] = 0.0
         positions = (self._length - self._start)[:, None]
         out = self.model(
-            input_ids=self._next[:, None], attention_mask=mask, position_ids=positions,
+            input_ids=self._next[:, None], attention_mask=self._mask, position_ids=positions,
             past_key_values=self._cache, use_cache=True,
         )
         self._length += 1
@@ -288,6 +290,12 @@ class DecodeBatch:
                 new_v[layer][dst, :, width - w : width] = src_v[i, :, first : first + w]
         self._k, self._v, self._length = new_k, new_v, width
         self._start = torch.tensor([width - w for _, _, _, w in spans], dtype=torch.long, device=self.device)
+        # The decode steps' additive mask over the whole buffer: a row sees [start, width) now, and
+        # each step opens one more column (``_forward``).
+        cols = torch.arange(capacity, device=self.device)
+        visible = (cols[None, :] >= self._start[:, None]) & (cols[None, :] < width)
+        self._mask = torch.zeros(len(rows), 1, 1, capacity, dtype=self._dtype, device=self.device)
+        self._mask.masked_fill_(~visible[:, None, None, :], torch.finfo(self._dtype).min)
         old_next = self._next.tolist()
         nxt = [old_next[i] for i in keep] + [r.spec.context[-1] for r in new_rows]
         self._next = torch.tensor(nxt, dtype=torch.long, device=self.device)
