@@ -95,8 +95,9 @@ async def test_greedy_matches_generate_for_ragged_batch_and_late_joiner(make):
         await engine.aclose()
 
 
-async def test_logprobs_and_entropies_are_the_policy_at_temperature_one():
-    model = tiny_llama()
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gpt2], ids=["llama", "gpt2"])  # gpt2: the lean decode step
+async def test_logprobs_and_entropies_are_the_policy_at_temperature_one(make):
+    model = make()
     reference = copy.deepcopy(model)
     engine = TorchEngine(model, EOS)
     try:
@@ -174,9 +175,10 @@ async def test_closing_or_cancelling_a_stream_releases_it():
         await engine.aclose()
 
 
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gpt2], ids=["llama", "gpt2"])
 @pytest.mark.parametrize("source_resident", [True, False], ids=["copy-cache", "prefill"])
-async def test_branch_continues_the_prefix(source_resident):
-    model = tiny_llama()
+async def test_branch_continues_the_prefix(source_resident, make):
+    model = make()
     engine = TorchEngine(model, None)
     try:
         source = request("src", PROMPTS[1], max_tokens=40)
@@ -255,6 +257,20 @@ async def test_update_weights_bumps_the_version_and_changes_samples():
         assert engine.policy_version == 1
     finally:
         await engine.aclose()
+
+
+async def test_gpt2_decodes_with_the_new_weights_after_an_update():
+    """The lean GPT-2 step reads the parameters at every call: an in-place load reaches it."""
+    new_weights = tiny_gpt2(seed=1)
+    engine = TorchEngine(tiny_gpt2(), EOS)
+    try:
+        assert engine._worker.batch._fast is not None  # the lean path is the one under test
+        await collect(engine, request("w0", PROMPTS[1]))
+        await engine.update_weights(copy.deepcopy(new_weights).state_dict())
+        after = (await collect(engine, request("w1", PROMPTS[1])))[-1]
+    finally:
+        await engine.aclose()
+    assert list(after.token_ids) == greedy_reference(new_weights, PROMPTS[1], 12)
 
 
 async def test_same_seed_same_sample_whatever_runs_beside_it():

@@ -40,6 +40,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from pipeline.engines.torch_attention import use_decode_attention
+from pipeline.engines.torch_gpt2 import GPT2Decode
 from pipeline.engines.torch_sampling import sample_rows, uniforms
 from pipeline.types import FinishReason
 
@@ -132,6 +133,7 @@ class DecodeBatch:
         self.eos_id = -1 if eos_id is None else int(eos_id)
         self.device = torch.device(device)
         use_decode_attention(model)  # one-token queries: two matmuls, not SDPA's flash kernel
+        self._fast = GPT2Decode(model) if GPT2Decode.supports(model) else None  # the project's model: no forward()
         self._layers, self._kv_heads, self._head_dim, self._dtype = _probe_cache(model, self.device)
         self.prefilled_contexts = 0  # distinct contexts run through a prefill forward (cumulative)
         self.copied_rows = 0  # new rows that copied a resident row's cache instead (cumulative)
@@ -188,10 +190,14 @@ class DecodeBatch:
         assert self._cache is not None
         if self._length >= self._k[0].shape[2]:
             raise RuntimeError(f"KV cache overflow at column {self._length}; this is a bug in the capacity bookkeeping")
-        for layer, k, v in zip(self._cache.layers, self._k, self._v):
-            layer.bind(k, v, self._length)
         # Every row sees column ``length`` from this step on (its start is at most the rebuild's width).
         self._mask[:, :, :, self._length] = 0.0
+        if self._fast is not None:
+            logits = self._fast(self._next, self._length - self._start, self._k, self._v, self._length, self._mask)
+            self._length += 1
+            return logits
+        for layer, k, v in zip(self._cache.layers, self._k, self._v):
+            layer.bind(k, v, self._length)
         positions = (self._length - self._start)[:, None]
         out = self.model(
             input_ids=self._next[:, None], attention_mask=self._mask, position_ids=positions,
