@@ -1,15 +1,20 @@
-"""Sampling throughput: an engine streaming every request at once versus transformers ``generate``.
+"""Sampling throughput: an engine streaming every request at once versus transformers' own samplers.
 
 ``bench_engine`` launches ``len(prompts) * group_size`` requests concurrently, reads every
 stream to its end and counts the response tokens; ``bench_hf_generate`` samples the same
 prompts with ``model.generate(do_sample=True, num_return_sequences=group_size)`` in one
 left-padded batch and counts response tokens up to and including the first end-of-sequence
-token. Both report ``tokens_per_s`` over wall time and ``tokens_per_cpu_s`` over the
-process's CPU time (all its threads): on a machine shared with other work, wall time swings
-with the neighbours' load and CPU time much less. The first call of each pays one-off costs,
-so ``main`` runs a warm-up round and then interleaves the two, reporting medians.
+token; ``HFContinuousBatching`` runs them through transformers' continuous batching
+(``model.init_continuous_batching()``, its ``ContinuousBatchingManager``). All sample the same
+workload (prompts, group size, max tokens, temperature, top-p 1, no top-k) and report
+``tokens_per_s`` over wall time and ``tokens_per_cpu_s`` over the process's CPU time (all its
+threads): on a machine shared with other work, wall time swings with the neighbours' load and
+CPU time much less. The first call of each pays one-off costs, so ``main`` builds every
+contender, runs a warm-up round and then takes turns, reporting medians and each figure's
+ratio to the better transformers peer.
 
-    python -m railgate.bench.throughput --hidden 128 --layers 2 --prompts 16 --group 8 --max-tokens 32
+    python run.py bench engine --model project --threads 1     # the project's 0.4M GPT-2
+    python run.py bench engine --model 30m --threads 1         # the same family at 31M parameters
 
 >>> import anyio, torch
 >>> from transformers import LlamaConfig, LlamaForCausalLM
