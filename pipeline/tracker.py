@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
+from pipeline.batches import StepCutter
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.decisions import NullSink, gate_decision
 from pipeline.group import GroupRun
@@ -106,13 +107,7 @@ class GroupTracker:
         self.policy_version = policy_version
         self.budget = Budget()
         self.stop_reason = ""
-        self.pending: list[CommittedGroup] = []  # shipped groups waiting to fill a batch
-        # Rollout cost of each pending group: its own launches plus those of the groups
-        # abandoned since the previous commit (orchestrator.batch_rollouts steps by their sum).
-        self._pending_cost: list[int] = []
-        self._loose_cost = 0  # rollouts of groups abandoned since the last commit
-        self._overshoot = 0  # rollouts the batches sent so far spent beyond steps * batch_rollouts
-        self._sent_costs: deque[list[int]] = deque()  # the costs of _sent_untrained's groups
+        self.batches = StepCutter(config.batch_groups, config.batch_rollouts)  # committed groups -> batches
         self._default_params = SamplingParams(temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens)
         self._groups: dict[int, GroupRun] = {}
         self._next_group_id = 0
@@ -120,13 +115,16 @@ class GroupTracker:
         self._in_flight = 0  # samples launched and not yet seen finished or cancelled
         self._sealed_open = 0  # open groups that are sealed (committed, still finishing)
         self._touched: set[int] = set()  # groups that may have become ready to ship
-        self._batches_sent = 0
         self._steps_done = 0
-        self._sent_untrained: deque[TrainBatch] = deque()  # sent to the learner, not trained yet
         self._out = TrackerOutput()
         self._token_hooks = controller.wants_tokens
 
     # --- what the caller reads -----------------------------------------------------------
+
+    @property
+    def pending(self) -> list[CommittedGroup]:
+        """Committed groups waiting to fill a batch, in order."""
+        return self.batches.pending
 
     @property
     def steps_done(self) -> int:
@@ -160,8 +158,8 @@ class GroupTracker:
         cfg = self.config
         b = cfg.step_groups
         # Every open group may still commit, so open groups count against the step-ahead limit.
-        committed_ahead = (self._batches_sent - self._steps_done) * b + len(self.pending) + len(self._groups)
-        still_needed = cfg.steps * b - (self._batches_sent * b + len(self.pending) + self._sealed_open)
+        committed_ahead = (self.batches.batches_sent - self._steps_done) * b + len(self.pending) + len(self._groups)
+        still_needed = cfg.steps * b - (self.batches.batches_sent * b + len(self.pending) + self._sealed_open)
         if committed_ahead >= (cfg.max_async_steps + 1) * b or still_needed <= 0 or self.stop_reason or self.budget_spent():
             return self._output()
         free = cfg.max_concurrent_samples - self._in_flight - len(self._launch_queue)
@@ -170,14 +168,14 @@ class GroupTracker:
         if slots <= 0:
             return self._output()
         offered = range(self._next_group_id, self._next_group_id + slots)
-        plans = self.gate.admit(offered, self._batches_sent)
+        plans = self.gate.admit(offered, self.batches.batches_sent)
         if [plan.group_id for plan in plans] != list(offered[: len(plans)]):
             raise GateProtocolError(
                 f"{type(self.gate).__name__}.admit({offered}) returned plans for groups {[p.group_id for p in plans]}; "
                 "the i-th plan must take the i-th offered id"
             )
         for plan in plans:
-            group = GroupRun(plan.group_id, plan.prompt, plan.target_size, self._batches_sent)
+            group = GroupRun(plan.group_id, plan.prompt, plan.target_size, self.batches.batches_sent)
             self._next_group_id += 1
             self._groups[group.group_id] = group
             self.budget.groups_opened += 1
@@ -365,12 +363,10 @@ class GroupTracker:
                 effective = shipped.is_effective
                 self.budget.groups_committed += 1
                 self.budget.groups_effective += int(effective)
-                self.pending.append(shipped)
-                self._pending_cost.append(self._loose_cost + group.launched)
-                self._loose_cost = 0
+                self.batches.committed(shipped, group.launched)
                 self.controller.on_closed(shipped, group.snapshot(self.policy_version()))
         if not committed:
-            self._loose_cost += group.launched
+            self.batches.abandoned(group.launched)
             self.budget.groups_abandoned += 1
             self.controller.on_closed(None, group.snapshot(self.policy_version()))
         self.gate.on_closed(group.group_id, committed)
@@ -380,47 +376,19 @@ class GroupTracker:
     # --- batches and learner steps -------------------------------------------------------
 
     def next_batch(self) -> TrainBatch | None:
-        """The next batch, when the pending groups fill one and the run needs one; it leaves
-        the tracker only at ``batch_sent``."""
-        n = self._batch_len()
-        if not n or self._batches_sent >= self.config.steps:
-            return None
-        return TrainBatch(step=self._batches_sent, groups=tuple(self.pending[:n]))
-
-    def _batch_len(self) -> int:
-        """How many pending groups the next batch takes (0: not enough yet): ``batch_groups``;
-        with ``batch_rollouts`` N, the shortest run of pending groups after which the rollouts
-        spent since the run began (abandoned groups' included) reach (step + 1) * N: a step
-        ends at the first commit past its share of the budget, and what one step spends beyond
-        it is taken off the next, so a budget buys the same number of steps whatever the gate."""
-        if not self.config.batch_rollouts:
-            b = self.config.batch_groups
-            return b if len(self.pending) >= b else 0
-        need = self.config.batch_rollouts - self._overshoot
-        spent = 0
-        for i, cost in enumerate(self._pending_cost):
-            spent += cost
-            if spent >= need:
-                return i + 1
-        return 0
+        """The next batch, when the pending groups fill one and the run needs one (a step is
+        ``batch_groups`` groups, or ``batch_rollouts`` rollouts spent: ``pipeline.batches``); it
+        leaves the tracker only at ``batch_sent``."""
+        return self.batches.next_batch(self.config.steps)
 
     def batch_sent(self, batch: TrainBatch) -> None:
         """``batch`` (from ``next_batch``) is on its way to the learner."""
-        n = len(batch.groups)
-        del self.pending[:n]
-        self._sent_costs.append(self._pending_cost[:n])
-        if self.config.batch_rollouts:
-            self._overshoot += sum(self._pending_cost[:n]) - self.config.batch_rollouts
-        del self._pending_cost[:n]
-        self._batches_sent += 1
-        self._sent_untrained.append(batch)
+        self.batches.sent(batch)
 
     def on_step_done(self, batch: TrainBatch) -> TrackerOutput:
         """The learner trained on ``batch``: the gate may act on its open groups."""
         self._steps_done = batch.step + 1
-        if self._sent_untrained and self._sent_untrained[0].step == batch.step:
-            self._sent_untrained.popleft()
-            self._sent_costs.popleft()
+        self.batches.trained(batch.step)
         step_actions = self.gate.on_step(batch.step, batch)
         for action in step_actions:
             self._log_gate_decision(action)
@@ -430,9 +398,9 @@ class GroupTracker:
     def check_progress(self) -> None:
         """Stop (budget spent) or raise ``GateStalled`` instead of waiting forever when nothing
         can produce another event."""
-        if self._in_flight or self._launch_queue or self._batches_sent > self._steps_done:
+        if self._in_flight or self._launch_queue or self.batches.batches_sent > self._steps_done:
             return
-        if self._batch_len():
+        if self.batches.batch_len():
             return
         if self.budget_spent():
             self.stop_reason = f"rollout budget of {self.config.max_rollouts} spent"
@@ -441,16 +409,10 @@ class GroupTracker:
         raise GateStalled(
             f"the gate ({type(self.gate).__name__}) opened no group while nothing is running "
             f"({len(self._groups)} open groups, {held} of them held with nothing in flight, "
-            f"{len(self.pending)} committed groups waiting for a batch of {self._batch_text()}); "
+            f"{len(self.pending)} committed groups waiting for a batch of {self.batches.describe()}); "
             "the prompt pool may be exhausted or emptied by eviction -- add prompts, relax eviction, "
             "or lower orchestrator.batch_groups"
         )
-
-    def _batch_text(self) -> str:
-        need = self.config.batch_rollouts
-        if not need:
-            return f"{self.config.batch_groups}"
-        return f"{need} rollouts, {sum(self._pending_cost) + self._loose_cost} spent"
 
     # --- checkpoint ----------------------------------------------------------------------
 
@@ -465,14 +427,7 @@ class GroupTracker:
             "next_group_id": self._next_group_id,
             "budget": self.budget.state_dict(),
             "open_group_ids": sorted(self._groups),
-            "untrained_batches": [b.groups for b in self._sent_untrained],
-            "pending": list(self.pending),
-            # batch_rollouts: each untrained group's rollout cost, in the order load_state_dict
-            # puts them back, and the abandoned rollouts not yet attached to a commit
-            "pending_cost": [c for costs in self._sent_costs for c in costs] + self._pending_cost,
-            "loose_cost": self._loose_cost,
-            "overshoot": self._overshoot - sum(sum(costs) - self.config.batch_rollouts for costs in self._sent_costs)
-            if self.config.batch_rollouts else 0,  # the untrained batches are cut again on resume
+            **self.batches.state_dict(),
             "gate": self.gate.state_dict(),
             "controller": self.controller.state_dict(),
             "policy_version": self.policy_version(),
@@ -480,14 +435,9 @@ class GroupTracker:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict``: the groups that were open are gone (the gate is told)."""
-        self._steps_done = self._batches_sent = int(state["step"])
+        self._steps_done = int(state["step"])
         self._next_group_id = int(state["next_group_id"])
         self.budget.load_state_dict(state["budget"])
-        # Committed groups that were never trained go first, in their original order.
-        self.pending = [g for groups in state["untrained_batches"] for g in groups] + list(state["pending"])
-        cost = state.get("pending_cost")  # absent from checkpoints written before batch_rollouts
-        self._pending_cost = list(cost) if cost is not None and len(cost) == len(self.pending) else [g.launched for g in self.pending]
-        self._loose_cost = int(state.get("loose_cost", 0))
-        self._overshoot = int(state.get("overshoot", 0))
+        self.batches.load_state_dict(state, self._steps_done)  # untrained groups go first, in order
         for group_id in state["open_group_ids"]:
             self.gate.on_closed(group_id, False)
