@@ -45,6 +45,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from configs import SCENARIO_DIR
+from railgate.bench.base_model import ensure_shared_base_model
 from railgate.bench.policies import order, overrides, step_rollouts
 from railgate.bench.probe import GateProbe
 
@@ -370,31 +371,6 @@ def grid(base_config: Path, out: Path, scenarios: list[str], policies: list[str]
     cfg = specs[0].config()  # a bad --set fails here, before the warm start
     base_model = str(ensure_shared_base_model(cfg, out, progress))
     return [dataclasses.replace(spec, base_model=base_model) for spec in specs]
-
-
-def ensure_shared_base_model(cfg, out: Path, progress: bool) -> Path:
-    """Warm-start (or reuse) the base model every run of a real-model benchmark starts from,
-    for the runs' own task and model settings (``cfg``: a run's config, the bench's ``--set``
-    overrides included). Cached per settings: ``OUT/base_model`` when it was built for them
-    (benchmark outputs written before the cache was keyed), else
-    ``OUT/base_models/DIGEST/base_model``, DIGEST naming the settings."""
-    import hashlib
-
-    from pipeline.policy.models import BASE_DIR_NAME, META_FILE, base_settings, ensure_base_model
-
-    if cfg.model.path:
-        return Path(cfg.model.path)
-    wanted = base_settings(cfg.task, cfg.model)
-    legacy = out / BASE_DIR_NAME
-    try:
-        meta = json.loads((legacy / META_FILE).read_text())
-        if {"task": meta.get("task"), "model": meta.get("model")} == wanted:
-            return legacy
-    except (OSError, ValueError, AttributeError):
-        pass  # none there, or unreadable: the keyed cache decides
-    digest = hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:12]
-    ensure_base_model(out / "base_models" / digest, cfg.task, cfg.model, progress=progress)
-    return out / "base_models" / digest / BASE_DIR_NAME
 
 
 def run_allocation_bench(
