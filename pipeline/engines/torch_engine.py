@@ -50,15 +50,16 @@ anything else hold the stream in ``contextlib.aclosing``. Batching is not free o
 each token costs the event loop a few microseconds per reader, so with many concurrent
 samples of a tiny model ``delta_tokens`` of 4 or more is noticeably faster than 1.
 
-**Speed** (``python -m railgate.bench.throughput``: 16 prompts x 8 samples x 32 tokens, every
-sample streamed to its own reader task, against one ``generate(do_sample=True)`` call, 2
-torch threads). On this project's shared 2-core CPU, whose neighbours swing single figures
-by +-20%, medians over interleaved rounds put a 0.5M-parameter GPT-2 or Llama at 0.9-1.1x
-``generate`` with ``delta_tokens=1`` and 0.95-1.3x with 4, and a 19M GPT-2 (6 layers,
-d=512) at 1.0-1.35x and 1.15-1.4x. Without the readers (``DecodeBatch`` alone) the small
-models decode at 1.1-1.3x ``generate``: one prefill per prompt instead of per sample, a
-cache written in place instead of concatenated every step; the per-token wake-ups of 128
-reader tasks on the event loop eat most of that.
+**Speed** (``python run.py bench engine``: 16 prompts x 8 samples x 32 tokens, every sample
+streamed to its own reader task, against one ``generate(do_sample=True)`` call and against
+transformers' continuous batching; docs/benchmarks/engine.md). On this project's shared 2-core
+CPU, per CPU-second with ``delta_tokens=4``: 1.32-1.37x ``generate`` (the better peer) on the
+project's 0.41M GPT-2 and 1.33-1.43x on a 31.8M GPT-2; 1.10-1.16x with ``delta_tokens=1`` on the
+small model, where the per-token wake-ups of 128 reader tasks on the event loop cost the most.
+Decode steps attend with two matmuls over the whole KV buffer (``torch_attention``) and GPT-2
+models skip ``forward()`` for a lean step on their own weights (``torch_gpt2``); the rest of the
+lead is one prefill per prompt instead of per sample and a cache written in place instead of
+concatenated every step.
 
 >>> import anyio, torch
 >>> from transformers import LlamaConfig, LlamaForCausalLM
