@@ -12,7 +12,7 @@
     python run.py bench allocation --config configs/bench_allocation_torch.yaml   ... on the real model
     python run.py bench rail                        SARA vs SARA + ARPO heuristic vs SARA + RAIL
     python run.py bench recover                     branches from failed prefixes vs fresh samples
-    python run.py bench engine --arch gpt2          torch engine vs transformers generate
+    python run.py bench engine --model 30m          torch engine vs transformers generate and continuous batching
     python run.py bench engine vllm|ray             vLLM engine vs raw AsyncLLM; Ray 2 replicas vs 1
 
 Every command takes ``--config FILE`` and any number of ``--set key.sub=value`` overrides;
@@ -96,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
                          help="failed responses branched per prompt (default: %(default)s)")
     recover.add_argument("--out", type=Path, default=Path("runs/bench_recover"), help="output directory (base model cached there)")
 
-    bench_sub.add_parser("engine", help="the torch engine's tokens/s against transformers generate, same run "
+    bench_sub.add_parser("engine", help="the torch engine's tokens/s against transformers generate and continuous batching, same run "
                          "(options: python run.py bench engine --help)")
 
     for name, help_text in (

@@ -29,3 +29,12 @@ def test_main_reports_every_contender_against_the_better_peer(capsys):
     best = out["best_peer"]["tokens_per_cpu_s"]
     assert best == max(out["median"]["generate"]["tokens_per_cpu_s"], out["median"]["continuous batching"]["tokens_per_cpu_s"])
     assert "continuous batching" in capsys.readouterr().out
+
+
+def test_a_workload_longer_than_the_models_context_exits_with_status_2(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as info:
+        main(["--model", "project", "--max-tokens", "60"])
+    assert info.value.code == 2
+    assert "exceeds the model's context of 64 tokens" in capsys.readouterr().err

@@ -272,8 +272,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         arch, hidden, layers, heads, max_len = (preset[k] for k in ("arch", "hidden", "layers", "heads", "max_len"))
         vocab = _project_vocab()[0]
     if args.prompt_len + args.max_tokens > max_len:
-        raise SystemExit(f"--prompt-len {args.prompt_len} + --max-tokens {args.max_tokens} exceeds the model's "
-                         f"context of {max_len} tokens; lower one of them")
+        ap.error(f"--prompt-len {args.prompt_len} + --max-tokens {args.max_tokens} exceeds the model's "
+                 f"context of {max_len} tokens; lower one of them")  # exit status 2
     model = _build_model(arch, hidden, layers, vocab, seed=0, heads=heads, max_len=max_len).to(getattr(torch, args.dtype))
     gen = torch.Generator().manual_seed(1)
     prompts = [
