@@ -7,7 +7,11 @@ engine guarantees it); ``DecodeBatch.step`` is the whole interface.
 head_dim]``. All rows share the column counter ``length``; row r's tokens occupy columns
 ``[start[r], length)`` (its left part is padding, masked out). A decode step writes column
 ``length`` for every row, so rows of different lengths decode together with a 4-D additive
-mask (``column >= start[r]``) and per-row position ids ``length - start[r]``.
+mask (``start[r] <= column <= length``) and per-row position ids ``length - start[r]``.
+Attention reads the whole (contiguous) buffer, the mask hiding the columns not written yet: it
+is built once per rebuild and each step opens one column. Models on SDPA attend with
+``torch_attention``'s two matmuls; a plain GPT-2 skips ``forward()`` for ``torch_gpt2``'s lean
+step on its own weights.
 
 **A row** holds ``sequence = prompt + response``; its cache covers ``sequence[:-1]`` and the
 last token is its next input. A new row therefore needs the cache of ``context[:-1]``
