@@ -96,6 +96,10 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, bas
     return build(RunConfig, fill_lengths(data))
 
 
+PROJECT_MODEL_MAX_TOKENS = 16
+"""Generation length on the project's own model for a task that states no token need (a dataset)."""
+
+
 def fill_lengths(data: dict[str, Any]) -> dict[str, Any]:
     """``orchestrator.max_tokens`` and ``model.max_len`` from the task's token needs
     (``TaskConfig.lengths``), each where the config does not give it, on a real engine (a
@@ -117,9 +121,12 @@ def fill_lengths(data: dict[str, Any]) -> dict[str, Any]:
             return data
     except ConfigError:
         return data
-    fit = task.lengths(BaseModelConfig.__dataclass_fields__["max_len"].default)
-    if engine.kind == "sim" or fit is None:
-        return data
+    default_len = BaseModelConfig.__dataclass_fields__["max_len"].default
+    fit = task.lengths(default_len)
+    if engine.kind == "sim" or (fit is None and model_data.get("path")):
+        return data  # a user's model with a task of no stated need: the settings' own defaults
+    if fit is None:  # the project's model: the short answers it is built for
+        fit = (PROJECT_MODEL_MAX_TOKENS, default_len)
     out = dict(data)
     if "max_tokens" not in orchestrator:
         out["orchestrator"] = {**orchestrator, "max_tokens": fit[0]}

@@ -89,7 +89,8 @@ class CountdownConfig:
     scratchpad: bool = False
     """Responses write one equation per step (e.g. '3+7=10,10+12=22'), then '>' and the
     expression; the reward grades the expression only. About 24 tokens on average, 44 at most
-    with the defaults: set orchestrator.max_tokens and model.max_len to fit."""
+    with the defaults: orchestrator.max_tokens and model.max_len follow (56 and 96) unless the
+    config sets them."""
 
     def __post_init__(self) -> None:
         require(2 <= self.min_numbers <= self.max_numbers, f"task.countdown min_numbers={self.min_numbers}, "
@@ -158,7 +159,7 @@ class TaskConfig:
     def lengths(self, min_len: int) -> tuple[int, int] | None:
         """``(orchestrator.max_tokens, model.max_len)`` that fit this task on the project's model:
         the one source of the generation and context lengths when a config does not give them.
-        None where the task states no token need (Countdown, datasets).
+        None where the task states no token need (datasets, templated arithmetic prompts).
 
         max_tokens is the longest reference response plus at least 9 tokens of slack, rounded
         up to a multiple of 4; max_len holds the longest prompt and max_tokens, rounded up to a
@@ -168,7 +169,13 @@ class TaskConfig:
         (16, 64)
         >>> TaskConfig(arithmetic=ArithmeticConfig(scratchpad=True)).lengths(64)  # 52-token responses
         (64, 96)
+        >>> TaskConfig(name="countdown").lengths(64), TaskConfig(name="countdown", countdown=CountdownConfig(scratchpad=True)).lengths(64)
+        ((16, 64), (56, 96))
         """
+        if self.name == "countdown":
+            # answers such as (12+3)*(4-2) take at most 16 tokens with <eos>; scratchpads 44 at
+            # most with the default settings (CountdownConfig.scratchpad)
+            return (56, max(min_len, 96)) if self.countdown.scratchpad else (16, min_len)
         if self.name != "arithmetic" or self.arithmetic.template:
             return None
         need = self.arithmetic.response_tokens
