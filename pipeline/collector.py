@@ -15,7 +15,7 @@ here changes what a run computes: only when unreachable cycles are freed.
 >>> with fewer_collections(young=50_000):
 ...     gc.get_threshold()[0]
 50000
->>> gc.get_threshold() == before, gc.get_freeze_count() == frozen_before
+>>> gc.get_threshold() == before, gc.get_freeze_count() <= frozen_before  # nothing left frozen by the block
 (True, True)
 """
 
