@@ -122,6 +122,10 @@ class BanditLearner:
         probs, gains = self._distribution(context)
         return normalise(probs), tuple(float(g) for g in gains)
 
+    def distributions(self, contexts: Sequence[Context]) -> list[tuple[tuple[float, ...], tuple[float, ...]]]:
+        """``distribution`` of each context; backends that can score many at once override it."""
+        return [self.distribution(c) for c in contexts]
+
     def predict_gains(self, context: Context) -> tuple[float, ...]:
         """The gain-regressor view: predicted reward of every arm."""
         return self.distribution(context)[1]
@@ -139,6 +143,7 @@ class BanditLearner:
             raise ValueError(f"reward={reward!r} is not finite; pass the realised gain of the decision")
         self._learn(context, decision, reward)
         self._learned += 1
+        self._after_learn()
 
     def gamma(self) -> float:
         return self.gamma_scale * (1.0 + self._learned) ** self.gamma_exponent
@@ -174,6 +179,9 @@ class BanditLearner:
 
     def _learn(self, context: Context, decision: Decision, reward: float) -> None:
         raise NotImplementedError
+
+    def _after_learn(self) -> None:
+        """Called after every learned example (a backend's bookkeeping outside the decisions)."""
 
     def _state(self) -> dict[str, Any]:
         raise NotImplementedError

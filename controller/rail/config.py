@@ -112,6 +112,11 @@ class RailConfig:
     """river backend: Huber loss threshold, in reward units (gains are at most 0.25)."""
     vw_extra_args: str = ""
     """Extra vowpalwabbit arguments, appended as they are (e.g. ``--l2 1e-6``)."""
+    vw_snapshot_every: int = 64
+    """vw backend: decisions are scored by a numpy copy of VW's linear model, read out of VW
+    anew every this many learned examples (a matrix product instead of a VW parse and predict
+    per decision; the logged propensities are the copy's, so they stay exact). 0 asks VW at
+    every decision."""
 
     evaluate_every: int = 200
     """Promotion check every this many decisions with known outcomes."""
@@ -183,6 +188,10 @@ class RailConfig:
         require(self.power_t >= 0, f"{KEY}.power_t={self.power_t} must be >= 0 (0 = constant rate)")
         require(self.gamma_scale > 0, f"{KEY}.gamma_scale={self.gamma_scale} must be > 0")
         require(self.gamma_exponent >= 0, f"{KEY}.gamma_exponent={self.gamma_exponent} must be >= 0")
+        require(
+            self.vw_snapshot_every >= 0,
+            f"{KEY}.vw_snapshot_every={self.vw_snapshot_every} must be >= 0 (0 = ask VW at every decision)",
+        )
         require(self.river_lr_scale > 0, f"{KEY}.river_lr_scale={self.river_lr_scale} must be > 0")
         require(self.huber_epsilon > 0, f"{KEY}.huber_epsilon={self.huber_epsilon} must be > 0")
         require(self.evaluate_every >= 1, f"{KEY}.evaluate_every={self.evaluate_every} must be >= 1")

@@ -229,8 +229,13 @@ class RailController:
         if committed and state.rescued_from and snapshot.is_mixed:
             # A saturated probe (all fail / all pass) the gate would have abandoned, made mixed.
             self.counts[f"recovered_{state.rescued_from}"] += 1
+        # The frozen copy never learns, so predicting now equals predicting at decision time, and
+        # the group's decisions are scored in one call (one matrix product with VW's snapshot).
+        known = [d for d in state.decisions if d.frozen_exists]
+        frozen = self.frozen.distributions([d.context for d in known]) if known and self.frozen is not None else []
+        frozen_gains = {id(d): gains[d.acted.action] for d, (_probs, gains) in zip(known, frozen)}
         for d in state.decisions:
-            self._settle(d, snapshot, committed)
+            self._settle(d, snapshot, committed, frozen_gains.get(id(d), math.nan))
 
     # --- decisions -----------------------------------------------------------------------
 
@@ -278,7 +283,7 @@ class RailController:
         features = group_features(
             snapshot, point, prefix, self.length_estimate, snapshot.policy_version - group.first_version, group.interventions
         )
-        context = Context.build(point, features, arms)
+        context = Context.build(point, features, arms, checked=True)  # group_features checked them
         choice = self.decider.choose(context, self.mode)
         i = choice.acted.action
         arm = arms[i]
@@ -309,7 +314,7 @@ class RailController:
         self.latency_ns.append(time.perf_counter_ns() - started)
         return actions
 
-    def _settle(self, d: _Pending, snapshot: GroupSnapshot, committed: bool) -> None:
+    def _settle(self, d: _Pending, snapshot: GroupSnapshot, committed: bool, frozen_gain: float) -> None:
         """Reward, log, learn and promote for one decision of a closed group."""
         reward, _gain, tokens = decision_reward(
             d.point, snapshot.rewards, snapshot.origins, d.decision_id, committed,
@@ -319,9 +324,6 @@ class RailController:
         self.counts["outcomes"] += 1
         self.recent_rewards.append(reward)
         self.learner.learn_one(d.context, d.acted, reward)
-        # The frozen copy never learns, so predicting now equals predicting at decision time,
-        # and keeps this cost out of the decision hooks.
-        frozen_gain = self.frozen.predict_gains(d.context)[d.acted.action] if d.frozen_exists else math.nan
         self.gain_errors.add(d.online_gain, frozen_gain, reward)
         if self.frozen is None and self.learner.learned >= self.config.warmup_decisions:
             self.frozen = clone_learner(self.learner, self.config, derive_seed(self.seed, "rail", "frozen"))

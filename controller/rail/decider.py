@@ -34,6 +34,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
+from controller.rail.arms import Arm
 from controller.rail.bandit import BanditLearner, Decision, normalise, sample_index
 from controller.rail.behaviour import BehaviourPolicy
 from controller.rail.config import RailConfig
@@ -63,11 +64,19 @@ class Decider:
         self.learner = learner
         self.behaviour = behaviour
         self._rng = random.Random(seed)
+        self._splits: dict[int, tuple[tuple[Arm, ...], int | None, tuple[int, ...]]] = {}
+
+    def _split(self, arms: tuple[Arm, ...]) -> tuple[int | None, tuple[int, ...]]:
+        """The no-op's index and the interventions', per arms tuple (a controller has a few)."""
+        entry = self._splits.get(id(arms))
+        if entry is None or entry[0] is not arms:  # the entry keeps the tuple, so ids stay unique
+            noop = next((i for i, a in enumerate(arms) if a.is_noop), None)
+            entry = self._splits[id(arms)] = (arms, noop, tuple(i for i, a in enumerate(arms) if not a.is_noop))
+        return entry[1], entry[2]
 
     def live_distribution(self, context: Context, probs: tuple[float, ...], gains: tuple[float, ...]) -> tuple[float, ...]:
         """The learned distribution after the live threshold rule."""
-        noop = next((i for i, a in enumerate(context.arms) if a.is_noop), None)
-        interventions = [i for i, a in enumerate(context.arms) if not a.is_noop]
+        noop, interventions = self._split(context.arms)
         if noop is None or not interventions:
             return probs
         if max(gains[i] for i in interventions) > self.config.gain_threshold:

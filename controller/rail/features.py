@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Mapping
 
 from controller.rail.arms import Arm, expected_tokens
@@ -164,16 +165,20 @@ class Context:
             raise ValueError(f"{len(self.costs)} costs for {len(self.arms)} arms; give one expected cost per arm")
 
     @classmethod
-    def build(cls, point: str, features: Mapping[str, float], arms: tuple[Arm, ...] | list[Arm]) -> "Context":
+    def build(
+        cls, point: str, features: Mapping[str, float], arms: tuple[Arm, ...] | list[Arm], checked: bool = False
+    ) -> "Context":
         """Validate ``features`` and derive every arm's cost from ``length_estimate`` (thousands
-        of tokens) and ``position_fraction``, as a replay of a logged record does."""
-        checked = check_features(features)
+        of tokens) and ``position_fraction``, as a replay of a logged record does.
+        ``checked=True`` takes ``features`` as it is: pass it only ``check_features``' own
+        output (a fresh dict of finite floats, as ``group_features`` returns)."""
+        checked = features if checked else check_features(features)
         length = checked.get("length_estimate", 0.0) * 1000.0
         fraction = checked.get("position_fraction", 0.0)
         arms = tuple(arms)
         return cls(point, checked, arms, tuple(expected_tokens(a, length, fraction) for a in arms))
 
-    @property
+    @cached_property
     def names(self) -> tuple[str, ...]:
         return tuple(a.name for a in self.arms)
 

@@ -25,6 +25,7 @@ def build_learner(config: RailConfig, seed: int) -> BanditLearner:
             gamma_exponent=config.gamma_exponent,
             extra_args=config.vw_extra_args,
             seed=seed,
+            snapshot_every=config.vw_snapshot_every,
         )
     if config.backend == "river":
         from controller.rail.river_backend import RiverLearner
@@ -40,7 +41,8 @@ def build_learner(config: RailConfig, seed: int) -> BanditLearner:
 
 
 def clone_learner(learner: BanditLearner, config: RailConfig, seed: int) -> BanditLearner:
-    """An independent copy of ``learner`` (same weights, own future), e.g. the frozen baseline."""
+    """An independent copy of ``learner`` (same weights and scoring snapshot, so the same
+    predictions; its own future), e.g. the frozen baseline."""
     copy = build_learner(config, seed)
     copy.load_state_dict(learner.state_dict())
     return copy

@@ -33,13 +33,15 @@ import hashlib
 import os
 import re
 import tempfile
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import pylibvw  # vowpalwabbit's native module; its wheel installs it next to the package
 import vowpalwabbit
 
-from controller.rail.bandit import BanditLearner, ControllerStateError, Decision
+from controller.rail.arms import Arm
+from controller.rail.bandit import BanditLearner, ControllerStateError, Decision, inverse_gap_weighting
 from controller.rail.features import Context
+from controller.rail.vw_snapshot import LinearSnapshot
 
 _BAD = re.compile(r"[\s:|]")
 
@@ -55,6 +57,10 @@ class VWLearner(BanditLearner):
         SquareCB's ``--gamma_scale`` / ``--gamma_exponent`` (VW keeps its own example count).
     extra_args
         Appended to the VW command line.
+    snapshot_every
+        0: every decision is one VW predict. N > 0: decisions are scored by a numpy copy of VW's
+        model (``controller.rail.vw_snapshot``) taken anew every N learned examples, with
+        SquareCB's distribution computed here exactly as VW computes it for that model.
     seed
         VW's ``--random_seed`` and the arm sampling.
     """
@@ -69,8 +75,13 @@ class VWLearner(BanditLearner):
         gamma_exponent: float = 0.5,
         extra_args: str = "",
         seed: int = 0,
+        snapshot_every: int = 0,
     ):
         super().__init__(gamma_scale, gamma_exponent, seed)
+        if snapshot_every < 0:
+            raise ValueError(f"snapshot_every={snapshot_every} must be >= 0 (0 = ask VW at every decision)")
+        self.snapshot_every = snapshot_every
+        self.snapshot: LinearSnapshot | None = None
         self.learning_rate = learning_rate
         self.power_t = power_t
         self.extra_args = extra_args
@@ -119,7 +130,85 @@ class VWLearner(BanditLearner):
     # pyvw's Example wrappers cost about 25 us per line; the native calls below do the same
     # work (parse, predict/learn, finish) in a third of the time, which matters at 12 lines a
     # decision. ``get_action_scores`` returns the probabilities in action order.
+    def distribution(self, context: Context) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        if not self.snapshot_every:
+            return super().distribution(context)
+        if not context.arms:
+            raise ValueError("context has no arms; a decision needs at least one arm")
+        snapshot = self._snapshot_for((context,))
+        return self._from_gains(snapshot, snapshot.gains(context))
+
+    def distributions(self, contexts: Sequence[Context]) -> list[tuple[tuple[float, ...], tuple[float, ...]]]:
+        """``distribution`` of every context; with a snapshot, scored in one matrix product."""
+        if not self.snapshot_every or not contexts:
+            return super().distributions(contexts)
+        if not all(c.arms for c in contexts):
+            raise ValueError("a context has no arms; a decision needs at least one arm")
+        snapshot = self._snapshot_for(contexts)
+        return [self._from_gains(snapshot, gains) for gains in snapshot.gains_many(contexts)]
+
     def _distribution(self, context: Context) -> tuple[Sequence[float], Sequence[float]]:
+        return self._vw_distribution(context)  # without a snapshot: VW's own SquareCB
+
+    # --- the snapshot scorer ---------------------------------------------------------------
+
+    def _snapshot_for(self, contexts: Sequence[Context]) -> LinearSnapshot:
+        """The snapshot in use; a new one (over the union, from the current model) when it does
+        not cover a context's features or arms, which happens in a run's first decisions."""
+        snap = self.snapshot
+        if snap is not None and all(snap.covers(c) for c in contexts):
+            return snap
+        keys: dict[str, None] = dict.fromkeys(snap.keys) if snap is not None else {}
+        arms: dict[str, Arm] = {a.name: a for a in snap.arms()} if snap is not None else {}
+        for c in contexts:
+            keys.update(dict.fromkeys(c.features))
+            arms.update((a.name, a) for a in c.arms)
+        return self._take_snapshot(tuple(keys), tuple(arms.values()))
+
+    def _take_snapshot(self, keys: tuple[str, ...], arms: tuple[Arm, ...]) -> LinearSnapshot:
+        self.snapshot = LinearSnapshot.probe(self._costs, keys, arms, self._learned)
+        return self.snapshot
+
+    def _after_learn(self) -> None:
+        # The new snapshot is taken here, when a closed group's decisions are learned, not in a
+        # decision hook.
+        snap = self.snapshot
+        if self.snapshot_every and snap is not None and self._learned - snap.learned >= self.snapshot_every:
+            self._take_snapshot(snap.keys, snap.arms())
+
+    def _costs(self, probes: Sequence[tuple[Mapping[str, float], Arm, float]]) -> list[float]:
+        """VW's predicted cost of every ``(shared features, arm, expected tokens)`` probe, as the
+        action lines of one example without a shared line (each line carries its own ``s``)."""
+        name = self._name
+        heads: dict[tuple[str, float], str] = {}
+        shared: dict[int, str] = {}  # the probes share a few feature dicts
+        lines = []
+        for features, arm, cost in probes:
+            head = heads.get((arm.name, cost))
+            if head is None:
+                head = heads[arm.name, cost] = self._lines(Context("probe", {}, (arm,), (cost,)))[1]
+            s = shared.get(id(features))
+            if s is None:
+                s = shared[id(features)] = " ".join(f"{name(k)}:{v:.6g}" for k, v in features.items())
+            lines.append(f"{head} |s {s}" if s else head)
+        vw = self._vw
+        examples = vw._parse("\n".join(lines))
+        try:
+            pylibvw.vw.predict_multi(vw, examples)
+            return [float(ex.get_partial_prediction()) for ex in examples]
+        finally:
+            pylibvw.vw._finish_example_multi_ex(vw, examples)
+
+    def _from_gains(self, snapshot: LinearSnapshot, gains) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        # VW's SquareCB: gamma = gamma_scale * t ** gamma_exponent, t = examples learned (0: uniform).
+        # Every probability it gives is positive and they sum to 1, so no normalising is needed.
+        gains = tuple(gains.tolist())
+        gamma = self.gamma_scale * float(snapshot.learned) ** self.gamma_exponent
+        return tuple(inverse_gap_weighting(gains, gamma)), gains
+
+    # --- VW itself -----------------------------------------------------------------------
+
+    def _vw_distribution(self, context: Context) -> tuple[Sequence[float], Sequence[float]]:
         vw = self._vw
         examples = vw._parse("\n".join(self._lines(context)))
         try:
@@ -151,11 +240,14 @@ class VWLearner(BanditLearner):
             self._vw.save(path)
             with open(path, "rb") as f:
                 blob = f.read()
-        return {
+        state = {
             "args": self._args,
             "model": base64.b64encode(blob).decode("ascii"),
             "sha256": hashlib.sha256(blob).hexdigest(),
         }
+        if self.snapshot is not None:
+            state["snapshot"] = self.snapshot.state()
+        return state
 
     def _load(self, state: dict[str, Any]) -> None:
         try:
@@ -173,9 +265,11 @@ class VWLearner(BanditLearner):
             with open(path, "wb") as f:
                 f.write(blob)
             vw = vowpalwabbit.Workspace(f"--quiet -i {path}")
+        snapshot = LinearSnapshot.from_state(state["snapshot"]) if state.get("snapshot") else None
         self._vw.finish()
         self._vw = vw
         self._args = str(state["args"])
+        self.snapshot = snapshot
 
     def __del__(self) -> None:
         vw = getattr(self, "_vw", None)

@@ -33,6 +33,7 @@ from pipeline.hooktimer import HookTimer
 from pipeline.store.tracelog import read_trace
 from pipeline.types import SampleRequest
 from railgate.build import build_components, build_orchestrator
+from controller.rail.config import RailConfig
 from railgate.config import RunConfig
 from railgate.report import markdown_table
 from railgate.train import train
@@ -122,7 +123,12 @@ def throughput(cfg: RunConfig, out: Path, repeats: int = 3) -> list[dict[str, An
 
 
 # (gate, controller) pairs measured at each level: the gate alone, then SARA with RAIL live.
-HOOK_VARIANTS: tuple[tuple[str, str], ...] = (("uniform", "none"), ("sara", "none"), ("sara", "rail"))
+# "rail": decisions scored by the numpy snapshot of VW's model (the default); "rail_vw": one VW
+# parse and predict per decision (``vw_snapshot_every=0``), the same run for comparison.
+HOOK_VARIANTS: tuple[tuple[str, str], ...] = (
+    ("uniform", "none"), ("sara", "none"), ("sara", "rail"), ("sara", "rail_vw"),
+)
+CONTROLLER_LABELS = {"none": "none", "rail": "RAIL (vw snapshot, live)", "rail_vw": "RAIL (vw per decision, live)"}
 
 
 def _hook_config(cfg: RunConfig, groups: int, gate: str, controller: str) -> RunConfig:
@@ -133,9 +139,10 @@ def _hook_config(cfg: RunConfig, groups: int, gate: str, controller: str) -> Run
     sim = dataclasses.replace(cfg.sim, num_prompts=max(cfg.sim.num_prompts, 2 * groups))
     gate_cfg = dataclasses.replace(cfg.gate, kind=gate)
     ctrl = cfg.controller
-    if controller == "rail":
+    if controller in ("rail", "rail_vw"):
         # RAIL acting (live) from the first decision, with its default VW backend.
-        rail = dataclasses.replace(ctrl.rail, mode="live", auto_promote=False, backend="vw")
+        every = 0 if controller == "rail_vw" else ctrl.rail.vw_snapshot_every or RailConfig().vw_snapshot_every
+        rail = dataclasses.replace(ctrl.rail, mode="live", auto_promote=False, backend="vw", vw_snapshot_every=every)
         ctrl = dataclasses.replace(ctrl, kind="rail", rail=rail)
     else:
         ctrl = dataclasses.replace(ctrl, kind="none")
@@ -169,11 +176,11 @@ def hook_latency(
             rows.append({
                 "concurrent groups": groups,
                 "gate": gate,
-                "controller": "RAIL (vw, live)" if controller == "rail" else "none",
+                "controller": CONTROLLER_LABELS[controller],
                 "hook calls": timer.calls,
                 "hook p50 us": timer.percentile_us(50),
                 "hook p99 us": timer.percentile_us(99),
-                "RAIL decisions": int(summary.controller_metrics.get("controller/decisions", len(decisions))) if controller == "rail" else 0,
+                "RAIL decisions": int(summary.controller_metrics.get("controller/decisions", len(decisions))) if controller != "none" else 0,
                 "decision p50 us": _percentile_us(decisions, 50),
                 "decision p99 us": _percentile_us(decisions, 99),
                 "rollouts": summary.budget.rollouts_started,
