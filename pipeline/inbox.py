@@ -1,6 +1,7 @@
 """What the orchestrator's tracking loop receives, one named message per kind of event.
 
-Sample tasks send ``SampleDone`` (and ``ControllerActions`` from the controller's token hook);
+Sample tasks send ``SampleDone`` (and ``ControllerActions`` from the controller's token hook, or
+``DecideQueued`` when it queued token-level decision points to decide as one batch);
 the learner task sends ``StepDone``. The loop hands each to ``pipeline.tracker.GroupTracker``.
 
 >>> StepDone(batch=None, result=None).learner_state is None
@@ -35,3 +36,9 @@ class ControllerActions:
     """Actions the controller chose at a token-level decision point."""
 
     actions: tuple[GroupAction, ...]
+
+
+@dataclass(frozen=True)
+class DecideQueued:
+    """The controller queued token-level decision points: decide them, as one batch, now that
+    the points that arose in the same tick are queued too."""

@@ -40,7 +40,7 @@ from pipeline.decisions import NullSink  # noqa: F401  (re-exported: older impor
 from pipeline.engines.base import Engine
 from pipeline.group import GroupRun
 from pipeline.hooktimer import HookTimer
-from pipeline.inbox import ControllerActions, SampleDone, StepDone
+from pipeline.inbox import ControllerActions, DecideQueued, SampleDone, StepDone
 from pipeline.learning import LearnerStep
 from pipeline.metrics import Budget, MetricsWriter, NullMetricsWriter
 from pipeline.protocols import Buffer, Controller, DecisionSink, Evaluator, Gate, Learner
@@ -197,6 +197,8 @@ class Orchestrator:
                     self._on_step_done(msg)
                 elif isinstance(msg, ControllerActions):
                     self._do(tracker.on_controller_actions(msg.actions))
+                elif isinstance(msg, DecideQueued):
+                    self._do(tracker.on_controller_actions(None))
                 self._do(tracker.ship_ready())
                 if self._inline_learner:
                     await self._train_inline()
@@ -304,6 +306,8 @@ class Orchestrator:
                     actions = tracker.on_tokens(group, request.sample_index, event)
                     if actions:
                         await inbox.send(ControllerActions(tuple(actions)))
+                    elif tracker.flush_wanted():  # decided when the tracking loop next runs
+                        await inbox.send(DecideQueued())
                 else:
                     self.clock.hold()  # time stands still until the tracker has acted on this sample
                     finished = event

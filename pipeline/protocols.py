@@ -119,6 +119,14 @@ class Controller(Protocol):
         """The group shipped (``group``) or was dropped (``None``); ``snapshot`` is its final state."""
         ...
 
+    queued_decisions: int = 0
+    """Token-level decision points ``on_tokens`` queued instead of deciding at once."""
+
+    def flush_decisions(self) -> list[GroupAction]:
+        """Decide every queued token-level decision point in one batch; their actions out. The
+        orchestrator calls it once the points that arose in the same tick are in."""
+        return []
+
     def state_dict(self) -> dict[str, Any]:
         ...
 

@@ -118,6 +118,7 @@ class GroupTracker:
         self._steps_done = 0
         self._out = TrackerOutput()
         self._token_hooks = controller.wants_tokens
+        self._flush_sent = False
 
     # --- what the caller reads -----------------------------------------------------------
 
@@ -290,10 +291,22 @@ class GroupTracker:
         self._execute(final, source="gate")
         return self._output()
 
-    def on_controller_actions(self, actions: Sequence[GroupAction]) -> TrackerOutput:
-        """Actions the controller chose at a token-level decision point."""
+    def on_controller_actions(self, actions: Sequence[GroupAction] | None) -> TrackerOutput:
+        """Actions the controller chose at token-level decision points (``None``: the points it
+        queued, decided now in one batch)."""
+        if actions is None:
+            self._flush_sent = False
+            actions = self.controller.flush_decisions()
         self._execute(actions, source="controller")
         return self._output()
+
+    def flush_wanted(self) -> bool:
+        """True once per batch of queued token-level decision points (then a ``DecideQueued``
+        goes to the tracking loop, which decides them with ``on_controller_actions(None)``)."""
+        if self._flush_sent or not self._token_hooks or not getattr(self.controller, "queued_decisions", 0):
+            return False
+        self._flush_sent = True
+        return True
 
     def _execute(self, actions: Sequence[GroupAction], source: str) -> None:
         for action in actions:

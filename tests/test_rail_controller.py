@@ -26,11 +26,13 @@ def make(**kw):
 
 
 def stream(rail, group_id, index, length, logprob=-0.5, spikes=()):
-    """Feed ``length`` tokens of one sample in deltas of 8; returns the actions it produced."""
+    """Feed ``length`` tokens of one sample in deltas of 8, each followed by the flush the
+    orchestrator's tracking loop makes; returns the actions they produced."""
     out = []
     for pos in range(0, length, 8):
         spike = next((s - pos for s in spikes if pos <= s < pos + 8), None)
         out += rail.on_tokens(snapshot(group_id, rewards=()), index, delta(group_id, index, pos, spike_at=spike, logprob=logprob))
+        out += rail.flush_decisions()
     return out
 
 

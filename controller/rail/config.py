@@ -76,6 +76,10 @@ class RailConfig:
     """A token is a candidate state when its entropy (nats) is at least this."""
     min_tokens_between_decisions: int = 16
     """Token positions between two token-level decisions on the same sample."""
+    batch_token_decisions: bool = True
+    """Token-level decision points are queued and decided together once the points of the same
+    event-loop tick are in (one scoring call for all of them; their actions reach the tracker
+    the same way either way, through the tracking loop). false: each is decided at once."""
     max_token_decisions_per_group: int = 4
     """Token-level decision points per group (no-ops included): bounds the decision cost."""
     max_interventions_per_group: int = 2

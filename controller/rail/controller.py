@@ -11,6 +11,10 @@ Decision points (docs/methods.md, RAIL; the hooks are in ``pipeline/protocols.py
 2. **extend** -- the gate proposes COMMIT: the controller may add samples to the group.
 3. **token** -- ``on_tokens`` sees a token whose entropy reaches ``entropy_threshold``: the
    controller may branch the running sample's prefix there (rate-limited per group and sample).
+   With ``batch_token_decisions`` (default) the point is queued with its context, and
+   ``flush_decisions`` decides every queued point in one scoring call when the orchestrator's
+   tracking loop next runs (the points of one event-loop tick share a batch); group-level points
+   stay immediate, since they replace the gate's proposal.
 
 Every decision is logged (``DecisionRecord``, its features, the arms, the chosen arm and its
 propensity; ``controller.rail.decider`` says what each field holds in live and shadow mode);
@@ -48,7 +52,7 @@ from controller.rail.bandit import BanditLearner, ControllerStateError, Decision
 from controller.rail.behaviour import build_behaviour
 from controller.rail.buffers import PrefixBuffers, RequestBuffer
 from controller.rail.config import RailConfig
-from controller.rail.decider import Decider
+from controller.rail.decider import Choice, Decider
 from controller.rail.features import Context, PrefixInfo, group_features
 from controller.rail.gain_error import GainErrorTracker
 from controller.rail.learners import build_learner, clone_learner, learner_from_state
@@ -83,6 +87,18 @@ class _Pending:
     @property
     def n(self) -> int:
         return self.context.arms[self.acted.action].n
+
+
+@dataclass(frozen=True)
+class _Queued:
+    """A token-level decision point waiting for the batch it is decided in."""
+
+    snapshot: GroupSnapshot
+    group: "_Group"
+    context: Context
+    source: RequestBuffer | None
+    position: int
+    cost_ns: int  # what building its context took (added to its share of the batch's cost)
 
 
 @dataclass
@@ -149,6 +165,7 @@ class RailController:
         self.latency_ns: deque[int] = deque(maxlen=20000)
         """Durations of the last decisions (features, choice, logging), in nanoseconds."""
         self.recent_rewards: deque[float] = deque(maxlen=1000)
+        self._queue: list[_Queued] = []
 
     @property
     def mode(self) -> str:
@@ -213,7 +230,43 @@ class RailController:
             prefix_mean_logprob=buf.mean_logprob(position),
         )
         arms = self._arms(can_branch)
-        return self._decide("token", snapshot, group, prefix, arms, buf if can_branch else None, position)
+        source = buf if can_branch else None
+        if not cfg.batch_token_decisions:
+            return self._decide("token", snapshot, group, prefix, arms, source, position)
+        started = time.perf_counter_ns()
+        context = self._context("token", snapshot, group, prefix, arms)
+        self._queue.append(_Queued(snapshot, group, context, source, position, time.perf_counter_ns() - started))
+        return []
+
+    @property
+    def queued_decisions(self) -> int:
+        """Token-level decision points waiting for ``flush_decisions``."""
+        return len(self._queue)
+
+    def flush_decisions(self) -> list[GroupAction]:
+        """Decide the queued token-level decision points in one batch (one scoring call), in the
+        order they arose. A point whose group closed meanwhile is dropped undecided and unlogged,
+        as is one whose group reached ``max_interventions_per_group`` earlier in the batch.
+        Each decision's latency is its context's cost plus an equal share of the batch's."""
+        queue, self._queue = self._queue, []
+        queue = [q for q in queue if self._groups.get(q.snapshot.group_id) is q.group]
+        if not queue:
+            return []
+        started = time.perf_counter_ns()
+        choices = self.decider.choose_many([q.context for q in queue], self.mode)
+        actions: list[GroupAction] = []
+        cap = self.config.max_interventions_per_group
+        decided = []
+        for q, choice in zip(queue, choices):
+            if q.group.interventions >= cap:
+                self.counts["token_decisions_dropped"] += 1
+                continue
+            actions += self._act("token", q.snapshot, q.group, q.context, choice, q.source, q.position)
+            decided.append(q)
+        self.counts["decision_batches"] += 1
+        share = (time.perf_counter_ns() - started) // max(1, len(decided))
+        self.latency_ns.extend(q.cost_ns + share for q in decided)
+        return actions
 
     def on_closed(self, group: CommittedGroup | None, snapshot: GroupSnapshot) -> None:
         gid = snapshot.group_id
@@ -269,6 +322,12 @@ class RailController:
             return []  # only the no-op: nothing to decide
         return self._decide(point, snapshot, group, prefix, arms, best[0] if best else None, best[1] if best else -1)
 
+    def _context(self, point: str, snapshot: GroupSnapshot, group: _Group, prefix: PrefixInfo, arms: tuple[Arm, ...]) -> Context:
+        features = group_features(
+            snapshot, point, prefix, self.length_estimate, snapshot.policy_version - group.first_version, group.interventions
+        )
+        return Context.build(point, features, arms, checked=True)  # group_features checked them
+
     def _decide(
         self,
         point: str,
@@ -280,13 +339,24 @@ class RailController:
         position: int,
     ) -> list[GroupAction]:
         started = time.perf_counter_ns()
-        features = group_features(
-            snapshot, point, prefix, self.length_estimate, snapshot.policy_version - group.first_version, group.interventions
-        )
-        context = Context.build(point, features, arms, checked=True)  # group_features checked them
-        choice = self.decider.choose(context, self.mode)
+        context = self._context(point, snapshot, group, prefix, arms)
+        actions = self._act(point, snapshot, group, context, self.decider.choose(context, self.mode), source, position)
+        self.latency_ns.append(time.perf_counter_ns() - started)
+        return actions
+
+    def _act(
+        self,
+        point: str,
+        snapshot: GroupSnapshot,
+        group: _Group,
+        context: Context,
+        choice: Choice,
+        source: RequestBuffer | None,
+        position: int,
+    ) -> list[GroupAction]:
+        """Log the decision, keep it for its reward, and turn the chosen arm into actions."""
         i = choice.acted.action
-        arm = arms[i]
+        arm = context.arms[i]
         decision_id = self.sink.next_decision_id()
         sample = source.sample_index if source is not None else -1
         self.sink.log_decision(
@@ -299,20 +369,18 @@ class RailController:
         )
         self.counts["decisions"] += 1
         self.counts[f"decisions_{point}"] += 1
-        actions: list[GroupAction] = []
-        if not arm.is_noop:
-            group.interventions += 1
-            self.counts["interventions"] += 1
-            self.counts[f"interventions_{arm.kind}"] += 1
-            branch = None
-            if arm.kind == "branch":
-                assert source is not None  # branch arms are only offered with a known prefix
-                tokens, logprobs = source.prefix(position)
-                branch = BranchSpec(source.request_id, position, tokens, logprobs)
-                self.buffers.expect_branch(snapshot.group_id, source, position, arm.n)
-            actions = arm.actions(snapshot.group_id, decision_id, self.default_params, branch)
-        self.latency_ns.append(time.perf_counter_ns() - started)
-        return actions
+        if arm.is_noop:
+            return []
+        group.interventions += 1
+        self.counts["interventions"] += 1
+        self.counts[f"interventions_{arm.kind}"] += 1
+        branch = None
+        if arm.kind == "branch":
+            assert source is not None  # branch arms are only offered with a known prefix
+            tokens, logprobs = source.prefix(position)
+            branch = BranchSpec(source.request_id, position, tokens, logprobs)
+            self.buffers.expect_branch(snapshot.group_id, source, position, arm.n)
+        return arm.actions(snapshot.group_id, decision_id, self.default_params, branch)
 
     def _settle(self, d: _Pending, snapshot: GroupSnapshot, committed: bool, frozen_gain: float) -> None:
         """Reward, log, learn and promote for one decision of a closed group."""

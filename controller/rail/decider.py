@@ -91,7 +91,14 @@ class Decider:
         return normalise(out)
 
     def choose(self, context: Context, mode: str) -> Choice:
-        probs, gains = self.learner.distribution(context)
+        """The decision at ``context`` in ``mode`` (live or shadow)."""
+        return self._choose(context, mode, *self.learner.distribution(context))
+
+    def choose_many(self, contexts: list[Context], mode: str) -> list[Choice]:
+        """``choose`` for every context, in order, with the learner scoring them in one call."""
+        return [self._choose(c, mode, probs, gains) for c, (probs, gains) in zip(contexts, self.learner.distributions(contexts))]
+
+    def _choose(self, context: Context, mode: str, probs: tuple[float, ...], gains: tuple[float, ...]) -> Choice:
         if mode == "live":
             acting = self.live_distribution(context, probs, gains)
             i = sample_index(acting, self._rng.random())

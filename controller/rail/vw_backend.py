@@ -202,7 +202,7 @@ class VWLearner(BanditLearner):
     def _from_gains(self, snapshot: LinearSnapshot, gains) -> tuple[tuple[float, ...], tuple[float, ...]]:
         # VW's SquareCB: gamma = gamma_scale * t ** gamma_exponent, t = examples learned (0: uniform).
         # Every probability it gives is positive and they sum to 1, so no normalising is needed.
-        gains = tuple(gains.tolist())
+        gains = tuple(gains.tolist() if hasattr(gains, "tolist") else gains)
         gamma = self.gamma_scale * float(snapshot.learned) ** self.gamma_exponent
         return tuple(inverse_gap_weighting(gains, gamma)), gains
 

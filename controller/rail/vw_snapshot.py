@@ -135,17 +135,28 @@ class LinearSnapshot:
         fixed, per_k = self._arm_rows(context.arms)
         return -(parts[fixed] + np.asarray(context.costs) * (1.0 / PROBE_TOKENS) * parts[per_k])
 
-    def gains_many(self, contexts: Sequence[Context]) -> list[np.ndarray]:
-        """``gains`` for every context, from two matrix products over all of them."""
+    def gains_many(self, contexts: Sequence[Context]) -> list[list[float]]:
+        """``gains`` of every context (as lists), from one matrix product over all of them and
+        one vectorised step per distinct arms tuple."""
         if not contexts:
             return []
-        x = np.stack([self._vector(c.features) for c in contexts])  # (n, keys)
-        fixed = self.base + x @ self.slope.T  # (n, arms)
-        per_k = self.cbase + x @ self.cslope.T
-        out = []
+        keys = self.keys
+        if all(len(c.features) == len(keys) and tuple(c.features) == keys for c in contexts):
+            x = np.array([list(c.features.values()) for c in contexts], dtype=np.float64)
+        else:
+            x = np.stack([self._vector(c.features) for c in contexts])
+        parts = x @ self._weights.T + self._bias  # (contexts, 2 x arms)
+        by_arms: dict[int, list[int]] = {}
         for i, c in enumerate(contexts):
-            rows, _ = self._arm_rows(c.arms)
-            out.append(-(fixed[i, rows] + np.asarray(c.costs) / PROBE_TOKENS * per_k[i, rows]))
+            by_arms.setdefault(id(c.arms), []).append(i)
+        out: list[list[float]] = [[] for _ in contexts]
+        for idx in by_arms.values():
+            fixed, per_k = self._arm_rows(contexts[idx[0]].arms)
+            sub = parts[idx]
+            costs = np.array([contexts[i].costs for i in idx], dtype=np.float64)
+            gains = -(sub[:, fixed] + costs * (1.0 / PROBE_TOKENS) * sub[:, per_k])
+            for i, row in zip(idx, gains.tolist()):
+                out[i] = row
         return out
 
     def state(self) -> dict[str, Any]:

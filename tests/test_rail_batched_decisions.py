@@ -1,0 +1,103 @@
+"""Token-level decision points queued by ``on_tokens`` and decided together by ``flush_decisions``."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.rail.config import RailConfig
+from controller.rail.controller import RailController
+from pipeline.types import SamplingParams
+from tests.rail_fakes import ListSink, committed, delta, snapshot
+from tests.test_rail_integration import run
+
+PARAMS = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=256)
+
+
+def make(batch=True, **kw):
+    cfg = dict(mode="live", backend="vw", behaviour="none", gain_threshold=-1.0, batch_token_decisions=batch,
+               max_interventions_per_group=8, max_token_decisions_per_group=8)
+    cfg.update(kw)
+    sink = ListSink()
+    return RailController(RailConfig(**cfg), sink, PARAMS, seed=0, run_id="t"), sink
+
+
+def spikes(rail, points):
+    """One high-entropy delta per (group, sample) at position 16; returns on_tokens' actions."""
+    out = []
+    for gid, index in points:
+        out += rail.on_tokens(snapshot(gid, rewards=()), index, delta(gid, index, 0, n=16))
+        out += rail.on_tokens(snapshot(gid, rewards=()), index, delta(gid, index, 16, spike_at=3))
+    return out
+
+
+def test_points_of_one_tick_are_queued_then_decided_in_one_batch_in_order():
+    rail, sink = make()
+    points = [(1, 0), (2, 0), (3, 1), (1, 2)]
+    assert spikes(rail, points) == [] and sink.decisions == []  # nothing decided yet
+    assert rail.queued_decisions == 4
+    rail.flush_decisions()
+    assert rail.queued_decisions == 0
+    recs = sink.by_point("token")
+    assert [(r.group_id, r.sample_index) for r in recs] == points  # in the order they arose
+    assert [r.decision_id for r in recs] == sorted(r.decision_id for r in recs)
+    assert rail.counts["decision_batches"] == 1 and rail.counts["decisions_token"] == 4
+    assert len(rail.latency_ns) == 4 and all(ns > 0 for ns in rail.latency_ns)
+    # Every logged propensity is the probability of the chosen arm under the acting distribution.
+    for r in recs:
+        assert 0.0 < r.propensity <= 1.0 and r.propensity == r.behaviour_propensity
+
+
+def test_a_batch_decides_as_one_decision_at_a_time_would():
+    """Same points, same seed: deciding them in one batch or each at once logs the same decisions
+    (one point per group: within a group, a batched point's features are those of the moment it
+    arose, so they do not count an intervention chosen earlier in the same batch)."""
+    batched, sink_b = make(batch=True)
+    single, sink_s = make(batch=False)
+    points = [(g, 0) for g in range(1, 11)]
+    spikes(batched, points)
+    batched.flush_decisions()
+    spikes(single, points)
+    key = lambda r: (r.group_id, r.sample_index, r.chosen, round(r.propensity, 12), r.features)  # noqa: E731
+    assert [key(r) for r in sink_b.decisions] == [key(r) for r in sink_s.decisions]
+    assert len(sink_b.decisions) == len(points)
+
+
+def test_a_closed_groups_points_are_dropped_unlogged():
+    rail, sink = make()
+    spikes(rail, [(1, 0), (2, 0)])
+    rail.on_closed(committed(1, (1.0, 0.0)), snapshot(1, rewards=(1.0, 0.0)))
+    rail.flush_decisions()
+    assert [r.group_id for r in sink.decisions] == [2]
+
+
+def test_the_intervention_cap_holds_inside_a_batch():
+    rail, sink = make(max_interventions_per_group=1, branch_temperatures=(1.0,), branch_sizes=(2,),
+                      resample_sizes=(), gain_threshold=-10.0)
+    spikes(rail, [(1, i) for i in range(6)])
+    actions = rail.flush_decisions()
+    logged = sink.by_point("token")
+    interventions = [r for r in logged if r.chosen != "noop"]
+    assert len(interventions) == 1 and len(actions) == 1 and actions[0].n == 2
+    assert rail.counts["token_decisions_dropped"] == 6 - len(logged)
+
+
+@pytest.mark.parametrize("batch", [True, False])
+def test_an_orchestrated_run_batches_token_decisions_and_logs_them_all(tmp_path, monkeypatch, batch):
+    monkeypatch.setattr(RailConfig, "__init__", _with_batch(RailConfig.__init__, batch))
+    summary, rail, _engine = run(tmp_path, "probe_first", "live", "vw")
+    tokens = rail.counts["decisions_token"]
+    assert tokens > 20 and rail.counts["interventions"] > 0
+    if batch:
+        # Points that arise in the same tick share a batch: fewer batches than decisions.
+        assert 0 < rail.counts["decision_batches"] < tokens
+    else:
+        assert rail.counts["decision_batches"] == 0
+    assert rail.metrics()["controller/decisions"] == len(rail.latency_ns) or len(rail.latency_ns) == 20000
+
+
+def _with_batch(init, batch):
+    def patched(self, *args, **kwargs):
+        kwargs.setdefault("batch_token_decisions", batch)
+        init(self, *args, **kwargs)
+
+    return patched
