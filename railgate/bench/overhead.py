@@ -123,12 +123,13 @@ def throughput(cfg: RunConfig, out: Path, repeats: int = 3) -> list[dict[str, An
 
 
 # (gate, controller) pairs measured at each level: the gate alone, then SARA with RAIL live.
-# "rail": decisions scored by the numpy snapshot of VW's model (the default); "rail_vw": one VW
-# parse and predict per decision (``vw_snapshot_every=0``), the same run for comparison.
+# "rail": token decisions batched and scored by the numpy snapshot of VW's model (the defaults);
+# "rail_vw": each decided at once by one VW parse and predict (``vw_snapshot_every=0``,
+# ``batch_token_decisions=false``, the path before either existed), in the same run for comparison.
 HOOK_VARIANTS: tuple[tuple[str, str], ...] = (
     ("uniform", "none"), ("sara", "none"), ("sara", "rail"), ("sara", "rail_vw"),
 )
-CONTROLLER_LABELS = {"none": "none", "rail": "RAIL (vw snapshot, live)", "rail_vw": "RAIL (vw per decision, live)"}
+CONTROLLER_LABELS = {"none": "none", "rail": "RAIL (vw snapshot, batched, live)", "rail_vw": "RAIL (vw per decision, live)"}
 
 
 def _hook_config(cfg: RunConfig, groups: int, gate: str, controller: str) -> RunConfig:
@@ -142,7 +143,8 @@ def _hook_config(cfg: RunConfig, groups: int, gate: str, controller: str) -> Run
     if controller in ("rail", "rail_vw"):
         # RAIL acting (live) from the first decision, with its default VW backend.
         every = 0 if controller == "rail_vw" else ctrl.rail.vw_snapshot_every or RailConfig().vw_snapshot_every
-        rail = dataclasses.replace(ctrl.rail, mode="live", auto_promote=False, backend="vw", vw_snapshot_every=every)
+        rail = dataclasses.replace(ctrl.rail, mode="live", auto_promote=False, backend="vw", vw_snapshot_every=every,
+                                   batch_token_decisions=controller == "rail")
         ctrl = dataclasses.replace(ctrl, kind="rail", rail=rail)
     else:
         ctrl = dataclasses.replace(ctrl, kind="none")
