@@ -98,3 +98,17 @@ def test_arm_features_carry_kind_size_temperature_and_cost():
 def test_config_errors_name_the_key(data, key):
     with pytest.raises(ConfigError, match=key):
         build(RailConfig, data)
+
+
+def test_the_arms_cache_is_bounded_when_every_tuple_is_new():
+    """A replay builds an arms tuple per logged record: the cache must not grow with them."""
+    from controller.rail.arms import ArmsCache
+
+    cache = ArmsCache(limit=8)
+    calls = []
+    for i in range(100):
+        arms = (NOOP, parse_arm(f"branch_b{1 + i % 3}_t1"))
+        assert cache.get(arms, lambda a: calls.append(a) or len(a)) == 2
+        assert cache.get(arms, lambda a: calls.append(a) or -1) == 2  # same tuple: cached
+        assert len(cache._entries) <= 8
+    assert len(calls) == 100

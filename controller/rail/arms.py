@@ -143,3 +143,30 @@ def expected_tokens(arm: Arm, length_estimate: float, prefix_fraction: float) ->
         rest = min(max(1.0 - prefix_fraction, 0.0), 1.0)
         return float(arm.n * length_estimate * rest)
     return float(arm.n * length_estimate)
+
+
+class ArmsCache:
+    """Values derived from an arms tuple, cached by the tuple's identity.
+
+    A controller passes the same few tuples at every decision, and hashing a tuple of arms costs
+    more than most derivations. Each entry holds its tuple, so no other tuple can take its id
+    while it is cached; a replay builds a tuple per logged record, so the cache is emptied when
+    it holds ``limit`` entries.
+
+    >>> cache, arms = ArmsCache(), (NOOP, parse_arm("branch_b2_t1"))
+    >>> cache.get(arms, len), cache.get(arms, lambda a: 0)  # the second call is served from the cache
+    (2, 2)
+    """
+
+    def __init__(self, limit: int = 256):
+        self.limit = limit
+        self._entries: dict[tuple[int, str], tuple[tuple[Arm, ...], object]] = {}
+
+    def get(self, arms: tuple[Arm, ...], compute, tag: str = ""):
+        """``compute(arms)``, computed once per arms tuple (and ``tag``)."""
+        entry = self._entries.get((id(arms), tag))
+        if entry is None:
+            if len(self._entries) >= self.limit:
+                self._entries.clear()
+            entry = self._entries[id(arms), tag] = (arms, compute(arms))
+        return entry[1]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import random
 
+from controller.rail.arms import ArmsCache
 from controller.rail.bandit import Decision, sample_index
 from controller.rail.config import RailConfig
 from controller.rail.features import Context
@@ -43,7 +44,7 @@ class BehaviourPolicy:
         self.epsilon = epsilon
         self.seed = seed
         self._rng = random.Random(seed)
-        self._cache: dict[tuple[int, str], tuple[tuple, tuple[float, ...], tuple[float, ...]]] = {}
+        self._cache = ArmsCache()
 
     def rule(self, context: Context) -> int:
         """Index of the arm the rule picks."""
@@ -53,14 +54,13 @@ class BehaviourPolicy:
         k = len(context.arms)
         if k == 0:
             raise ValueError("context has no arms; a decision needs at least one arm")
-        # The rule depends on the point and the arms only; a controller has a few arms tuples.
-        key = (id(context.arms), context.point)
-        entry = self._cache.get(key)
-        if entry is None or entry[0] is not context.arms:  # the entry keeps the tuple: ids stay unique
-            probs = [self.epsilon / k] * k
-            probs[self.rule(context)] += 1.0 - self.epsilon
-            entry = self._cache[key] = (context.arms, tuple(probs), (math.nan,) * k)
-        return entry[1], entry[2]
+        # The rule depends on the point and the arms only.
+        return self._cache.get(context.arms, lambda _arms: self._distribution(context, k), context.point)
+
+    def _distribution(self, context: Context, k: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        probs = [self.epsilon / k] * k
+        probs[self.rule(context)] += 1.0 - self.epsilon
+        return tuple(probs), (math.nan,) * k
 
     def predict_one(self, context: Context) -> Decision:
         probs, gains = self.distribution(context)

@@ -284,11 +284,10 @@ class RailController:
             self.counts[f"recovered_{state.rescued_from}"] += 1
         # The frozen copy never learns, so predicting now equals predicting at decision time, and
         # the group's decisions are scored in one call (one matrix product with VW's snapshot).
-        known = [d for d in state.decisions if d.frozen_exists]
-        frozen = self.frozen.distributions([d.context for d in known]) if known and self.frozen is not None else []
-        frozen_gains = {id(d): gains[d.acted.action] for d, (_probs, gains) in zip(known, frozen)}
+        known = [d for d in state.decisions if d.frozen_exists]  # frozen_exists: self.frozen is set
+        frozen = iter(self.frozen.distributions([d.context for d in known]) if known else ())
         for d in state.decisions:
-            self._settle(d, snapshot, committed, frozen_gains.get(id(d), math.nan))
+            self._settle(d, snapshot, committed, next(frozen)[1][d.acted.action] if d.frozen_exists else math.nan)
 
     # --- decisions -----------------------------------------------------------------------
 

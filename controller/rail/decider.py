@@ -34,7 +34,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from controller.rail.arms import Arm
+from controller.rail.arms import Arm, ArmsCache
 from controller.rail.bandit import BanditLearner, Decision, normalise, sample_index
 from controller.rail.behaviour import BehaviourPolicy
 from controller.rail.config import RailConfig
@@ -64,19 +64,17 @@ class Decider:
         self.learner = learner
         self.behaviour = behaviour
         self._rng = random.Random(seed)
-        self._splits: dict[int, tuple[tuple[Arm, ...], int | None, tuple[int, ...]]] = {}
+        self._splits = ArmsCache()
 
-    def _split(self, arms: tuple[Arm, ...]) -> tuple[int | None, tuple[int, ...]]:
-        """The no-op's index and the interventions', per arms tuple (a controller has a few)."""
-        entry = self._splits.get(id(arms))
-        if entry is None or entry[0] is not arms:  # the entry keeps the tuple, so ids stay unique
-            noop = next((i for i, a in enumerate(arms) if a.is_noop), None)
-            entry = self._splits[id(arms)] = (arms, noop, tuple(i for i, a in enumerate(arms) if not a.is_noop))
-        return entry[1], entry[2]
+    @staticmethod
+    def _split(arms: tuple[Arm, ...]) -> tuple[int | None, tuple[int, ...]]:
+        """The no-op's index and the interventions'."""
+        noop = next((i for i, a in enumerate(arms) if a.is_noop), None)
+        return noop, tuple(i for i, a in enumerate(arms) if not a.is_noop)
 
     def live_distribution(self, context: Context, probs: tuple[float, ...], gains: tuple[float, ...]) -> tuple[float, ...]:
         """The learned distribution after the live threshold rule."""
-        noop, interventions = self._split(context.arms)
+        noop, interventions = self._splits.get(context.arms, self._split)
         if noop is None or not interventions:
             return probs
         if max(gains[i] for i in interventions) > self.config.gain_threshold:

@@ -116,20 +116,18 @@ class VWLearner(BanditLearner):
         # the shared line is one '%' over a template made once per key set.
         features = context.features
         lines = [self._shared_template(tuple(features)) % tuple(features.values())]
-        name = self._name
-        for arm, cost in zip(context.arms, context.costs):
-            head = self._arm_heads.get(arm.name)
-            if head is None:
-                # Everything but the cost is fixed per arm: format it once.
-                feats = arm.features(0.0)
-                feats.pop("cost_k", None)
-                head = self._arm_heads[arm.name] = "|a " + " ".join(f"{name(k)}:{v:.6g}" for k, v in feats.items())
-            lines.append(f"{head} cost_k:{cost / 1000.0:.6g}" if not arm.is_noop else head)
+        lines.extend(self._arm_line(arm, cost) for arm, cost in zip(context.arms, context.costs))
         return lines
 
-    # pyvw's Example wrappers cost about 25 us per line; the native calls below do the same
-    # work (parse, predict/learn, finish) in a third of the time, which matters at 12 lines a
-    # decision. ``get_action_scores`` returns the probabilities in action order.
+    def _arm_line(self, arm: Arm, cost: float) -> str:
+        head = self._arm_heads.get(arm.name)
+        if head is None:
+            # Everything but the cost is fixed per arm: format it once.
+            feats = arm.features(0.0)
+            feats.pop("cost_k", None)
+            head = self._arm_heads[arm.name] = "|a " + " ".join(f"{self._name(k)}:{v:.6g}" for k, v in feats.items())
+        return f"{head} cost_k:{cost / 1000.0:.6g}" if not arm.is_noop else head
+
     def distribution(self, context: Context) -> tuple[tuple[float, ...], tuple[float, ...]]:
         if not self.snapshot_every:
             return super().distribution(context)
@@ -146,9 +144,6 @@ class VWLearner(BanditLearner):
             raise ValueError("a context has no arms; a decision needs at least one arm")
         snapshot = self._snapshot_for(contexts)
         return [self._from_gains(snapshot, gains) for gains in snapshot.gains_many(contexts)]
-
-    def _distribution(self, context: Context) -> tuple[Sequence[float], Sequence[float]]:
-        return self._vw_distribution(context)  # without a snapshot: VW's own SquareCB
 
     # --- the snapshot scorer ---------------------------------------------------------------
 
@@ -180,13 +175,10 @@ class VWLearner(BanditLearner):
         """VW's predicted cost of every ``(shared features, arm, expected tokens)`` probe, as the
         action lines of one example without a shared line (each line carries its own ``s``)."""
         name = self._name
-        heads: dict[tuple[str, float], str] = {}
         shared: dict[int, str] = {}  # the probes share a few feature dicts
         lines = []
         for features, arm, cost in probes:
-            head = heads.get((arm.name, cost))
-            if head is None:
-                head = heads[arm.name, cost] = self._lines(Context("probe", {}, (arm,), (cost,)))[1]
+            head = self._arm_line(arm, cost)
             s = shared.get(id(features))
             if s is None:
                 s = shared[id(features)] = " ".join(f"{name(k)}:{v:.6g}" for k, v in features.items())
@@ -199,16 +191,19 @@ class VWLearner(BanditLearner):
         finally:
             pylibvw.vw._finish_example_multi_ex(vw, examples)
 
-    def _from_gains(self, snapshot: LinearSnapshot, gains) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    def _from_gains(self, snapshot: LinearSnapshot, gains: list[float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
         # VW's SquareCB: gamma = gamma_scale * t ** gamma_exponent, t = examples learned (0: uniform).
         # Every probability it gives is positive and they sum to 1, so no normalising is needed.
-        gains = tuple(gains.tolist() if hasattr(gains, "tolist") else gains)
+        gains = tuple(gains)
         gamma = self.gamma_scale * float(snapshot.learned) ** self.gamma_exponent
         return tuple(inverse_gap_weighting(gains, gamma)), gains
 
-    # --- VW itself -----------------------------------------------------------------------
+    # --- VW itself (without a snapshot, and the snapshot's probes) --------------------------
 
-    def _vw_distribution(self, context: Context) -> tuple[Sequence[float], Sequence[float]]:
+    # pyvw's Example wrappers cost about 25 us per line; the native calls below do the same
+    # work (parse, predict/learn, finish) in a third of the time, which matters at 12 lines a
+    # decision. ``get_action_scores`` returns the probabilities in action order.
+    def _distribution(self, context: Context) -> tuple[Sequence[float], Sequence[float]]:
         vw = self._vw
         examples = vw._parse("\n".join(self._lines(context)))
         try:

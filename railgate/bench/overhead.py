@@ -142,9 +142,11 @@ def _hook_config(cfg: RunConfig, groups: int, gate: str, controller: str) -> Run
     ctrl = cfg.controller
     if controller in ("rail", "rail_vw"):
         # RAIL acting (live) from the first decision, with its default VW backend.
-        every = 0 if controller == "rail_vw" else ctrl.rail.vw_snapshot_every or RailConfig().vw_snapshot_every
-        rail = dataclasses.replace(ctrl.rail, mode="live", auto_promote=False, backend="vw", vw_snapshot_every=every,
-                                   batch_token_decisions=controller == "rail")
+        new_path = controller == "rail"  # the defaults' snapshot and batching, or neither
+        rail = dataclasses.replace(
+            ctrl.rail, mode="live", auto_promote=False, backend="vw", batch_token_decisions=new_path,
+            vw_snapshot_every=RailConfig().vw_snapshot_every if new_path else 0,
+        )
         ctrl = dataclasses.replace(ctrl, kind="rail", rail=rail)
     else:
         ctrl = dataclasses.replace(ctrl, kind="none")
