@@ -19,7 +19,7 @@ def test_torch_config_trains_end_to_end(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     args = [sys.executable, str(ROOT / "run.py"), "--config", "configs/default.yaml", "--no-progress",
             "--set", f"run_dir={tmp_path}", "--set", "model.warm_start_steps=40", "--set", "orchestrator.steps=3",
-            "--set", "orchestrator.eval_every=3", "--set", "orchestrator.batch_groups=8", "--set", "orchestrator.batch_rollouts=64",
+            "--set", "orchestrator.eval_every=3", "--set", "orchestrator.batch_groups=8",
             "--set", "data.num_train_prompts=256", "--set", "data.num_eval_prompts=32", "--set", "log.checkpoint_every=3",
             "--set", "gate.kind=uniform", "--set", "learner.micro_batch=16"]  # 4 micro-batches: both noise scales
     result = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
