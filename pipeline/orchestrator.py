@@ -198,7 +198,7 @@ class Orchestrator:
                 elif isinstance(msg, ControllerActions):
                     self._do(tracker.on_controller_actions(msg.actions))
                 elif isinstance(msg, DecideQueued):
-                    self._do(tracker.on_controller_actions(None))
+                    self._do(tracker.on_decide_queued())
                 self._do(tracker.ship_ready())
                 if self._inline_learner:
                     await self._train_inline()

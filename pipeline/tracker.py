@@ -291,18 +291,19 @@ class GroupTracker:
         self._execute(final, source="gate")
         return self._output()
 
-    def on_controller_actions(self, actions: Sequence[GroupAction] | None) -> TrackerOutput:
-        """Actions the controller chose at token-level decision points (``None``: the points it
-        queued, decided now in one batch)."""
-        if actions is None:
-            self._flush_sent = False
-            actions = self.controller.flush_decisions()
+    def on_controller_actions(self, actions: Sequence[GroupAction]) -> TrackerOutput:
+        """Actions the controller chose at a token-level decision point."""
         self._execute(actions, source="controller")
         return self._output()
 
+    def on_decide_queued(self) -> TrackerOutput:
+        """The token-level decision points the controller queued, decided now in one batch."""
+        self._flush_sent = False
+        return self.on_controller_actions(self.controller.flush_decisions())
+
     def flush_wanted(self) -> bool:
         """True once per batch of queued token-level decision points (then a ``DecideQueued``
-        goes to the tracking loop, which decides them with ``on_controller_actions(None)``)."""
+        goes to the tracking loop, which decides them with ``on_decide_queued``)."""
         if self._flush_sent or not self._token_hooks or not getattr(self.controller, "queued_decisions", 0):
             return False
         self._flush_sent = True
