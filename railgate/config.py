@@ -27,7 +27,7 @@ from learner.config import LearnerConfig
 from pipeline.config.sections import DataConfig, EngineConfig, LogConfig, OrchestratorConfig, SimConfig, TorchEngineConfig
 from pipeline.policy.config import BaseModelConfig
 from pipeline.tasks.config import TaskConfig
-from pipeline.config.build import ConfigError, apply_overrides, build, load_yaml, merge, require, to_dict
+from pipeline.config.build import ConfigError, apply_overrides, build, load_yaml, merge, require, shorten, to_dict
 
 
 ROLLOUT_STEP_GATES = ("uniform", "sara", "dps", "sara_dps")
@@ -93,7 +93,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, bas
     """Read ``path`` (or the defaults), apply ``overrides``, validate."""
     data = merge(base or {}, load_yaml(path) if path else {})
     data = apply_overrides(data, overrides or [])
-    return build(RunConfig, fill_lengths(data))
+    return build(RunConfig, fill_step(fill_lengths(data)))
 
 
 PROJECT_MODEL_MAX_TOKENS = 16
@@ -135,8 +135,48 @@ def fill_lengths(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+STEP_AUTO = "auto"
+"""``orchestrator.batch_rollouts: auto``: a learner step of ``batch_groups * group_size`` rollouts
+generated where the gate commits group by group (``ROLLOUT_STEP_GATES``), ``batch_groups``
+committed groups with the others."""
+
+
+def fill_step(data: dict[str, Any]) -> dict[str, Any]:
+    """Resolve ``orchestrator.batch_rollouts: auto`` into the number it stands for, so the built
+    (and saved) config holds a plain integer that follows the run's batch size and gate:
+    ``batch_groups * group_size`` with a gate that commits group by group, 0 (a step of
+    ``batch_groups`` committed groups) with DS, Pilot-Commit, HORA and the oracle, which fill
+    their own per-step quota.
+
+    >>> auto = ["orchestrator.batch_rollouts=auto", "orchestrator.batch_groups=4"]
+    >>> load_config(None, auto + ["gate.kind=sara"]).orchestrator.batch_rollouts
+    32
+    >>> load_config(None, auto + ["gate.kind=hora"]).orchestrator.batch_rollouts
+    0
+    """
+    orchestrator = data.get("orchestrator")
+    if not isinstance(orchestrator, dict):
+        return data
+    value = orchestrator.get("batch_rollouts")
+    if not isinstance(value, str) or value.strip().lstrip("+-").isdigit():
+        return data
+    if value.strip().lower() != STEP_AUTO:
+        raise ConfigError(f"orchestrator.batch_rollouts={shorten(value)} must be an integer (0 = a step of batch_groups "
+                          f"groups) or {STEP_AUTO!r} (batch_groups * group_size rollouts)")
+    gate = data.get("gate") if isinstance(data.get("gate"), dict) else {}
+    kind = gate.get("kind", GateConfig.__dataclass_fields__["kind"].default)
+    fields = OrchestratorConfig.__dataclass_fields__
+    try:
+        groups = int(orchestrator.get("batch_groups", fields["batch_groups"].default))
+        size = int(orchestrator.get("group_size", fields["group_size"].default))
+    except (TypeError, ValueError):
+        return {**data, "orchestrator": {**orchestrator, "batch_rollouts": 0}}  # the build names the bad value
+    resolved = groups * size if kind in ROLLOUT_STEP_GATES else 0
+    return {**data, "orchestrator": {**orchestrator, "batch_rollouts": resolved}}
+
+
 def dump_config(config: RunConfig) -> dict[str, Any]:
     return to_dict(config)
 
 
-__all__ = ["RunConfig", "load_config", "fill_lengths", "dump_config", "ConfigError"]
+__all__ = ["RunConfig", "load_config", "fill_lengths", "fill_step", "dump_config", "ConfigError"]

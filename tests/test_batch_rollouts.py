@@ -174,3 +174,39 @@ def test_a_sara_run_on_the_sim_takes_uniforms_steps():
     assert steps("uniform", per_step) == steps("uniform", 0) == 1280 // per_step
     assert steps("sara", 0) < 1280 // per_step - 1  # probes cost steps when a step is groups
     assert steps("sara", per_step) >= 1280 // per_step - 1  # not when it is rollouts
+
+
+@pytest.mark.parametrize("sets, expected", [
+    (["gate.kind=sara"], 512),
+    (["gate.kind=sara", "orchestrator.batch_groups=4", "orchestrator.group_size=6"], 24),
+    (["gate.kind=uniform", "orchestrator.batch_groups=4"], 32),
+    (["gate.kind=hora"], 0), (["gate.kind=ds"], 0), (["gate.kind=pilot_commit"], 0), (["gate.kind=oracle"], 0),
+])
+def test_auto_follows_the_batch_size_and_the_gate(sets, expected):
+    assert load_config(None, ["orchestrator.batch_rollouts=auto", *sets]).orchestrator.batch_rollouts == expected
+
+
+def test_the_cpu_default_keeps_its_step_under_overrides():
+    """The default says ``auto``: a smaller batch gets a smaller step, and a quota gate still loads."""
+    assert load_config("configs/default.yaml").orchestrator.batch_rollouts == 256
+    assert load_config("configs/default.yaml", ["orchestrator.batch_groups=4"]).orchestrator.batch_rollouts == 32
+    assert load_config("configs/default.yaml", ["gate.kind=pilot_commit"]).orchestrator.batch_rollouts == 0
+
+
+def test_a_word_other_than_auto_is_refused_with_the_choices():
+    with pytest.raises(ConfigError, match=r"batch_rollouts='half' must be an integer .* or 'auto'"):
+        load_config(None, ["orchestrator.batch_rollouts=half"])
+
+
+def test_bench_policies_define_their_own_step_on_an_auto_base():
+    """On the CPU default (``auto``), the bench's ``sara`` is plain SARA and ``sara_rollouts`` the
+    rollout-defined step; a ``--set`` still wins."""
+    from railgate.bench.allocation import RunSpec
+
+    def step(policy: str, extra: tuple[str, ...] = ()) -> int:
+        return RunSpec("configs/default.yaml", "", "", policy, 0, 1024, extra=extra).config().orchestrator.batch_rollouts
+
+    assert step("sara") == 0 and step("uniform") == 0
+    assert step("sara_rollouts") == 256
+    assert step("sara_rollouts", ("orchestrator.batch_groups=8",)) == 64
+    assert step("sara", ("orchestrator.batch_rollouts=128",)) == 128

@@ -141,7 +141,9 @@ class OrchestratorConfig:
     abandoned groups counted toward the step they were spent in -- so every gate takes the
     same number of optimiser steps for the same rollout budget. Streaming gates only
     (uniform, sara, dps, sara_dps); admission then plans for ``ceil(N / group_size)`` groups
-    per step (``step_groups``)."""
+    per step (``step_groups``). ``auto`` in a config file or ``--set`` stands for
+    ``batch_groups * group_size`` with those gates and 0 with the others (resolved when the
+    config is loaded: ``railgate.config.fill_step``)."""
     group_size: int = 8
     """Target samples per group (G)."""
     max_tokens: int = 256
@@ -199,7 +201,7 @@ class OrchestratorConfig:
         require(self.batch_rollouts == 0 or self.batch_rollouts >= self.group_size,
                 f"orchestrator.batch_rollouts={self.batch_rollouts} must be 0 (off: batch_groups groups per step) or at "
                 f"least group_size={self.group_size} (one full group per step); e.g. batch_groups*group_size="
-                f"{self.batch_groups * self.group_size}")
+                f"{self.batch_groups * self.group_size}, or auto for that")
         for key, limit in (("batch_groups", 65536), ("batch_rollouts", 1 << 28), ("group_size", 4096), ("max_tokens", 1 << 20), ("steps", 10**8),
                            ("max_concurrent_samples", 1 << 20), ("max_open_groups", 1 << 20), ("stream_buffer", 1 << 20),
                            ("reward_threads", 1024)):

@@ -8,9 +8,10 @@ policies of RAIL are SARA plus a controller:
   watches.
 * ``sara_rail`` -- the learned controller acting from the first decision and learning online.
 * ``sara_rollouts`` -- SARA with a learner step of ``batch_groups * group_size`` rollouts
-  generated (``orchestrator.batch_rollouts``, set per run from its batch size by
-  ``step_rollouts``): abandoned probes count toward the step they were spent in, so it takes
-  GRPO's number of optimiser steps for the same budget.
+  generated (``orchestrator.batch_rollouts=auto``): abandoned probes count toward the step they
+  were spent in, so it takes GRPO's number of optimiser steps for the same budget. Every other
+  policy runs with a step of ``batch_groups`` committed groups (``step_overrides``), whatever the
+  base config says, unless a ``--set`` says otherwise.
 * ``sara_rail_s2l`` -- shadow-to-live: the heuristic acts (with exploration) until the
   doubly-robust lower bound says the learned policy is better, then the learned policy acts.
 
@@ -36,7 +37,7 @@ POLICIES: dict[str, tuple[str, ...]] = {
     "pilot_commit": ("gate.kind=pilot_commit",),
     "hora": ("gate.kind=hora",),
     "sara": ("gate.kind=sara",),
-    "sara_rollouts": ("gate.kind=sara",),  # + orchestrator.batch_rollouts from step_rollouts
+    "sara_rollouts": ("gate.kind=sara", "orchestrator.batch_rollouts=auto"),
     "sara_eager": ("gate.kind=sara", "gate.sara.launch=eager"),
     "sara_stream": ("gate.kind=sara", "gate.sara.launch=streaming"),
     "dps": ("gate.kind=dps",),
@@ -60,14 +61,16 @@ STEP_BY_ROLLOUTS = frozenset({"sara_rollouts"})
 """Policies whose learner step is the run's ``batch_groups * group_size`` rollouts generated."""
 
 
-def step_rollouts(policy: str, batch_groups: int, group_size: int) -> list[str]:
-    """The override that makes ``policy``'s learner step rollouts, for a run of that batch size
-    (none for the other policies).
+def step_overrides(policy: str) -> list[str]:
+    """What defines ``policy``'s learner step, put before the run's own ``--set`` overrides: a
+    step of committed groups for every policy but those in ``STEP_BY_ROLLOUTS`` (which carry
+    ``batch_rollouts=auto`` themselves), so a base config with ``batch_rollouts`` (the CPU
+    default's ``auto``) does not turn ``sara`` into ``sara_rollouts``.
 
-    >>> step_rollouts("sara_rollouts", 8, 8), step_rollouts("sara", 8, 8)
-    (['orchestrator.batch_rollouts=64'], [])
+    >>> step_overrides("sara"), step_overrides("sara_rollouts")
+    (['orchestrator.batch_rollouts=0'], [])
     """
-    return [f"orchestrator.batch_rollouts={batch_groups * group_size}"] if policy in STEP_BY_ROLLOUTS else []
+    return [] if policy in STEP_BY_ROLLOUTS else ["orchestrator.batch_rollouts=0"]
 
 
 def overrides(policy: str) -> list[str]:
