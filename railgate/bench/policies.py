@@ -57,8 +57,8 @@ RAIL = ("uniform", "sara", "sara_arpo", "sara_rail", "sara_rail_s2l", "oracle")
 """``bench rail``: SARA alone, with the heuristic, with the learned controller; GRPO and the floor."""
 
 
-STEP_BY_ROLLOUTS = frozenset({"sara_rollouts"})
-"""Policies whose learner step is the run's ``batch_groups * group_size`` rollouts generated."""
+STEP_BY_ROLLOUTS = frozenset(p for p, sets in POLICIES.items() if any(s.startswith("orchestrator.batch_rollouts=") for s in sets))
+"""Policies that set their own learner step (``sara_rollouts``: ``batch_rollouts=auto``)."""
 
 
 def step_overrides(policy: str) -> list[str]:
