@@ -31,7 +31,7 @@ from pipeline.clock import VirtualClock, WallClock
 from pipeline.sim.engine import SimEngine
 from pipeline.hooktimer import HookTimer
 from pipeline.store.tracelog import read_trace
-from pipeline.types import SampleRequest
+from pipeline.types import SampleRequest, TokenDelta
 from railgate.build import build_components, build_orchestrator
 from controller.rail.config import RailConfig
 from railgate.config import RunConfig
@@ -39,12 +39,26 @@ from railgate.report import markdown_table
 from railgate.train import train
 
 
-class _Recorder:
-    """Wraps an engine and keeps every request it was asked to stream (setup pass only)."""
+@dataclasses.dataclass(slots=True)
+class _Span:
+    """One recorded stream: when it was open (engine-clock seconds) and what it delivered."""
 
-    def __init__(self, engine: Any):
+    opened: float
+    closed: float = math.nan
+    tokens: int = 0
+    finished: bool = False  # the stream reached its SampleFinished (not cut by an abort or the run's end)
+
+
+class _Recorder:
+    """Wraps an engine and keeps every request it was asked to stream; with ``timed``, also each
+    stream's span (that wrapping costs a little per event, so timed recorders are used in untimed
+    setup passes only)."""
+
+    def __init__(self, engine: Any, timed: bool = True):
         self._engine = engine
+        self._timed = timed
         self.requests: list[SampleRequest] = []
+        self.spans: list[_Span] = []
         self.name = engine.name
 
     def __getattr__(self, name: str) -> Any:
@@ -52,10 +66,51 @@ class _Recorder:
 
     def stream(self, request: SampleRequest):
         self.requests.append(request)
-        return self._engine.stream(request)
+        if not self._timed:
+            return self._engine.stream(request)
+        span = _Span(self._engine.clock.now())
+        self.spans.append(span)
+        return _TimedStream(self._engine.stream(request), self._engine.clock, span)
+
+    def mean_in_flight(self) -> float:
+        """Samples streaming at once, averaged over the engine-clock time from the first stream
+        opened to the last one closed (a stream never closed counts until then)."""
+        closed = [s.closed for s in self.spans if not math.isnan(s.closed)]
+        if not closed:
+            return 0.0
+        start, end = min(s.opened for s in self.spans), max(closed)
+        busy = sum((end if math.isnan(s.closed) else s.closed) - s.opened for s in self.spans)
+        return busy / (end - start) if end > start else 0.0
+
+    def cut_after(self) -> list[int | None]:
+        """Per request: the tokens after which the pipeline stopped it, or None if it ran to the end."""
+        return [None if s.finished else s.tokens for s in self.spans]
 
 
-def _pipeline_pass(cfg: RunConfig, work_dir: Path, record: bool = False) -> tuple[float, int, list[SampleRequest]]:
+class _TimedStream:
+    """An engine stream that fills in its ``_Span``."""
+
+    def __init__(self, inner: Any, clock: Any, span: _Span):
+        self._inner, self._clock, self._span = inner, clock, span
+
+    def __aiter__(self) -> "_TimedStream":
+        return self
+
+    async def __anext__(self) -> Any:
+        event = await self._inner.__anext__()
+        if type(event) is TokenDelta:
+            self._span.tokens += len(event.token_ids)
+        elif event.finish_reason.is_success:
+            self._span.finished = True
+        return event
+
+    async def aclose(self) -> None:
+        if math.isnan(self._span.closed):
+            self._span.closed = self._clock.now()
+        await self._inner.aclose()
+
+
+def _pipeline_pass(cfg: RunConfig, work_dir: Path, record: bool = False) -> tuple[float, int, _Recorder | None]:
     from pipeline.store.buffer import ArrowBuffer
     from pipeline.store.tracelog import TraceLog
 
@@ -71,54 +126,82 @@ def _pipeline_pass(cfg: RunConfig, work_dir: Path, record: bool = False) -> tupl
     elapsed = time.perf_counter() - started
     trace.close()
     buffer.close()
-    requests = engine.requests if record else []
-    return elapsed, summary.budget.rollouts_started, requests
+    return elapsed, summary.budget.rollouts_started, engine if record else None
 
 
-def _raw_pass(cfg: RunConfig, requests: list[SampleRequest]) -> float:
+def _raw_pass(cfg: RunConfig, requests: list[SampleRequest], cut_after: list[int | None] | None = None) -> float:
+    """Stream ``requests`` through a fresh engine with no pipeline: one task per request under the
+    same concurrency limit. With ``cut_after``, a request the pipeline stopped early (an abandoned
+    group, the run's end) is aborted after the same number of tokens, so both do the same work."""
     comps = build_components(cfg)
     engine: SimEngine = comps.engine
     limiter = anyio.Semaphore(cfg.orchestrator.max_concurrent_samples)
+    cuts = cut_after or [None] * len(requests)
 
-    async def consume(stream) -> None:
+    async def consume(request: SampleRequest, stream, cut: int | None) -> None:
+        streamed = 0
         try:
-            async for _ in stream:
-                pass
+            async for event in stream:
+                if type(event) is TokenDelta:
+                    streamed += len(event.token_ids)
+                    if cut is not None and streamed >= cut:
+                        await engine.abort(request.request_id)
+                        break
         finally:
             await stream.aclose()
             limiter.release()
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:
-            for request in requests:
+            for request, cut in zip(requests, cuts):
                 await limiter.acquire()
                 request = dataclasses.replace(request, launch_time=engine.clock.now())
-                tg.start_soon(consume, engine.stream(request))
+                tg.start_soon(consume, request, engine.stream(request), cut)
 
     started = time.perf_counter()
     anyio.run(main)
     return time.perf_counter() - started
 
 
-def throughput(cfg: RunConfig, out: Path, repeats: int = 3) -> list[dict[str, Any]]:
+# Throughput passes: (label, real-time engine model, max_async_steps override or None = the config's).
+# The third pass lifts the step-ahead limit by one step: with one, open groups whose last samples
+# are still running (and committed groups waiting for a batch) hold the admission room, so fewer
+# samples stream than the concurrency limit allows; the pass shows what that bound costs,
+# separately from the pipeline's own work.
+THROUGHPUT_PASSES: tuple[tuple[str, bool, int | None], ...] = (
+    ("virtual (CPU-bound)", False, None),
+    ("real-time engine model", True, None),
+    ("real-time engine model", True, 2),
+)
+
+
+def throughput(cfg: RunConfig, out: Path, repeats: int = 3,
+               passes: tuple[tuple[str, bool, int | None], ...] = THROUGHPUT_PASSES) -> list[dict[str, Any]]:
+    """The full pipeline against the raw engine on the same requests, best of ``repeats`` each."""
     rows = []
-    for label, realtime in (("virtual (CPU-bound)", False), ("real-time engine model", True)):
+    for label, realtime, async_steps in passes:
         sim = dataclasses.replace(cfg.sim, realtime=realtime, learning_rate=0.0, prompt_learning_rate=0.0)
-        c = dataclasses.replace(cfg, sim=sim)
-        _, n, requests = _pipeline_pass(c, out / "work", record=True)
+        orch = cfg.orchestrator if async_steps is None else dataclasses.replace(cfg.orchestrator, max_async_steps=async_steps)
+        c = dataclasses.replace(cfg, sim=sim, orchestrator=orch)
+        _, n, recorder = _pipeline_pass(c, out / "work", record=True)
+        assert recorder is not None
         pipe_times, raw_times = [], []
         for _ in range(repeats):
             pipe_times.append(_pipeline_pass(c, out / "work")[0])
-            raw_times.append(_raw_pass(c, requests[:n]))
+            raw_times.append(_raw_pass(c, recorder.requests[:n], recorder.cut_after()[:n]))
         pipe, raw = min(pipe_times), min(raw_times)
         rows.append({
             "engine time": label,
+            "max_async_steps": orch.max_async_steps,
             "rollouts": n,
+            "pipeline samples in flight": recorder.mean_in_flight(),
+            "concurrency limit": orch.max_concurrent_samples,
             "raw rollouts/s": n / raw,
             "pipeline rollouts/s": n / pipe,
             "ratio": raw / pipe,
             "overhead us/rollout": (pipe - raw) / n * 1e6,
         })
+        print(rows[-1], flush=True)
     return rows
 
 
@@ -165,18 +248,32 @@ def hook_latency(
 ) -> list[dict[str, Any]]:
     """Per level and (gate, controller): the decision hook's p50/p99 (snapshot + gate + controller
     per finished sample), RAIL's own decisions (group and token decision points; amortised per
-    decision when decided in batches) and the whole pipeline's cost per rollout."""
+    decision when decided in batches) and the whole pipeline's cost per rollout.
+
+    At each level the first variant's requests are streamed again through the raw engine (one
+    task per request, the same concurrency limit, no pipeline): its CPU per rollout is what the
+    engine and one task per sample cost by themselves, and each row's *over raw* column is the
+    pipeline's CPU per rollout less that."""
     rows = []
     for groups in levels:
-        for gate, controller in variants:
+        raw_cpu_us = math.nan
+        for k, (gate, controller) in enumerate(variants):
             c = _hook_config(cfg, groups, gate, controller)
             comps = build_components(c)
+            recorder = _Recorder(comps.engine, timed=False) if k == 0 else None
             timer = HookTimer()
-            orch = build_orchestrator(c, dataclasses.replace(comps, evaluator=None), hook_timer=timer)
+            engine = recorder if recorder is not None else comps.engine
+            orch = build_orchestrator(c, dataclasses.replace(comps, engine=engine, evaluator=None), hook_timer=timer)
             started, cpu = time.perf_counter(), time.process_time()
             summary = anyio.run(orch.run)
             elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+            n = max(1, summary.budget.rollouts_started)
+            if recorder is not None:
+                raw_started = time.process_time()
+                _raw_pass(c, recorder.requests[:n])
+                raw_cpu_us = (time.process_time() - raw_started) / n * 1e6
             decisions = list(getattr(comps.controller, "latency_ns", ()))
+            cpu_us = cpu / n * 1e6
             rows.append({
                 "concurrent groups": groups,
                 "gate": gate,
@@ -188,9 +285,11 @@ def hook_latency(
                 "decision p50 us": _percentile_us(decisions, 50),
                 "decision p99 us": _percentile_us(decisions, 99),
                 "rollouts": summary.budget.rollouts_started,
-                "pipeline us/rollout": elapsed / max(1, summary.budget.rollouts_started) * 1e6,
+                "pipeline us/rollout": elapsed / n * 1e6,
                 # CPU time of this process: what the pipeline costs, less exposed to other load.
-                "pipeline CPU us/rollout": cpu / max(1, summary.budget.rollouts_started) * 1e6,
+                "pipeline CPU us/rollout": cpu_us,
+                "raw engine CPU us/rollout": raw_cpu_us,
+                "over raw CPU us/rollout": cpu_us - raw_cpu_us,
             })
             print(rows[-1], flush=True)
     return rows

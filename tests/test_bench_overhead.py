@@ -1,0 +1,58 @@
+"""``bench overhead``'s throughput comparison: the raw engine replays exactly the pipeline's work."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from railgate.bench import overhead
+from railgate.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def small_config(gate: str = "uniform"):
+    cfg = load_config(ROOT / "configs" / "bench_overhead.yaml")
+    orch = dataclasses.replace(cfg.orchestrator, batch_groups=8, steps=3, max_concurrent_samples=32, max_open_groups=16)
+    return dataclasses.replace(cfg, orchestrator=orch, gate=dataclasses.replace(cfg.gate, kind=gate))
+
+
+def test_the_raw_pass_stops_each_request_where_the_pipeline_did(tmp_path, monkeypatch):
+    cfg = small_config("sara")  # SARA abandons groups: their samples are cut mid-stream
+    _, n, recorder = overhead._pipeline_pass(cfg, tmp_path / "work", record=True)
+    cuts = recorder.cut_after()[:n]
+    assert any(c is not None for c in cuts) and any(c is None for c in cuts)
+
+    replayed = []
+    build = overhead.build_components
+
+    def recording_build(c):
+        comps = build(c)
+        replayed.append(overhead._Recorder(comps.engine))
+        return dataclasses.replace(comps, engine=replayed[-1])
+
+    monkeypatch.setattr(overhead, "build_components", recording_build)
+    overhead._raw_pass(cfg, recorder.requests[:n], cuts)
+    raw = replayed[0].spans
+    assert len(raw) == n
+    for mine, theirs in zip(recorder.spans[:n], raw):
+        assert theirs.tokens == mine.tokens
+        assert theirs.finished == mine.finished
+
+
+def test_mean_in_flight_is_the_time_average_of_open_streams():
+    rec = overhead._Recorder.__new__(overhead._Recorder)
+    rec.spans = [overhead._Span(0.0, 2.0), overhead._Span(0.0, 1.0), overhead._Span(1.0, 2.0), overhead._Span(1.5)]
+    # 2 + 1 + 1 + 0.5 (the unclosed stream counts until the last close) over 2 seconds
+    assert rec.mean_in_flight() == pytest.approx(2.25)
+
+
+def test_throughput_rows_name_their_step_ahead_limit_and_concurrency(tmp_path):
+    passes = (("virtual", False, None), ("virtual", False, 2))
+    rows = overhead.throughput(small_config(), tmp_path, repeats=1, passes=passes)
+    assert [r["max_async_steps"] for r in rows] == [1, 2]
+    for r in rows:
+        assert 0 < r["pipeline samples in flight"] <= r["concurrency limit"] == 32
+        assert r["ratio"] > 0 and r["rollouts"] >= 3 * 8 * 8
