@@ -3,12 +3,15 @@
 1. **Throughput**: the full pipeline (uniform gate, no-op controller, rewards, tracker, Arrow
    buffer, trace log, sim learner with a zero learning rate so every pass does identical work)
    against the raw engine streaming exactly the same requests with the same concurrency limit,
-   interleaved in one process, best of ``repeats``. Two engine-time models:
+   each request the pipeline stopped early aborted after the same tokens, interleaved in one
+   process, best of ``repeats``. Two engine-time models:
    *virtual* (the sim flat out: pure Python cost per rollout, the worst case for the ratio) and
    *real time* (the sim sleeps through decode time like a real engine; the ratio that matters
-   when the engine is the bottleneck, as a GPU engine is).
+   when the engine is the bottleneck, as a GPU engine is), the latter also with one more step of
+   look-ahead, to separate the step-ahead bound from the pipeline's own cost.
 2. **Decision-hook latency**: p50/p99 of snapshot + ``gate.update`` + ``controller.on_group`` at
-   64, 512 and 4096 concurrent groups, with the per-rollout cost at each level.
+   64, 512 and 4096 concurrent groups, with the per-rollout cost at each level and the raw
+   engine's on the same level's requests.
 3. **Long run**: a small-batch sim run of many steps; resident memory after the warm-up and at
    the end, and the trace log re-read every so often while it is written.
 """
