@@ -216,8 +216,12 @@ class DpsConfig:
     """Per learner step probability a solved prompt falls back to partly solved."""
     prior: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
     """Belief over (unsolved, partly, solved) of a never-seen prompt at step 0."""
-    explore: float = 0.1
-    """Share of picks taken from the plain pool cursor, so every prompt is eventually seen."""
+    explore: float = 0.0
+    """Share of picks taken from the plain pool cursor instead."""
+    candidate_ratio: int = 8
+    """Random free prompts ranked per pick; the likeliest partly solved of them is taken (the
+    authors' released configs rank a random candidate batch 8x the training batch). 0 ranks
+    the whole free pool, which concentrates training on a few prompts."""
 
     def __post_init__(self) -> None:
         key = "gate.dps"
@@ -239,6 +243,10 @@ class DpsConfig:
             f"{key}.prior={tuple(self.prior)} must be three non-negative probabilities summing to 1",
         )
         require(0 <= self.explore <= 1, f"{key}.explore={self.explore} must be in [0, 1]")
+        require(
+            self.candidate_ratio >= 0,
+            f"{key}.candidate_ratio={self.candidate_ratio} must be >= 0 (0 = rank the whole free pool; 8 = the authors' setting)",
+        )
 
 
 @dataclass(frozen=True)

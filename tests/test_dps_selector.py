@@ -94,12 +94,38 @@ def test_exploration_reaches_every_prompt():
     assert seen == set(range(40))
 
 
-def test_without_exploration_the_favourites_monopolise():
-    s = DpsSelector(pool_of(40), seed=1, explore=0.0)
+def test_ranking_the_whole_pool_lets_the_favourites_monopolise():
+    s = DpsSelector(pool_of(40), seed=1, explore=0.0, candidate_ratio=0)
     for pid in range(5):
         s.observe(pid, 4, 8)
-    got = s.take(4)
-    assert {p.prompt_id for p in got} <= set(range(5))
+    for _ in range(50):
+        got = s.take(4)
+        assert {p.prompt_id for p in got} <= set(range(5))
+        for p in got:
+            s.release(p.prompt_id)
+
+
+def test_a_random_candidate_set_bounds_how_often_a_favourite_is_picked():
+    """Each pick is the best of ``candidate_ratio`` random free prompts: a prompt that beats every
+    other is picked about candidate_ratio / pool size of the time, not every time."""
+    s = DpsSelector(pool_of(100), seed=4, explore=0.0, candidate_ratio=8)
+    s.observe(7, 4, 8)  # the one prompt that looks partly solved
+    picks, seen = 0, set()
+    for _ in range(2000):
+        got = s.take(1)
+        seen.add(got[0].prompt_id)
+        picks += got[0].prompt_id == 7
+        s.release(got[0].prompt_id)
+    assert 100 < picks < 230  # expected 2000 * 8 / 100 = 160
+    assert len(seen) == 100  # and every prompt gets its turn
+
+
+def test_the_candidates_are_ranked_by_partly_solved_belief():
+    s = DpsSelector(pool_of(100), seed=5, explore=0.0, candidate_ratio=8)
+    for pid in range(0, 100, 2):
+        s.observe(pid, 0, 8)  # even prompts look unsolved
+    got = [p.prompt_id for p in s.take(4)]  # the top 4 of 32 random candidates
+    assert all(pid % 2 == 1 for pid in got)  # 16 odd candidates expected; the top 4 are odd
 
 
 def test_checkpoint_restores_beliefs_busy_and_randomness():
@@ -128,6 +154,7 @@ def test_checkpoint_restores_beliefs_busy_and_randomness():
         ({"success_rates": (0.0, 0.5, 0.9)}, "strictly between"),
         ({"prior": (0.5, 0.5, 0.5)}, "summing to 1"),
         ({"explore": 1.5}, "explore"),
+        ({"candidate_ratio": -1}, "candidate_ratio"),
         ({"partly_to_solved": 0.7, "partly_to_unsolved": 0.5}, "exceeds 1"),
     ],
 )
