@@ -209,4 +209,5 @@ def test_bench_policies_define_their_own_step_on_an_auto_base():
     assert step("sara") == 0 and step("uniform") == 0
     assert step("sara_rollouts") == 256
     assert step("sara_rollouts", ("orchestrator.batch_groups=8",)) == 64
+    assert step("sara_dps") == 0 and step("sara_dps_rollouts") == 256
     assert step("sara", ("orchestrator.batch_rollouts=128",)) == 128

@@ -12,6 +12,7 @@ policies of RAIL are SARA plus a controller:
   were spent in, so it takes GRPO's number of optimiser steps for the same budget. Every other
   policy runs with a step of ``batch_groups`` committed groups (``step_overrides``), whatever the
   base config says, unless a ``--set`` says otherwise.
+* ``sara_dps_rollouts`` -- SARA on DPS-selected prompts with the same learner step of rollouts.
 * ``sara_rail_s2l`` -- shadow-to-live: the heuristic acts (with exploration) until the
   doubly-robust lower bound says the learned policy is better, then the learned policy acts.
 
@@ -22,7 +23,7 @@ policies of RAIL are SARA plus a controller:
 >>> overrides("nope")
 Traceback (most recent call last):
 ...
-pipeline.config.build.ConfigError: unknown policy 'nope'; choose from uniform, ds, pilot_commit, hora, sara, sara_rollouts, sara_eager, sara_stream, dps, sara_dps, oracle, sara_arpo, sara_rail, sara_rail_s2l
+pipeline.config.build.ConfigError: unknown policy 'nope'; choose from uniform, ds, pilot_commit, hora, sara, sara_rollouts, sara_dps_rollouts, sara_eager, sara_stream, dps, sara_dps, oracle, sara_arpo, sara_rail, sara_rail_s2l
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ POLICIES: dict[str, tuple[str, ...]] = {
     "hora": ("gate.kind=hora",),
     "sara": ("gate.kind=sara",),
     "sara_rollouts": ("gate.kind=sara", "orchestrator.batch_rollouts=auto"),
+    "sara_dps_rollouts": ("gate.kind=sara_dps", "orchestrator.batch_rollouts=auto"),
     "sara_eager": ("gate.kind=sara", "gate.sara.launch=eager"),
     "sara_stream": ("gate.kind=sara", "gate.sara.launch=streaming"),
     "dps": ("gate.kind=dps",),
@@ -58,7 +60,7 @@ RAIL = ("uniform", "sara", "sara_arpo", "sara_rail", "sara_rail_s2l", "oracle")
 
 
 STEP_BY_ROLLOUTS = frozenset(p for p, sets in POLICIES.items() if any(s.startswith("orchestrator.batch_rollouts=") for s in sets))
-"""Policies that set their own learner step (``sara_rollouts``: ``batch_rollouts=auto``)."""
+"""Policies that set their own learner step (``sara_rollouts``, ``sara_dps_rollouts``: ``batch_rollouts=auto``)."""
 
 
 def step_overrides(policy: str) -> list[str]:
