@@ -144,6 +144,9 @@ def _raw_pass(cfg: RunConfig, requests: list[SampleRequest], cut_after: list[int
     async def consume(request: SampleRequest, stream, cut: int | None) -> None:
         streamed = 0
         try:
+            if cut == 0:  # the pipeline stopped it before its first tokens
+                await engine.abort(request.request_id)
+                return
             async for event in stream:
                 if type(event) is TokenDelta:
                     streamed += len(event.token_ids)
