@@ -100,7 +100,7 @@ from pipeline.engines.request import RequestStream, check_request, wake_next_col
 from pipeline.engines.torch_batch import DecodeBatch, RowSpec, StepOutput
 from pipeline.engines.torch_sampling import stream_key
 from pipeline.engines.torch_requests import RequestState
-from pipeline.engines.torch_worker import DecodeWorker
+from pipeline.engines.torch_worker import DecodeWorker, StepFailed
 from pipeline.types import FinishReason, RolloutEvent, SampleRequest
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -300,11 +300,13 @@ class TorchEngine(EngineBase):
             with anyio.CancelScope(shield=True):
                 results = await anyio.to_thread.run_sync(self._worker.take)
             for out in results:
-                if isinstance(out, BaseException):  # the batch was reset: every row it held failed
-                    msg = f"torch engine step failed: {type(out).__name__}: {out}"
-                    for req in list(self._rows.values()):
-                        self._end(req, FinishReason.ERROR, msg)
-                        req.wake()
+                if isinstance(out, StepFailed):  # the batch was reset: the rows it held failed
+                    msg = f"torch engine step failed: {type(out.error).__name__}: {out.error}"
+                    for key in out.keys:
+                        req = self._rows.get(key)
+                        if req is not None:
+                            self._end(req, FinishReason.ERROR, msg)
+                            req.wake()
                 else:
                     self._dispatch(out)
             self._submit()

@@ -31,8 +31,17 @@ from __future__ import annotations
 
 import threading
 from contextlib import AbstractContextManager, nullcontext
+from typing import NamedTuple
 
 from pipeline.engines.torch_batch import DecodeBatch, RowSpec, StepOutput
+
+
+class StepFailed(NamedTuple):
+    """A decode step raised: the batch was reset, and the rows it held (``keys``: resident and
+    joining) failed. Rows that join later are not touched by it."""
+
+    error: BaseException
+    keys: frozenset[int]
 
 
 class DecodeWorker:
@@ -51,7 +60,7 @@ class DecodeWorker:
         self._cv = threading.Condition()
         self._joins: dict[int, RowSpec] = {}
         self._removals: set[int] = set()
-        self._results: list[StepOutput | BaseException] = []
+        self._results: list[StepOutput | StepFailed] = []
         self._version = 0
         self._rows = 0  # rows resident after the last step
         self._running = False
@@ -82,7 +91,7 @@ class DecodeWorker:
 
     # --- called from worker threads of the event loop (they block) ------------------------
 
-    def take(self) -> list[StepOutput | BaseException]:
+    def take(self) -> list[StepOutput | StepFailed]:
         """Every step result not read yet; waits for one while the thread has work to do."""
         with self._cv:
             while not self._results and not self._stopped and self._has_work():
@@ -131,12 +140,13 @@ class DecodeWorker:
                 removals, self._removals = self._removals, set()
                 version = self._version
                 self._running = True
+            held = {row.spec.key for row in self.batch.rows} | {spec.key for spec in joins}
             try:
                 with self._lock:
-                    result: StepOutput | BaseException = self.batch.step(joins, removals, version)
+                    result: StepOutput | StepFailed = self.batch.step(joins, removals, version)
             except BaseException as exc:  # reported to the reader; the batch starts afresh
                 self.batch.reset()
-                result = exc
+                result = StepFailed(exc, frozenset(held))
             with self._cv:
                 self._running = False
                 self._rows = self.batch.num_rows - self.batch.num_finished
