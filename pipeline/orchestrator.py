@@ -186,7 +186,10 @@ class Orchestrator:
                 tracker.check_progress()
                 if tracker.stop_reason:
                     break
-                msg = await inbox.receive()
+                if tracker.decisions_queued and inbox.statistics().current_buffer_used:
+                    msg = inbox.receive_nowait()  # no checkpoint: held groups are decided within this tick
+                else:
+                    msg = await inbox.receive()
                 if isinstance(msg, SampleDone):
                     try:
                         self._do(tracker.on_sample(msg.scored))
@@ -197,7 +200,9 @@ class Orchestrator:
                     self._on_step_done(msg)
                 elif isinstance(msg, ControllerActions):
                     self._do(tracker.on_controller_actions(msg.actions))
-                elif isinstance(msg, DecideQueued):
+                # A DecideQueued only wakes the loop: queued decision points are decided once
+                # the events already waiting are handled, so that a tick's points share a batch.
+                if tracker.decide_due(inbox.statistics().current_buffer_used):
                     self._do(tracker.on_decide_queued())
                 self._do(tracker.ship_ready())
                 if self._inline_learner:

@@ -47,6 +47,10 @@ from pipeline.types import (ActionKind, BranchSpec, CommittedGroup, FinishReason
                             SampleRequest, SamplingParams, ScoredSample, TokenDelta, TrainBatch)
 
 
+DECIDE_WITHIN_EVENTS = 64
+"""Queued decision points wait at most this many tracking-loop events for their batch."""
+
+
 class GateStalled(RuntimeError):
     """Nothing is running and the gate opens no group: the run cannot make progress."""
 
@@ -119,6 +123,8 @@ class GroupTracker:
         self._out = TrackerOutput()
         self._token_hooks = controller.wants_tokens
         self._flush_sent = False
+        self._held: dict[int, list[GroupAction]] = {}  # gate proposals the controller holds until its batch is decided
+        self._events_since_flush = 0
 
     # --- what the caller reads -----------------------------------------------------------
 
@@ -284,10 +290,16 @@ class GroupTracker:
         final = self.controller.on_group(snapshot, proposed)
         if self.hook_timer is not None:
             self.hook_timer.record(time.perf_counter_ns() - started)
+        # A HOLD the gate did not propose: the controller queued a decision on this group and
+        # holds the gate's proposal until its batch is decided (``on_decide_queued``).
+        deferred = {a.group_id for a in final if a.kind is ActionKind.HOLD and a not in proposed}
         for action in proposed:
-            # The trace says what the gate proposed and whether it ran (the controller may
-            # replace an abandon by an intervention).
-            self._log_gate_decision(action, executed=action in final)
+            if action.group_id in deferred and action not in final:
+                self._held.setdefault(action.group_id, []).append(action)
+            else:
+                # The trace says what the gate proposed and whether it ran (the controller may
+                # replace an abandon by an intervention).
+                self._log_gate_decision(action, executed=action in final)
         self._execute(final, source="gate")
         return self._output()
 
@@ -297,17 +309,39 @@ class GroupTracker:
         return self._output()
 
     def on_decide_queued(self) -> TrackerOutput:
-        """The token-level decision points the controller queued, decided now in one batch."""
+        """The decision points the controller queued, decided now in one batch. A held gate
+        proposal is logged now, as executed when the controller's actions include it."""
         self._flush_sent = False
-        return self.on_controller_actions(self.controller.flush_decisions())
+        self._events_since_flush = 0
+        actions = self.controller.flush_decisions()
+        held, self._held = self._held, {}
+        for proposals in held.values():
+            for action in proposals:
+                self._log_gate_decision(action, executed=action in actions)
+        return self.on_controller_actions(actions)
 
     def flush_wanted(self) -> bool:
-        """True once per batch of queued token-level decision points (then a ``DecideQueued``
-        goes to the tracking loop, which decides them with ``on_decide_queued``)."""
+        """True once per batch of token-level decision points queued by a sample task (then a
+        ``DecideQueued`` wakes the tracking loop, which decides them once ``decide_due``)."""
         if self._flush_sent or not self._token_hooks or not getattr(self.controller, "queued_decisions", 0):
             return False
         self._flush_sent = True
         return True
+
+    @property
+    def decisions_queued(self) -> int:
+        """Decision points the controller queued and has not decided yet."""
+        return getattr(self.controller, "queued_decisions", 0)
+
+    def decide_due(self, waiting_events: int) -> bool:
+        """Whether the controller's queued decision points are to be decided now: when no event
+        is waiting for the tracking loop (the points of this tick are in), or after
+        ``DECIDE_WITHIN_EVENTS`` events, so that a loop that never drains still decides them."""
+        if not self.decisions_queued:
+            self._events_since_flush = 0
+            return False
+        self._events_since_flush += 1
+        return waiting_events == 0 or self._events_since_flush >= DECIDE_WITHIN_EVENTS
 
     def _execute(self, actions: Sequence[GroupAction], source: str) -> None:
         for action in actions:
@@ -364,6 +398,7 @@ class GroupTracker:
     def _close(self, group: GroupRun, committed: bool) -> None:
         group.closed = True
         del self._groups[group.group_id]
+        self._held.pop(group.group_id, None)
         if group.sealed:
             self._sealed_open -= 1
         self._out.cancels.extend(group.in_flight)
@@ -414,6 +449,8 @@ class GroupTracker:
         can produce another event."""
         if self._in_flight or self._launch_queue or self.batches.batches_sent > self._steps_done:
             return
+        if self.decisions_queued:
+            return  # held groups wait for the controller's batch
         if self.batches.batch_len():
             return
         if self.budget_spent():

@@ -83,6 +83,8 @@ def rescue_round(rail, gid, pays):
     (1.25 rollouts of 40 tokens) when ``pays``, else it burns 400 tokens (10 rollouts) on a
     group that is dropped anyway."""
     out = rail.on_group(snapshot(group_id=gid, tokens=400), [GroupAction(ActionKind.ABANDON, gid)])
+    if [a.kind for a in out] == [ActionKind.HOLD]:  # queued (batch_group_decisions): decided at the flush
+        out = rail.flush_decisions()
     launches = [a for a in out if a.kind is ActionKind.LAUNCH]
     if not launches:
         rail.on_closed(None, snapshot(group_id=gid))

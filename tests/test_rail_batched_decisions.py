@@ -98,6 +98,122 @@ def test_an_orchestrated_run_batches_token_decisions_and_logs_them_all(tmp_path,
 def _with_batch(init, batch):
     def patched(self, *args, **kwargs):
         kwargs.setdefault("batch_token_decisions", batch)
+        kwargs.setdefault("batch_group_decisions", batch)
         init(self, *args, **kwargs)
 
     return patched
+
+
+# --- group-level points (batch_group_decisions) ----------------------------------------------
+
+from controller.gates.uniform import UniformGate  # noqa: E402
+from controller.prompts import PromptPool  # noqa: E402
+from pipeline.config.sections import OrchestratorConfig  # noqa: E402
+from pipeline.tracker import GroupTracker  # noqa: E402
+from pipeline.types import ActionKind, FinishReason, GroupAction, Prompt, SampleFinished, ScoredSample  # noqa: E402
+
+ABANDON = GroupAction(ActionKind.ABANDON, 1, reason="sara")
+COMMIT = GroupAction(ActionKind.COMMIT, 1, reason="sara")
+
+
+def test_a_rescue_with_nothing_running_is_held_then_decided_with_the_tick_batch():
+    rail, sink = make(gain_threshold=-10.0)
+    spikes(rail, [(2, 0)])  # a token point of another group, queued in the same tick
+    out = rail.on_group(snapshot(1), [ABANDON])
+    assert [a.kind for a in out] == [ActionKind.HOLD] and out[0].group_id == 1
+    assert sink.decisions == [] and rail.queued_decisions == 2
+    actions = rail.flush_decisions()
+    assert rail.counts["decision_batches"] == 1 and [r.decision_point for r in sink.decisions] == ["token", "group_rescue"]
+    rescue = sink.by_point("group_rescue")[0]
+    mine = [a for a in actions if a.group_id == 1]
+    if rescue.chosen == "noop":
+        assert mine == [ABANDON]  # the gate's proposal, released
+    else:
+        # The intervention replaces the abandon; its samples name the logged decision.
+        assert mine and all(a.kind is ActionKind.LAUNCH and a.origin == rescue.decision_id for a in mine)
+        assert rail.counts["rescued_fail"] == 1
+    assert 0.0 < rescue.propensity <= 1.0
+
+
+def test_an_extend_is_held_then_its_commit_comes_back_with_the_intervention():
+    rail, sink = make(gain_threshold=-10.0, token_decisions=False)
+    out = rail.on_group(snapshot(1, rewards=(1.0, 0.0, 1.0, 0.0)), [COMMIT])
+    assert [a.kind for a in out] == [ActionKind.HOLD]
+    actions = rail.flush_decisions()
+    extend = sink.by_point("group_extend")
+    assert len(extend) == 1 and actions[0] == COMMIT
+    assert all(a.kind is ActionKind.LAUNCH and a.origin == extend[0].decision_id for a in actions[1:])
+    assert (len(actions) == 1) == (extend[0].chosen == "noop")
+
+
+def test_a_group_with_samples_running_is_decided_at_once():
+    rail, sink = make(gain_threshold=-10.0, token_decisions=False)
+    out = rail.on_group(snapshot(1, in_flight=2), [ABANDON])
+    assert ActionKind.HOLD not in [a.kind for a in out] and rail.queued_decisions == 0
+    assert len(sink.by_point("group_rescue")) == 1
+
+
+class _HoldingController:
+    """Holds every proposal of the gate, then releases (or drops) it at the flush."""
+
+    wants_tokens = False
+
+    def __init__(self, release: bool):
+        self.release = release
+        self.held: list[GroupAction] = []
+
+    @property
+    def queued_decisions(self) -> int:
+        return len(self.held)
+
+    def on_group(self, snapshot, proposed):
+        self.held += [a for a in proposed if a.group_id == snapshot.group_id]
+        return [GroupAction(ActionKind.HOLD, snapshot.group_id)]
+
+    def on_tokens(self, *args):
+        return []
+
+    def on_closed(self, group, snapshot):
+        pass
+
+    def flush_decisions(self):
+        held, self.held = self.held, []
+        return held if self.release else [GroupAction(ActionKind.LAUNCH, a.group_id, n=1, origin=99) for a in held]
+
+    def metrics(self):
+        return {}
+
+
+@pytest.mark.parametrize("release", [True, False])
+def test_the_tracker_logs_a_held_gate_proposal_when_it_is_decided(release):
+    """The trace keeps its form: the gate's proposal is logged once, at the flush, executed
+    exactly when the controller's batch released it."""
+    sink = ListSink()
+    controller = _HoldingController(release)
+    cfg = OrchestratorConfig(batch_groups=1, group_size=2, steps=1, max_concurrent_samples=2, max_open_groups=1)
+    tracker = GroupTracker(UniformGate(PromptPool([Prompt(i, "", (1,)) for i in range(4)], seed=0), 2), controller, cfg,
+                           trace=sink)
+    launches = tracker.admit().launches
+    for launch in launches:
+        done = SampleFinished(launch.request.request_id, (7,), (0.0,), FinishReason.STOP, 0)
+        tracker.on_sample(ScoredSample(launch.request, done, reward=1.0))
+    assert sink.decisions == [] and tracker.decisions_queued == 1
+    assert tracker.decide_due(waiting_events=3) is False and tracker.decide_due(waiting_events=0) is True
+    out = tracker.on_decide_queued()
+    assert [(r.chosen, r.features.get("executed")) for r in sink.decisions] == [("commit", float(release))]
+    if release:
+        tracker.ship_ready()
+        assert tracker.next_batch() is not None  # the released commit shipped the group
+    else:
+        assert len(out.launches) == 1  # the controller's launch ran in its place
+
+
+def test_queued_points_are_decided_within_a_bounded_number_of_events():
+    from pipeline.tracker import DECIDE_WITHIN_EVENTS
+
+    controller = _HoldingController(release=True)
+    controller.held = [COMMIT]
+    tracker = GroupTracker(UniformGate(PromptPool([Prompt(0, "", (1,))], seed=0), 2), controller,
+                           OrchestratorConfig(batch_groups=1, group_size=2, steps=1))
+    due = [tracker.decide_due(waiting_events=5) for _ in range(DECIDE_WITHIN_EVENTS)]
+    assert due == [False] * (DECIDE_WITHIN_EVENTS - 1) + [True]

@@ -19,7 +19,8 @@ ABANDON = GroupAction(ActionKind.ABANDON, 1, reason="sara")
 
 
 def make(**kw):
-    defaults = dict(mode="shadow", backend="river", behaviour="arpo", behaviour_epsilon=0.0)
+    # Group-level points decided at once (test_rail_batched_decisions covers the queued path).
+    defaults = dict(mode="shadow", backend="river", behaviour="arpo", behaviour_epsilon=0.0, batch_group_decisions=False)
     defaults.update(kw)
     sink = ListSink()
     return RailController(RailConfig(**defaults), sink, PARAMS, seed=0, run_id="t"), sink

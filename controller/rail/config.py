@@ -80,6 +80,12 @@ class RailConfig:
     """Token-level decision points are queued and decided together once the points of the same
     event-loop tick are in (one scoring call for all of them; their actions reach the tracker
     the same way either way, through the tracking loop). false: each is decided at once."""
+    batch_group_decisions: bool = True
+    """Group-level decision points (rescue, extend) of a group with nothing running are queued
+    like token-level ones and decided in the same batch: the gate's proposal is held (the group
+    stays open, nothing runs) until the batch is decided, then executed or replaced. A group
+    with samples still running is decided at once (its next sample would ask again).
+    false: every group-level point is decided at once."""
     max_token_decisions_per_group: int = 4
     """Token-level decision points per group (no-ops included): bounds the decision cost."""
     max_interventions_per_group: int = 2

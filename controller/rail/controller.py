@@ -11,10 +11,14 @@ Decision points (docs/methods.md, RAIL; the hooks are in ``pipeline/protocols.py
 2. **extend** -- the gate proposes COMMIT: the controller may add samples to the group.
 3. **token** -- ``on_tokens`` sees a token whose entropy reaches ``entropy_threshold``: the
    controller may branch the running sample's prefix there (rate-limited per group and sample).
-   With ``batch_token_decisions`` (default) the point is queued with its context, and
-   ``flush_decisions`` decides every queued point in one scoring call when the orchestrator's
-   tracking loop next runs (the points of one event-loop tick share a batch); group-level points
-   stay immediate, since they replace the gate's proposal.
+
+Batching (``batch_token_decisions``, ``batch_group_decisions``, both default): a decision point is
+queued with its context, and ``flush_decisions`` decides every queued point in one scoring call
+when the orchestrator's tracking loop has drained the events that were waiting for it (the
+points of one event-loop tick share a batch). A group-level point is queued only when nothing of
+its group is running: ``on_group`` then returns HOLD in place of the gate's proposal, and the
+flush returns that proposal (no-op chosen) or the intervention that replaces (rescue) or joins
+(extend) it.
 
 Every decision is logged (``DecisionRecord``, its features, the arms, the chosen arm and its
 propensity; ``controller.rail.decider`` says what each field holds in live and shadow mode);
@@ -30,8 +34,8 @@ group that no longer exists.
 >>> from pipeline.orchestrator import NullSink
 >>> from pipeline.types import ActionKind, GroupAction, GroupSnapshot, Prompt, SamplingParams
 >>> from controller.rail.config import RailConfig
->>> rail = RailController(RailConfig(mode="live", backend="river", token_decisions=False,
-...                                  branch_sizes=()), NullSink(), SamplingParams(max_tokens=64), seed=0)
+>>> rail = RailController(RailConfig(mode="live", backend="river", token_decisions=False, branch_sizes=(),
+...                                  batch_group_decisions=False), NullSink(), SamplingParams(max_tokens=64), seed=0)
 >>> snap = GroupSnapshot(group_id=1, prompt=Prompt(0, "", (1,)), target_size=8, rewards=(0.0,) * 4,
 ...                      in_flight=0, launched=4, failed=0, tokens=200, policy_version=0, origins=(-1,) * 4)
 >>> out = rail.on_group(snap, [GroupAction(ActionKind.ABANDON, 1)])
@@ -91,14 +95,16 @@ class _Pending:
 
 @dataclass(frozen=True)
 class _Queued:
-    """A token-level decision point waiting for the batch it is decided in."""
+    """A decision point waiting for the batch it is decided in."""
 
+    point: str
     snapshot: GroupSnapshot
     group: "_Group"
     context: Context
     source: RequestBuffer | None
     position: int
     cost_ns: int  # what building its context took (added to its share of the batch's cost)
+    held: tuple[GroupAction, ...] = ()  # a group-level point: the gate's proposal, held until decided
 
 
 @dataclass
@@ -192,17 +198,32 @@ class RailController:
                 and not snapshot.is_mixed
                 and snapshot.failed <= snapshot.finished
             ):
-                actions = self._group_decision(snapshot, group, "rescue")
-                if actions:
-                    group.rescues += 1
-                    if not group.rescued_from:
-                        group.rescued_from = "fail" if snapshot.successes == 0 else "pass"
-                        self.counts[f"rescued_{group.rescued_from}"] += 1
-                    return rest + actions
+                held = tuple(a for a in proposed if a.group_id == gid and a.kind is ActionKind.ABANDON)
+                if self._queue_group_point(snapshot, group, "rescue", held):
+                    return rest + [GroupAction(ActionKind.HOLD, gid, reason="rail: decision queued")]
+                actions = self._rescued(snapshot, group, self._group_decision(snapshot, group, "rescue"), held=())
+                return rest + actions if actions else proposed
             return proposed
         if ActionKind.COMMIT in mine and cfg.extend_on_commit and group.interventions < cfg.max_interventions_per_group:
+            held = tuple(a for a in proposed if a.group_id == gid)
+            if self._queue_group_point(snapshot, group, "extend", held):
+                rest = [a for a in proposed if a.group_id != gid]
+                return rest + [GroupAction(ActionKind.HOLD, gid, reason="rail: decision queued")]
             return proposed + self._group_decision(snapshot, group, "extend")
         return proposed
+
+    def _rescued(
+        self, snapshot: GroupSnapshot, group: _Group, actions: list[GroupAction], held: tuple[GroupAction, ...]
+    ) -> list[GroupAction]:
+        """A rescue decision's outcome: its intervention in place of the held abandon, or the
+        abandon when it chose the no-op."""
+        if not actions:
+            return list(held)
+        group.rescues += 1
+        if not group.rescued_from:
+            group.rescued_from = "fail" if snapshot.successes == 0 else "pass"
+            self.counts[f"rescued_{group.rescued_from}"] += 1
+        return actions
 
     def on_tokens(self, snapshot: GroupSnapshot, sample_index: int, delta: TokenDelta) -> list[GroupAction]:
         gid = snapshot.group_id
@@ -235,19 +256,20 @@ class RailController:
             return self._decide("token", snapshot, group, prefix, arms, source, position)
         started = time.perf_counter_ns()
         context = self._context("token", snapshot, group, prefix, arms)
-        self._queue.append(_Queued(snapshot, group, context, source, position, time.perf_counter_ns() - started))
+        self._queue.append(_Queued("token", snapshot, group, context, source, position, time.perf_counter_ns() - started))
         return []
 
     @property
     def queued_decisions(self) -> int:
-        """Token-level decision points waiting for ``flush_decisions``."""
+        """Decision points waiting for ``flush_decisions``."""
         return len(self._queue)
 
     def flush_decisions(self) -> list[GroupAction]:
-        """Decide the queued token-level decision points in one batch (one scoring call), in the
-        order they arose. A point whose group closed meanwhile is dropped undecided and unlogged,
-        as is one whose group reached ``max_interventions_per_group`` earlier in the batch.
-        Each decision's latency is its context's cost plus an equal share of the batch's."""
+        """Decide the queued decision points in one batch (one scoring call), in the order they
+        arose. A point whose group closed meanwhile is dropped undecided and unlogged, as is a
+        token-level one whose group reached ``max_interventions_per_group`` earlier in the batch.
+        A group-level point's actions include its held proposal when that still runs (module
+        docstring). Each decision's latency is its context's cost plus an equal share of the batch's."""
         queue, self._queue = self._queue, []
         queue = [q for q in queue if self._groups.get(q.snapshot.group_id) is q.group]
         if not queue:
@@ -258,10 +280,15 @@ class RailController:
         cap = self.config.max_interventions_per_group
         decided = []
         for q, choice in zip(queue, choices):
-            if q.group.interventions >= cap:
+            if q.point == "token" and q.group.interventions >= cap:
                 self.counts["token_decisions_dropped"] += 1
                 continue
-            actions += self._act("token", q.snapshot, q.group, q.context, choice, q.source, q.position)
+            chosen = self._act(q.point, q.snapshot, q.group, q.context, choice, q.source, q.position)
+            if q.point == "rescue":
+                chosen = self._rescued(q.snapshot, q.group, chosen, q.held)
+            elif q.point == "extend":
+                chosen = list(q.held) + chosen
+            actions += chosen
             decided.append(q)
         self.counts["decision_batches"] += 1
         share = (time.perf_counter_ns() - started) // max(1, len(decided))
@@ -307,7 +334,11 @@ class RailController:
     def _arms(self, can_branch: bool) -> tuple[Arm, ...]:
         return self.arms if can_branch else self._other_arms
 
-    def _group_decision(self, snapshot: GroupSnapshot, group: _Group, point: str) -> list[GroupAction]:
+    def _group_point(
+        self, snapshot: GroupSnapshot
+    ) -> tuple[PrefixInfo, tuple[Arm, ...], RequestBuffer | None, int] | None:
+        """A group-level point's prefix, arms, branch source and position; None when only the
+        no-op is available (nothing to decide)."""
         best = None
         if self._branch_arms:
             # All failures so far: continue the most promising prefix; all successes: the least.
@@ -318,8 +349,30 @@ class RailController:
             prefix = PrefixInfo(pos / buf.length, buf.entropy_at(pos), buf.has_entropy, buf.mean_logprob(pos))
         arms = self._arms(best is not None)
         if len(arms) < 2:
-            return []  # only the no-op: nothing to decide
-        return self._decide(point, snapshot, group, prefix, arms, best[0] if best else None, best[1] if best else -1)
+            return None
+        return prefix, arms, best[0] if best else None, best[1] if best else -1
+
+    def _group_decision(self, snapshot: GroupSnapshot, group: _Group, point: str) -> list[GroupAction]:
+        found = self._group_point(snapshot)
+        if found is None:
+            return []
+        prefix, arms, source, position = found
+        return self._decide(point, snapshot, group, prefix, arms, source, position)
+
+    def _queue_group_point(self, snapshot: GroupSnapshot, group: _Group, point: str, held: tuple[GroupAction, ...]) -> bool:
+        """Queue a group-level point for the next batch, holding ``held`` (the gate's proposal
+        for the group) until it is decided; False when it is to be decided now instead (batching
+        off, samples of the group still running) or there is nothing to decide."""
+        if not self.config.batch_group_decisions or snapshot.in_flight > 0:
+            return False
+        started = time.perf_counter_ns()
+        found = self._group_point(snapshot)
+        if found is None:
+            return False
+        prefix, arms, source, position = found
+        context = self._context(point, snapshot, group, prefix, arms)
+        self._queue.append(_Queued(point, snapshot, group, context, source, position, time.perf_counter_ns() - started, held))
+        return True
 
     def _context(self, point: str, snapshot: GroupSnapshot, group: _Group, prefix: PrefixInfo, arms: tuple[Arm, ...]) -> Context:
         features = group_features(
