@@ -8,7 +8,7 @@ from configs import CONFIG_DIR
 from pipeline.policy.models import build_model, save_model
 from pipeline.tasks import build_task
 from pipeline.policy.tokenizer import CharTokenizer
-from railgate.bench.recover import CUTS, cut_position, measure_recoverability, render, wilson
+from railgate.bench.recover import CUTS, cut_position, measure_recoverability, reference_agreement, render, wilson
 from railgate.cli import main
 from railgate.config import load_config
 
@@ -47,7 +47,8 @@ def test_branches_and_fresh_samples_are_counted_per_cut(tmp_path):
 
 def test_cut_points_and_intervals():
     ents = tuple(float(x) for x in (0, 1, 5, 2, 0, 0, 0, 0, 0, 0, 0, 0))
-    assert [cut_position(c, ents) for c in CUTS] == [3, 6, 2]
+    assert [cut_position(c, ents) for c in CUTS] == [3, 6, 2, 0]  # nothing agrees with the reference: no branch
+    assert cut_position("reference", ents, agreed=4) == 4
     lo, hi = wilson(0, 20)
     assert lo == 0 and 0.1 < hi < 0.2
     assert wilson(5, 10)[0] < 0.5 < wilson(5, 10)[1]
@@ -56,3 +57,15 @@ def test_cut_points_and_intervals():
 def test_cli_refuses_the_simulator(capsys):
     assert main(["bench", "recover", "--config", str(CONFIG_DIR / "sim.yaml")]) == 2
     assert "needs a real model" in capsys.readouterr().err
+
+
+def test_the_reference_cut_keeps_a_scratchpad_up_to_its_first_wrong_token():
+    cfg = load_config(CONFIG_DIR / "default.yaml", SCRATCH)
+    task = build_task(cfg.task)
+    tok = CharTokenizer.for_tasks(task)
+    problem = task.eval_problems(1, seed=0)[0]
+    right = problem.solution
+    wrong_at = right.index(",") + 3  # a digit of the second step
+    wrong = right[:wrong_at] + ("1" if right[wrong_at] != "1" else "2") + right[wrong_at + 1:]
+    assert reference_agreement(tuple(tok.encode(wrong)), right, tok.decode) == wrong_at
+    assert reference_agreement(tuple(tok.encode(right)), right, tok.decode) == len(right)

@@ -12,7 +12,11 @@
    branch arm sends it): *early*, the first quarter of the response's tokens; *mid*, half of
    them; *entropy*, every token before the response's highest-entropy token (the policy's
    entropy when it sampled that token; the first token is left out so that a prefix is never
-   empty). A branch succeeds when its completed response scores above the success threshold.
+   empty); *reference*, the longest prefix that agrees with the task's reference solution
+   (on scratchpad arithmetic, whose solution is unique, every token before the first wrong
+   one: the cut a perfect step checker would choose; on Countdown, where other solutions
+   exist, the point where the response leaves the reference's path). A branch succeeds when
+   its completed response scores above the success threshold.
 3. **Fresh.** The same prompts get as many fresh samples (new seeds) as one cut's branches
    (``branches`` per failed response taken): the success rate a branch has to beat. Rates are also given on the prompts whose group was all-fail,
    the groups a branch would have to turn mixed.
@@ -37,7 +41,7 @@ from typing import Any
 from pipeline.seeding import derive_seed
 from pipeline.types import BranchSpec, Prompt, SampleFinished, SampleRequest, SamplingParams, TokenDelta
 
-CUTS = ("early", "mid", "entropy")
+CUTS = ("early", "mid", "entropy", "reference")
 
 
 @dataclass(frozen=True)
@@ -116,11 +120,14 @@ class LevelStats:
     fresh_recovered_groups: int = 0
 
 
-def cut_position(cut: str, entropies: tuple[float, ...]) -> int:
-    """How many response tokens a branch at ``cut`` keeps (0: no branch possible).
+def cut_position(cut: str, entropies: tuple[float, ...], agreed: int = 0) -> int:
+    """How many response tokens a branch at ``cut`` keeps (0: no branch possible); ``agreed``
+    is how many of them agree with the reference solution (``reference_agreement``).
 
-    >>> [cut_position(c, (0.1, 0.9, 0.2, 0.5, 0.3, 0.1, 0.0, 0.2)) for c in CUTS]
-    [2, 4, 1]
+    >>> [cut_position(c, (0.1, 0.9, 0.2, 0.5, 0.3, 0.1, 0.0, 0.2), agreed=5) for c in CUTS]
+    [2, 4, 1, 5]
+    >>> cut_position("reference", (0.1, 0.2, 0.3), agreed=3)  # all of it agrees: nothing to redo
+    0
     >>> cut_position("entropy", (2.0, 0.1, 0.3))  # the first token is never the cut
     2
     >>> cut_position("early", (0.5,))
@@ -135,7 +142,23 @@ def cut_position(cut: str, entropies: tuple[float, ...]) -> int:
         return max(1, n // 2)
     if cut == "entropy":
         return max(range(1, n), key=lambda t: (entropies[t], -t))
+    if cut == "reference":
+        return agreed if 0 < agreed < n else 0
     raise ValueError(f"cut={cut!r} is not one of {', '.join(CUTS)}")
+
+
+def reference_agreement(ids: tuple[int, ...], solution: str, decode) -> int:
+    """The most leading tokens of ``ids`` whose text is a prefix of ``solution``.
+
+    >>> reference_agreement((ord("1"), ord("2"), ord("9")), "123", lambda t: "".join(map(chr, t)))
+    2
+    """
+    agreed = 0
+    for t in range(1, len(ids) + 1):
+        if not solution.startswith(decode(ids[:t])):
+            break
+        agreed = t
+    return agreed
 
 
 async def _sample_all(engine, requests: list[SampleRequest], concurrency: int) -> list[tuple[SampleFinished, tuple[float, ...]]]:
@@ -201,7 +224,8 @@ def measure_recoverability(cfg, out: Path, prompts: int = 400, branches: int = 4
     concurrency = cfg.torch_engine.max_batch
     seed = derive_seed(cfg.seed, "recover")
     group_size = cfg.orchestrator.group_size
-    plist: list[Prompt] = task.eval_prompts(prompts, seed=cfg.seed, encode=tok.encode_prompt)
+    problems = task.eval_problems(prompts, seed=cfg.seed)
+    plist: list[Prompt] = [task.to_prompt(p, tok.encode_prompt) for p in problems]
 
     def request(rid: str, i: int, k: int, branch: BranchSpec | None = None) -> SampleRequest:
         params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=seed)
@@ -232,8 +256,9 @@ def measure_recoverability(cfg, out: Path, prompts: int = 400, branches: int = 4
                 continue
             fresh_reqs += [request(f"f{i}.{j}", i, j) for j in range(branches * len(failed))]
             for k, traj in failed:
+                agreed = reference_agreement(traj.token_ids, problems[i].solution, tok.decode)
                 for cut in CUTS:
-                    pos = cut_position(cut, traj.entropies)
+                    pos = cut_position(cut, traj.entropies, agreed)
                     if pos < 1 or pos >= max_tokens:
                         continue
                     spec = BranchSpec(f"g{i}.s{k}", pos, traj.token_ids[:pos], traj.logprobs[:pos])
@@ -333,18 +358,18 @@ def render(report: dict[str, Any]) -> str:
                      f"{s['all_pass'] / n:.2f} | {s['tokens_per_response']:.1f} |")
     lines += ["", "Success rate of a branch from a failed response's prefix, against a fresh sample of the same prompts "
               "(rate [95% interval] (successes/trials); prefix: mean tokens kept):", "",
-              "| level | fresh | early | mid | entropy | prefix early/mid/entropy |", "|---|---|---|---|---|---|"]
+              f"| level | fresh | {' | '.join(CUTS)} | prefix {'/'.join(CUTS)} |", "|---" * (len(CUTS) + 3) + "|"]
     for name, s in rows:
         p = s["mean_prefix_tokens"]
         lines.append(f"| {name} | {_cell(s['fresh'])} | " + " | ".join(_cell(s["branch"][c]) for c in CUTS)
-                     + f" | {p['early']:.1f} / {p['mid']:.1f} / {p['entropy']:.1f} |")
+                     + " | " + " / ".join(f"{p[c]:.1f}" for c in CUTS) + " |")
     lines += ["", "The same on prompts whose group was all-fail; groups: all-fail groups that at least one of the "
               "prompt's branches (or fresh samples) at that cut turned mixed:", "",
-              "| level | all-fail groups | fresh | early | mid | entropy | groups fresh / early / mid / entropy |",
-              "|---|---|---|---|---|---|---|"]
+              f"| level | all-fail groups | fresh | {' | '.join(CUTS)} | groups fresh / {' / '.join(CUTS)} |",
+              "|---" * (len(CUTS) + 4) + "|"]
     for name, s in rows:
         g = s["recovered_groups"]
         lines.append(f"| {name} | {s['all_fail']} | {_cell(s['fresh_all_fail'])} | "
                      + " | ".join(_cell(s["branch_all_fail"][c]) for c in CUTS)
-                     + f" | {s['fresh_recovered_groups']} / {g['early']} / {g['mid']} / {g['entropy']} |")
+                     + f" | {s['fresh_recovered_groups']} / " + " / ".join(str(g[c]) for c in CUTS) + " |")
     return "\n".join(lines)
