@@ -217,3 +217,34 @@ def test_queued_points_are_decided_within_a_bounded_number_of_events():
                            OrchestratorConfig(batch_groups=1, group_size=2, steps=1))
     due = [tracker.decide_due(waiting_events=5) for _ in range(DECIDE_WITHIN_EVENTS)]
     assert due == [False] * (DECIDE_WITHIN_EVENTS - 1) + [True]
+
+
+@pytest.mark.parametrize("backend, gain_threshold", [("vw", 0.0), ("vw", -1.0), ("river", 0.0)])
+def test_a_live_batch_decides_on_arrays_as_each_context_alone_would(backend, gain_threshold):
+    """``Decider.choose_many`` (arrays, one block per arms tuple) against ``choose`` on each
+    context, from the same learner and the same uniform draws: the same arms, propensities
+    and gains, with and without the live rule's shrinking and with two arms tuples mixed."""
+    import random
+
+    from controller.rail.features import Context
+
+    rail, _ = make(backend=backend, gain_threshold=gain_threshold)
+    rng = random.Random(0)
+    contexts = []
+    for k in range(40):
+        arms = rail.arms if k % 3 else rail._other_arms
+        feats = {"post_mean": rng.random(), "length_estimate": 0.05 + rng.random() / 10, "position_fraction": rng.random()}
+        contexts.append(Context.build("token", feats, arms))
+    for k, ctx in enumerate(contexts[:20]):  # some learning, so that gains differ across arms
+        rail.learner.learn_one(ctx, rail.decider.choose(ctx, "live").acted, reward=(k % 5) / 4 - 0.3)
+    state = rail.decider.state_dict()
+    batch = rail.decider.choose_many(contexts, "live")
+    rail.decider.load_state_dict(state)
+    single = [rail.decider.choose(c, "live") for c in contexts]
+    for b, s in zip(batch, single):
+        assert b.acted.action == s.acted.action
+        assert b.propensity == pytest.approx(s.propensity, abs=1e-12) and b.propensity == b.acted.probabilities[b.acted.action]
+        assert b.acted.probabilities == pytest.approx(s.acted.probabilities, abs=1e-12)
+        assert b.acted.predicted_gains == pytest.approx(s.acted.predicted_gains, abs=1e-12)
+        assert b.other_prob == pytest.approx(s.other_prob) and b.q_other == pytest.approx(s.q_other, abs=1e-12)
+    assert len({c.acted.action for c in batch}) > 1

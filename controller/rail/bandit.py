@@ -23,6 +23,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
+
 from controller.rail.features import Context
 
 
@@ -60,6 +62,24 @@ def inverse_gap_weighting(gains: Sequence[float], gamma: float) -> list[float]:
         if i != best:
             probs[i] = 1.0 / (k + gamma * (gains[best] - g))
     probs[best] = 1.0 - sum(probs)
+    return probs
+
+
+def inverse_gap_weighting_rows(gains: np.ndarray, gamma: float) -> np.ndarray:
+    """``inverse_gap_weighting`` of every row of ``gains`` (contexts x arms) at once.
+
+    >>> rows = inverse_gap_weighting_rows(np.array([[0.0, 0.2, 0.1], [0.3, 0.3, 0.0]]), gamma=10.0)
+    >>> [[round(p, 4) for p in row] for row in rows.tolist()]
+    [[0.2, 0.55, 0.25], [0.5, 0.3333, 0.1667]]
+    """
+    m, k = gains.shape
+    if k == 0:
+        raise ValueError("no arms to choose from; a decision needs at least one arm")
+    best = gains.argmax(axis=1)  # the first of equal gains, as the scalar rule
+    rows = np.arange(m)
+    probs = 1.0 / (k + gamma * (gains[rows, best][:, None] - gains))
+    probs[rows, best] = 0.0
+    probs[rows, best] = 1.0 - probs.sum(axis=1)
     return probs
 
 
@@ -125,6 +145,19 @@ class BanditLearner:
     def distributions(self, contexts: Sequence[Context]) -> list[tuple[tuple[float, ...], tuple[float, ...]]]:
         """``distribution`` of each context; backends that can score many at once override it."""
         return [self.distribution(c) for c in contexts]
+
+    def distribution_blocks(self, contexts: Sequence[Context]) -> list[tuple[list[int], np.ndarray, np.ndarray]]:
+        """``distributions`` as arrays: one ``(indices, probabilities, gains)`` per arms tuple,
+        the arrays (len(indices) x arms) in the order of ``indices`` into ``contexts``. This
+        default stacks ``distributions``; a backend that scores in arrays overrides it."""
+        blocks: dict[int, list[int]] = {}
+        for i, c in enumerate(contexts):
+            blocks.setdefault(id(c.arms), []).append(i)
+        rows = self.distributions(contexts)
+        return [
+            (idx, np.array([rows[i][0] for i in idx], dtype=np.float64), np.array([rows[i][1] for i in idx], dtype=np.float64))
+            for idx in blocks.values()
+        ]
 
     def predict_gains(self, context: Context) -> tuple[float, ...]:
         """The gain-regressor view: predicted reward of every arm."""

@@ -34,6 +34,8 @@ import math
 import random
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from controller.rail.arms import Arm, ArmsCache
 from controller.rail.bandit import BanditLearner, Decision, normalise, sample_index
 from controller.rail.behaviour import BehaviourPolicy
@@ -93,8 +95,52 @@ class Decider:
         return self._choose(context, mode, *self.learner.distribution(context))
 
     def choose_many(self, contexts: list[Context], mode: str) -> list[Choice]:
-        """``choose`` for every context, in order, with the learner scoring them in one call."""
-        return [self._choose(c, mode, probs, gains) for c, (probs, gains) in zip(contexts, self.learner.distributions(contexts))]
+        """``choose`` for every context, in order, with the learner scoring them in one call
+        (in live mode the live rule and the sampling run on arrays, one block of contexts per
+        arms tuple; the uniform draws are taken in the contexts' order, as ``choose`` would)."""
+        if mode != "live" or len(contexts) < 2:
+            return [self._choose(c, mode, probs, gains) for c, (probs, gains) in zip(contexts, self.learner.distributions(contexts))]
+        draws = [self._rng.random() for _ in contexts]
+        out: list[Choice | None] = [None] * len(contexts)
+        for idx, probs, gains in self.learner.distribution_blocks(contexts):
+            arms = contexts[idx[0]].arms
+            acting = self._live_rows(arms, probs, gains)
+            cumulative = np.cumsum(acting, axis=1)
+            u = np.array([draws[i] for i in idx])
+            past = cumulative > u[:, None]
+            picks = past.argmax(axis=1)
+            behaviour = np.array(self.behaviour.distribution(contexts[idx[0]])[0])
+            q_other = gains @ behaviour
+            for row, (i, j) in enumerate(zip(idx, picks.tolist())):
+                p_row = tuple(acting[row].tolist())
+                if not past[row, j]:  # rounding left u past the last sum
+                    j = max(a for a, p in enumerate(p_row) if p > 0)
+                g_row = tuple(gains[row].tolist())
+                q = float(q_other[row])
+                out[i] = Choice(
+                    acted=Decision(j, arms[j].name, p_row[j], g_row[j], p_row, g_row),
+                    propensity=p_row[j], behaviour_propensity=p_row[j], predicted_gain=g_row[j],
+                    other_prob=float(behaviour[j]), q_other=q if math.isfinite(q) else math.nan,
+                )
+        return out  # type: ignore[return-value]  # every index is in one block
+
+    def _live_rows(self, arms: tuple[Arm, ...], probs: np.ndarray, gains: np.ndarray) -> np.ndarray:
+        """``live_distribution`` of every row of a block that shares ``arms``."""
+        noop, interventions = self._splits.get(arms, self._split)
+        if noop is None or not interventions:
+            return probs
+        cols = list(interventions)
+        below = ~(gains[:, cols].max(axis=1) > self.config.gain_threshold)  # a NaN gain counts as below
+        if not below.any():
+            return probs
+        out = probs.copy()
+        keep = self.config.below_threshold_explore
+        shrunk = out[below]
+        moved = (shrunk[:, cols] * (1.0 - keep)).sum(axis=1)
+        shrunk[:, cols] *= keep
+        shrunk[:, noop] += moved
+        out[below] = _normalised_rows(shrunk)
+        return out
 
     def _choose(self, context: Context, mode: str, probs: tuple[float, ...], gains: tuple[float, ...]) -> Choice:
         if mode == "live":
@@ -139,6 +185,18 @@ class Decider:
     def load_state_dict(self, state: dict) -> None:
         version, internal, gauss = state["rng"]
         self._rng.setstate((int(version), tuple(int(x) for x in internal), gauss))
+
+
+def _normalised_rows(probs: np.ndarray) -> np.ndarray:
+    """``normalise`` of every row: non-finite and negative entries become 0, each row sums to 1
+    (a row with nothing left becomes uniform)."""
+    clean = np.where(np.isfinite(probs) & (probs > 0), probs, 0.0)
+    total = clean.sum(axis=1, keepdims=True)
+    empty = total[:, 0] <= 0
+    if empty.any():
+        clean[empty] = 1.0
+        total[empty] = probs.shape[1]
+    return clean / total
 
 
 def _expected(probs: tuple[float, ...], gains: tuple[float, ...]) -> float:

@@ -35,11 +35,13 @@ import re
 import tempfile
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import pylibvw  # vowpalwabbit's native module; its wheel installs it next to the package
 import vowpalwabbit
 
 from controller.rail.arms import Arm
-from controller.rail.bandit import BanditLearner, ControllerStateError, Decision, inverse_gap_weighting
+from controller.rail.bandit import (BanditLearner, ControllerStateError, Decision, inverse_gap_weighting,
+                                    inverse_gap_weighting_rows)
 from controller.rail.features import Context
 from controller.rail.vw_snapshot import LinearSnapshot
 
@@ -144,6 +146,17 @@ class VWLearner(BanditLearner):
             raise ValueError("a context has no arms; a decision needs at least one arm")
         snapshot = self._snapshot_for(contexts)
         return [self._from_gains(snapshot, gains) for gains in snapshot.gains_many(contexts)]
+
+    def distribution_blocks(self, contexts: Sequence[Context]) -> list[tuple[list[int], np.ndarray, np.ndarray]]:
+        """``distributions`` as arrays (``BanditLearner.distribution_blocks``); with a snapshot,
+        SquareCB's distribution is computed for each block of contexts at once."""
+        if not self.snapshot_every or not contexts:
+            return super().distribution_blocks(contexts)
+        if not all(c.arms for c in contexts):
+            raise ValueError("a context has no arms; a decision needs at least one arm")
+        snapshot = self._snapshot_for(contexts)
+        gamma = self.gamma_scale * float(snapshot.learned) ** self.gamma_exponent
+        return [(idx, inverse_gap_weighting_rows(gains, gamma), gains) for idx, gains in snapshot.gain_blocks(contexts)]
 
     # --- the snapshot scorer ---------------------------------------------------------------
 

@@ -143,6 +143,15 @@ class LinearSnapshot:
     def gains_many(self, contexts: Sequence[Context]) -> list[list[float]]:
         """``gains`` of every context, from one matrix product over all of them and one
         vectorised step per distinct arms tuple."""
+        out: list[list[float]] = [[] for _ in contexts]
+        for idx, block in self.gain_blocks(contexts):
+            for i, row in zip(idx, block.tolist()):
+                out[i] = row
+        return out
+
+    def gain_blocks(self, contexts: Sequence[Context]) -> list[tuple[list[int], np.ndarray]]:
+        """The gains of ``gains_many`` as one ``(indices, gains)`` per distinct arms tuple, the
+        array (len(indices) x arms) in the order of ``indices`` into ``contexts``."""
         if not contexts:
             return []
         keys = self.keys
@@ -154,13 +163,12 @@ class LinearSnapshot:
         by_arms: dict[int, list[int]] = {}
         for i, c in enumerate(contexts):
             by_arms.setdefault(id(c.arms), []).append(i)
-        out: list[list[float]] = [[] for _ in contexts]
+        blocks = []
         for idx in by_arms.values():
             rows = self._rows.get(contexts[idx[0]].arms, self._arm_rows)
             costs = np.array([contexts[i].costs for i in idx], dtype=np.float64)
-            for i, row in zip(idx, self._combine(parts[idx], rows, costs).tolist()):
-                out[i] = row
-        return out
+            blocks.append((idx, self._combine(parts[idx], rows, costs)))
+        return blocks
 
     def state(self) -> dict[str, Any]:
         """JSON-able arrays (floats survive JSON exactly)."""
