@@ -116,31 +116,32 @@ def group_features(
     s, f = snapshot.successes, snapshot.failures
     a, b = 1.0 + s, 1.0 + f
     done = s + f
-    return check_features(
-        {
-            "point_rescue": float(point == "rescue"),
-            "point_extend": float(point == "extend"),
-            "point_token": float(point == "token"),
-            "post_a": a / size,
-            "post_b": b / size,
-            "post_mean": a / (a + b),
-            "probe_all_fail": float(done > 0 and s == 0),
-            "probe_all_success": float(done > 0 and f == 0),
-            "probe_mixed": float(0 < s < done),
-            "prompt_len": math.log1p(len(snapshot.prompt.token_ids)) / 10.0,
-            "position_fraction": prefix.position_fraction,
-            "token_entropy": clamp_entropy(prefix.token_entropy) if prefix.entropy_known else 0.0,
-            "entropy_known": float(prefix.entropy_known),
-            "prefix_mean_logprob": clamp_logprob(prefix.prefix_mean_logprob),
-            "successes": s / size,
-            "failures": f / size,
-            "in_flight": snapshot.in_flight / size,
-            "launched": snapshot.launched / size,
-            "policy_age": float(policy_age),
-            "interventions": float(interventions),
-            "length_estimate": length_estimate / 1000.0,
-        }
-    )
+    features = {
+        "point_rescue": float(point == "rescue"),
+        "point_extend": float(point == "extend"),
+        "point_token": float(point == "token"),
+        "post_a": a / size,
+        "post_b": b / size,
+        "post_mean": a / (a + b),
+        "probe_all_fail": float(done > 0 and s == 0),
+        "probe_all_success": float(done > 0 and f == 0),
+        "probe_mixed": float(0 < s < done),
+        "prompt_len": math.log1p(len(snapshot.prompt.token_ids)) / 10.0,
+        "position_fraction": float(prefix.position_fraction),
+        "token_entropy": float(clamp_entropy(prefix.token_entropy)) if prefix.entropy_known else 0.0,
+        "entropy_known": float(prefix.entropy_known),
+        "prefix_mean_logprob": float(clamp_logprob(prefix.prefix_mean_logprob)),
+        "successes": s / size,
+        "failures": f / size,
+        "in_flight": snapshot.in_flight / size,
+        "launched": snapshot.launched / size,
+        "policy_age": float(policy_age),
+        "interventions": float(interventions),
+        "length_estimate": length_estimate / 1000.0,
+    }
+    # Every value is a float; their sum is finite exactly when each is (they are far from overflowing),
+    # so one sum replaces a check per feature, and check_features names the culprit when it is not.
+    return features if math.isfinite(sum(features.values())) else check_features(features)
 
 
 @dataclass(frozen=True)
