@@ -212,9 +212,10 @@ def throughput(cfg: RunConfig, out: Path, repeats: int = 3,
 
 
 # (gate, controller) pairs measured at each level: the gate alone, then SARA with RAIL live.
-# "rail": token decisions batched and scored by the numpy snapshot of VW's model (the defaults);
-# "rail_vw": each decided at once by one VW parse and predict (``vw_snapshot_every=0``,
-# ``batch_token_decisions=false``, the path before either existed), in the same run for comparison.
+# "rail": decision points batched (token and group-level) and scored by the numpy snapshot of VW's
+# model (the defaults); "rail_vw": each decided at once by one VW parse and predict
+# (``vw_snapshot_every=0``, ``batch_token_decisions=false``, ``batch_group_decisions=false``: the
+# path before any of them existed), in the same run for comparison.
 HOOK_VARIANTS: tuple[tuple[str, str], ...] = (
     ("uniform", "none"), ("sara", "none"), ("sara", "rail"), ("sara", "rail_vw"),
 )
@@ -234,7 +235,7 @@ def _hook_config(cfg: RunConfig, groups: int, gate: str, controller: str) -> Run
         new_path = controller == "rail"  # the defaults' snapshot and batching, or neither
         rail = dataclasses.replace(
             ctrl.rail, mode="live", auto_promote=False, backend="vw", batch_token_decisions=new_path,
-            vw_snapshot_every=RailConfig().vw_snapshot_every if new_path else 0,
+            batch_group_decisions=new_path, vw_snapshot_every=RailConfig().vw_snapshot_every if new_path else 0,
         )
         ctrl = dataclasses.replace(ctrl, kind="rail", rail=rail)
     else:
