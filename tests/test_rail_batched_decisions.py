@@ -248,3 +248,19 @@ def test_a_live_batch_decides_on_arrays_as_each_context_alone_would(backend, gai
         assert b.acted.predicted_gains == pytest.approx(s.acted.predicted_gains, abs=1e-12)
         assert b.other_prob == pytest.approx(s.other_prob) and b.q_other == pytest.approx(s.q_other, abs=1e-12)
     assert len({c.acted.action for c in batch}) > 1
+
+
+def test_a_long_queue_is_decided_in_batches_of_at_most_decision_batch_max():
+    rail, sink = make(decision_batch_max=3)
+    points = [(g, 0) for g in range(1, 9)]
+    spikes(rail, points)
+    rail.flush_decisions()
+    assert rail.counts["decision_batches"] == 3 and len(sink.by_point("token")) == 8  # 3 + 3 + 2
+    assert [(r.group_id, r.sample_index) for r in sink.by_point("token")] == points
+
+
+def test_decision_batch_max_must_be_positive():
+    from pipeline.config.build import ConfigError
+
+    with pytest.raises((ConfigError, ValueError), match="decision_batch_max=0"):
+        RailConfig(decision_batch_max=0)

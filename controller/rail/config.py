@@ -86,6 +86,10 @@ class RailConfig:
     stays open, nothing runs) until the batch is decided, then executed or replaced. A group
     with samples still running is decided at once (its next sample would ask again).
     false: every group-level point is decided at once."""
+    decision_batch_max: int = 256
+    """Most decision points decided in one scoring call; more queued are decided in consecutive
+    batches of this size (a pause inside a batch, such as a garbage collection, is shared by
+    every decision in it)."""
     max_token_decisions_per_group: int = 4
     """Token-level decision points per group (no-ops included): bounds the decision cost."""
     max_interventions_per_group: int = 2
@@ -205,6 +209,8 @@ class RailConfig:
         require(self.river_lr_scale > 0, f"{KEY}.river_lr_scale={self.river_lr_scale} must be > 0")
         require(self.huber_epsilon > 0, f"{KEY}.huber_epsilon={self.huber_epsilon} must be > 0")
         require(self.evaluate_every >= 1, f"{KEY}.evaluate_every={self.evaluate_every} must be >= 1")
+        require(self.decision_batch_max >= 1,
+                f"{KEY}.decision_batch_max={self.decision_batch_max} must be >= 1 (1 decides each point alone)")
         require(self.min_decisions >= 2, f"{KEY}.min_decisions={self.min_decisions} must be >= 2")
         require(
             self.window >= self.min_decisions,

@@ -269,11 +269,18 @@ class RailController:
         arose. A point whose group closed meanwhile is dropped undecided and unlogged, as is a
         token-level one whose group reached ``max_interventions_per_group`` earlier in the batch.
         A group-level point's actions include its held proposal when that still runs (module
-        docstring). Each decision's latency is its context's cost plus an equal share of the batch's."""
+        docstring). Each decision's latency is its context's cost plus an equal share of the batch's.
+        More than ``decision_batch_max`` points are decided in consecutive batches of at most that
+        many, so that a pause inside one (a garbage collection, a trace write) delays few decisions."""
         queue, self._queue = self._queue, []
         queue = [q for q in queue if self._groups.get(q.snapshot.group_id) is q.group]
-        if not queue:
-            return []
+        size = self.config.decision_batch_max
+        actions: list[GroupAction] = []
+        for k in range(0, len(queue), size):
+            actions += self._decide_batch(queue[k:k + size])
+        return actions
+
+    def _decide_batch(self, queue: list[_Queued]) -> list[GroupAction]:
         started = time.perf_counter_ns()
         choices = self.decider.choose_many([q.context for q in queue], self.mode)
         actions: list[GroupAction] = []
