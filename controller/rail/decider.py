@@ -98,7 +98,9 @@ class Decider:
         """``choose`` for every context, in order, with the learner scoring them in one call
         (in live mode the live rule and the sampling run on arrays, one block of contexts per
         arms tuple; the uniform draws are taken in the contexts' order, as ``choose`` would)."""
-        if mode != "live" or len(contexts) < 2:
+        if len(contexts) == 1:
+            return [self.choose(contexts[0], mode)]  # the single-context scorer costs less than a block
+        if mode != "live":
             return [self._choose(c, mode, probs, gains) for c, (probs, gains) in zip(contexts, self.learner.distributions(contexts))]
         draws = [self._rng.random() for _ in contexts]
         out: list[Choice | None] = [None] * len(contexts)
