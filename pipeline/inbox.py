@@ -1,7 +1,7 @@
 """What the orchestrator's tracking loop receives, one named message per kind of event.
 
 Sample tasks send ``SampleDone`` (and ``ControllerActions`` from the controller's token hook, or
-``DecideQueued`` when it queued token-level decision points to decide as one batch);
+``DecideQueued`` to wake the loop when it queued token-level decision points to decide as one batch);
 the learner task sends ``StepDone``. The loop hands each to ``pipeline.tracker.GroupTracker``.
 
 >>> StepDone(batch=None, result=None).learner_state is None
@@ -40,5 +40,6 @@ class ControllerActions:
 
 @dataclass(frozen=True)
 class DecideQueued:
-    """The controller queued token-level decision points: decide them, as one batch, now that
-    the points that arose in the same tick are queued too."""
+    """The controller queued token-level decision points: a wake-up for the tracking loop, which
+    decides everything queued as one batch once the events already waiting are handled
+    (``GroupTracker.decide_due``)."""
