@@ -202,7 +202,7 @@ class Orchestrator:
                     self._do(tracker.on_controller_actions(msg.actions))
                 # A DecideQueued only wakes the loop: queued decision points are decided once
                 # the events already waiting are handled, so that a tick's points share a batch.
-                if tracker.decide_due(inbox.statistics().current_buffer_used):
+                if tracker.decisions_queued and tracker.decide_due(inbox.statistics().current_buffer_used):
                     self._do(tracker.on_decide_queued())
                 self._do(tracker.ship_ready())
                 if self._inline_learner:

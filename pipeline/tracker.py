@@ -292,7 +292,7 @@ class GroupTracker:
             self.hook_timer.record(time.perf_counter_ns() - started)
         # A HOLD the gate did not propose: the controller queued a decision on this group and
         # holds the gate's proposal until its batch is decided (``on_decide_queued``).
-        deferred = {a.group_id for a in final if a.kind is ActionKind.HOLD and a not in proposed}
+        deferred = () if final is proposed else {a.group_id for a in final if a.kind is ActionKind.HOLD and a not in proposed}
         for action in proposed:
             if action.group_id in deferred and action not in final:
                 self._held.setdefault(action.group_id, []).append(action)
@@ -323,7 +323,7 @@ class GroupTracker:
     def flush_wanted(self) -> bool:
         """True once per batch of token-level decision points queued by a sample task (then a
         ``DecideQueued`` wakes the tracking loop, which decides them once ``decide_due``)."""
-        if self._flush_sent or not self._token_hooks or not getattr(self.controller, "queued_decisions", 0):
+        if self._flush_sent or not self._token_hooks or not self.decisions_queued:
             return False
         self._flush_sent = True
         return True

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Iterable, Literal
 
 from controller.rail.config import RailConfig
 from pipeline.types import ActionKind, BranchSpec, GroupAction, SamplingParams
@@ -143,6 +143,20 @@ def expected_tokens(arm: Arm, length_estimate: float, prefix_fraction: float) ->
         rest = min(max(1.0 - prefix_fraction, 0.0), 1.0)
         return float(arm.n * length_estimate * rest)
     return float(arm.n * length_estimate)
+
+
+def blocks_by_arms(arms_of: Iterable[tuple[Arm, ...]]) -> list[list[int]]:
+    """Indices of the same arms tuple (by identity: a controller passes the same few tuples),
+    one list per tuple in order of first appearance.
+
+    >>> a, b = (NOOP,), (NOOP, parse_arm("branch_b2_t1"))
+    >>> blocks_by_arms([a, b, a])
+    [[0, 2], [1]]
+    """
+    blocks: dict[int, list[int]] = {}
+    for i, arms in enumerate(arms_of):
+        blocks.setdefault(id(arms), []).append(i)
+    return list(blocks.values())
 
 
 class ArmsCache:

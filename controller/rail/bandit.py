@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from controller.rail.arms import blocks_by_arms
 from controller.rail.features import Context
 
 
@@ -150,13 +151,10 @@ class BanditLearner:
         """``distributions`` as arrays: one ``(indices, probabilities, gains)`` per arms tuple,
         the arrays (len(indices) x arms) in the order of ``indices`` into ``contexts``. This
         default stacks ``distributions``; a backend that scores in arrays overrides it."""
-        blocks: dict[int, list[int]] = {}
-        for i, c in enumerate(contexts):
-            blocks.setdefault(id(c.arms), []).append(i)
         rows = self.distributions(contexts)
         return [
             (idx, np.array([rows[i][0] for i in idx], dtype=np.float64), np.array([rows[i][1] for i in idx], dtype=np.float64))
-            for idx in blocks.values()
+            for idx in blocks_by_arms(c.arms for c in contexts)
         ]
 
     def predict_gains(self, context: Context) -> tuple[float, ...]:

@@ -51,6 +51,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from controller.gates.common import hold
 from controller.rail.arms import Arm, build_arms
 from controller.rail.bandit import BanditLearner, ControllerStateError, Decision
 from controller.rail.behaviour import build_behaviour
@@ -67,6 +68,10 @@ from controller.rail import state as state_io
 from pipeline.protocols import DecisionSink
 from pipeline.seeding import derive_seed
 from pipeline.types import ActionKind, BranchSpec, CommittedGroup, GroupAction, GroupSnapshot, SamplingParams, TokenDelta
+
+
+QUEUED = "rail: decision queued"
+"""The reason of the HOLD that ``on_group`` returns while a group-level point waits for its batch."""
 
 
 @dataclass
@@ -200,15 +205,14 @@ class RailController:
             ):
                 held = tuple(a for a in proposed if a.group_id == gid and a.kind is ActionKind.ABANDON)
                 if self._queue_group_point(snapshot, group, "rescue", held):
-                    return rest + [GroupAction(ActionKind.HOLD, gid, reason="rail: decision queued")]
+                    return rest + [hold(gid, QUEUED)]
                 actions = self._rescued(snapshot, group, self._group_decision(snapshot, group, "rescue"), held=())
                 return rest + actions if actions else proposed
             return proposed
         if ActionKind.COMMIT in mine and cfg.extend_on_commit and group.interventions < cfg.max_interventions_per_group:
             held = tuple(a for a in proposed if a.group_id == gid)
             if self._queue_group_point(snapshot, group, "extend", held):
-                rest = [a for a in proposed if a.group_id != gid]
-                return rest + [GroupAction(ActionKind.HOLD, gid, reason="rail: decision queued")]
+                return [a for a in proposed if a.group_id != gid] + [hold(gid, QUEUED)]
             return proposed + self._group_decision(snapshot, group, "extend")
         return proposed
 

@@ -155,7 +155,7 @@ class VWLearner(BanditLearner):
         if not all(c.arms for c in contexts):
             raise ValueError("a context has no arms; a decision needs at least one arm")
         snapshot = self._snapshot_for(contexts)
-        gamma = self.gamma_scale * float(snapshot.learned) ** self.gamma_exponent
+        gamma = self._gamma(snapshot)
         return [(idx, inverse_gap_weighting_rows(gains, gamma), gains) for idx, gains in snapshot.gain_blocks(contexts)]
 
     # --- the snapshot scorer ---------------------------------------------------------------
@@ -205,11 +205,13 @@ class VWLearner(BanditLearner):
             pylibvw.vw._finish_example_multi_ex(vw, examples)
 
     def _from_gains(self, snapshot: LinearSnapshot, gains: list[float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        # VW's SquareCB: gamma = gamma_scale * t ** gamma_exponent, t = examples learned (0: uniform).
-        # Every probability it gives is positive and they sum to 1, so no normalising is needed.
+        # Every probability SquareCB gives is positive and they sum to 1, so no normalising is needed.
         gains = tuple(gains)
-        gamma = self.gamma_scale * float(snapshot.learned) ** self.gamma_exponent
-        return tuple(inverse_gap_weighting(gains, gamma)), gains
+        return tuple(inverse_gap_weighting(gains, self._gamma(snapshot))), gains
+
+    def _gamma(self, snapshot: LinearSnapshot) -> float:
+        """VW's SquareCB: gamma = gamma_scale * t ** gamma_exponent, t = examples learned (0: uniform)."""
+        return self.gamma_scale * float(snapshot.learned) ** self.gamma_exponent
 
     # --- VW itself (without a snapshot, and the snapshot's probes) --------------------------
 

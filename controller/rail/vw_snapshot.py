@@ -38,7 +38,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from controller.rail.arms import Arm, ArmsCache, parse_arm
+from controller.rail.arms import Arm, ArmsCache, blocks_by_arms, parse_arm
 from controller.rail.features import Context
 
 CostFn = Callable[[Sequence[tuple[Mapping[str, float], Arm, float]]], Sequence[float]]
@@ -160,11 +160,8 @@ class LinearSnapshot:
         else:
             x = np.stack([self._vector(c.features) for c in contexts])
         parts = x @ self._weights.T + self._bias  # (contexts, 2 x arms)
-        by_arms: dict[int, list[int]] = {}
-        for i, c in enumerate(contexts):
-            by_arms.setdefault(id(c.arms), []).append(i)
         blocks = []
-        for idx in by_arms.values():
+        for idx in blocks_by_arms(c.arms for c in contexts):
             rows = self._rows.get(contexts[idx[0]].arms, self._arm_rows)
             costs = np.array([contexts[i].costs for i in idx], dtype=np.float64)
             blocks.append((idx, self._combine(parts[idx], rows, costs)))
