@@ -6,7 +6,11 @@ One anyio task group owns every task:
 
 * one **sample task** per rollout consumes its engine stream, counts its token deltas (and
   passes them to the controller's token hook) through the tracker, scores the finished sample
-  (``ScoringService``, off the event loop) and sends a ``SampleDone`` to the tracking loop;
+  (``ScoringService``, off the event loop) and sends a ``SampleDone`` to the tracking loop.
+  With an engine that multiplexes its streams (``pipeline.engines.mux``; the sim engine) and
+  ``orchestrator.multiplex_streams`` on, one **stream task** does the same for every running
+  sample instead (``_mux_loop``): the engine hands it the events ready at once, and only a
+  reward that runs off the event loop gets a task of its own, from the sample's end;
 * the **tracking loop** (``_track``) feeds each message to the tracker and carries out what it
   returns at once: an engine stream and a sample task per launch, a cancelled scope per
   cancel. It ships committed groups, hands full batches to the learner and admits new groups;
@@ -38,6 +42,7 @@ from pipeline.collector import fewer_collections
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.decisions import NullSink  # noqa: F401  (re-exported: older imports name it here)
 from pipeline.engines.base import Engine
+from pipeline.engines.mux import StreamMux, multiplexer_of
 from pipeline.group import GroupRun
 from pipeline.hooktimer import HookTimer
 from pipeline.inbox import ControllerActions, DecideQueued, SampleDone, StepDone
@@ -63,6 +68,18 @@ class RunSummary:
     wall_s: float = 0.0
     controller_metrics: dict[str, float] = field(default_factory=dict)
     """The controller's ``metrics()`` at the end."""
+
+
+class _MuxRun:
+    """A sample the stream task drives: its group, its request, the tokens its deltas carried,
+    and whether its group was abandoned (its remaining events count as its abort's)."""
+
+    __slots__ = ("group", "request", "streamed", "cancelled")
+
+    def __init__(self, group: GroupRun, request: SampleRequest):
+        self.group, self.request = group, request
+        self.streamed = 0
+        self.cancelled = False
 
 
 class Orchestrator:
@@ -112,6 +129,8 @@ class Orchestrator:
         self._checkpoint_every = checkpoint_every
         self._inline_learner = isinstance(self.clock, VirtualClock)
         self._scopes: dict[str, anyio.CancelScope] = {}  # running sample tasks by request id
+        self._mux: StreamMux | None = None  # the engine's multiplexer, when the stream task drives the samples
+        self._mux_runs: dict[str, _MuxRun] = {}  # its running samples by request id
         self._tg: TaskGroup | None = None
         self._inbox: MemoryObjectSendStream | None = None
         self._stop_requested = False  # request_stop: stop at the next step boundary, with a checkpoint
@@ -170,6 +189,9 @@ class Orchestrator:
             self._inbox = inbox_send
             if not self._inline_learner:
                 tg.start_soon(self._learner_loop, batch_recv, inbox_send.clone())
+            self._mux = multiplexer_of(self.engine) if self.config.multiplex_streams else None
+            if self._mux is not None:
+                tg.start_soon(self._mux_loop, self._mux, inbox_send, name="streams")
             await self._track(inbox_recv, batch_send)
             tg.cancel_scope.cancel()
 
@@ -215,7 +237,11 @@ class Orchestrator:
             tracker.stop_reason = "steps"
 
     def _do(self, out: TrackerOutput) -> None:
-        """Carry out what the tracker returned: cancel scopes, start sample tasks."""
+        """Carry out what the tracker returned: cancel scopes, start sample tasks (or, with a
+        multiplexer, abort and start its requests)."""
+        if self._mux is not None:
+            self._do_multiplexed(out, self._mux)
+            return
         for request_id in out.cancels:
             scope = self._scopes.get(request_id)
             if scope is not None:
@@ -279,16 +305,17 @@ class Orchestrator:
                 finished = await self._consume(group, request, events, streamed, inbox)
             except Exception as exc:  # the engine failed on this sample; the run goes on
                 self.clock.hold()
-                finished = SampleFinished(
-                    request_id=request.request_id, token_ids=(), logprobs=(),
-                    finish_reason=FinishReason.ERROR, policy_version=self.engine.policy_version,
-                    error=f"{type(exc).__name__}: {exc}",
-                )
+                finished = self._failed(request, exc)
         del self._scopes[request.request_id]
         if finished is None:
             tracker.sample_gone()
             return  # cancelled: the group was abandoned (cleanup already accounted the sample)
         tracker.sample_ended(group, request, finished, streamed[0])
+        await self._report(request, finished, inbox)
+
+    async def _report(self, request: SampleRequest, finished: SampleFinished, inbox) -> None:
+        """Score a finished sample and send it to the tracking loop (which releases the clock
+        hold its end took)."""
         try:
             if finished.finish_reason.is_success:
                 # A branch's token_ids start with its source's prefix: the answer is all of them.
@@ -299,6 +326,13 @@ class Orchestrator:
         except BaseException:
             self.clock.release()
             raise
+
+    def _failed(self, request: SampleRequest, exc: BaseException) -> SampleFinished:
+        """The final event of a sample the engine failed on."""
+        return SampleFinished(
+            request_id=request.request_id, token_ids=(), logprobs=(), finish_reason=FinishReason.ERROR,
+            policy_version=self.engine.policy_version, error=f"{type(exc).__name__}: {exc}",
+        )
 
     async def _consume(self, group: GroupRun, request: SampleRequest, events, streamed: list[int], inbox) -> SampleFinished | None:
         tracker = self.tracker
@@ -347,6 +381,67 @@ class Orchestrator:
                 pass  # the engine failed while aborting; the request is closed below regardless
         if cancelled:  # a failure is counted by the caller, as a failed sample
             self.tracker.sample_cancelled(group)
+
+    # --- the stream task (a multiplexing engine) ------------------------------------------
+
+    def _do_multiplexed(self, out: TrackerOutput, mux: StreamMux) -> None:
+        runs = self._mux_runs
+        for request_id in out.cancels:
+            run = runs.get(request_id)
+            if run is not None and not run.cancelled:
+                run.cancelled = True
+                mux.abort(request_id)
+        for launch in out.launches:
+            runs[launch.request.request_id] = _MuxRun(launch.group, launch.request)
+            mux.start(launch.request)
+
+    async def _mux_loop(self, mux: StreamMux, inbox) -> None:
+        """What the sample tasks do, for every running sample: count deltas (the controller's
+        token hook), score each finished sample and report it; a cancelled sample's events are
+        counted as its abort's."""
+        tracker, runs, clock = self.tracker, self._mux_runs, self.clock
+        report_inline = self.scoring.runs_inline
+        try:
+            while True:
+                for request_id, event in await mux.next_events():
+                    run = runs.get(request_id)
+                    if run is None:
+                        continue
+                    if type(event) is TokenDelta:
+                        run.streamed += len(event.token_ids)
+                        if run.cancelled:
+                            tracker.abort_tokens(run.request, len(event.token_ids))
+                            continue
+                        actions = tracker.on_tokens(run.group, run.request.sample_index, event)
+                        if actions:
+                            await inbox.send(ControllerActions(tuple(actions)))
+                        elif tracker.flush_wanted():
+                            await inbox.send(DecideQueued())
+                        continue
+                    del runs[request_id]
+                    if run.cancelled and not (isinstance(event, SampleFinished) and event.finish_reason.is_success):
+                        # Aborted (or failed) after its group was abandoned. One that ended in the
+                        # engine before the abort reached it is a finished sample, as with a task
+                        # per sample: the tracker drops it as a straggler.
+                        if isinstance(event, SampleFinished):
+                            tracker.abort_tokens(run.request, final=event, streamed=run.streamed)
+                        tracker.sample_cancelled(run.group)
+                        tracker.sample_gone()
+                        continue
+                    clock.hold()  # time stands still until the tracker has acted on this sample
+                    finished = event if isinstance(event, SampleFinished) else self._failed(run.request, event)
+                    tracker.sample_ended(run.group, run.request, finished, run.streamed)
+                    if report_inline:
+                        await self._report(run.request, finished, inbox)
+                    else:
+                        self._tg.start_soon(self._report, run.request, finished, inbox, name="reward")
+        finally:
+            for final in mux.close():  # the run is over: count what the running samples produced
+                run = runs.pop(final.request_id, None)
+                if run is not None:
+                    tracker.abort_tokens(run.request, final=final, streamed=run.streamed)
+                    tracker.sample_cancelled(run.group)
+                    tracker.sample_gone()
 
     # --- learner task --------------------------------------------------------------------
 

@@ -13,14 +13,16 @@ from railgate.config import load_config
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def small_config(gate: str = "uniform"):
+def small_config(gate: str = "uniform", multiplex: bool = True):
     cfg = load_config(ROOT / "configs" / "bench_overhead.yaml")
-    orch = dataclasses.replace(cfg.orchestrator, batch_groups=8, steps=3, max_concurrent_samples=32, max_open_groups=16)
+    orch = dataclasses.replace(cfg.orchestrator, batch_groups=8, steps=3, max_concurrent_samples=32, max_open_groups=16,
+                               multiplex_streams=multiplex)
     return dataclasses.replace(cfg, orchestrator=orch, gate=dataclasses.replace(cfg.gate, kind=gate))
 
 
-def test_the_raw_pass_stops_each_request_where_the_pipeline_did(tmp_path, monkeypatch):
-    cfg = small_config("sara")  # SARA abandons groups: their samples are cut mid-stream
+@pytest.mark.parametrize("multiplex", [True, False], ids=["multiplexed", "task per sample"])
+def test_the_raw_pass_stops_each_request_where_the_pipeline_did(tmp_path, monkeypatch, multiplex):
+    cfg = small_config("sara", multiplex)  # SARA abandons groups: their samples are cut mid-stream
     _, n, recorder = overhead._pipeline_pass(cfg, tmp_path / "work", record=True)
     cuts = recorder.cut_after()[:n]
     assert any(c is not None for c in cuts) and any(c is None for c in cuts)
@@ -50,9 +52,10 @@ def test_mean_in_flight_is_the_time_average_of_open_streams():
 
 
 def test_throughput_rows_name_their_step_ahead_limit_and_concurrency(tmp_path):
-    passes = (("virtual", False, None), ("virtual", False, 2))
+    passes = (("virtual", False, None, True), ("virtual", False, 2, True), ("virtual", False, None, False))
     rows = overhead.throughput(small_config(), tmp_path, repeats=1, passes=passes)
-    assert [r["max_async_steps"] for r in rows] == [1, 2]
+    assert [r["max_async_steps"] for r in rows] == [1, 2, 1]
+    assert [r["driver"] for r in rows] == ["multiplexed", "multiplexed", "task per sample"]
     for r in rows:
         assert 0 < r["pipeline samples in flight"] <= r["concurrency limit"] == 32
         assert r["ratio"] > 0 and r["rollouts"] >= 3 * 8 * 8

@@ -1,8 +1,12 @@
-"""The orchestrator on the sim engine: accounting, faults, cancellation, backpressure."""
+"""The orchestrator on the sim engine: accounting, faults, cancellation, backpressure.
+
+Every test runs twice: with the sim engine's multiplexer driving all samples from one task
+(``orchestrator.multiplex_streams``, the default) and with a task per sample."""
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 import time
 
@@ -23,10 +27,18 @@ from pipeline.sim.world import SimAnswerScorer, SimEvaluator, SimWorld
 from pipeline.types import ActionKind, GroupAction, GroupPlan, SampleFinished
 
 SMALL = OrchestratorConfig(batch_groups=8, group_size=4, steps=5, max_concurrent_samples=64, max_open_groups=32, eval_every=5)
+MULTIPLEX = True  # set per test by the ``driver`` fixture
+
+
+@pytest.fixture(autouse=True, params=["multiplexed", "task per sample"])
+def driver(request, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "MULTIPLEX", request.param == "multiplexed")
+    return request.param
 
 
 def make(cfg=SMALL, sim=None, gate=None, scorer=None, fail_every=0, realtime=False, timeout_s=5.0, learner=None,
          buffer=None):
+    cfg = dataclasses.replace(cfg, multiplex_streams=MULTIPLEX)
     world = SimWorld(sim or SimConfig(num_prompts=256, num_eval_prompts=64, seed=3))
     clock = WallClock() if realtime else VirtualClock()
     engine = SimEngine(world, clock=clock, fail_every=fail_every)
@@ -199,7 +211,7 @@ def test_virtual_clock_delivers_samples_in_engine_time_order():
     orch, engine = make(gate=gate, cfg=dataclasses.replace(SMALL, steps=1))
     holder["gate"].clock = engine.clock
     finals = []  # (group_id, launch_time, tokens, engine_time) in the order the pipeline read them
-    inner_stream = engine.stream
+    inner_stream, inner_mux = engine.stream, engine.multiplexer
 
     async def recording_stream(request):
         events = inner_stream(request)
@@ -211,7 +223,24 @@ def test_virtual_clock_delivers_samples_in_engine_time_order():
         finally:
             await events.aclose()
 
-    engine.stream = recording_stream
+    class RecordingMux:
+        def __init__(self):
+            self.mux, self.requests = inner_mux(), {}
+            self.abort, self.close = self.mux.abort, self.mux.close
+
+        def start(self, request):
+            self.requests[request.request_id] = request
+            self.mux.start(request)
+
+        async def next_events(self):
+            events = await self.mux.next_events()
+            for request_id, event in events:
+                if isinstance(event, SampleFinished):
+                    request = self.requests[request_id]
+                    finals.append((request.group_id, request.launch_time, event.num_tokens, event.engine_time))
+            return events
+
+    engine.stream, engine.multiplexer = recording_stream, RecordingMux
     anyio.run(orch.run)
     times = [t for *_, t in finals]
     assert len(finals) >= SMALL.batch_groups * 4 and times == sorted(times)

@@ -163,6 +163,10 @@ class OrchestratorConfig:
     staler (the default run: mean 0.92, max 2 with 1). ``pipeline/staleness_max`` reports it."""
     stream_buffer: int = 64
     """Capacity of each bounded stream between stages."""
+    multiplex_streams: bool = True
+    """Drive every running sample from one task when the engine can multiplex its streams
+    (``pipeline.engines.mux``; the sim engine can): no task, coroutine and cancel scope per
+    sample. False, or an engine without it: a task per sample (``Engine.stream``)."""
     reward_timeout_s: float = 5.0
     """A reward call past this gives reward 0, is counted, and the run goes on."""
     reward_threads: int = 2

@@ -24,14 +24,18 @@ from __future__ import annotations
 import collections
 import random
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import anyio
 import numpy as np
 
 from pipeline.clock import VirtualClock, WallClock
 from pipeline.engines.base import EngineBase
 from pipeline.sim.world import CORRECT_TOKEN, WRONG_TOKEN, SimPolicyState, SimWorld, Trajectory
 from pipeline.types import FinishReason, Prompt, RolloutEvent, SampleFinished, SampleRequest, TokenDelta
+
+if TYPE_CHECKING:
+    from pipeline.sim.mux import SimMux
 
 # Finished trajectories kept for branching (least recently used are dropped).
 _BRANCH_MEMORY = 16384
@@ -79,7 +83,13 @@ class SimEngine(EngineBase):
     async def abort(self, request_id: str) -> None:
         s = self._open.get(request_id)
         if s is not None:
-            s.abort()
+            s.abort() if isinstance(s, _SimStream) else s.mux.abort(request_id)
+
+    def multiplexer(self) -> "SimMux":
+        """Every request started through it driven by one consumer (``pipeline.sim.mux``)."""
+        from pipeline.sim.mux import SimMux
+
+        return SimMux(self)
 
     async def update_weights(self, weights: Any) -> int:
         if not isinstance(weights, SimPolicyState):
@@ -88,8 +98,8 @@ class SimEngine(EngineBase):
         self._version += 1
         return self._version
 
-    def _abort_on_close(self, stream: "_SimStream") -> None:
-        stream.close()
+    def _abort_on_close(self, record: Any) -> None:
+        record.close()  # a stream, or a multiplexer's entry
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -110,11 +120,70 @@ class SimEngine(EngineBase):
         if len(self._finished) > _BRANCH_MEMORY:
             self._finished.popitem(last=False)
 
+    def _render_request(self, req: SampleRequest, state: SimPolicyState) -> "Rendered":
+        """Sample ``req``'s whole trajectory under ``state`` and render its tokens (seeded by the
+        world seed, the request's seed and its id: independent of scheduling)."""
+        world = self.world
+        cfg = world.config
+        rng = random.Random((cfg.seed << 64) ^ (req.params.seed << 32) ^ zlib.crc32(req.request_id.encode()))
+        prefix_tokens: tuple[int, ...] = ()
+        prefix_lps: tuple[float, ...] = ()
+        source = None
+        if req.branch is not None:
+            source = self._trajectory_of(req.branch.source_request_id)
+            if source is None:
+                raise ValueError(
+                    f"cannot branch from {req.branch.source_request_id!r}: the sim engine does not remember it "
+                    f"(it keeps the last {_BRANCH_MEMORY} finished samples)"
+                )
+            prefix_tokens = tuple(req.branch.prefix_token_ids)
+            prefix_lps = tuple(req.branch.prefix_logprobs)
+        p = world.success_probability(state, req.prompt.prompt_id)
+        traj = world.sample_trajectory(
+            rng, p, req.params.temperature, req.params.max_tokens, prefix=source,
+            prefix_len=req.branch.prefix_len if req.branch else 0,
+        )
+        start_pos = min(req.branch.prefix_len if req.branch else 0, traj.length)
+        if len(prefix_tokens) != start_pos:
+            prefix_tokens = tuple(range(3, 3 + start_pos))  # stand-in tokens when the caller sent none
+            prefix_lps = (0.0,) * start_pos
+        tokens, lps, ents = self._tables.render(rng, traj, start_pos, world)
+        return Rendered(req.request_id, traj, tuple(tokens), tuple(lps), tuple(ents), prefix_tokens, prefix_lps, start_pos)
+
     def _trajectory_of(self, request_id: str) -> Trajectory | None:
         s = self._open.get(request_id)
         if s is not None and s.trajectory is not None:
             return s.trajectory
         return self._finished.get(request_id)
+
+
+class Rendered:
+    """One request's response, drawn whole: its new tokens (tuples once, so that each delta is a
+    slice of them) after the branch prefix, if any."""
+
+    __slots__ = ("request_id", "trajectory", "tokens", "logprobs", "entropies", "prefix_tokens", "prefix_logprobs", "start_pos")
+
+    def __init__(self, request_id: str, trajectory: Trajectory, tokens: tuple[int, ...], logprobs: tuple[float, ...],
+                 entropies: tuple[float, ...], prefix_tokens: tuple[int, ...], prefix_logprobs: tuple[float, ...], start_pos: int):
+        self.request_id = request_id
+        self.trajectory = trajectory
+        self.tokens, self.logprobs, self.entropies = tokens, logprobs, entropies
+        self.prefix_tokens, self.prefix_logprobs, self.start_pos = prefix_tokens, prefix_logprobs, start_pos
+
+    @property
+    def end_reason(self) -> FinishReason:
+        return FinishReason.LENGTH if self.trajectory.truncated else FinishReason.STOP
+
+    def finished(self, produced: int, reason: FinishReason, version: int, now: float) -> SampleFinished:
+        """The final event once ``produced`` of the new tokens are out."""
+        return SampleFinished(
+            request_id=self.request_id,
+            token_ids=self.prefix_tokens + self.tokens[:produced],
+            logprobs=self.prefix_logprobs + self.logprobs[:produced],
+            finish_reason=reason,
+            policy_version=version,
+            engine_time=now,
+        )
 
 
 class _TokenTables:
@@ -149,7 +218,11 @@ class _TokenTables:
 
 
 class _SimStream:
-    """One request's event stream. Registered with the clock from creation until closed."""
+    """One request's event stream. Registered with the clock from creation until closed.
+
+    A consumer cancelled while the stream sleeps through a chunk kills the generator inside
+    that sleep; the stream then keeps what the chunk was (``_cut``), so that the abort which
+    follows still ends it with the tokens produced until then, as a real engine would."""
 
     def __init__(self, engine: SimEngine, request: SampleRequest, fail: bool):
         self._engine = engine
@@ -159,6 +232,8 @@ class _SimStream:
         self._token = self._clock.register()
         self._closed = False
         self._aborted = False
+        self._cut: tuple[Rendered, int, int, float, int] | None = None  # the chunk being slept on
+        self._interrupted = False
         self._gen = self._run()
         self.trajectory: Trajectory | None = None
 
@@ -168,11 +243,31 @@ class _SimStream:
     async def __anext__(self) -> RolloutEvent:
         if self._closed:
             raise StopAsyncIteration
+        if self._interrupted:
+            return self._end_interrupted()
         try:
             return await self._gen.__anext__()
+        except anyio.get_cancelled_exc_class():
+            if self._cut is None:
+                self.close()
+            else:
+                self._interrupted = True
+                self._clock.unregister(self._token)  # it will not sleep again
+            raise
         except BaseException:
             self.close()
             raise
+
+    def _end_interrupted(self) -> SampleFinished:
+        """After a cancelled sleep: the aborted final of the chunk it was in, then nothing."""
+        self._interrupted = False
+        r, i, j, chunk_start, version = self._cut
+        self.close()
+        if not self._aborted:
+            raise StopAsyncIteration
+        now = self._clock.now()
+        produced = i + max(0, min(j - i, int((now - chunk_start) * self._engine.world.config.decode_tokens_per_s)))
+        return r.finished(produced, FinishReason.ABORTED, version, now)
 
     async def aclose(self) -> None:
         self.close()
@@ -189,42 +284,19 @@ class _SimStream:
         self._clock.wake(self._token)
 
     async def _run(self):
-        eng, req, world = self._engine, self._req, self._engine.world
-        cfg = world.config
+        eng, req = self._engine, self._req
+        cfg = eng.world.config
         version = eng.policy_version
         state = eng.state
-        rng = random.Random((cfg.seed << 64) ^ (req.params.seed << 32) ^ zlib.crc32(req.request_id.encode()))
         start = max(self._clock.now(), req.launch_time)
         if not self._aborted:
             await self._clock.sleep_until(self._token, start + cfg.prefill_s)
         if self._fail:
             raise SimEngineFault(f"injected engine failure on request {req.request_id}")
-        prefix_tokens: tuple[int, ...] = ()
-        prefix_lps: tuple[float, ...] = ()
-        source = None
-        if req.branch is not None:
-            source = eng._trajectory_of(req.branch.source_request_id)
-            if source is None:
-                raise ValueError(
-                    f"cannot branch from {req.branch.source_request_id!r}: the sim engine does not remember it "
-                    f"(it keeps the last {_BRANCH_MEMORY} finished samples)"
-                )
-            prefix_tokens = tuple(req.branch.prefix_token_ids)
-            prefix_lps = tuple(req.branch.prefix_logprobs)
-        p = world.success_probability(state, req.prompt.prompt_id)
-        traj = world.sample_trajectory(
-            rng, p, req.params.temperature, req.params.max_tokens, prefix=source,
-            prefix_len=req.branch.prefix_len if req.branch else 0,
-        )
-        self.trajectory = traj
-        start_pos = min(req.branch.prefix_len if req.branch else 0, traj.length)
-        if len(prefix_tokens) != start_pos:
-            prefix_tokens = tuple(range(3, 3 + start_pos))  # stand-in tokens when the caller sent none
-            prefix_lps = (0.0,) * start_pos
-        tokens_l, lps_l, ents_l = eng._tables.render(rng, traj, start_pos, world)
-        # Tuples once: each delta is a slice of them, and the final event is the prefix plus
-        # the slice produced so far (no per-chunk list growth).
-        tokens_t, lps_t, ents_t = tuple(tokens_l), tuple(lps_l), tuple(ents_l)
+        r = eng._render_request(req, state)
+        self.trajectory = r.trajectory
+        tokens_t, lps_t, ents_t = r.tokens, r.logprobs, r.entropies
+        prefix_tokens, prefix_lps, start_pos = r.prefix_tokens, r.prefix_logprobs, r.start_pos
         n = len(tokens_t)
         t = self._clock.now()
         rate = cfg.decode_tokens_per_s
@@ -236,11 +308,12 @@ class _SimStream:
             t_chunk_start = t
             t += (j - i) / rate
             if not self._aborted:
+                self._cut = (r, i, j, t_chunk_start, version)
                 await clock.sleep_until(token, t)
             if self._aborted:
                 produced = int((clock.now() - t_chunk_start) * rate)
                 j = i + max(0, min(j - i, produced))
-                yield self._finished(prefix_tokens + tokens_t[:j], prefix_lps + lps_t[:j], FinishReason.ABORTED, version)
+                yield r.finished(j, FinishReason.ABORTED, version, clock.now())
                 return
             yield TokenDelta(
                 request_id=rid,
@@ -249,16 +322,5 @@ class _SimStream:
                 entropies=ents_t[i:j],
                 position=start_pos + i,
             )
-        eng._remember(rid, traj)
-        reason = FinishReason.LENGTH if traj.truncated else FinishReason.STOP
-        yield self._finished(prefix_tokens + tokens_t, prefix_lps + lps_t, reason, version)
-
-    def _finished(self, tokens: tuple[int, ...], lps: tuple[float, ...], reason: FinishReason, version: int) -> SampleFinished:
-        return SampleFinished(
-            request_id=self._req.request_id,
-            token_ids=tokens,
-            logprobs=lps,
-            finish_reason=reason,
-            policy_version=version,
-            engine_time=self._clock.now(),
-        )
+        eng._remember(rid, r.trajectory)
+        yield r.finished(n, r.end_reason, version, clock.now())

@@ -12,6 +12,9 @@
 2. **Decision-hook latency**: p50/p99 of snapshot + ``gate.update`` + ``controller.on_group`` at
    64, 512 and 4096 concurrent groups, with the per-rollout cost at each level and the raw
    engine's on the same level's requests.
+
+Both drivers of the engine are measured in the same run: every sample from one consumer of the
+engine's multiplexer (the default, ``orchestrator.multiplex_streams``) and a task per sample.
 3. **Long run**: a small-batch sim run of many steps; resident memory after the warm-up and at
    the end, and the trace log re-read every so often while it is written.
 """
@@ -31,6 +34,7 @@ import anyio
 import psutil
 
 from pipeline.clock import VirtualClock, WallClock
+from pipeline.engines.mux import multiplexer_of
 from pipeline.sim.engine import SimEngine
 from pipeline.hooktimer import HookTimer
 from pipeline.store.tracelog import read_trace
@@ -75,6 +79,11 @@ class _Recorder:
         self.spans.append(span)
         return _TimedStream(self._engine.stream(request), self._engine.clock, span)
 
+    def multiplexer(self) -> "_RecordingMux | None":
+        """The engine's multiplexer, recording what is started through it (None without one)."""
+        inner = multiplexer_of(self._engine)
+        return None if inner is None else _RecordingMux(self, inner)
+
     def mean_in_flight(self) -> float:
         """Samples streaming at once, averaged over the engine-clock time from the first stream
         opened to the last one closed (a stream never closed counts until then)."""
@@ -113,6 +122,42 @@ class _TimedStream:
         await self._inner.aclose()
 
 
+class _RecordingMux:
+    """A multiplexer that fills in its recorder's requests (and, timed, their spans)."""
+
+    def __init__(self, recorder: _Recorder, inner: Any):
+        self._recorder, self._inner, self._clock = recorder, inner, recorder._engine.clock
+        self._spans: dict[str, _Span] = {}
+        self.abort = inner.abort
+
+    def start(self, request: SampleRequest) -> None:
+        self._recorder.requests.append(request)
+        if self._recorder._timed:
+            span = self._spans[request.request_id] = _Span(self._clock.now())
+            self._recorder.spans.append(span)
+        self._inner.start(request)
+
+    async def next_events(self) -> list:
+        events = await self._inner.next_events()
+        if self._recorder._timed:
+            for request_id, event in events:
+                span = self._spans[request_id]
+                if type(event) is TokenDelta:
+                    span.tokens += len(event.token_ids)
+                else:
+                    span.finished = getattr(event, "finish_reason", None) is not None and event.finish_reason.is_success
+                    span.closed = self._clock.now()
+        return events
+
+    def close(self) -> list:
+        finals = self._inner.close()
+        for final in finals:
+            span = self._spans.get(final.request_id)
+            if span is not None and math.isnan(span.closed):
+                span.closed = self._clock.now()
+        return finals
+
+
 def _pipeline_pass(cfg: RunConfig, work_dir: Path, record: bool = False) -> tuple[float, int, _Recorder | None]:
     from pipeline.store.buffer import ArrowBuffer
     from pipeline.store.tracelog import TraceLog
@@ -133,13 +178,22 @@ def _pipeline_pass(cfg: RunConfig, work_dir: Path, record: bool = False) -> tupl
 
 
 def _raw_pass(cfg: RunConfig, requests: list[SampleRequest], cut_after: list[int | None] | None = None) -> float:
-    """Stream ``requests`` through a fresh engine with no pipeline: one task per request under the
-    same concurrency limit. With ``cut_after``, a request the pipeline stopped early (an abandoned
-    group, the run's end) is aborted after the same number of tokens, so both do the same work."""
+    """Stream ``requests`` through a fresh engine with no pipeline, under the same concurrency
+    limit and driven the way the pipeline drives it (``orchestrator.multiplex_streams``): all
+    from one consumer of the engine's multiplexer, or one task per request. With
+    ``cut_after``, a request the pipeline stopped early (an abandoned group, the run's end) is
+    aborted after the same number of tokens, so both do the same work."""
     comps = build_components(cfg)
     engine: SimEngine = comps.engine
-    limiter = anyio.Semaphore(cfg.orchestrator.max_concurrent_samples)
     cuts = cut_after or [None] * len(requests)
+    main = _raw_multiplexed if cfg.orchestrator.multiplex_streams and multiplexer_of(engine) is not None else _raw_tasks
+    started = time.perf_counter()
+    anyio.run(main, engine, requests, cuts, cfg.orchestrator.max_concurrent_samples)
+    return time.perf_counter() - started
+
+
+async def _raw_tasks(engine: SimEngine, requests: list[SampleRequest], cuts: list[int | None], limit: int) -> None:
+    limiter = anyio.Semaphore(limit)
 
     async def consume(request: SampleRequest, stream, cut: int | None) -> None:
         streamed = 0
@@ -157,37 +211,63 @@ def _raw_pass(cfg: RunConfig, requests: list[SampleRequest], cut_after: list[int
             await stream.aclose()
             limiter.release()
 
-    async def main() -> None:
-        async with anyio.create_task_group() as tg:
-            for request, cut in zip(requests, cuts):
-                await limiter.acquire()
+    async with anyio.create_task_group() as tg:
+        for request, cut in zip(requests, cuts):
+            await limiter.acquire()
+            request = dataclasses.replace(request, launch_time=engine.clock.now())
+            tg.start_soon(consume, request, engine.stream(request), cut)
+
+
+async def _raw_multiplexed(engine: SimEngine, requests: list[SampleRequest], cuts: list[int | None], limit: int) -> None:
+    mux = engine.multiplexer()
+    todo = list(zip(requests, cuts))[::-1]
+    left: dict[str, int | None] = {}  # running request id -> tokens still to stream before its cut (None: no cut)
+    try:
+        while todo or left:
+            while todo and len(left) < limit:
+                request, cut = todo.pop()
                 request = dataclasses.replace(request, launch_time=engine.clock.now())
-                tg.start_soon(consume, request, engine.stream(request), cut)
+                mux.start(request)
+                left[request.request_id] = cut
+                if cut == 0:
+                    mux.abort(request.request_id)
+            for request_id, event in await mux.next_events():
+                if type(event) is TokenDelta:
+                    cut = left[request_id]
+                    if cut is not None:
+                        left[request_id] = cut = cut - len(event.token_ids)
+                        if cut <= 0:
+                            mux.abort(request_id)
+                else:
+                    del left[request_id]
+    finally:
+        mux.close()
 
-    started = time.perf_counter()
-    anyio.run(main)
-    return time.perf_counter() - started
 
-
-# Throughput passes: (label, real-time engine model, max_async_steps override or None = the config's).
-# The third pass lifts the step-ahead limit by one step: with one, open groups whose last samples
-# are still running (and committed groups waiting for a batch) hold the admission room, so fewer
-# samples stream than the concurrency limit allows; the pass shows what that bound costs,
-# separately from the pipeline's own work.
-THROUGHPUT_PASSES: tuple[tuple[str, bool, int | None], ...] = (
-    ("virtual (CPU-bound)", False, None),
-    ("real-time engine model", True, None),
-    ("real-time engine model", True, 2),
+# Throughput passes: (label, real-time engine model, max_async_steps override or None = the config's,
+# multiplexed driver). The third pass lifts the step-ahead limit by one step: with one, open groups
+# whose last samples are still running (and committed groups waiting for a batch) hold the
+# admission room, so fewer samples stream than the concurrency limit allows; the pass shows what
+# that bound costs, separately from the pipeline's own work. The last pass drives the engine with
+# a task per sample, pipeline and raw alike (the path before the multiplexer).
+THROUGHPUT_PASSES: tuple[tuple[str, bool, int | None, bool], ...] = (
+    ("virtual (CPU-bound)", False, None, True),
+    ("real-time engine model", True, None, True),
+    ("real-time engine model", True, 2, True),
+    ("virtual (CPU-bound)", False, None, False),
 )
+DRIVERS = {True: "multiplexed", False: "task per sample"}
 
 
 def throughput(cfg: RunConfig, out: Path, repeats: int = 3,
-               passes: tuple[tuple[str, bool, int | None], ...] = THROUGHPUT_PASSES) -> list[dict[str, Any]]:
+               passes: tuple[tuple[str, bool, int | None, bool], ...] = THROUGHPUT_PASSES) -> list[dict[str, Any]]:
     """The full pipeline against the raw engine on the same requests, best of ``repeats`` each."""
     rows = []
-    for label, realtime, async_steps in passes:
+    for label, realtime, async_steps, multiplex in passes:
         sim = dataclasses.replace(cfg.sim, realtime=realtime, learning_rate=0.0, prompt_learning_rate=0.0)
-        orch = cfg.orchestrator if async_steps is None else dataclasses.replace(cfg.orchestrator, max_async_steps=async_steps)
+        orch = dataclasses.replace(cfg.orchestrator, multiplex_streams=multiplex)
+        if async_steps is not None:
+            orch = dataclasses.replace(orch, max_async_steps=async_steps)
         c = dataclasses.replace(cfg, sim=sim, orchestrator=orch)
         _, n, recorder = _pipeline_pass(c, out / "work", record=True)
         assert recorder is not None
@@ -198,6 +278,7 @@ def throughput(cfg: RunConfig, out: Path, repeats: int = 3,
         pipe, raw = min(pipe_times), min(raw_times)
         rows.append({
             "engine time": label,
+            "driver": DRIVERS[multiplex],
             "max_async_steps": orch.max_async_steps,
             "rollouts": n,
             "pipeline samples in flight": recorder.mean_in_flight(),
@@ -211,38 +292,24 @@ def throughput(cfg: RunConfig, out: Path, repeats: int = 3,
     return rows
 
 
-# (gate, controller) pairs measured at each level: the gate alone, then SARA with RAIL live.
+# (gate, controller, multiplexed driver) measured at each level: the gate alone, then SARA with RAIL
+# live, each also with a task per sample (the driver before the multiplexer), in the same run.
 # "rail": decision points batched (token and group-level) and scored by the numpy snapshot of VW's
 # model (the defaults); "rail_vw": each decided at once by one VW parse and predict
 # (``vw_snapshot_every=0``, ``batch_token_decisions=false``, ``batch_group_decisions=false``: the
-# path before any of them existed), in the same run for comparison.
-HOOK_VARIANTS: tuple[tuple[str, str], ...] = (
-    ("uniform", "none"), ("sara", "none"), ("sara", "rail"), ("sara", "rail_vw"),
+# path before any of them existed).
+HOOK_VARIANTS: tuple[tuple[str, str, bool], ...] = (
+    ("uniform", "none", True), ("uniform", "none", False), ("sara", "none", True),
+    ("sara", "rail", True), ("sara", "rail", False),
 )
 CONTROLLER_LABELS = {"none": "none", "rail": "RAIL (vw snapshot, batched, live)", "rail_vw": "RAIL (vw per decision, live)"}
 
 
-def _hook_config(cfg: RunConfig, groups: int, gate: str, controller: str) -> RunConfig:
+def _hook_config(cfg: RunConfig, groups: int, gate: str, controller: str, multiplex: bool = True) -> RunConfig:
     orch_cfg = dataclasses.replace(
         cfg.orchestrator, batch_groups=groups, max_open_groups=groups, max_concurrent_samples=groups * cfg.orchestrator.group_size,
-        max_async_steps=0, steps=max(2, 2048 // groups), eval_every=0,
+        max_async_steps=0, steps=max(2, 2048 // groups), eval_every=0, multiplex_streams=multiplex,
     )
-    sim = dataclasses.replace(cfg.sim, num_prompts=max(cfg.sim.num_prompts, 2 * groups))
-    gate_cfg = dataclasses.replace(cfg.gate, kind=gate)
-    ctrl = cfg.controller
-    if controller in ("rail", "rail_vw"):
-        # RAIL acting (live) from the first decision, with its default VW backend.
-        new_path = controller == "rail"  # the defaults' snapshot and batching, or neither
-        rail = dataclasses.replace(
-            ctrl.rail, mode="live", auto_promote=False, backend="vw", batch_token_decisions=new_path,
-            batch_group_decisions=new_path, vw_snapshot_every=RailConfig().vw_snapshot_every if new_path else 0,
-        )
-        ctrl = dataclasses.replace(ctrl, kind="rail", rail=rail)
-    else:
-        ctrl = dataclasses.replace(ctrl, kind="none")
-    return dataclasses.replace(cfg, orchestrator=orch_cfg, sim=sim, gate=gate_cfg, controller=ctrl)
-
-
 def _percentile_us(samples: list[int], q: float) -> float:
     if not samples:
         return math.nan
@@ -251,21 +318,22 @@ def _percentile_us(samples: list[int], q: float) -> float:
 
 
 def hook_latency(
-    cfg: RunConfig, levels: tuple[int, ...] = (64, 512, 4096), variants: tuple[tuple[str, str], ...] = HOOK_VARIANTS,
+    cfg: RunConfig, levels: tuple[int, ...] = (64, 512, 4096), variants: tuple[tuple[str, str, bool], ...] = HOOK_VARIANTS,
 ) -> list[dict[str, Any]]:
-    """Per level and (gate, controller): the decision hook's p50/p99 (snapshot + gate + controller
-    per finished sample), RAIL's own decisions (group and token decision points; amortised per
-    decision when decided in batches) and the whole pipeline's cost per rollout.
+    """Per level and (gate, controller, driver): the decision hook's p50/p99 (snapshot + gate +
+    controller per finished sample), RAIL's own decisions (group and token decision points;
+    amortised per decision when decided in batches) and the whole pipeline's cost per rollout.
 
-    At each level the first variant's requests are streamed again through the raw engine (one
-    task per request, the same concurrency limit, no pipeline): its CPU per rollout is what the
-    engine and one task per sample cost by themselves, and each row's *over raw* column is the
-    pipeline's CPU per rollout less that."""
+    At each level the first variant's requests are streamed again through the raw engine (no
+    pipeline, the same concurrency limit), once per driver: from one consumer of the engine's
+    multiplexer, and with one task per request. Its CPU per rollout is what the engine and the
+    driver cost by themselves, and each row's *over raw* column is the pipeline's CPU per
+    rollout less the raw engine's with the same driver."""
     rows = []
     for groups in levels:
-        raw_cpu_us = math.nan
-        for k, (gate, controller) in enumerate(variants):
-            c = _hook_config(cfg, groups, gate, controller)
+        raw_cpu_us: dict[bool, float] = {}
+        for k, (gate, controller, multiplex) in enumerate(variants):
+            c = _hook_config(cfg, groups, gate, controller, multiplex)
             comps = build_components(c)
             recorder = _Recorder(comps.engine, timed=False) if k == 0 else None
             timer = HookTimer()
@@ -276,15 +344,19 @@ def hook_latency(
             elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
             n = max(1, summary.budget.rollouts_started)
             if recorder is not None:
-                raw_started = time.process_time()
-                _raw_pass(c, recorder.requests[:n])
-                raw_cpu_us = (time.process_time() - raw_started) / n * 1e6
+                for raw_multiplex in DRIVERS:
+                    raw_cfg = dataclasses.replace(c, orchestrator=dataclasses.replace(c.orchestrator, multiplex_streams=raw_multiplex))
+                    raw_started = time.process_time()
+                    _raw_pass(raw_cfg, recorder.requests[:n])
+                    raw_cpu_us[raw_multiplex] = (time.process_time() - raw_started) / n * 1e6
             decisions = list(getattr(comps.controller, "latency_ns", ()))
             cpu_us = cpu / n * 1e6
+            raw_us = raw_cpu_us.get(multiplex, math.nan)
             rows.append({
                 "concurrent groups": groups,
                 "gate": gate,
                 "controller": CONTROLLER_LABELS[controller],
+                "driver": DRIVERS[multiplex],
                 "hook calls": timer.calls,
                 "hook p50 us": timer.percentile_us(50),
                 "hook p99 us": timer.percentile_us(99),
@@ -295,8 +367,8 @@ def hook_latency(
                 "pipeline us/rollout": elapsed / n * 1e6,
                 # CPU time of this process: what the pipeline costs, less exposed to other load.
                 "pipeline CPU us/rollout": cpu_us,
-                "raw engine CPU us/rollout": raw_cpu_us,
-                "over raw CPU us/rollout": cpu_us - raw_cpu_us,
+                "raw engine CPU us/rollout": raw_us,
+                "over raw CPU us/rollout": cpu_us - raw_us,
             })
             print(rows[-1], flush=True)
     return rows

@@ -62,6 +62,11 @@ class ScoringService:
         self.timeouts = 0
         self.no_reward = 0  # the scorer returned None: counted, not trained on (``NO_REWARD``)
 
+    @property
+    def runs_inline(self) -> bool:
+        """True when ``score`` calls the scorer on the event loop (it never suspends)."""
+        return self._inline
+
     async def score(self, prompt: Prompt, token_ids: Sequence[int]) -> tuple[float, str]:
         """``(reward, error)``; ``error`` is empty on success."""
         if self._inline:
