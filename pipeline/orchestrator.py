@@ -317,15 +317,18 @@ class Orchestrator:
         """Score a finished sample and send it to the tracking loop (which releases the clock
         hold its end took)."""
         try:
-            if finished.finish_reason.is_success:
-                # A branch's token_ids start with its source's prefix: the answer is all of them.
-                reward, error = await self.scoring.score(request.prompt, finished.token_ids)
-            else:
-                reward, error = 0.0, finished.error
-            await inbox.send(SampleDone(ScoredSample(request, finished, reward, error)))
+            await inbox.send(await self._scored(request, finished))
         except BaseException:
             self.clock.release()
             raise
+
+    async def _scored(self, request: SampleRequest, finished: SampleFinished) -> SampleDone:
+        if finished.finish_reason.is_success:
+            # A branch's token_ids start with its source's prefix: the answer is all of them.
+            reward, error = await self.scoring.score(request.prompt, finished.token_ids)
+        else:
+            reward, error = 0.0, finished.error
+        return SampleDone(ScoredSample(request, finished, reward, error))
 
     def _failed(self, request: SampleRequest, exc: BaseException) -> SampleFinished:
         """The final event of a sample the engine failed on."""
@@ -398,11 +401,14 @@ class Orchestrator:
     async def _mux_loop(self, mux: StreamMux, inbox) -> None:
         """What the sample tasks do, for every running sample: count deltas (the controller's
         token hook), score each finished sample and report it; a cancelled sample's events are
-        counted as its abort's."""
+        counted as its abort's. The messages of one batch of events go to the tracking loop after
+        the whole batch is read, as when the sample tasks woken at one engine time all run before
+        it: the decision points of a tick then share one batch of RAIL decisions."""
         tracker, runs, clock = self.tracker, self._mux_runs, self.clock
         report_inline = self.scoring.runs_inline
         try:
             while True:
+                messages: list[Any] = []
                 for request_id, event in await mux.next_events():
                     run = runs.get(request_id)
                     if run is None:
@@ -414,9 +420,7 @@ class Orchestrator:
                             continue
                         actions = tracker.on_tokens(run.group, run.request.sample_index, event)
                         if actions:
-                            await inbox.send(ControllerActions(tuple(actions)))
-                        elif tracker.flush_wanted():
-                            await inbox.send(DecideQueued())
+                            messages.append(ControllerActions(tuple(actions)))
                         continue
                     del runs[request_id]
                     if run.cancelled and not (isinstance(event, SampleFinished) and event.finish_reason.is_success):
@@ -431,10 +435,27 @@ class Orchestrator:
                     clock.hold()  # time stands still until the tracker has acted on this sample
                     finished = event if isinstance(event, SampleFinished) else self._failed(run.request, event)
                     tracker.sample_ended(run.group, run.request, finished, run.streamed)
-                    if report_inline:
-                        await self._report(run.request, finished, inbox)
+                    if report_inline:  # scored here, without suspending
+                        messages.append(await self._scored(run.request, finished))
                     else:
                         self._tg.start_soon(self._report, run.request, finished, inbox, name="reward")
+                if tracker.flush_wanted():  # decided when the tracking loop next runs
+                    messages.append(DecideQueued())
+                for i, message in enumerate(messages):
+                    try:
+                        # All at once while there is room: the tracking loop then finds the tick's
+                        # events waiting and decides their points together (decide_due).
+                        try:
+                            inbox.send_nowait(message)
+                        except anyio.WouldBlock:
+                            await inbox.send(message)
+                    except BaseException as exc:  # the holds of finished samples not sent are released
+                        for unsent in messages[i:]:
+                            if isinstance(unsent, SampleDone):
+                                clock.release()
+                        if isinstance(exc, (anyio.BrokenResourceError, anyio.ClosedResourceError)):
+                            return  # the tracking loop has ended: the run is over
+                        raise
         finally:
             for final in mux.close():  # the run is over: count what the running samples produced
                 run = runs.pop(final.request_id, None)

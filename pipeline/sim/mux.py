@@ -86,7 +86,7 @@ class SimMux:
         self._entries: dict[str, _Entry] = {}
         self._aborted: list[_Entry] = []  # ended by abort(): their final event is due now
         self._token = 0  # the clock token, held while there are entries (VirtualClock)
-        self._sleeping_until = float("inf")
+        self._sleeping_until = float("-inf")  # while the consumer waits: when it wakes by itself
         self._wakeup: Any = None
         self._closed = False
 
@@ -207,10 +207,11 @@ class SimMux:
     # --- waiting --------------------------------------------------------------------------
 
     def _poke(self, t: float) -> None:
-        """Something is due at ``t``: wake the consumer if it sleeps past that."""
+        """Something is due at ``t``: wake the consumer if it sleeps past that (a consumer that
+        is not waiting has ``_sleeping_until`` at minus infinity: nothing to do)."""
         if t >= self._sleeping_until:
             return
-        self._sleeping_until = float("inf")
+        self._sleeping_until = float("-inf")
         if self._token and self._virtual:
             self._clock.wake(self._token)
         if self._wakeup is not None:
@@ -225,8 +226,10 @@ class SimMux:
             if not self._token:
                 self._token = self._clock.register()
             self._sleeping_until = heap[0][0]
-            await self._clock.sleep_until(self._token, heap[0][0])
-            self._sleeping_until = float("inf")
+            try:
+                await self._clock.sleep_until(self._token, heap[0][0])
+            finally:
+                self._sleeping_until = float("-inf")
             return
         if self._token and not self._entries:  # idle: the clock must not wait for us
             self._clock.unregister(self._token)
@@ -241,4 +244,4 @@ class SimMux:
                 await self._wakeup.wait()
         finally:
             self._wakeup = None
-            self._sleeping_until = float("inf")
+            self._sleeping_until = float("-inf")

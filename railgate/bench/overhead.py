@@ -310,6 +310,22 @@ def _hook_config(cfg: RunConfig, groups: int, gate: str, controller: str, multip
         cfg.orchestrator, batch_groups=groups, max_open_groups=groups, max_concurrent_samples=groups * cfg.orchestrator.group_size,
         max_async_steps=0, steps=max(2, 2048 // groups), eval_every=0, multiplex_streams=multiplex,
     )
+    sim = dataclasses.replace(cfg.sim, num_prompts=max(cfg.sim.num_prompts, 2 * groups))
+    gate_cfg = dataclasses.replace(cfg.gate, kind=gate)
+    ctrl = cfg.controller
+    if controller in ("rail", "rail_vw"):
+        # RAIL acting (live) from the first decision, with its default VW backend.
+        new_path = controller == "rail"  # the defaults' snapshot and batching, or neither
+        rail = dataclasses.replace(
+            ctrl.rail, mode="live", auto_promote=False, backend="vw", batch_token_decisions=new_path,
+            batch_group_decisions=new_path, vw_snapshot_every=RailConfig().vw_snapshot_every if new_path else 0,
+        )
+        ctrl = dataclasses.replace(ctrl, kind="rail", rail=rail)
+    else:
+        ctrl = dataclasses.replace(ctrl, kind="none")
+    return dataclasses.replace(cfg, orchestrator=orch_cfg, sim=sim, gate=gate_cfg, controller=ctrl)
+
+
 def _percentile_us(samples: list[int], q: float) -> float:
     if not samples:
         return math.nan
