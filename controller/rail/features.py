@@ -50,10 +50,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Mapping
 
-from controller.rail.arms import Arm, expected_tokens
+from controller.rail.arms import Arm, ArmsCache, expected_tokens
 from pipeline.types import GroupSnapshot
 
 POINTS = ("rescue", "extend", "token")
@@ -179,9 +178,10 @@ class Context:
         arms = tuple(arms)
         return cls(point, checked, arms, tuple(expected_tokens(a, length, fraction) for a in arms))
 
-    @cached_property
+    @property
     def names(self) -> tuple[str, ...]:
-        return tuple(a.name for a in self.arms)
+        """The arms' names, in order (once per arms tuple: a controller passes the same few)."""
+        return _ARM_NAMES.get(self.arms, _names_of)
 
     def index(self, name: str) -> int:
         """Position of the arm called ``name`` in this context's arms."""
@@ -189,3 +189,10 @@ class Context:
             if arm.name == name:
                 return i
         raise ValueError(f"arm {name!r} is not available here; available: {', '.join(self.names)}")
+
+
+def _names_of(arms: tuple[Arm, ...]) -> tuple[str, ...]:
+    return tuple(a.name for a in arms)
+
+
+_ARM_NAMES = ArmsCache()
