@@ -145,6 +145,8 @@ def test_close_returns_the_running_requests_aborted_and_releases_the_clock():
     assert isinstance(events[-1], SampleFinished) and events[-1].finish_reason.is_success
     with pytest.raises(RuntimeError, match="closed multiplexer"):
         anyio.run(mux.next_events)
+    with pytest.raises(RuntimeError, match="take a new one"):
+        mux.start(request(engine, "late"))
 
 
 async def _collect(stream):

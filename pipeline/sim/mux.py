@@ -93,6 +93,8 @@ class SimMux:
     # --- StreamMux ------------------------------------------------------------------------
 
     def start(self, request: SampleRequest) -> None:
+        if self._closed:
+            raise RuntimeError(f"start({request.request_id!r}) on a closed multiplexer; take a new one from engine.multiplexer()")
         eng = self._engine
         rid = eng._admit(request)
         eng._started += 1
