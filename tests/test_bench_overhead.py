@@ -59,3 +59,11 @@ def test_throughput_rows_name_their_step_ahead_limit_and_concurrency(tmp_path):
     for r in rows:
         assert 0 < r["pipeline samples in flight"] <= r["concurrency limit"] == 32
         assert r["ratio"] > 0 and r["rollouts"] >= 3 * 8 * 8
+
+
+def test_the_long_run_reads_its_trace_from_another_process_while_it_is_written(tmp_path):
+    result = overhead.long_run(small_config(), tmp_path, steps=10)
+    counts = [n for _, n in result["trace_reads"]]
+    assert len(counts) == 10 and counts == sorted(counts)  # segments not yet flushed are not visible yet
+    assert result["trace_decisions_final"] >= max(counts[-1], 1)
+    assert result["rss_start_step"] == 1 and result["rss_end_mb"] > 0 and result["trace_torn_files"] == 0

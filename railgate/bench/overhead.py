@@ -26,6 +26,8 @@ import json
 import math
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -390,6 +392,17 @@ def hook_latency(
     return rows
 
 
+def _read_trace_elsewhere(trace_dir: Path) -> int:
+    """The decisions in the trace being written, read by another process, as a user's monitor
+    would: the reader's memory (Arrow's allocator keeps what it read) is then not counted in the
+    run's RSS."""
+    code = "import sys; from pipeline.store.tracelog import read_trace; print(read_trace(sys.argv[1]).decisions.num_rows)"
+    done = subprocess.run([sys.executable, "-c", code, str(trace_dir)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"re-reading the trace {trace_dir} while it is written failed:\n{done.stderr.strip()}")
+    return int(done.stdout.split()[-1])
+
+
 def long_run(cfg: RunConfig, out: Path, steps: int) -> dict[str, Any]:
     run_dir = out / "long_run"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -405,12 +418,14 @@ def long_run(cfg: RunConfig, out: Path, steps: int) -> dict[str, Any]:
     every = max(1, steps // 10)
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
+        if step % every == 0:
+            marks["trace_reads"].append((step, _read_trace_elsewhere(run_dir / "trace")))
+        # The last mark is taken before the run's report and plot load their libraries.
         if step == warm:
             marks["rss_warm_mb"] = process.memory_info().rss / 2**20
             marks["step_warm"] = step
-        if step % every == 0:
-            trace = read_trace(run_dir / "trace")
-            marks["trace_reads"].append((step, trace.decisions.num_rows))
+        if step == steps:
+            marks["rss_end_mb"] = process.memory_info().rss / 2**20
 
     started = time.perf_counter()
     result = train(c, progress=False, on_step=on_step)
@@ -421,7 +436,7 @@ def long_run(cfg: RunConfig, out: Path, steps: int) -> dict[str, Any]:
         "wall_s": time.perf_counter() - started,
         "rss_start_mb": marks.get("rss_warm_mb"),
         "rss_start_step": marks.get("step_warm"),
-        "rss_end_mb": process.memory_info().rss / 2**20,
+        "rss_end_mb": marks.get("rss_end_mb", process.memory_info().rss / 2**20),
         "trace_reads": marks["trace_reads"],
         "trace_decisions_final": final.decisions.num_rows,
         "trace_torn_files": len(final.torn),
