@@ -414,9 +414,10 @@ class Orchestrator:
                     if run is None:
                         continue
                     if type(event) is TokenDelta:
-                        run.streamed += len(event.token_ids)
+                        n = len(event.token_ids)
+                        run.streamed += n
                         if run.cancelled:
-                            tracker.abort_tokens(run.request, len(event.token_ids))
+                            tracker.abort_tokens(run.request, n)
                             continue
                         actions = tracker.on_tokens(run.group, run.request.sample_index, event)
                         if actions:
@@ -427,10 +428,7 @@ class Orchestrator:
                         # Aborted (or failed) after its group was abandoned. One that ended in the
                         # engine before the abort reached it is a finished sample, as with a task
                         # per sample: the tracker drops it as a straggler.
-                        if isinstance(event, SampleFinished):
-                            tracker.abort_tokens(run.request, final=event, streamed=run.streamed)
-                        tracker.sample_cancelled(run.group)
-                        tracker.sample_gone()
+                        self._count_abort(run, event if isinstance(event, SampleFinished) else None)
                         continue
                     clock.hold()  # time stands still until the tracker has acted on this sample
                     finished = event if isinstance(event, SampleFinished) else self._failed(run.request, event)
@@ -460,9 +458,15 @@ class Orchestrator:
             for final in mux.close():  # the run is over: count what the running samples produced
                 run = runs.pop(final.request_id, None)
                 if run is not None:
-                    tracker.abort_tokens(run.request, final=final, streamed=run.streamed)
-                    tracker.sample_cancelled(run.group)
-                    tracker.sample_gone()
+                    self._count_abort(run, final)
+
+    def _count_abort(self, run: _MuxRun, final: SampleFinished | None) -> None:
+        """A sample ended by an abort (its group abandoned, or the run over): the tokens its
+        final event adds, the aborted sample, its engine slot freed."""
+        if final is not None:
+            self.tracker.abort_tokens(run.request, final=final, streamed=run.streamed)
+        self.tracker.sample_cancelled(run.group)
+        self.tracker.sample_gone()
 
     # --- learner task --------------------------------------------------------------------
 

@@ -83,7 +83,7 @@ class SimEngine(EngineBase):
     async def abort(self, request_id: str) -> None:
         s = self._open.get(request_id)
         if s is not None:
-            s.abort() if isinstance(s, _SimStream) else s.mux.abort(request_id)
+            s.abort()  # a stream, or a multiplexer's entry
 
     def multiplexer(self) -> "SimMux":
         """Every request started through it driven by one consumer (``pipeline.sim.mux``)."""

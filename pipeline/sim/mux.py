@@ -67,6 +67,10 @@ class _Entry:
         """For branching from a running request (``SimEngine._trajectory_of``)."""
         return self.rendered.trajectory if self.rendered is not None else None
 
+    def abort(self) -> None:
+        """``SimEngine.abort`` of this request."""
+        self.mux.abort(self.request.request_id)
+
     def close(self) -> None:
         """The engine is closing: forget the request without an event."""
         self.mux._forget(self)

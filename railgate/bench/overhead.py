@@ -40,7 +40,7 @@ from pipeline.engines.mux import multiplexer_of
 from pipeline.sim.engine import SimEngine
 from pipeline.hooktimer import HookTimer
 from pipeline.store.tracelog import read_trace
-from pipeline.types import SampleRequest, TokenDelta
+from pipeline.types import SampleFinished, SampleRequest, TokenDelta
 from railgate.build import build_components, build_orchestrator
 from controller.rail.config import RailConfig
 from railgate.config import RunConfig
@@ -147,7 +147,7 @@ class _RecordingMux:
                 if type(event) is TokenDelta:
                     span.tokens += len(event.token_ids)
                 else:
-                    span.finished = getattr(event, "finish_reason", None) is not None and event.finish_reason.is_success
+                    span.finished = isinstance(event, SampleFinished) and event.finish_reason.is_success
                     span.closed = self._clock.now()
         return events
 
