@@ -112,3 +112,15 @@ def test_the_arms_cache_is_bounded_when_every_tuple_is_new():
         assert cache.get(arms, lambda a: calls.append(a) or -1) == 2  # same tuple: cached
         assert len(cache._entries) <= 8
     assert len(calls) == 100
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.25, 0.95, 1.5, -0.5])
+def test_a_context_costs_each_arm_as_expected_tokens_does(fraction):
+    """``Context.build`` takes the cost rule apart once per arms tuple; it must agree with
+    ``expected_tokens``, the rule itself, arm by arm."""
+    from controller.rail.features import Context
+
+    arms = build_arms(RailConfig(branch_sizes=(1, 4), resample_sizes=(2,)))
+    ctx = Context.build("token", {"length_estimate": 0.137, "position_fraction": fraction}, arms)
+    assert ctx.costs == tuple(expected_tokens(a, 137.0, fraction) for a in arms)
+    assert any(c > 0 for c in ctx.costs) and ctx.costs[0] == 0.0

@@ -57,11 +57,10 @@ def inverse_gap_weighting(gains: Sequence[float], gamma: float) -> list[float]:
     k = len(gains)
     if k == 0:
         raise ValueError("no arms to choose from; a decision needs at least one arm")
-    best = max(range(k), key=lambda i: (gains[i], -i))
-    probs = [0.0] * k
-    for i, g in enumerate(gains):
-        if i != best:
-            probs[i] = 1.0 / (k + gamma * (gains[best] - g))
+    top = max(gains)  # the first of equal gains is the best
+    best = gains.index(top)
+    probs = [1.0 / (k + gamma * (top - g)) for g in gains]
+    probs[best] = 0.0
     probs[best] = 1.0 - sum(probs)
     return probs
 

@@ -52,7 +52,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from controller.rail.arms import Arm, ArmsCache, expected_tokens
+from controller.rail.arms import Arm, ArmsCache
 from pipeline.types import GroupSnapshot
 
 POINTS = ("rescue", "extend", "token")
@@ -174,9 +174,12 @@ class Context:
         output (a fresh dict of finite floats, as ``group_features`` returns)."""
         checked = features if checked else check_features(features)
         length = checked.get("length_estimate", 0.0) * 1000.0
-        fraction = checked.get("position_fraction", 0.0)
+        rest = min(max(1.0 - checked.get("position_fraction", 0.0), 0.0), 1.0)
         arms = tuple(arms)
-        return cls(point, checked, arms, tuple(expected_tokens(a, length, fraction) for a in arms))
+        # expected_tokens of every arm, from its samples and whether it only writes the rest.
+        return cls(point, checked, arms, tuple(
+            0.0 if not n else n * length * rest if branch else n * length for n, branch in _COST_RULES.get(arms, _cost_rules)
+        ))
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -195,4 +198,11 @@ def _names_of(arms: tuple[Arm, ...]) -> tuple[str, ...]:
     return tuple(a.name for a in arms)
 
 
+def _cost_rules(arms: tuple[Arm, ...]) -> tuple[tuple[float, bool], ...]:
+    """Per arm, its expected samples (0 for the no-op) and whether it is a branch
+    (``expected_tokens``'s rule, taken apart once per arms tuple)."""
+    return tuple((0.0 if a.is_noop else float(a.n), a.kind == "branch") for a in arms)
+
+
 _ARM_NAMES = ArmsCache()
+_COST_RULES = ArmsCache()

@@ -134,11 +134,22 @@ class LinearSnapshot:
         fixed, per_k = rows
         return -(parts[..., fixed] + costs * (1.0 / PROBE_TOKENS) * parts[..., per_k])
 
+    def _arm_weights(self, arms: tuple[Arm, ...]) -> tuple[np.ndarray, np.ndarray, int]:
+        """The rows of ``_weights`` and ``_bias`` that score ``arms``: their fixed parts, then
+        their per-1000-token parts, gathered once per arms tuple."""
+        fixed, per_k = self._arm_rows(arms)
+        rows = np.concatenate([fixed, per_k])
+        return np.ascontiguousarray(self._weights[rows]), np.ascontiguousarray(self._bias[rows]), len(arms)
+
     def gains(self, context: Context) -> list[float]:
-        """Predicted gain (negated cost) of each of the context's arms, in its order."""
-        parts = self._weights @ self._vector(context.features) + self._bias
-        rows = self._rows.get(context.arms, self._arm_rows)
-        return self._combine(parts, rows, np.asarray(context.costs)).tolist()
+        """Predicted gain (negated cost) of each of the context's arms, in its order.
+
+        One context is scored with one matrix-vector product over its own arms' rows and the
+        rest in Python: on arrays of one row numpy's per-call cost is most of the work."""
+        weights, bias, k = self._rows.get(context.arms, self._arm_weights, "weights")
+        parts = (weights @ self._vector(context.features) + bias).tolist()
+        scale = 1.0 / PROBE_TOKENS
+        return [-(parts[i] + cost * scale * parts[k + i]) for i, cost in enumerate(context.costs)]
 
     def gains_many(self, contexts: Sequence[Context]) -> list[list[float]]:
         """``gains`` of every context, from one matrix product over all of them and one
