@@ -67,3 +67,17 @@ def test_the_long_run_reads_its_trace_from_another_process_while_it_is_written(t
     assert len(counts) == 10 and counts == sorted(counts)  # segments not yet flushed are not visible yet
     assert result["trace_decisions_final"] >= max(counts[-1], 1)
     assert result["rss_start_step"] == 1 and result["rss_end_mb"] > 0 and result["trace_torn_files"] == 0
+
+
+@pytest.mark.slow
+def test_the_hook_rows_time_every_rail_decision_of_the_run(monkeypatch):
+    """RAIL's decision percentiles are over the whole run, not the controller's metric window
+    (at 4096 groups the window held the last quarter of the decisions)."""
+    from controller.rail.controller import RailController
+
+    monkeypatch.setattr(RailController, "LATENCY_WINDOW", 1000)
+    cfg = load_config(ROOT / "configs" / "bench_overhead.yaml")
+    (row,) = overhead.hook_latency(cfg, levels=(64,), variants=(("sara", "rail", True),))
+    assert row["controller"].startswith("RAIL") and row["decisions timed"] == row["RAIL decisions"] > 1000
+    assert 0 < row["decision p50 us"] <= row["decision p99 us"]
+    assert row["raw engine CPU us/rollout"] > 0 and row["rollouts"] > 0

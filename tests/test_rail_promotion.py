@@ -86,6 +86,27 @@ def test_unusable_entries_are_ignored_and_state_round_trips():
     assert q.evaluate() == p.evaluate()
 
 
+def test_a_full_window_keeps_the_last_entries_oldest_first():
+    """The window is a ring: once full, each entry replaces the oldest, and a check (and the
+    saved state) sees exactly the last ``window`` entries in their order."""
+    from controller.ope import doubly_robust, ips
+
+    entries = shadow_log(130, True, seed=3)
+    p = Promoter(evaluate_every=1000, min_decisions=20, window=50, auto=False)
+    for x in entries:
+        p.record(x)
+    last = entries[-50:]
+    assert len(p) == 50 and p.state_dict()["entries"] == [list(x.__dict__.values()) for x in last]
+    evidence = p.evaluate()
+    r, mu, pi, ql, qo = ([getattr(x, f) for x in last] for f in ("reward", "logged_prob", "other_prob", "q_logged", "q_other"))
+    assert evidence.acting == ips(r, mu, mu) and evidence.other == doubly_robust(r, mu, pi, ql, qo)
+    q = Promoter(evaluate_every=1000, min_decisions=20, window=30)  # a smaller window keeps the newest
+    q.load_state_dict(p.state_dict())
+    assert q.state_dict()["entries"] == [list(x.__dict__.values()) for x in entries[-30:]]
+    with pytest.raises(ValueError, match="5 numbers"):
+        q.load_state_dict({**p.state_dict(), "entries": [[1.0, 0.5]]})
+
+
 def rail_for(**kw):
     cfg = dict(mode="shadow", backend="river", behaviour="none", behaviour_epsilon=0.5, token_decisions=False,
                branch_sizes=(), evaluate_every=40, min_decisions=120, window=2000, warmup_decisions=50)

@@ -95,6 +95,9 @@ def sample_index(probs: Sequence[float], u: float) -> int:
 
 def normalise(probs: Sequence[float]) -> tuple[float, ...]:
     """Probabilities scaled to sum to 1, with every entry finite and >= 0."""
+    total = sum(probs)
+    if 0.0 < total < math.inf and min(probs) >= 0.0:  # a NaN or an infinity makes the sum fail the test
+        return tuple(p / total for p in probs)
     clean = [p if math.isfinite(p) and p > 0 else 0.0 for p in probs]
     total = sum(clean)
     if total <= 0:

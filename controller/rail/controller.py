@@ -139,6 +139,9 @@ class RailController:
         Stamped on logged records (``clock`` defaults to wall time; pass the engine clock's ``now``).
     """
 
+    LATENCY_WINDOW = 20_000
+    """Decisions whose durations ``latency_ns`` keeps for the latency metrics."""
+
     def __init__(
         self,
         config: RailConfig,
@@ -173,7 +176,7 @@ class RailController:
         self.length_estimate = config.initial_length or default_params.max_tokens / 2.0
         """Running mean response length (tokens), for the arms' expected costs."""
         self.counts: Counter[str] = Counter()
-        self.latency_ns: deque[int] = deque(maxlen=20000)
+        self.latency_ns: deque[int] = deque(maxlen=self.LATENCY_WINDOW)
         """Durations of the last decisions (features, choice, logging), in nanoseconds."""
         self.recent_rewards: deque[float] = deque(maxlen=1000)
         self._queue: list[_Queued] = []

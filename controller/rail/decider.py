@@ -31,6 +31,7 @@ propensity, and the promotion window gets the other policy's view of the same ar
 from __future__ import annotations
 
 import math
+import operator
 import random
 from dataclasses import dataclass, field
 
@@ -82,7 +83,7 @@ class Decider:
         noop, interventions = self._splits.get(context.arms, self._split)
         if noop is None or not interventions:
             return probs
-        if max(gains[i] for i in interventions) > self.config.gain_threshold:
+        if max(map(gains.__getitem__, interventions)) > self.config.gain_threshold:
             return probs
         keep = self.config.below_threshold_explore
         out = list(probs)
@@ -205,5 +206,5 @@ def _normalised_rows(probs: np.ndarray) -> np.ndarray:
 
 
 def _expected(probs: tuple[float, ...], gains: tuple[float, ...]) -> float:
-    total = sum(p * g for p, g in zip(probs, gains))
+    total = sum(map(operator.mul, probs, gains))
     return total if math.isfinite(total) else math.nan

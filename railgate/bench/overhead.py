@@ -21,6 +21,7 @@ engine's multiplexer (the default, ``orchestrator.multiplex_streams``) and a tas
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
@@ -43,6 +44,7 @@ from pipeline.store.tracelog import read_trace
 from pipeline.types import SampleFinished, SampleRequest, TokenDelta
 from railgate.build import build_components, build_orchestrator
 from controller.rail.config import RailConfig
+from controller.rail.controller import RailController
 from railgate.config import RunConfig
 from railgate.report import markdown_table
 from railgate.train import train
@@ -340,7 +342,9 @@ def hook_latency(
 ) -> list[dict[str, Any]]:
     """Per level and (gate, controller, driver): the decision hook's p50/p99 (snapshot + gate +
     controller per finished sample), RAIL's own decisions (group and token decision points;
-    amortised per decision when decided in batches) and the whole pipeline's cost per rollout.
+    amortised per decision when decided in batches; p50 and p99 over every decision of the run,
+    and p99 over the last 20,000, the window of the controller's own metrics) and the whole
+    pipeline's cost per rollout.
 
     At each level the first variant's requests are streamed again through the raw engine (no
     pipeline, the same concurrency limit), once per driver: from one consumer of the engine's
@@ -353,6 +357,10 @@ def hook_latency(
         for k, (gate, controller, multiplex) in enumerate(variants):
             c = _hook_config(cfg, groups, gate, controller, multiplex)
             comps = build_components(c)
+            if hasattr(comps.controller, "latency_ns"):
+                # Every decision of the run: the controller keeps only the last LATENCY_WINDOW
+                # (20,000) for its metrics, at 4096 groups the last quarter (the second step's drain).
+                comps.controller.latency_ns = collections.deque()
             recorder = _Recorder(comps.engine, timed=False) if k == 0 else None
             timer = HookTimer()
             engine = recorder if recorder is not None else comps.engine
@@ -379,8 +387,10 @@ def hook_latency(
                 "hook p50 us": timer.percentile_us(50),
                 "hook p99 us": timer.percentile_us(99),
                 "RAIL decisions": int(summary.controller_metrics.get("controller/decisions", len(decisions))) if controller != "none" else 0,
+                "decisions timed": len(decisions),
                 "decision p50 us": _percentile_us(decisions, 50),
                 "decision p99 us": _percentile_us(decisions, 99),
+                "decision p99 us, last 20,000": _percentile_us(decisions[-RailController.LATENCY_WINDOW:], 99),
                 "rollouts": summary.budget.rollouts_started,
                 "pipeline us/rollout": elapsed / n * 1e6,
                 # CPU time of this process: what the pipeline costs, less exposed to other load.
