@@ -172,9 +172,23 @@ class SaraConfig:
     launch: Literal["probe_first", "eager", "streaming"] = "probe_first"
     """probe_first: launch k, the rest on commit. eager: launch all G, abort siblings on abandon.
     streaming: launch k, commit (and launch the rest) as soon as the group is mixed."""
+    level_prior: bool = False
+    """Our extension: each group starts from a Beta prior fitted to the recent groups of its
+    prompt's difficulty level (``controller.level_prior``) instead of ``prior``, which stays the
+    prior of a level with too few groups. Pair it with a shorter probe (``probe_size: 2``): a
+    level whose prompts all fail (or all pass) is then abandoned after two rollouts, not four."""
+    level_window: int = 64
+    """level_prior: groups per difficulty level the fit keeps."""
+    level_min_groups: int = 16
+    """level_prior: groups of a level needed before its fitted prior is used."""
 
     def __post_init__(self) -> None:
         key = "gate.sara"
+        require(self.level_window >= 2, f"{key}.level_window={self.level_window} must be >= 2")
+        require(
+            2 <= self.level_min_groups <= self.level_window,
+            f"{key}.level_min_groups={self.level_min_groups} must be in [2, {key}.level_window={self.level_window}]",
+        )
         require(self.probe_size >= 1, f"{key}.probe_size={self.probe_size} must be >= 1")
         require(0 <= self.tau_abandon <= 1, f"{key}.tau_abandon={self.tau_abandon} must be in [0, 1]")
         require(0 <= self.tau_commit <= 1, f"{key}.tau_commit={self.tau_commit} must be in [0, 1]")

@@ -24,7 +24,10 @@ rest of the group starts while the probe's stragglers are still generating. It s
 what probe-first spends (the same groups are abandoned, after the same k) and cuts the time a
 committed group waits for its probe's slowest sample.
 
-Prior: uniform ``prior = (1, 1)`` by default. Our extension, off by default: with
+Prior: uniform ``prior = (1, 1)`` by default. Our extensions, off by default: with
+``level_prior`` each group starts from a Beta prior fitted to the recent groups of its prompt's
+difficulty level (``controller.level_prior``), so with a short probe a level that all fails
+is abandoned after two rollouts; with
 ``history_discount = gamma > 0`` each prompt carries its posterior between groups, shrunk
 toward the prior by gamma each time (``controller.posterior.discount_posterior``), so a prompt
 seen all-wrong before needs less evidence to be abandoned. ``tau_commit`` is not published;
@@ -39,6 +42,7 @@ from typing import Any
 from controller.config import SaraConfig
 from controller.gates.base import BaseGate
 from controller.gates.common import GroupRecord, abandon, commit, launch, too_many_failures
+from controller.level_prior import LevelPrior
 from controller.posterior import discount_posterior, effective_probability
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector
@@ -51,6 +55,7 @@ class SaraRecord(GroupRecord):
 
     a: float
     b: float
+    level: float = 0.0  # the prompt's difficulty: the level prior learns from the group's outcome
 
 
 class SaraGate(BaseGate):
@@ -94,6 +99,10 @@ class SaraGate(BaseGate):
         self.launch = config.launch
         # prompt_id -> carried posterior (a, b); only kept when history_discount > 0.
         self._carried: dict[int, tuple[float, float]] = {}
+        self.levels = (
+            LevelPrior(config.level_window, config.level_min_groups, fallback=self.prior) if config.level_prior else None
+        )
+        self._level_of: dict[int, float] = {}  # prompt_id -> difficulty, for shipped groups
 
     # --- admission ----------------------------------------------------------------------
 
@@ -101,16 +110,23 @@ class SaraGate(BaseGate):
         initial = self.group_size if self.launch == "eager" else self.probe_size
         plans = []
         for group_id, prompt in zip(group_ids, self.source.take(len(group_ids))):
-            a, b = self._prior_of(prompt.prompt_id)
-            self._open(group_id, prompt, a=a, b=b)
+            base = self.prior
+            if self.levels is not None:
+                base = self.levels.prior(prompt.difficulty)
+                self._level_of[prompt.prompt_id] = prompt.difficulty
+            a, b = self._prior_of(prompt.prompt_id, base)
+            self._open(group_id, prompt, a=a, b=b, level=prompt.difficulty)
             plans.append(GroupPlan(group_id, prompt, self.group_size, initial))
         return plans
 
-    def _prior_of(self, prompt_id: int) -> tuple[float, float]:
+    def _prior_of(self, prompt_id: int, base: tuple[float, float] | None = None) -> tuple[float, float]:
+        """The prompt's prior: ``base`` (the gate's prior or its level's), or its carried
+        posterior shrunk toward ``base``."""
+        base = base or self.prior
         carried = self._carried.get(prompt_id)
         if carried is None:
-            return self.prior
-        return discount_posterior(carried[0], carried[1], self.history_discount, self.prior)
+            return base
+        return discount_posterior(carried[0], carried[1], self.history_discount, base)
 
     # --- the sequential test ------------------------------------------------------------
 
@@ -152,9 +168,13 @@ class SaraGate(BaseGate):
     def _closed(self, group_id: int, rec: SaraRecord, committed: bool) -> None:
         if not committed and rec.s + rec.f > 0:
             self._carry(rec.prompt_id, rec.s, rec.f)
+            if self.levels is not None:
+                self.levels.observe(rec.level, rec.s, rec.s + rec.f)
 
     def _shipped(self, prompt_id: int, successes: int, samples: int) -> None:
         self._carry(prompt_id, successes, samples - successes)
+        if self.levels is not None and prompt_id in self._level_of:
+            self.levels.observe(self._level_of[prompt_id], successes, samples)
 
     def _carry(self, prompt_id: int, successes: int, failures: int) -> None:
         if self.history_discount <= 0.0:
@@ -163,7 +183,15 @@ class SaraGate(BaseGate):
         self._carried[prompt_id] = (a + successes, b + failures)
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"carried": {str(k): list(v) for k, v in self._carried.items()}}
+        state: dict[str, Any] = {"carried": {str(k): list(v) for k, v in self._carried.items()}}
+        if self.levels is not None:
+            state["levels"] = self.levels.state_dict()
+            state["level_of"] = {str(k): v for k, v in self._level_of.items()}
+        return state
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
         self._carried = {int(k): (float(v[0]), float(v[1])) for k, v in state["carried"].items()}
+        if self.levels is not None:
+            # A state saved without the level prior starts its fit afresh.
+            self.levels.load_state_dict(state.get("levels", {"levels": []}))
+            self._level_of = {int(k): float(v) for k, v in state.get("level_of", {}).items()}

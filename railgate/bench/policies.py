@@ -13,6 +13,8 @@ policies of RAIL are SARA plus a controller:
   policy runs with a step of ``batch_groups`` committed groups (``step_overrides``), whatever the
   base config says, unless a ``--set`` says otherwise.
 * ``sara_dps_rollouts`` -- SARA on DPS-selected prompts with the same learner step of rollouts.
+* ``sara_level`` -- SARA with a probe of two and each group's prior fitted to the recent groups
+  of its prompt's difficulty level (``controller.level_prior``; our extension).
 * ``sara_rail_s2l`` -- shadow-to-live: the heuristic acts (with exploration) until the
   doubly-robust lower bound says the learned policy is better, then the learned policy acts.
 
@@ -23,7 +25,7 @@ policies of RAIL are SARA plus a controller:
 >>> overrides("nope")
 Traceback (most recent call last):
 ...
-pipeline.config.build.ConfigError: unknown policy 'nope'; choose from uniform, ds, pilot_commit, hora, sara, sara_rollouts, sara_dps_rollouts, sara_eager, sara_stream, dps, sara_dps, oracle, sara_arpo, sara_rail, sara_rail_s2l
+pipeline.config.build.ConfigError: unknown policy 'nope'; choose from uniform, ds, pilot_commit, hora, sara, sara_rollouts, sara_dps_rollouts, sara_eager, sara_stream, sara_level, dps, sara_dps, oracle, sara_arpo, sara_rail, sara_rail_s2l
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ POLICIES: dict[str, tuple[str, ...]] = {
     "sara_dps_rollouts": ("gate.kind=sara_dps", "orchestrator.batch_rollouts=auto"),
     "sara_eager": ("gate.kind=sara", "gate.sara.launch=eager"),
     "sara_stream": ("gate.kind=sara", "gate.sara.launch=streaming"),
+    "sara_level": ("gate.kind=sara", "gate.sara.probe_size=2", "gate.sara.level_prior=true"),
     "dps": ("gate.kind=dps",),
     "sara_dps": ("gate.kind=sara_dps",),
     "oracle": ("gate.kind=oracle",),
