@@ -83,6 +83,24 @@ def test_the_snapshot_is_fixed_between_refreshes_and_renewed_after_learning():
     assert snap.distribution(probe) != before
 
 
+def test_a_refreshed_snapshot_reads_the_model_as_a_fresh_probe_does():
+    """Refreshes reuse the probes' text (formatted once per keys and arms): each must read the
+    model it is taken from exactly as probes formatted anew would."""
+    from controller.rail.vw_snapshot import LinearSnapshot
+
+    _, snap = twins(every=10)
+    rng = random.Random(6)
+    snap.distribution(context(rng))
+    for _ in range(3):  # three refreshes over the same keys and arms
+        for _ in range(10):
+            ctx = context(rng)
+            snap.learn_one(ctx, snap.predict_one(ctx), rng.uniform(-1.0, 1.0))
+        taken = snap.snapshot
+        fresh = LinearSnapshot.probe(snap._costs, taken.keys, taken.arms(), taken.learned)
+        assert taken.state() == fresh.state()
+    assert len(snap._probe_texts) == 1
+
+
 def test_a_new_feature_or_arm_widens_the_snapshot_from_the_current_model():
     exact, snap = twins(every=64)
     rng = random.Random(4)

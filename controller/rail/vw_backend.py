@@ -96,6 +96,7 @@ class VWLearner(BanditLearner):
         self._names: dict[str, str] = {}
         self._arm_heads: dict[str, str] = {}
         self._templates: dict[tuple[str, ...], str] = {}
+        self._probe_texts: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
 
     # --- examples --------------------------------------------------------------------
 
@@ -174,7 +175,20 @@ class VWLearner(BanditLearner):
         return self._take_snapshot(tuple(keys), tuple(arms.values()))
 
     def _take_snapshot(self, keys: tuple[str, ...], arms: tuple[Arm, ...]) -> LinearSnapshot:
-        self.snapshot = LinearSnapshot.probe(self._costs, keys, arms, self._learned)
+        # The probes depend on the keys and arms only, so their text is formatted once per pair:
+        # a run takes a snapshot every ``snapshot_every`` learned decisions over the same ones.
+        key = (keys, tuple(a.name for a in arms))
+        text = self._probe_texts.get(key)
+
+        def costs(probes: Sequence[tuple[Mapping[str, float], Arm, float]]) -> list[float]:
+            nonlocal text
+            if text is None:
+                text = self._probe_texts[key] = self._probe_text(probes)
+            return self._predict_text(text)
+
+        if len(self._probe_texts) > 16:  # a run has one or two pairs; a replay may pass many
+            self._probe_texts.clear()
+        self.snapshot = LinearSnapshot.probe(costs, keys, arms, self._learned)
         return self.snapshot
 
     def _after_learn(self) -> None:
@@ -187,6 +201,10 @@ class VWLearner(BanditLearner):
     def _costs(self, probes: Sequence[tuple[Mapping[str, float], Arm, float]]) -> list[float]:
         """VW's predicted cost of every ``(shared features, arm, expected tokens)`` probe, as the
         action lines of one example without a shared line (each line carries its own ``s``)."""
+        return self._predict_text(self._probe_text(probes))
+
+    def _probe_text(self, probes: Sequence[tuple[Mapping[str, float], Arm, float]]) -> str:
+        """The probes as one multi-line example's text (see ``_costs``)."""
         name = self._name
         shared: dict[int, str] = {}  # the probes share a few feature dicts
         lines = []
@@ -196,8 +214,12 @@ class VWLearner(BanditLearner):
             if s is None:
                 s = shared[id(features)] = " ".join(f"{name(k)}:{v:.6g}" for k, v in features.items())
             lines.append(f"{head} |s {s}" if s else head)
+        return "\n".join(lines)
+
+    def _predict_text(self, text: str) -> list[float]:
+        """VW's predicted cost of every line of ``text`` (one multi-line example)."""
         vw = self._vw
-        examples = vw._parse("\n".join(lines))
+        examples = vw._parse(text)
         try:
             pylibvw.vw.predict_multi(vw, examples)
             return [float(ex.get_partial_prediction()) for ex in examples]
