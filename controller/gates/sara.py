@@ -55,7 +55,6 @@ class SaraRecord(GroupRecord):
 
     a: float
     b: float
-    level: float = 0.0  # the prompt's difficulty: the level prior learns from the group's outcome
 
 
 class SaraGate(BaseGate):
@@ -102,7 +101,7 @@ class SaraGate(BaseGate):
         self.levels = (
             LevelPrior(config.level_window, config.level_min_groups, fallback=self.prior) if config.level_prior else None
         )
-        self._level_of: dict[int, float] = {}  # prompt_id -> difficulty, for shipped groups
+        self._level_of: dict[int, float] = {}  # prompt_id -> difficulty: the level a group's outcome counts for
 
     # --- admission ----------------------------------------------------------------------
 
@@ -115,7 +114,7 @@ class SaraGate(BaseGate):
                 base = self.levels.prior(prompt.difficulty)
                 self._level_of[prompt.prompt_id] = prompt.difficulty
             a, b = self._prior_of(prompt.prompt_id, base)
-            self._open(group_id, prompt, a=a, b=b, level=prompt.difficulty)
+            self._open(group_id, prompt, a=a, b=b)
             plans.append(GroupPlan(group_id, prompt, self.group_size, initial))
         return plans
 
@@ -168,11 +167,15 @@ class SaraGate(BaseGate):
     def _closed(self, group_id: int, rec: SaraRecord, committed: bool) -> None:
         if not committed and rec.s + rec.f > 0:
             self._carry(rec.prompt_id, rec.s, rec.f)
-            if self.levels is not None:
-                self.levels.observe(rec.level, rec.s, rec.s + rec.f)
+            self._observe_level(rec.prompt_id, rec.s, rec.s + rec.f)
 
     def _shipped(self, prompt_id: int, successes: int, samples: int) -> None:
         self._carry(prompt_id, successes, samples - successes)
+        self._observe_level(prompt_id, successes, samples)
+
+    def _observe_level(self, prompt_id: int, successes: int, samples: int) -> None:
+        """A group of the prompt ended: its outcome counts for the prompt's level (a prompt
+        admitted before a resume from a state without the level prior has none)."""
         if self.levels is not None and prompt_id in self._level_of:
             self.levels.observe(self._level_of[prompt_id], successes, samples)
 

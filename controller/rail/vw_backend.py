@@ -178,16 +178,15 @@ class VWLearner(BanditLearner):
         # The probes depend on the keys and arms only, so their text is formatted once per pair:
         # a run takes a snapshot every ``snapshot_every`` learned decisions over the same ones.
         key = (keys, tuple(a.name for a in arms))
-        text = self._probe_texts.get(key)
+        if key not in self._probe_texts and len(self._probe_texts) >= 16:  # a run has one or two pairs
+            self._probe_texts.clear()
 
         def costs(probes: Sequence[tuple[Mapping[str, float], Arm, float]]) -> list[float]:
-            nonlocal text
+            text = self._probe_texts.get(key)
             if text is None:
                 text = self._probe_texts[key] = self._probe_text(probes)
             return self._predict_text(text)
 
-        if len(self._probe_texts) > 16:  # a run has one or two pairs; a replay may pass many
-            self._probe_texts.clear()
         self.snapshot = LinearSnapshot.probe(costs, keys, arms, self._learned)
         return self.snapshot
 
