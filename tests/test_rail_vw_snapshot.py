@@ -83,6 +83,28 @@ def test_the_snapshot_is_fixed_between_refreshes_and_renewed_after_learning():
     assert snap.distribution(probe) != before
 
 
+def test_with_growth_copies_are_read_every_share_of_the_history_not_every_n_examples():
+    """``snapshot_growth``: a new copy once the examples since the last reach both
+    ``snapshot_every`` and the share of all learned so far."""
+    snap = VWLearner(seed=3, snapshot_every=8, snapshot_growth=0.25)
+    rng = random.Random(7)
+    snap.distribution(context(rng))  # the first decision takes the first copy
+    taken = [snap.snapshot.learned]
+    for _ in range(200):
+        ctx = context(rng)
+        snap.learn_one(ctx, snap.predict_one(ctx), rng.uniform(-1.0, 1.0))
+        if snap.snapshot.learned != taken[-1]:
+            taken.append(snap.snapshot.learned)
+    # The rule worked out by hand: every 8 examples until 8 is a quarter of the history (32),
+    # then each gap a quarter of the count at the new copy.
+    assert taken == [0, 8, 16, 24, 32, 43, 58, 78, 104, 139, 186]
+    assert snap.snapshot.learned <= snap.learned < 186 + max(8, 0.25 * 248)
+    plain = VWLearner(seed=3, snapshot_every=8)
+    assert plain.snapshot_growth == 0.0
+    with pytest.raises(ValueError, match="snapshot_growth=1.5 must be in"):
+        VWLearner(snapshot_every=8, snapshot_growth=1.5)
+
+
 def test_a_refreshed_snapshot_reads_the_model_as_a_fresh_probe_does():
     """Refreshes reuse the probes' text (formatted once per keys and arms): each must read the
     model it is taken from exactly as probes formatted anew would."""
@@ -144,3 +166,6 @@ def test_the_config_builds_a_snapshot_learner_and_rejects_a_negative_period():
     assert build_learner(RailConfig(vw_snapshot_every=0), seed=0).snapshot_every == 0
     with pytest.raises(ConfigError, match="vw_snapshot_every=-1 must be >= 0"):
         RailConfig(vw_snapshot_every=-1)
+    assert build_learner(RailConfig(vw_snapshot_growth=0.1), seed=0).snapshot_growth == 0.1
+    with pytest.raises(ConfigError, match="vw_snapshot_growth=-0.1 must be in"):
+        RailConfig(vw_snapshot_growth=-0.1)

@@ -131,6 +131,11 @@ class RailConfig:
     anew every this many learned examples (a matrix product instead of a VW parse and predict
     per decision; the logged propensities are the copy's, so they stay exact). 0 asks VW at
     every decision."""
+    vw_snapshot_growth: float = 0.05
+    """vw backend, with ``vw_snapshot_every`` > 0: a new copy also waits until the examples
+    learned since the last reach this share of all learned so far, so copies are read every 64
+    examples early in a run and every 5% of its history later (VW's adaptive steps shrink as
+    gradients add up). 0 reads one every ``vw_snapshot_every`` examples for the whole run."""
 
     evaluate_every: int = 200
     """Promotion check every this many decisions with known outcomes."""
@@ -205,6 +210,10 @@ class RailConfig:
         require(
             self.vw_snapshot_every >= 0,
             f"{KEY}.vw_snapshot_every={self.vw_snapshot_every} must be >= 0 (0 = ask VW at every decision)",
+        )
+        require(
+            0 <= self.vw_snapshot_growth <= 1,
+            f"{KEY}.vw_snapshot_growth={self.vw_snapshot_growth} must be in [0, 1] (0 = every vw_snapshot_every examples)",
         )
         require(self.river_lr_scale > 0, f"{KEY}.river_lr_scale={self.river_lr_scale} must be > 0")
         require(self.huber_epsilon > 0, f"{KEY}.huber_epsilon={self.huber_epsilon} must be > 0")

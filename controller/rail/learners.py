@@ -26,6 +26,7 @@ def build_learner(config: RailConfig, seed: int) -> BanditLearner:
             extra_args=config.vw_extra_args,
             seed=seed,
             snapshot_every=config.vw_snapshot_every,
+            snapshot_growth=config.vw_snapshot_growth,
         )
     if config.backend == "river":
         from controller.rail.river_backend import RiverLearner

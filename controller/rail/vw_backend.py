@@ -63,6 +63,12 @@ class VWLearner(BanditLearner):
         0: every decision is one VW predict. N > 0: decisions are scored by a numpy copy of VW's
         model (``controller.rail.vw_snapshot``) taken anew every N learned examples, with
         SquareCB's distribution computed here exactly as VW computes it for that model.
+    snapshot_growth
+        With a snapshot: wait also until the examples learned since the last one reach this
+        share of all learned so far (0: every ``snapshot_every``). VW's adaptive steps shrink
+        as a feature's gradients add up, so a late example moves the weights less than an
+        early one: a copy 5% of the history behind is about as fresh late in a run as one
+        64 examples behind early, and a 100,000-example run reads about 110 copies, not 1,560.
     seed
         VW's ``--random_seed`` and the arm sampling.
     """
@@ -78,11 +84,15 @@ class VWLearner(BanditLearner):
         extra_args: str = "",
         seed: int = 0,
         snapshot_every: int = 0,
+        snapshot_growth: float = 0.0,
     ):
         super().__init__(gamma_scale, gamma_exponent, seed)
         if snapshot_every < 0:
             raise ValueError(f"snapshot_every={snapshot_every} must be >= 0 (0 = ask VW at every decision)")
+        if not 0.0 <= snapshot_growth <= 1.0:
+            raise ValueError(f"snapshot_growth={snapshot_growth} must be in [0, 1] (0 = every snapshot_every examples)")
         self.snapshot_every = snapshot_every
+        self.snapshot_growth = snapshot_growth
         self.snapshot: LinearSnapshot | None = None
         self.learning_rate = learning_rate
         self.power_t = power_t
@@ -176,7 +186,7 @@ class VWLearner(BanditLearner):
 
     def _take_snapshot(self, keys: tuple[str, ...], arms: tuple[Arm, ...]) -> LinearSnapshot:
         # The probes depend on the keys and arms only, so their text is formatted once per pair:
-        # a run takes a snapshot every ``snapshot_every`` learned decisions over the same ones.
+        # a run takes a new snapshot over the same ones many times (``_after_learn``).
         key = (keys, tuple(a.name for a in arms))
         if key not in self._probe_texts and len(self._probe_texts) >= 16:  # a run has one or two pairs
             self._probe_texts.clear()
@@ -194,7 +204,11 @@ class VWLearner(BanditLearner):
         # The new snapshot is taken here, when a closed group's decisions are learned, not in a
         # decision hook.
         snap = self.snapshot
-        if self.snapshot_every and snap is not None and self._learned - snap.learned >= self.snapshot_every:
+        if (
+            self.snapshot_every
+            and snap is not None
+            and self._learned - snap.learned >= max(self.snapshot_every, self.snapshot_growth * self._learned)
+        ):
             self._take_snapshot(snap.keys, snap.arms())
 
     def _costs(self, probes: Sequence[tuple[Mapping[str, float], Arm, float]]) -> list[float]:
