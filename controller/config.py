@@ -181,6 +181,13 @@ class SaraConfig:
     """level_prior: groups per difficulty level the fit keeps."""
     level_min_groups: int = 16
     """level_prior: groups of a level needed before its fitted prior is used."""
+    confident_pilot: bool = False
+    """Our extension: the probe starts with one rollout (the pilot), the rest of it after the pilot
+    ends; while every finished fresh rollout of a group agrees, the group is also abandoned once
+    ``controller.posterior.mixed_bound`` of the likeliest of them (1 - q^(G - t), q the chance the
+    policy writes that response) is at most ``tau_abandon``: a prompt whose pilot the policy
+    answers right (or wrong) with near certainty costs one rollout, not k. Needs sampling at
+    temperature 1 and top_p 1, where the engines' log-probs are the sampling probabilities."""
 
     def __post_init__(self) -> None:
         key = "gate.sara"
@@ -205,6 +212,11 @@ class SaraConfig:
         require(
             self.launch in ("probe_first", "eager", "streaming"),
             f"{key}.launch={self.launch!r} must be 'probe_first', 'eager' or 'streaming'",
+        )
+        require(
+            not (self.confident_pilot and self.launch == "eager"),
+            f"{key}.confident_pilot=true launches a pilot before the probe, which {key}.launch='eager' (all G at once) "
+            "does not; use launch 'probe_first' or 'streaming', or confident_pilot=false",
         )
 
     def check_sizes(self, group_size: int, batch_groups: int) -> None:

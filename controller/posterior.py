@@ -284,6 +284,30 @@ def effective_probability(
     return min(1.0, max(0.0, 1.0 - saturated))
 
 
+def mixed_bound(logprob_sum: float, remaining: int) -> float:
+    """An upper bound on P(a group whose finished rollouts all agree turns out mixed), from one
+    of them alone: the policy writes that response again, and so earns its reward again, with
+    probability at least ``q = exp(logprob_sum)`` per fresh rollout, so all ``remaining`` rollouts
+    agree with probability at least ``q ** remaining``. No prior and no assumption about the
+    prompt; exact only if the rollouts are sampled from the distribution whose log-probs are
+    summed (here the policy at temperature 1, top_p 1). nan (no log-probs) gives 1.
+
+    >>> round(mixed_bound(math.log(0.99), 7), 4)   # a response the policy writes 99% of the time
+    0.0679
+    >>> mixed_bound(math.log(0.5), 7) > 0.99
+    True
+    >>> mixed_bound(-0.1, 0)
+    0.0
+    """
+    if remaining < 0:
+        raise ValueError(f"remaining={remaining} must be >= 0")
+    if math.isnan(logprob_sum):
+        return 1.0
+    if logprob_sum > 0:
+        raise ValueError(f"logprob_sum={logprob_sum} must be <= 0: it is the log of a probability")
+    return -math.expm1(remaining * logprob_sum)
+
+
 def _sara_arguments(p: float, probe_size: int, group_size: int) -> tuple[float, int, int]:
     p = _probability("p", p)
     k = _count("probe_size", probe_size)

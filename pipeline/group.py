@@ -6,6 +6,7 @@ else sees immutable ``GroupSnapshot``\\ s and ``CommittedGroup``\\ s derived fro
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from pipeline.types import CommittedGroup, GroupSnapshot, Prompt, Rollout, SampleRequest, ScoredSample
@@ -32,6 +33,7 @@ class GroupRun:
     _valid: list[ScoredSample] = field(default_factory=list)
     _rewards: list[float] = field(default_factory=list)
     _origins: list[int] = field(default_factory=list)
+    _logprob_sums: list[float] = field(default_factory=list)
     _unrewarded: int = 0
 
     def add(self, scored: ScoredSample) -> None:
@@ -41,6 +43,8 @@ class GroupRun:
             self._valid.append(scored)
             self._rewards.append(scored.reward)
             self._origins.append(scored.request.origin)
+            logprobs = scored.result.logprobs
+            self._logprob_sums.append(sum(logprobs) if logprobs else math.nan)
         elif scored.result.finish_reason.is_success:
             self._unrewarded += 1
 
@@ -65,6 +69,7 @@ class GroupRun:
             tokens=self.tokens,
             policy_version=policy_version,
             origins=self.origins,
+            logprob_sums=tuple(self._logprob_sums),
         )
 
     def committed(self) -> CommittedGroup:

@@ -167,6 +167,10 @@ class GroupSnapshot:
     tokens: int  # tokens generated so far by this group's samples
     policy_version: int  # the engine's policy version now
     origins: tuple[int, ...] = ()  # per entry of ``rewards``: the intervention that made it (-1: none)
+    # Per entry of ``rewards``: the sum of the sample's token log-probs as the engine reported them
+    # (the policy at temperature 1), the log of the chance the policy writes that response; nan
+    # when the engine reported none.
+    logprob_sums: tuple[float, ...] = ()
 
     @property
     def finished(self) -> int:

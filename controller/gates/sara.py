@@ -30,7 +30,12 @@ difficulty level (``controller.level_prior``), so with a short probe a level tha
 is abandoned after two rollouts; with
 ``history_discount = gamma > 0`` each prompt carries its posterior between groups, shrunk
 toward the prior by gamma each time (``controller.posterior.discount_posterior``), so a prompt
-seen all-wrong before needs less evidence to be abandoned. ``tau_commit`` is not published;
+seen all-wrong before needs less evidence to be abandoned. With ``confident_pilot`` the probe
+starts with one rollout, and a group whose finished rollouts all agree is abandoned as soon as
+``mixed_bound`` (1 - q^(G - t), q the policy's probability of its likeliest fresh rollout) is at
+most ``tau_abandon``: a response the policy writes with probability q is written again by a
+fresh rollout with probability at least q, so a near-certain pilot settles the group after one
+rollout. ``tau_commit`` is not published;
 0.5 is our default (with G = 8, k = 4 it commits exactly the mixed probes).
 """
 
@@ -43,7 +48,7 @@ from controller.config import SaraConfig
 from controller.gates.base import BaseGate
 from controller.gates.common import GroupRecord, abandon, commit, launch, too_many_failures
 from controller.level_prior import LevelPrior
-from controller.posterior import discount_posterior, effective_probability
+from controller.posterior import discount_posterior, effective_probability, mixed_bound
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector
 from pipeline.types import GroupAction, GroupPlan, GroupSnapshot
@@ -96,6 +101,7 @@ class SaraGate(BaseGate):
         self.prior = (float(config.prior[0]), float(config.prior[1]))
         self.history_discount = config.history_discount
         self.launch = config.launch
+        self.confident_pilot = config.confident_pilot
         # prompt_id -> carried posterior (a, b); only kept when history_discount > 0.
         self._carried: dict[int, tuple[float, float]] = {}
         self.levels = (
@@ -106,7 +112,7 @@ class SaraGate(BaseGate):
     # --- admission ----------------------------------------------------------------------
 
     def admit(self, group_ids: range, step: int) -> list[GroupPlan]:
-        initial = self.group_size if self.launch == "eager" else self.probe_size
+        initial = self.group_size if self.launch == "eager" else 1 if self.confident_pilot else self.probe_size
         plans = []
         for group_id, prompt in zip(group_ids, self.source.take(len(group_ids))):
             base = self.prior
@@ -139,15 +145,22 @@ class SaraGate(BaseGate):
         if too_many_failures(snapshot):
             self._verdicts.add("abandon_failures")
             return [abandon(gid, "failures")]
+        if self.confident_pilot and t and not snapshot.is_mixed:
+            bound = self.confident_bound(snapshot)
+            if bound <= self.tau_abandon:
+                self._verdicts.add("abandon_confident")
+                return [abandon(gid, f"sara confident, P(mixed) <= {bound:.3f}")]
         if t < self.probe_size and self.launch == "streaming" and snapshot.is_mixed:
             self._verdicts.add("commit_early")
             rest = self.group_size - t - running
             return ([launch(gid, rest, "sara rest")] if rest > 0 else []) + [commit(gid, "sara mixed before the probe is in")]
         if t < self.probe_size:
-            # The probe is not in yet; replace samples the engine failed on.
+            # The probe is not in yet: launch the rest of it after a pilot, replace samples the
+            # engine failed on.
             wanted = self.group_size if self.launch == "eager" else self.probe_size
             missing = wanted - t - running
-            return [launch(gid, missing, "replace failed")] if running == 0 and missing > 0 else []
+            reason = "sara probe after the pilot" if snapshot.launched < wanted else "replace failed"
+            return [launch(gid, missing, reason)] if running == 0 and missing > 0 else []
         p_eff = self.predict(snapshot.successes, snapshot.failures, (rec.a, rec.b))
         if p_eff >= self.tau_commit:
             self._verdicts.add("commit")
@@ -161,6 +174,15 @@ class SaraGate(BaseGate):
             return []
         more = self.group_size - t if self.launch == "eager" else 1
         return [launch(gid, more, f"sara continue p_eff={p_eff:.3f}")]
+
+    def confident_bound(self, snapshot: GroupSnapshot) -> float:
+        """``confident_pilot``'s bound on P(the group turns out mixed) when its finished
+        rollouts all agree: ``mixed_bound`` of the likeliest fresh one (an intervention's rollout,
+        branched or at another temperature, says nothing about a fresh sample), 1 if none."""
+        fresh = [lp for lp, origin in zip(snapshot.logprob_sums, snapshot.origins) if origin < 0 and lp == lp]
+        if not fresh:
+            return 1.0
+        return mixed_bound(max(fresh), max(0, self.group_size - snapshot.finished))
 
     # --- history ------------------------------------------------------------------------
 
