@@ -68,6 +68,17 @@ def test_a_pilot_comes_first_and_a_near_certain_one_settles_the_group():
     assert gate.metrics()["gate/abandon_confident"] == 1
 
 
+def test_confident_max_mixed_sets_how_sure_a_pilot_must_be():
+    strict = SaraGate(pool_of(8), group_size=8, config=SaraConfig(confident_pilot=True, confident_max_mixed=0.1))
+    loose = SaraGate(pool_of(8), group_size=8, config=SaraConfig(confident_pilot=True))
+    for gate, verdict in ((strict, "launch"), (loose, "abandon")):
+        plan = admit(gate, 1)[0]  # q = 0.95: P(mixed) <= 1 - 0.95^7 = 0.30
+        out = gate.update(confident(plan.group_id, plan.prompt, (0,), [math.log(0.95)]))
+        assert [k for k, _, _ in kinds(out)] == [verdict]
+    with pytest.raises(ConfigError, match="confident_max_mixed=1.0 must be in"):
+        SaraConfig(confident_max_mixed=1.0)
+
+
 def test_only_fresh_rollouts_with_log_probs_count():
     """A branched or re-temperatured rollout (an intervention's) says nothing about a fresh
     sample; an engine that reported no log-probs gives no bound."""

@@ -33,7 +33,7 @@ toward the prior by gamma each time (``controller.posterior.discount_posterior``
 seen all-wrong before needs less evidence to be abandoned. With ``confident_pilot`` the probe
 starts with one rollout, and a group whose finished rollouts all agree is abandoned as soon as
 ``mixed_bound`` (1 - q^(G - t), q the policy's probability of its likeliest fresh rollout) is at
-most ``tau_abandon``: a response the policy writes with probability q is written again by a
+most ``confident_max_mixed``: a response the policy writes with probability q is written again by a
 fresh rollout with probability at least q, so a near-certain pilot settles the group after one
 rollout. ``tau_commit`` is not published;
 0.5 is our default (with G = 8, k = 4 it commits exactly the mixed probes).
@@ -102,6 +102,7 @@ class SaraGate(BaseGate):
         self.history_discount = config.history_discount
         self.launch = config.launch
         self.confident_pilot = config.confident_pilot
+        self.confident_max_mixed = config.confident_max_mixed
         # prompt_id -> carried posterior (a, b); only kept when history_discount > 0.
         self._carried: dict[int, tuple[float, float]] = {}
         self.levels = (
@@ -147,7 +148,7 @@ class SaraGate(BaseGate):
             return [abandon(gid, "failures")]
         if self.confident_pilot and t and not snapshot.is_mixed:
             bound = self.confident_bound(snapshot)
-            if bound <= self.tau_abandon:
+            if bound <= self.confident_max_mixed:
                 self._verdicts.add("abandon_confident")
                 return [abandon(gid, f"sara confident, P(mixed) <= {bound:.3f}")]
         if t < self.probe_size and self.launch == "streaming" and snapshot.is_mixed:
