@@ -67,8 +67,9 @@ class VWLearner(BanditLearner):
         With a snapshot: wait also until the examples learned since the last one reach this
         share of all learned so far (0: every ``snapshot_every``). VW's adaptive steps shrink
         as a feature's gradients add up, so a late example moves the weights less than an
-        early one: a copy 5% of the history behind is about as fresh late in a run as one
-        64 examples behind early, and a 100,000-example run reads about 110 copies, not 1,560.
+        early one: with ``snapshot_every=64`` and 0.05, a copy 5% of the history behind is
+        about as fresh late in a run as one 64 examples behind early, and a 100,000-example run
+        reads 105 copies, not 1,562.
     seed
         VW's ``--random_seed`` and the arm sampling.
     """
