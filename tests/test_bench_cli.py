@@ -30,6 +30,8 @@ def test_bench_rail_writes_tables_runs_and_plot(tmp_path):
         assert r["curve"][0][3] == runs[0]["curve"][0][3]  # every policy starts from the same world
     rail = next(r for r in runs if r["policy"] == "sara_rail")
     assert rail["controller"]["controller/decisions"] > 0
+    sara = next(r for r in runs if r["policy"] == "sara")
+    assert sara["gate"]["gate/abandon"] > 0 and sara["gate"]["gate/commit"] > 0  # the gate's verdicts, counted
     text = (tmp_path / "allocation.md").read_text()
     assert "controller.rail.cost_lambda=0.5" in text and "| sara_rail |" in text and "recovered (all-fail)" in text
     assert (tmp_path / "allocation.png").read_bytes().startswith(b"\x89PNG")

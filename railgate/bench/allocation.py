@@ -125,6 +125,7 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
         "false_abandonment": (probe.false_abandonment_sum / probe.abandoned_incomplete) if probe and probe.abandoned_incomplete else math.nan,
         "abandoned_incomplete": probe.abandoned_incomplete if probe else 0,
         "controller": {k: v for k, v in summary.controller_metrics.items() if math.isfinite(v)},
+        "gate": {k: float(v) for k, v in gate_metrics.items() if math.isfinite(v)},  # its verdict counters
         **noise.summary(),  # noise_scale (null on the sim: no gradient), its interval, batch_rollouts
     }
 
