@@ -233,6 +233,14 @@ class SaraConfig:
         require(k <= group_size, f"gate.sara.probe_size={k} is above orchestrator.group_size={group_size}; "
                 "lower gate.sara.probe_size or raise orchestrator.group_size")
 
+    def check_sampling(self, temperature: float, top_p: float) -> None:
+        """``confident_pilot`` bounds a group by the policy's own probabilities, which are the
+        sampling probabilities only at temperature 1 and top_p 1."""
+        require(not self.confident_pilot or (temperature == 1.0 and top_p == 1.0),
+                f"gate.sara.confident_pilot=true bounds a group by the policy's own probabilities, which are the "
+                f"sampling probabilities only at temperature 1 and top_p 1, not orchestrator.temperature={temperature} "
+                f"and top_p={top_p}; sample at temperature 1 and top_p 1 or set gate.sara.confident_pilot=false")
+
 
 @dataclass(frozen=True)
 class DpsConfig:
@@ -312,10 +320,20 @@ class GateConfig:
         pipeline.config.build.ConfigError: gate.sara.probe_size=10 is above orchestrator.group_size=8; lower gate.sara.probe_size or raise orchestrator.group_size
         """
         check_group_sizes(group_size, batch_groups)
-        section = {"ds": self.ds, "pilot_commit": self.pilot_commit, "hora": self.hora, "sara": self.sara,
-                   "sara_dps": self.sara}.get(self.kind)
-        if section is not None:
-            section.check_sizes(group_size, batch_groups)
+        if self.section is not None:
+            self.section.check_sizes(group_size, batch_groups)
+
+    @property
+    def section(self) -> DsConfig | PilotCommitConfig | HoraConfig | SaraConfig | None:
+        """The settings of ``kind`` (``sara`` for ``sara_dps`` too); None for a gate without any."""
+        return {"ds": self.ds, "pilot_commit": self.pilot_commit, "hora": self.hora, "sara": self.sara,
+                "sara_dps": self.sara}.get(self.kind)
+
+    def check_sampling(self, temperature: float, top_p: float) -> None:
+        """The rules that tie this gate's settings to the orchestrator's sampling settings
+        (``gate.sara.confident_pilot`` needs temperature 1 and top_p 1); ``RunConfig`` runs it."""
+        if isinstance(self.section, SaraConfig):
+            self.section.check_sampling(temperature, top_p)
 
 
 @dataclass(frozen=True)

@@ -68,11 +68,7 @@ class RunConfig:
                 f"orchestrator.batch_rollouts={o.batch_rollouts} (a learner step of that many rollouts) needs a gate that "
                 f"commits group by group ({', '.join(ROLLOUT_STEP_GATES)}), not gate.kind={self.gate.kind!r}; "
                 "change gate.kind or set orchestrator.batch_rollouts=0")
-        sara = self.gate.sara if self.gate.kind in ("sara", "sara_dps") else None
-        require(sara is None or not sara.confident_pilot or (o.temperature == 1.0 and o.top_p == 1.0),
-                f"gate.sara.confident_pilot=true bounds a group by the policy's own probabilities, which are the "
-                f"sampling probabilities only at temperature 1 and top_p 1, not orchestrator.temperature={o.temperature} "
-                f"and top_p={o.top_p}; sample at temperature 1 and top_p 1 or set gate.sara.confident_pilot=false")
+        self.gate.check_sampling(o.temperature, o.top_p)
         if self.engine.kind != "sim" and not self.model.path:
             require(o.max_tokens < self.model.max_len,
                     f"orchestrator.max_tokens={o.max_tokens} leaves no room for a prompt in model.max_len={self.model.max_len}; "

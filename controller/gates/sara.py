@@ -41,6 +41,7 @@ rollout. ``tau_commit`` is not published;
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,7 +181,7 @@ class SaraGate(BaseGate):
         """``confident_pilot``'s bound on P(the group turns out mixed) when its finished
         rollouts all agree: ``mixed_bound`` of the likeliest fresh one (an intervention's rollout,
         branched or at another temperature, says nothing about a fresh sample), 1 if none."""
-        fresh = [lp for lp, origin in zip(snapshot.logprob_sums, snapshot.origins) if origin < 0 and lp == lp]
+        fresh = [lp for lp, origin in zip(snapshot.logprob_sums, snapshot.origins) if origin < 0 and not math.isnan(lp)]
         if not fresh:
             return 1.0
         return mixed_bound(max(fresh), max(0, self.group_size - snapshot.finished))
