@@ -193,6 +193,23 @@ class SaraConfig:
     (0.45 = ``tau_abandon``'s default; at G = 8 a pilot written with q >= 0.918 settles its group,
     at 0.1 one with q >= 0.985)."""
 
+    reference_prior: bool = False
+    """Our extension: before a prompt gets any rollout, score the policy's log-likelihood of the
+    task's reference response (teacher-forced, by the learner, right after each of its steps,
+    for the prompts next in line). Where the reference is the only response that earns the
+    reward (``Task.unique_response``: exact-match arithmetic) its likelihood is the prompt's pass
+    rate, and the group starts from a Beta prior of that mean and ``reference_strength``
+    pseudo-rollouts (in place of ``prior``); elsewhere it is a lower bound on the pass rate and only screens out near-sure
+    successes. A prompt whose prior chance of an effective group is at most ``tau_abandon`` is
+    skipped before any rollout (``controller.reference``). Needs sampling at temperature 1 and
+    top_p 1 and a learner that scores log-probs (the torch learner)."""
+    reference_strength: float = 64.0
+    """reference_prior: weight of the reference likelihood in the prior, in rollouts."""
+    reference_ahead: int = 0
+    """reference_prior: prompts scored after each learner step, the next ones in the selector's
+    order; 0: 2 x ``orchestrator.batch_groups`` (a step takes about 1.4 prompts a group). A prompt reached before it was scored starts from
+    ``prior`` (``gate/reference_unscored`` counts them)."""
+
     def __post_init__(self) -> None:
         key = "gate.sara"
         require(self.level_window >= 2, f"{key}.level_window={self.level_window} must be >= 2")
@@ -221,6 +238,8 @@ class SaraConfig:
             0 <= self.confident_max_mixed < 1,
             f"{key}.confident_max_mixed={self.confident_max_mixed} must be in [0, 1) (a bound on a probability)",
         )
+        require(self.reference_strength > 0, f"{key}.reference_strength={self.reference_strength} must be > 0 (rollouts)")
+        require(self.reference_ahead >= 0, f"{key}.reference_ahead={self.reference_ahead} must be >= 0 (prompts per step; 0: auto)")
         require(
             not (self.confident_pilot and self.launch == "eager"),
             f"{key}.confident_pilot=true launches a pilot before the probe, which {key}.launch='eager' (all G at once) "
@@ -234,12 +253,13 @@ class SaraConfig:
                 "lower gate.sara.probe_size or raise orchestrator.group_size")
 
     def check_sampling(self, temperature: float, top_p: float) -> None:
-        """``confident_pilot`` bounds a group by the policy's own probabilities, which are the
-        sampling probabilities only at temperature 1 and top_p 1."""
-        require(not self.confident_pilot or (temperature == 1.0 and top_p == 1.0),
-                f"gate.sara.confident_pilot=true bounds a group by the policy's own probabilities, which are the "
-                f"sampling probabilities only at temperature 1 and top_p 1, not orchestrator.temperature={temperature} "
-                f"and top_p={top_p}; sample at temperature 1 and top_p 1 or set gate.sara.confident_pilot=false")
+        """``confident_pilot`` and ``reference_prior`` read a group's odds from the policy's own
+        probabilities, which are the sampling probabilities only at temperature 1 and top_p 1."""
+        for name, on in (("confident_pilot", self.confident_pilot), ("reference_prior", self.reference_prior)):
+            require(not on or (temperature == 1.0 and top_p == 1.0),
+                    f"gate.sara.{name}=true reads a group's odds from the policy's own probabilities, which are the "
+                    f"sampling probabilities only at temperature 1 and top_p 1, not orchestrator.temperature={temperature} "
+                    f"and top_p={top_p}; sample at temperature 1 and top_p 1 or set gate.sara.{name}=false")
 
 
 @dataclass(frozen=True)
@@ -309,6 +329,13 @@ class GateConfig:
     """Settings of ``sara`` and of the SARA half of ``sara_dps``."""
     dps: DpsConfig = field(default_factory=DpsConfig)
     """Settings of the DPS selector of ``dps`` and ``sara_dps``."""
+
+    def __post_init__(self) -> None:
+        require(
+            not self.sara.reference_prior or self.kind == "sara",
+            f"gate.sara.reference_prior=true scores the prompts next in the plain selector's order, which "
+            f"gate.kind={self.kind!r} does not have; use gate.kind=sara or set gate.sara.reference_prior=false",
+        )
 
     def check_sizes(self, group_size: int, batch_groups: int) -> None:
         """The rules that tie this gate's settings to the orchestrator's group and batch sizes;

@@ -68,6 +68,30 @@ class PromptPool:
                 out.append(prompt)
         return out
 
+    def peek(self, n: int) -> list[Prompt]:
+        """The prompts the next ``take`` calls would return, up to ``n`` of them, without moving
+        the cursor (a later eviction can still skip one).
+
+        >>> from pipeline.types import Prompt
+        >>> pool = PromptPool([Prompt(i, "", (i,)) for i in range(3)], seed=0)
+        >>> ahead = [p.prompt_id for p in pool.peek(5)]
+        >>> ahead == [p.prompt_id for p in pool.take(5)], len(ahead)
+        (True, 5)
+        """
+        out: list[Prompt] = []
+        if self.active == 0:
+            return out
+        epoch, cursor, order = self._epoch, self._cursor, self._order
+        while len(out) < n:
+            if cursor >= len(order):
+                epoch, cursor = epoch + 1, 0
+                order = self._permutation(epoch)
+            prompt = self.prompts[order[cursor]]
+            cursor += 1
+            if prompt.prompt_id not in self._evicted:
+                out.append(prompt)
+        return out
+
     def _permutation(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.prompts))
 

@@ -11,6 +11,7 @@ or above ``orchestrator.target_accuracy`` stops the run through the tracker's ``
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import time
 from typing import Callable
@@ -21,10 +22,10 @@ from pipeline.clock import VirtualClock, WallClock
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.engines.base import Engine
 from pipeline.metrics import MetricsWriter, NullMetricsWriter
-from pipeline.protocols import Buffer, Evaluator, Learner
+from pipeline.protocols import Buffer, Evaluator, Learner, ReferenceScores
 from pipeline.tasks.rewards.scoring import ScoringService
 from pipeline.tracker import GroupTracker
-from pipeline.types import StepResult, TrainBatch
+from pipeline.types import FinishReason, Prompt, Rollout, StepResult, TrainBatch
 
 
 class LearnerStep:
@@ -48,6 +49,7 @@ class LearnerStep:
         metrics: MetricsWriter | NullMetricsWriter | None = None,
         on_step: Callable[[int, dict[str, float]], None] | None = None,
         checkpoint_due: Callable[[int], bool] = lambda step: False,
+        reference: ReferenceScores | None = None,
     ):
         self.learner = learner
         self.engine = engine
@@ -60,6 +62,10 @@ class LearnerStep:
         self.metrics = metrics if metrics is not None else NullMetricsWriter()
         self.on_step = on_step
         self.checkpoint_due = checkpoint_due
+        self.reference = reference
+        if reference is not None and not callable(getattr(learner, "logprobs", None)):
+            raise TypeError(f"gate.sara.reference_prior needs a learner that scores log-probs (logprobs(rollouts)); "
+                            f"{type(learner).__name__} has none: use the torch learner or set reference_prior=false")
         self.evals: list[dict[str, float]] = []
         self._step_started = self._run_started = time.monotonic()
         self._eval_wall_s = 0.0
@@ -70,6 +76,7 @@ class LearnerStep:
         self.tracker.budget.tokens_trained += sum(g.trained_tokens for g in batch.groups)
         result = await anyio.to_thread.run_sync(self._train, batch) if in_thread else self._train(batch)
         await self.engine.update_weights(self.learner.weights())
+        await self.score_references(in_thread)
         metrics = self._step_metrics(batch, result)
         step = batch.step + 1
         # A deep copy now, before the next step starts mutating the weights in its thread.
@@ -91,6 +98,26 @@ class LearnerStep:
         if self.buffer is not None:
             self.buffer.put(batch, self.learner.advantages(batch))
         return result
+
+    async def score_references(self, in_thread: bool = True) -> None:
+        """Score the reference responses of the prompts next in line with the learner's current
+        weights, the ones the engine samples with next (``gate.sara.reference_prior``; nothing
+        without a reference screen)."""
+        if self.reference is None:
+            return
+        prompts = self.reference.wanted()
+        if not prompts:
+            return
+        score = functools.partial(self._reference_logprobs, prompts)
+        logprobs = await anyio.to_thread.run_sync(score) if in_thread else score()
+        tokens = sum(len(p.token_ids) + len(self.reference.references[p.prompt_id]) for p in prompts)
+        self.reference.update(logprobs, tokens)
+
+    def _reference_logprobs(self, prompts: list[Prompt]) -> dict[int, float]:
+        refs = self.reference.references
+        rollouts = [Rollout(f"reference-{p.prompt_id}", 0, p.token_ids, refs[p.prompt_id], (), 1.0, FinishReason.STOP, -1)
+                    for p in prompts]
+        return {p.prompt_id: float(sum(lps)) for p, lps in zip(prompts, self.learner.logprobs(rollouts))}
 
     def _step_metrics(self, batch: TrainBatch, result: StepResult) -> dict[str, float]:
         version = self.engine.policy_version

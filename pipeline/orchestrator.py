@@ -48,7 +48,7 @@ from pipeline.hooktimer import HookTimer
 from pipeline.inbox import ControllerActions, DecideQueued, SampleDone, StepDone
 from pipeline.learning import LearnerStep
 from pipeline.metrics import Budget, MetricsWriter, NullMetricsWriter
-from pipeline.protocols import Buffer, Controller, DecisionSink, Evaluator, Gate, Learner
+from pipeline.protocols import Buffer, Controller, DecisionSink, Evaluator, Gate, Learner, ReferenceScores
 from pipeline.tasks.rewards.scoring import ScoringService
 from pipeline.tracker import GateStalled, GroupTracker, TrackerOutput  # noqa: F401  (GateStalled re-exported)
 from pipeline.types import FinishReason, SampleFinished, SampleRequest, ScoredSample, TokenDelta, TrainBatch
@@ -88,7 +88,9 @@ class Orchestrator:
     ``buffer`` (an ``ArrowBuffer``) is optional: with it every trained batch goes to disk. ``on_step``
     is called after each step with the step's metrics (progress bars). ``checkpoint`` is called
     with ``state_dict`` every ``checkpoint_every`` steps; ``resume_state`` (such a dict)
-    continues a run. ``railgate.build.build_orchestrator`` wires one from a run config.
+    continues a run. ``reference`` (``gate.sara.reference_prior``) gets the learner's likelihoods
+    of the next prompts' reference responses at the start and after every step.
+    ``railgate.build.build_orchestrator`` wires one from a run config.
     """
 
     def __init__(
@@ -112,6 +114,7 @@ class Orchestrator:
         checkpoint: Callable[[dict[str, Any]], None] | None = None,
         checkpoint_every: int = 0,
         resume_state: dict[str, Any] | None = None,
+        reference: ReferenceScores | None = None,
     ):
         self.engine = engine
         self.config = config
@@ -123,7 +126,7 @@ class Orchestrator:
         )
         self.learn = LearnerStep(
             learner, engine, self.tracker, config, clock=self.clock, scoring=scoring, evaluator=evaluator,
-            buffer=buffer, metrics=metrics, on_step=on_step, checkpoint_due=self._checkpoint_due,
+            buffer=buffer, metrics=metrics, on_step=on_step, checkpoint_due=self._checkpoint_due, reference=reference,
         )
         self._checkpoint = checkpoint
         self._checkpoint_every = checkpoint_every
@@ -163,6 +166,7 @@ class Orchestrator:
         tracker = self.tracker
         if self.learn.evaluator is not None and tracker.steps_done == 0:
             self.learn.record_eval(0, await self.learn.evaluate(0))
+        await self.learn.score_references(in_thread=not self._inline_learner)  # the first prompts' scores
         inbox_send, inbox_recv = anyio.create_memory_object_stream[Any](self.config.stream_buffer)
         # The tracking loop never blocks on this stream (send_nowait, retried after every
         # message), so a learner blocked on a full inbox cannot deadlock with it. The

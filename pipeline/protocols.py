@@ -40,7 +40,7 @@ Every random choice of a gate or controller uses a generator seeded at construct
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from pipeline.types import (
     CommittedGroup,
@@ -169,6 +169,22 @@ class Learner(Protocol):
         ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        ...
+
+
+class ReferenceScores(Protocol):
+    """Where the learner's likelihoods of reference responses go (``controller.reference.ReferenceScreen``):
+    after each step the learner scores the references of the prompts ``wanted`` next."""
+
+    references: Mapping[int, Sequence[int]]
+    """prompt id -> the reference response's token ids."""
+
+    def wanted(self) -> list[Prompt]:
+        """The prompts to score now."""
+        ...
+
+    def update(self, logprobs: Mapping[int, float], tokens: int) -> None:
+        """Their summed log-probs under the learner's weights, and the tokens scoring cost."""
         ...
 
 

@@ -11,6 +11,7 @@ from typing import Any, Callable
 from controller.gates.registry import build_gate
 from controller.noop import NoopController
 from controller.prompts import PromptPool
+from controller.reference import ReferenceScreen
 from pipeline.sim.learner import SimLearner
 from pipeline.clock import VirtualClock, WallClock
 from pipeline.config.build import ConfigError
@@ -40,6 +41,7 @@ class Components:
     evaluator: Evaluator | None
     pool: PromptPool
     world: SimWorld | None = None
+    reference: ReferenceScreen | None = None  # gate.sara.reference_prior: the gate's reference scores
 
 
 def build_components(cfg: RunConfig, progress: bool = True, sink: DecisionSink | None = None) -> Components:
@@ -81,7 +83,7 @@ def build_orchestrator(
         config=o, evaluator=parts.evaluator, clock=parts.clock, buffer=buffer, trace=trace, metrics=metrics,
         on_step=on_step, seed=cfg.seed, run_id=run_id if run_id is not None else cfg.name, hook_timer=hook_timer,
         checkpoint=checkpoint, checkpoint_every=cfg.log.checkpoint_every if checkpoint is not None else 0,
-        resume_state=resume_state,
+        resume_state=resume_state, reference=parts.reference,
     )
 
 
@@ -146,8 +148,27 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
     learner = TorchLearner(base.model, cfg.learner, pad_id=tokenizer.pad_id)
     return Components(
         engine=engine, clock=WallClock(), gate=gate, controller=NoopController(), scorer=scorer,
-        learner=learner, evaluator=evaluator, pool=pool,
+        learner=learner, evaluator=evaluator, pool=pool, reference=_reference_screen(cfg, task, tokenizer, gate),
     )
+
+
+def _reference_screen(cfg: RunConfig, task: Any, tokenizer: Any, gate: Any) -> ReferenceScreen | None:
+    """``gate.sara.reference_prior``: each training prompt's reference response as the model's tokens
+    (the task's solution, then end-of-sequence), attached to the SARA gate. The likelihood is the
+    pass rate only where the task accepts that text alone and one token sequence spells it (the
+    project's character tokenizer); otherwise it is a lower bound."""
+    sara = cfg.gate.sara
+    if cfg.gate.kind != "sara" or not sara.reference_prior:
+        return None
+    from pipeline.policy.tokenizer import CharTokenizer
+
+    problems = task.problems("train", cfg.data.num_train_prompts, derive_seed(cfg.data.seed, "train"))
+    references = {task.prompt_id(p): tuple(tokenizer.encode(p.solution)) + (tokenizer.eos_id,) for p in problems}
+    exact = task.unique_response and isinstance(tokenizer, CharTokenizer)
+    screen = ReferenceScreen(references, gate.source.peek, exact=exact, strength=sara.reference_strength,
+                             ahead=sara.reference_ahead or 2 * cfg.orchestrator.batch_groups)
+    gate.attach_reference(screen)
+    return screen
 
 
 def _torch_kwargs(cfg: RunConfig, context: int | None = None) -> dict[str, Any]:
@@ -199,6 +220,10 @@ def _prompts(cfg: RunConfig, task: Any, encode: Any, context: int | None = None)
 
 
 def _build_sim(cfg: RunConfig) -> Components:
+    if cfg.gate.kind == "sara" and cfg.gate.sara.reference_prior:
+        raise ConfigError("gate.sara.reference_prior=true scores the policy's likelihood of each prompt's reference "
+                          "response, which engine.kind=sim has neither of; use engine.kind=torch (or vllm, ray) or "
+                          "set gate.sara.reference_prior=false")
     world = SimWorld(cfg.sim)
     clock: VirtualClock | WallClock = WallClock() if cfg.sim.realtime else VirtualClock()
     engine = SimEngine(world, clock=clock, fail_every=cfg.engine.fail_every)

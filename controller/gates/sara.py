@@ -49,10 +49,14 @@ from controller.config import SaraConfig
 from controller.gates.base import BaseGate
 from controller.gates.common import GroupRecord, abandon, commit, launch, too_many_failures
 from controller.level_prior import LevelPrior
+from controller.reference import ReferenceScreen
 from controller.posterior import discount_posterior, effective_probability, mixed_bound
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector
-from pipeline.types import GroupAction, GroupPlan, GroupSnapshot
+from pipeline.types import GroupAction, GroupPlan, GroupSnapshot, Prompt
+
+# Most prompts the reference screen skips for one group before it opens one anyway.
+MAX_SKIPS = 64
 
 
 @dataclass(kw_only=True)
@@ -110,21 +114,62 @@ class SaraGate(BaseGate):
             LevelPrior(config.level_window, config.level_min_groups, fallback=self.prior) if config.level_prior else None
         )
         self._level_of: dict[int, float] = {}  # prompt_id -> difficulty: the level a group's outcome counts for
+        # reference_prior: the scores of the prompts next in line, attached by the run's builder,
+        # which has the task's references and a learner to score them (``attach_reference``).
+        self.reference: ReferenceScreen | None = None
+
+    def attach_reference(self, screen: ReferenceScreen) -> None:
+        """Use ``screen``'s reference likelihoods for priors and skips (``gate.sara.reference_prior``)."""
+        if not self.config.reference_prior:
+            raise ValueError("a reference screen was attached to a SARA gate with gate.sara.reference_prior=false; "
+                             "set it to true or do not attach one")
+        self.reference = screen
+
+    def metrics(self) -> dict[str, float]:
+        out = super().metrics()
+        if self.reference is not None:
+            out.update(self.reference.metrics())
+        return out
 
     # --- admission ----------------------------------------------------------------------
 
     def admit(self, group_ids: range, step: int) -> list[GroupPlan]:
         initial = self.group_size if self.launch == "eager" else 1 if self.confident_pilot else self.probe_size
+        if self.reference is None:
+            chosen = [(p, self._prior_of(p.prompt_id, self._base_prior(p))) for p in self.source.take(len(group_ids))]
+        else:
+            chosen = [c for c in (self._screened_prompt() for _ in group_ids) if c is not None]
         plans = []
-        for group_id, prompt in zip(group_ids, self.source.take(len(group_ids))):
-            base = self.prior
-            if self.levels is not None:
-                base = self.levels.prior(prompt.difficulty)
-                self._level_of[prompt.prompt_id] = prompt.difficulty
-            a, b = self._prior_of(prompt.prompt_id, base)
+        for group_id, (prompt, (a, b)) in zip(group_ids, chosen):
             self._open(group_id, prompt, a=a, b=b)
             plans.append(GroupPlan(group_id, prompt, self.group_size, initial))
         return plans
+
+    def _base_prior(self, prompt: Prompt) -> tuple[float, float]:
+        """The gate's prior, or with ``level_prior`` the prompt's level's (noting the level)."""
+        if self.levels is None:
+            return self.prior
+        self._level_of[prompt.prompt_id] = prompt.difficulty
+        return self.levels.prior(prompt.difficulty)
+
+    def _screened_prompt(self) -> tuple[Prompt, tuple[float, float]] | None:
+        """The next prompt the reference screen lets through and its prior: prompts whose group
+        would be effective with chance at most ``tau_abandon`` are skipped, at most ``MAX_SKIPS``
+        in a row (then the last one opens anyway, so a pool of solved prompts cannot stall
+        admission); None when the selector has no prompt left."""
+        assert self.reference is not None
+        for skips in range(MAX_SKIPS + 1):
+            taken = self.source.take(1)
+            if not taken:
+                return None
+            prompt = taken[0]
+            base = self._prior_of(prompt.prompt_id, self._base_prior(prompt))
+            prior, mixed = self.reference.opening(prompt.prompt_id, base, self.group_size)
+            if mixed > self.tau_abandon or skips == MAX_SKIPS:
+                return prompt, prior
+            self._verdicts.add("skip_reference")
+            self.source.release(prompt.prompt_id)
+        raise AssertionError("unreachable: the last pass returns")
 
     def _prior_of(self, prompt_id: int, base: tuple[float, float] | None = None) -> tuple[float, float]:
         """The prompt's prior: ``base`` (the gate's prior or its level's), or its carried

@@ -42,6 +42,11 @@ class PromptSelector(Protocol):
         """Never select ``prompt_id`` again."""
         ...
 
+    def peek(self, n: int) -> list[Prompt]:
+        """Up to ``n`` prompts ``take`` is likely to return next, without taking them; a
+        selector that cannot tell (it decides at ``take``) returns none."""
+        return []
+
     def observe(self, prompt_id: int, successes: int, samples: int) -> None:
         """A group of ``prompt_id`` showed ``successes`` of ``samples`` valid rewards."""
         return None
@@ -73,6 +78,9 @@ class CursorSelector(PromptSelector):
 
     def take(self, n: int) -> list[Prompt]:
         return self.pool.take(n)
+
+    def peek(self, n: int) -> list[Prompt]:
+        return self.pool.peek(n)
 
     def evict(self, prompt_id: int) -> None:
         self.pool.evict(prompt_id)

@@ -176,6 +176,10 @@ class DpsSelector:
 
     # --- selection ----------------------------------------------------------------------
 
+    def peek(self, n: int) -> list[Prompt]:
+        """None: DPS chooses at ``take``, from beliefs that move with every group."""
+        return []
+
     def take(self, n: int) -> list[Prompt]:
         """Up to ``n`` free prompts: mostly the likeliest partly solved, some from the cursor."""
         picked: list[int] = []

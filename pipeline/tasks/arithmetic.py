@@ -179,6 +179,16 @@ class ArithmeticTask(Task):
             a, b = b, a
         return self.make_problem(a, op, b)
 
+    @property
+    def unique_response(self) -> bool:
+        """The exact reward on the compact form accepts the answer's digits alone (its alphabet has
+        no whitespace for the match to strip); a scratchpad's work, words or a numeric match do not.
+
+        >>> ArithmeticTask().unique_response, ArithmeticTask(scratchpad=True).unique_response
+        (True, False)
+        """
+        return self.reward == "exact" and not self.scratchpad and not self.template
+
     def format_prompt(self, problem: Problem) -> str:
         return problem.text if self.template else problem.text + "="
 

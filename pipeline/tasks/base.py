@@ -100,6 +100,13 @@ class Task(ABC):
         """``(prompt_text, target_text)`` for supervised warm-starting."""
         return self.format_prompt(problem), problem.solution
 
+    @property
+    def unique_response(self) -> bool:
+        """True when a problem's ``solution`` is the only response text its reward accepts (an
+        exact-match answer with nothing before it), so the policy's likelihood of that text is the
+        pass rate; False (the default) where other responses also earn it."""
+        return False
+
     def scorer(self, decode: Callable[[Sequence[int]], str]) -> TextReward:
         """This task's reward as a ``Scorer`` over token ids, decoding with ``decode`` (a
         scratchpad task grades only the final answer: ``pipeline.tasks.scratchpad``)."""

@@ -1,0 +1,143 @@
+"""A prompt's pass rate before any rollout: the policy's likelihood of the reference response.
+
+Sampling at temperature 1 and top_p 1, a fresh rollout writes the task's reference response
+``r`` with probability ``q = exp(sum of log pi(r_t | prompt, r_<t))``, the policy's
+teacher-forced likelihood of ``r``. Any rollout that writes ``r`` earns the reward, so the
+prompt's pass rate is at least ``q``; where ``r`` is the only response that earns it (an
+exact-match answer: ``Task.unique_response``) the pass rate *is* ``q``. One forward pass over
+prompt and reference, about the price of scoring one rollout, says what a probe of several
+rollouts only estimates.
+
+``ReferenceScreen`` holds those likelihoods for the prompts next in line: after each learner
+step the orchestrator asks it which prompts to score (``wanted``: of the gate's selector's
+next ``ahead`` prompts, ``peek``, those with a reference), the learner scores them with the weights it just
+made (the ones the engine samples with next), and ``update`` replaces the scores. SARA asks
+``opening`` for a group's prior and its chance of turning out mixed before any rollout, and
+skips a prompt whose chance is at most its ``tau_abandon``:
+
+* exact: the prior is ``Beta(n q, n (1 - q))``, ``n`` = ``strength`` pseudo-rollouts, in
+  place of the gate's own: its mean is ``q``, and the probe still counts for something (the
+  score comes from weights up to a couple of steps older than the rollouts'); the chance is
+  ``effective_probability`` under it, close to ``1 - q^G - (1 - q)^G``;
+* a lower bound: the gate's own prior, and the chance is at most ``mixed_bound`` of ``q``
+  (``1 - q^G``: every rollout writing the reference), which vouches only for near-sure successes.
+
+A prompt with no score (reached before it was scored, or with no reference) gets the gate's
+prior unchanged; ``metrics`` counts both, and the tokens scored.
+
+>>> from pipeline.types import Prompt
+
+# Smallest Beta parameter an exact prior gets: a prompt the policy answers right with
+# likelihood 1 (or 0) still has a proper prior.
+MIN_PSEUDO = 1e-3
+>>> upcoming = [Prompt(0, "", (1, 5)), Prompt(2, "", (1,)), Prompt(1, "", (1, 6))]
+>>> screen = ReferenceScreen({0: (7, 2), 1: (8, 2)}, lambda n: upcoming[:n], exact=True, strength=64, ahead=4)
+>>> [p.prompt_id for p in screen.wanted()]
+[0, 1]
+>>> screen.update({0: math.log(0.95), 1: math.log(0.5)}, tokens=8)
+>>> (a, b), mixed = screen.opening(0, (1.0, 1.0), group_size=8)   # q = 0.95: rarely mixed
+>>> round(a, 1), round(b, 1), round(mixed, 2), round(1 - 0.95**8 - 0.05**8, 2)   # exact: 0.34
+(60.8, 3.2, 0.32, 0.34)
+>>> (a, b), mixed = screen.opening(1, (1.0, 1.0), group_size=8); (a, b), round(mixed, 2)
+((32.0, 32.0), 0.99)
+>>> screen.opening(2, (1.0, 1.0), group_size=8)[0]                # never scored: the gate's prior
+(1.0, 1.0)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+from controller.posterior import effective_probability, mixed_bound
+from pipeline.types import Prompt
+
+# Smallest Beta parameter an exact prior gets: a prompt the policy answers right with
+# likelihood 1 (or 0) still has a proper prior.
+MIN_PSEUDO = 1e-3
+
+
+class ReferenceScreen:
+    """Reference likelihoods of the prompts next in line, as SARA priors; see the module docstring.
+
+    Parameters
+    ----------
+    references
+        prompt id -> the reference response's token ids, end-of-sequence token included (what a
+        rollout that writes the reference would hold); prompts without one are never scored.
+    peek
+        ``peek(n)``: the next ``n`` prompts the gate's selector will hand out (``PromptPool.peek``).
+    exact
+        The reference is the only response that earns the reward, so its likelihood is the pass
+        rate; False: a lower bound on it.
+    strength
+        Pseudo-rollouts the likelihood counts for in an exact prior.
+    ahead
+        Prompts to score after each learner step.
+    """
+
+    def __init__(
+        self,
+        references: Mapping[int, Sequence[int]],
+        peek: Callable[[int], Sequence[Prompt]],
+        *,
+        exact: bool,
+        strength: float,
+        ahead: int,
+    ):
+        if strength <= 0:
+            raise ValueError(f"strength={strength} must be > 0 (pseudo-rollouts)")
+        if ahead < 1:
+            raise ValueError(f"ahead={ahead} must be >= 1 (prompts scored per learner step)")
+        self.references = {int(k): tuple(v) for k, v in references.items()}
+        self.peek = peek
+        self.exact = exact
+        self.strength = float(strength)
+        self.ahead = ahead
+        self._logprob: dict[int, float] = {}
+        self._counts = {"reference_scored": 0, "reference_scored_tokens": 0, "reference_unscored": 0}
+
+    def wanted(self) -> list[Prompt]:
+        """The selector's next ``ahead`` prompts that have a reference, each once."""
+        seen: set[int] = set()
+        out = []
+        for prompt in self.peek(self.ahead):
+            if prompt.prompt_id in self.references and prompt.prompt_id not in seen:
+                seen.add(prompt.prompt_id)
+                out.append(prompt)
+        return out
+
+    def update(self, logprobs: Mapping[int, float], tokens: int) -> None:
+        """New scores (prompt id -> summed log-prob of its reference) replace the old ones; ``tokens``
+        is what scoring them cost (prompt and reference tokens)."""
+        bad = {k: v for k, v in logprobs.items() if math.isnan(v) or v > 1e-6}
+        if bad:
+            k, v = next(iter(bad.items()))
+            raise ValueError(f"reference log-prob {v} of prompt {k} is not the log of a probability; the learner's scoring is broken")
+        self._logprob = {int(k): min(0.0, float(v)) for k, v in logprobs.items()}
+        self._counts["reference_scored"] += len(logprobs)
+        self._counts["reference_scored_tokens"] += int(tokens)
+
+    def logprob(self, prompt_id: int) -> float | None:
+        """The prompt's latest score, None if it has none."""
+        return self._logprob.get(prompt_id)
+
+    def opening(self, prompt_id: int, base: tuple[float, float], group_size: int) -> tuple[tuple[float, float], float]:
+        """The Beta prior a group of ``prompt_id`` starts from (``base`` where there is no score or
+        the score is only a lower bound) and the chance, before any rollout, that a group of
+        ``group_size`` turns out mixed: under that prior, or, for a lower bound, at most
+        ``mixed_bound`` of the score."""
+        lp = self._logprob.get(prompt_id)
+        if lp is None:
+            self._counts["reference_unscored"] += 1
+        elif self.exact:
+            q = math.exp(lp)
+            prior = (max(self.strength * q, MIN_PSEUDO), max(self.strength * (1.0 - q), MIN_PSEUDO))
+            return prior, effective_probability(0, 0, group_size, prior)
+        else:
+            return base, min(mixed_bound(lp, group_size), effective_probability(0, 0, group_size, base))
+        return base, effective_probability(0, 0, group_size, base)
+
+    def metrics(self) -> dict[str, float]:
+        """``gate/reference_scored`` (prompts), ``gate/reference_scored_tokens``, ``gate/reference_unscored``."""
+        return {f"gate/{k}": float(v) for k, v in self._counts.items()}
