@@ -138,6 +138,13 @@ class ReferenceScreen:
             return base, min(mixed_bound(lp, group_size), effective_probability(0, 0, group_size, base))
         return base, effective_probability(0, 0, group_size, base)
 
+    def state_dict(self) -> dict[str, int]:
+        """The counters (scores are not kept: a resumed run scores afresh before its first step)."""
+        return dict(self._counts)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._counts.update({k: int(state.get(k, 0)) for k in self._counts})
+
     def metrics(self) -> dict[str, float]:
         """``gate/reference_scored`` (prompts), ``gate/reference_scored_tokens``, ``gate/reference_unscored``."""
         return {f"gate/{k}": float(v) for k, v in self._counts.items()}

@@ -60,6 +60,16 @@ def test_saturated_prompts_are_skipped_before_any_rollout_and_mixed_ones_open_wi
     assert effective_probability(0, 4, 8, (rec[3].a, rec[3].b)) > 0.7
 
 
+def test_the_counters_survive_a_checkpoint():
+    gate, _ = screened_gate({0: 0.999, 1: 0.5})
+    admit(gate, 1)
+    state = gate.state_dict()
+    resumed, screen = screened_gate({0: 0.999, 1: 0.5})
+    resumed.load_state_dict(state)
+    assert resumed.metrics()["gate/skip_reference"] == 1.0
+    assert screen.metrics()["gate/reference_scored"] == 2.0  # the saved count, not the new screen's own
+
+
 def test_a_pool_of_solved_prompts_still_opens_a_group_after_max_skips():
     gate, _ = screened_gate({i: 1.0 for i in range(MAX_SKIPS + 5)})
     plans = admit(gate, 1)

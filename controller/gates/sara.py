@@ -256,6 +256,8 @@ class SaraGate(BaseGate):
 
     def _extra_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {"carried": {str(k): list(v) for k, v in self._carried.items()}}
+        if self.reference is not None:
+            state["reference"] = self.reference.state_dict()
         if self.levels is not None:
             state["levels"] = self.levels.state_dict()
             state["level_of"] = {str(k): v for k, v in self._level_of.items()}
@@ -263,6 +265,8 @@ class SaraGate(BaseGate):
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
         self._carried = {int(k): (float(v[0]), float(v[1])) for k, v in state["carried"].items()}
+        if self.reference is not None:
+            self.reference.load_state_dict(state.get("reference", {}))
         if self.levels is not None:
             # A state saved without the level prior starts its fit afresh.
             self.levels.load_state_dict(state.get("levels", {"levels": []}))
