@@ -207,7 +207,8 @@ class SaraConfig:
     """reference_prior: weight of the reference likelihood in the prior, in rollouts."""
     reference_ahead: int = 0
     """reference_prior: prompts scored after each learner step, the next ones in the selector's
-    order; 0: 2 x ``orchestrator.batch_groups`` (a step takes about 1.4 prompts a group). A prompt reached before it was scored starts from
+    order; 0: 4 x ``orchestrator.batch_groups`` (a step takes about two prompts a group, and
+    admission runs up to a step ahead of the learner). A prompt reached before it was scored starts from
     ``prior`` (``gate/reference_unscored`` counts them)."""
 
     def __post_init__(self) -> None:

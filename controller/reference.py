@@ -11,7 +11,8 @@ rollouts only estimates.
 ``ReferenceScreen`` holds those likelihoods for the prompts next in line: after each learner
 step the orchestrator asks it which prompts to score (``wanted``: of the gate's selector's
 next ``ahead`` prompts, ``peek``, those with a reference), the learner scores them with the weights it just
-made (the ones the engine samples with next), and ``update`` replaces the scores. SARA asks
+made (the ones the engine samples with next), and ``update`` stores them, replacing older
+scores of the same prompts. SARA asks
 ``opening`` for a group's prior and its chance of turning out mixed before any rollout, and
 skips a prompt whose chance is at most its ``tau_abandon``:
 
@@ -108,18 +109,19 @@ class ReferenceScreen:
         return out
 
     def update(self, logprobs: Mapping[int, float], tokens: int) -> None:
-        """New scores (prompt id -> summed log-prob of its reference) replace the old ones; ``tokens``
-        is what scoring them cost (prompt and reference tokens)."""
+        """New scores (prompt id -> summed log-prob of its reference) replace those prompts' old
+        ones; ``tokens`` is what scoring them cost (prompt and reference tokens). A score is used
+        once: ``opening`` drops it, so a prompt's next group waits for a score of newer weights."""
         bad = {k: v for k, v in logprobs.items() if math.isnan(v) or v > 1e-6}
         if bad:
             k, v = next(iter(bad.items()))
             raise ValueError(f"reference log-prob {v} of prompt {k} is not the log of a probability; the learner's scoring is broken")
-        self._logprob = {int(k): min(0.0, float(v)) for k, v in logprobs.items()}
+        self._logprob.update((int(k), min(0.0, float(v))) for k, v in logprobs.items())
         self._counts["reference_scored"] += len(logprobs)
         self._counts["reference_scored_tokens"] += int(tokens)
 
     def logprob(self, prompt_id: int) -> float | None:
-        """The prompt's latest score, None if it has none."""
+        """The prompt's latest score, None if it has none (or it was used)."""
         return self._logprob.get(prompt_id)
 
     def opening(self, prompt_id: int, base: tuple[float, float], group_size: int) -> tuple[tuple[float, float], float]:
@@ -127,7 +129,7 @@ class ReferenceScreen:
         the score is only a lower bound) and the chance, before any rollout, that a group of
         ``group_size`` turns out mixed: under that prior, or, for a lower bound, at most
         ``mixed_bound`` of the score."""
-        lp = self._logprob.get(prompt_id)
+        lp = self._logprob.pop(prompt_id, None)
         if lp is None:
             self._counts["reference_unscored"] += 1
         elif self.exact:

@@ -166,7 +166,7 @@ def _reference_screen(cfg: RunConfig, task: Any, tokenizer: Any, gate: Any) -> R
     references = {task.prompt_id(p): tuple(tokenizer.encode(p.solution)) + (tokenizer.eos_id,) for p in problems}
     exact = task.unique_response and isinstance(tokenizer, CharTokenizer)
     screen = ReferenceScreen(references, gate.source.peek, exact=exact, strength=sara.reference_strength,
-                             ahead=sara.reference_ahead or 2 * cfg.orchestrator.batch_groups)
+                             ahead=sara.reference_ahead or 4 * cfg.orchestrator.batch_groups)
     gate.attach_reference(screen)
     return screen
 

@@ -70,6 +70,16 @@ def test_the_counters_survive_a_checkpoint():
     assert screen.metrics()["gate/reference_scored"] == 2.0  # the saved count, not the new screen's own
 
 
+def test_a_score_is_kept_until_its_prompt_opens_and_used_once():
+    screen = ReferenceScreen({0: (1,), 1: (1,)}, lambda n: [], exact=True, strength=64, ahead=2)
+    screen.update({0: math.log(0.5), 1: math.log(0.9)}, tokens=4)
+    screen.update({1: math.log(0.8)}, tokens=2)  # a newer score of prompt 1 only
+    assert screen.logprob(0) == pytest.approx(math.log(0.5)) and screen.logprob(1) == pytest.approx(math.log(0.8))
+    assert screen.opening(0, (1.0, 1.0), 8)[0] == pytest.approx((32.0, 32.0))
+    assert screen.logprob(0) is None and screen.opening(0, (1.0, 1.0), 8)[0] == (1.0, 1.0)  # the next group waits for a new score
+    assert screen.metrics()["gate/reference_unscored"] == 1.0
+
+
 def test_a_pool_of_solved_prompts_still_opens_a_group_after_max_skips():
     gate, _ = screened_gate({i: 1.0 for i in range(MAX_SKIPS + 5)})
     plans = admit(gate, 1)
@@ -176,7 +186,7 @@ def test_a_torch_run_scores_the_next_prompts_and_skips_with_them(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     last = steps[-1]
-    # 16 prompts scored at the start and after each of the 4 steps (2 x batch_groups each).
-    assert last["gate/reference_scored"] == 16 * 5
-    assert last["gate/reference_scored_tokens"] > 16 * 5 * 2
+    # 32 prompts scored at the start and after each of the 4 steps (4 x batch_groups each).
+    assert last["gate/reference_scored"] == 32 * 5
+    assert last["gate/reference_scored_tokens"] > 32 * 5 * 2
     assert last["gate/reference_unscored"] < last["gate/commit"]
