@@ -10,9 +10,10 @@ rollouts only estimates.
 
 ``ReferenceScreen`` holds those likelihoods for the prompts next in line: after each learner
 step the orchestrator asks it which prompts to score (``wanted``: of the gate's selector's
-next ``ahead`` prompts, ``peek``, those with a reference), the learner scores them with the weights it just
-made (the ones the engine samples with next), and ``update`` stores them, replacing older
-scores of the same prompts. SARA asks
+next ``ahead`` prompts, ``peek``, those with a reference and no score yet), the learner scores
+them with the weights it just made (the ones the engine samples with next), and ``update``
+stores them. A prompt is scored once while it waits in line, so its score is from weights a
+step or two older than its first rollouts'. SARA asks
 ``opening`` for a group's prior and its chance of turning out mixed before any rollout, and
 skips a prompt whose chance is at most its ``tau_abandon``:
 
@@ -99,12 +100,15 @@ class ReferenceScreen:
         self._counts = {"reference_scored": 0, "reference_scored_tokens": 0, "reference_unscored": 0}
 
     def wanted(self) -> list[Prompt]:
-        """The selector's next ``ahead`` prompts that have a reference, each once."""
+        """The selector's next ``ahead`` prompts that have a reference and no score yet, each once
+        (a prompt waiting in line keeps the score it got when it entered the window: scoring it
+        again every step would cost as much as the generation it saves)."""
         seen: set[int] = set()
         out = []
         for prompt in self.peek(self.ahead):
-            if prompt.prompt_id in self.references and prompt.prompt_id not in seen:
-                seen.add(prompt.prompt_id)
+            pid = prompt.prompt_id
+            if pid in self.references and pid not in seen and pid not in self._logprob:
+                seen.add(pid)
                 out.append(prompt)
         return out
 
