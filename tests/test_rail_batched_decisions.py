@@ -264,3 +264,24 @@ def test_decision_batch_max_must_be_positive():
 
     with pytest.raises((ConfigError, ValueError), match="decision_batch_max=0"):
         RailConfig(decision_batch_max=0)
+
+
+@pytest.mark.parametrize("n_points", [1, 10])  # the one-at-a-time scorer and the array path
+def test_a_logged_records_features_are_its_own_copy_of_the_context(n_points):
+    """Live choices share one empty, read-only ``extra_features`` (no dict per decision), and the
+    trace record's features are a copy of the context's (same keys in the same order): writing
+    to a logged record cannot change the context the learner later learns from."""
+    rail, sink = make()
+    spikes(rail, [(g, 0) for g in range(1, n_points + 1)])
+    queued = [q.context for q in rail._queue]
+    choices = rail.decider.choose_many(queued, "live")
+    assert all(c.extra_features == {} for c in choices)
+    with pytest.raises(TypeError):
+        choices[0].extra_features["x"] = 1.0  # type: ignore[index]
+    rail.flush_decisions()
+    records = sink.by_point("token")
+    assert len(records) == n_points
+    for rec, ctx in zip(records, queued):
+        assert list(rec.features.items()) == list(ctx.features.items()) and rec.features is not ctx.features
+        rec.features["post_mean"] = -1.0
+        assert ctx.features["post_mean"] != -1.0

@@ -177,13 +177,16 @@ class PrefixBuffers:
         last token (which may be the end-of-sequence token) and below ``room`` tokens."""
         best, best_score = None, None
         for buf in self._groups.get(group_id, {}).values():
-            if not buf.known or buf.length < 2:
+            length = len(buf.tokens)
+            if not buf.known or length < 2:
                 continue
+            last = min(length - 1, room - 1)
+            cum = buf.cum_logprob
             for q in (1, 2, 3):
-                pos = min(max(1, buf.length * q // 4), buf.length - 1, room - 1)
+                pos = min(max(1, length * q // 4), last)
                 if pos < 1:
                     continue
-                score = buf.mean_logprob(pos)
+                score = cum[pos] / pos  # ``mean_logprob(pos)``: a known buffer starts at 0, and pos < length
                 score = score if highest else -score
                 if best_score is None or score > best_score:
                     best, best_score = (buf, pos), score

@@ -58,7 +58,7 @@ from controller.rail.behaviour import build_behaviour
 from controller.rail.buffers import PrefixBuffers, RequestBuffer
 from controller.rail.config import RailConfig
 from controller.rail.decider import Choice, Decider
-from controller.rail.features import Context, PrefixInfo, group_features
+from controller.rail.features import POINTS, Context, PrefixInfo, group_features
 from controller.rail.gain_error import GainErrorTracker
 from controller.rail.learners import build_learner, clone_learner, learner_from_state
 from controller.rail.promotion import Evidence, Promoter, WindowEntry
@@ -72,9 +72,12 @@ from pipeline.types import ActionKind, BranchSpec, CommittedGroup, GroupAction, 
 
 QUEUED = "rail: decision queued"
 """The reason of the HOLD that ``on_group`` returns while a group-level point waits for its batch."""
+_DECISIONS_AT = {point: f"decisions_{point}" for point in POINTS}
+_INTERVENTIONS_OF = {kind: f"interventions_{kind}" for kind in ("branch", "resample")}
+"""The counters of decisions per point and of interventions per arm kind, named once."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     """A logged decision waiting for its group to close."""
 
@@ -433,13 +436,14 @@ class RailController:
             _Pending(decision_id, point, context, choice.acted, choice.other_prob, choice.q_other,
                      choice.predicted_gain, self.frozen is not None, context.costs[i], snapshot.tokens)
         )
-        self.counts["decisions"] += 1
-        self.counts[f"decisions_{point}"] += 1
+        counts = self.counts
+        counts["decisions"] += 1
+        counts[_DECISIONS_AT[point]] += 1
         if arm.is_noop:
             return []
         group.interventions += 1
-        self.counts["interventions"] += 1
-        self.counts[f"interventions_{arm.kind}"] += 1
+        counts["interventions"] += 1
+        counts[_INTERVENTIONS_OF[arm.kind]] += 1
         branch = None
         if arm.kind == "branch":
             assert source is not None  # branch arms are only offered with a known prefix

@@ -34,6 +34,8 @@ import math
 import operator
 import random
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
 
 import numpy as np
 
@@ -44,6 +46,8 @@ from controller.rail.config import RailConfig
 from controller.rail.features import Context
 
 SHADOW_PREFIX = "shadow."
+NO_EXTRA_FEATURES: Mapping[str, float] = MappingProxyType({})
+"""A live choice's ``extra_features``: shared and read-only, not a new dict per decision."""
 SMALL_BATCH = 4
 """``choose_many`` decides batches of at most this many contexts one at a time: the array path's
 fixed cost (about 30 us) is more than it saves on a few rows (measured at 21 features, 11 arms)."""
@@ -59,7 +63,7 @@ class Choice:
     predicted_gain: float  # the learned model's prediction for the executed arm
     other_prob: float  # the non-acting policy's probability of the executed arm
     q_other: float  # sum over arms of the non-acting policy's probability x predicted gain
-    extra_features: dict[str, float] = field(default_factory=dict)
+    extra_features: Mapping[str, float] = field(default_factory=lambda: NO_EXTRA_FEATURES)  # shadow mode's ``shadow.*``
 
 
 class Decider:
@@ -109,42 +113,58 @@ class Decider:
         draws = [self._rng.random() for _ in contexts]
         out: list[Choice | None] = [None] * len(contexts)
         for idx, probs, gains in self.learner.distribution_blocks(contexts):
-            arms = contexts[idx[0]].arms
-            acting = self._live_rows(arms, probs, gains)
-            cumulative = np.cumsum(acting, axis=1)
-            u = np.array([draws[i] for i in idx])
-            past = cumulative > u[:, None]
-            picks = past.argmax(axis=1)
-            behaviour = np.array(self.behaviour.distribution(contexts[idx[0]])[0])
-            q_other = gains @ behaviour
-            for row, (i, j) in enumerate(zip(idx, picks.tolist())):
-                p_row = tuple(acting[row].tolist())
-                if not past[row, j]:  # rounding left u past the last sum
-                    j = max(a for a, p in enumerate(p_row) if p > 0)
-                g_row = tuple(gains[row].tolist())
-                q = float(q_other[row])
-                out[i] = Choice(
-                    acted=Decision(j, arms[j].name, p_row[j], g_row[j], p_row, g_row),
-                    propensity=p_row[j], behaviour_propensity=p_row[j], predicted_gain=g_row[j],
-                    other_prob=float(behaviour[j]), q_other=q if math.isfinite(q) else math.nan,
-                )
+            self._live_block(contexts, idx, probs, gains, draws, out)
         return out  # type: ignore[return-value]  # every index is in one block
+
+    def _live_block(
+        self,
+        contexts: list[Context],
+        idx: list[int],
+        probs: np.ndarray,
+        gains: np.ndarray,
+        draws: list[float],
+        out: list[Choice | None],
+    ) -> None:
+        """Live choices of one block of contexts that share their arms (rows of ``probs`` and
+        ``gains``, contexts ``idx``) from their uniform draws, into ``out`` at ``idx``. The arrays
+        become Python rows once per block, not once per row."""
+        arms = contexts[idx[0]].arms
+        acting = self._live_rows(arms, probs, gains)
+        past = np.cumsum(acting, axis=1) > np.array([draws[i] for i in idx])[:, None]
+        picks = past.argmax(axis=1)
+        landed = past[np.arange(len(idx)), picks].tolist()
+        behaviour = self.behaviour.distribution(contexts[idx[0]])[0]
+        q_other = gains.dot(np.array(behaviour)).tolist()
+        names = contexts[idx[0]].names
+        for i, j, hit, p_row, g_row, q in zip(idx, picks.tolist(), landed, acting.tolist(), gains.tolist(), q_other):
+            p_row, g_row = tuple(p_row), tuple(g_row)
+            if not hit:  # rounding left u past the last sum
+                j = max(a for a, p in enumerate(p_row) if p > 0)
+            p, g = p_row[j], g_row[j]
+            out[i] = Choice(
+                acted=Decision(j, names[j], p, g, p_row, g_row),
+                propensity=p, behaviour_propensity=p, predicted_gain=g,
+                other_prob=behaviour[j], q_other=q if math.isfinite(q) else math.nan, extra_features=NO_EXTRA_FEATURES,
+            )
 
     def _live_rows(self, arms: tuple[Arm, ...], probs: np.ndarray, gains: np.ndarray) -> np.ndarray:
         """``live_distribution`` of every row of a block that shares ``arms``."""
         noop, interventions = self._splits.get(arms, self._split)
         if noop is None or not interventions:
             return probs
-        cols = list(interventions)
+        cols = list(interventions)  # a copy by index, whose layout the row sums' rounding follows: not a slice
         below = ~(gains[:, cols].max(axis=1) > self.config.gain_threshold)  # a NaN gain counts as below
         if not below.any():
             return probs
+        every = below.all()  # no mask to gather and scatter through (a run's first decisions: all gains ~0)
         out = probs.copy()
         keep = self.config.below_threshold_explore
-        shrunk = out[below]
+        shrunk = out if every else out[below]
         moved = (shrunk[:, cols] * (1.0 - keep)).sum(axis=1)
         shrunk[:, cols] *= keep
         shrunk[:, noop] += moved
+        if every:
+            return _normalised_rows(shrunk)
         out[below] = _normalised_rows(shrunk)
         return out
 
@@ -161,6 +181,7 @@ class Decider:
                 predicted_gain=gains[i],
                 other_prob=behaviour[i],
                 q_other=_expected(behaviour, gains),
+                extra_features=NO_EXTRA_FEATURES,
             )
         if mode != "shadow":
             raise ValueError(f"mode={mode!r} must be 'live' or 'shadow'")

@@ -57,6 +57,8 @@ from pipeline.types import GroupSnapshot
 
 POINTS = ("rescue", "extend", "token")
 """Decision points; ``DecisionRecord.decision_point`` holds ``DECISION_POINTS[point]``."""
+_POINT_ONE_HOT = {p: tuple(float(p == q) for q in POINTS) for p in POINTS}
+"""The ``point_*`` features of each decision point, in ``POINTS`` order."""
 DECISION_POINTS = {"rescue": "group_rescue", "extend": "group_extend", "token": "token"}
 LOGPROB_FLOOR = 30.0
 ENTROPY_CAP = 30.0
@@ -109,16 +111,19 @@ def group_features(
     interventions: int,
 ) -> dict[str, float]:
     """The shared context of a decision on ``snapshot``'s group (see the module table)."""
-    if point not in POINTS:
+    one_hot = _POINT_ONE_HOT.get(point)
+    if one_hot is None:
         raise ValueError(f"decision point {point!r} is not one of {', '.join(POINTS)}")
     size = float(max(snapshot.target_size, 1))
-    s, f = snapshot.successes, snapshot.failures
+    done = len(snapshot.rewards)
+    s = snapshot.successes  # counted once: ``failures`` would count them again
+    f = done - s  # ``GroupSnapshot.failures``
     a, b = 1.0 + s, 1.0 + f
-    done = s + f
+    rescue, extend, token = one_hot
     features = {
-        "point_rescue": float(point == "rescue"),
-        "point_extend": float(point == "extend"),
-        "point_token": float(point == "token"),
+        "point_rescue": rescue,
+        "point_extend": extend,
+        "point_token": token,
         "post_a": a / size,
         "post_b": b / size,
         "post_mean": a / (a + b),
@@ -177,9 +182,10 @@ class Context:
         rest = min(max(1.0 - checked.get("position_fraction", 0.0), 0.0), 1.0)
         arms = tuple(arms)
         # expected_tokens of every arm, from its samples and whether it only writes the rest.
-        return cls(point, checked, arms, tuple(
-            0.0 if not n else n * length * rest if branch else n * length for n, branch in _COST_RULES.get(arms, _cost_rules)
-        ))
+        rules = _COST_RULES.get(arms, _cost_rules)
+        return cls(point, checked, arms, tuple([
+            0.0 if not n else n * length * rest if branch else n * length for n, branch in rules
+        ]))
 
     @property
     def names(self) -> tuple[str, ...]:

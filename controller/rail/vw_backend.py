@@ -147,7 +147,9 @@ class VWLearner(BanditLearner):
             return super().distribution(context)
         if not context.arms:
             raise ValueError("context has no arms; a decision needs at least one arm")
-        snapshot = self._snapshot_for((context,))
+        snapshot = self.snapshot
+        if snapshot is None or not snapshot.covers(context):
+            snapshot = self._snapshot_for((context,))
         return self._from_gains(snapshot, snapshot.gains(context))
 
     def distributions(self, contexts: Sequence[Context]) -> list[tuple[tuple[float, ...], tuple[float, ...]]]:
@@ -176,7 +178,7 @@ class VWLearner(BanditLearner):
         """The snapshot in use; a new one (over the union, from the current model) when it does
         not cover a context's features or arms, which happens in a run's first decisions."""
         snap = self.snapshot
-        if snap is not None and all(snap.covers(c) for c in contexts):
+        if snap is not None and all(map(snap.covers, contexts)):
             return snap
         keys: dict[str, None] = dict.fromkeys(snap.keys) if snap is not None else {}
         arms: dict[str, Arm] = {a.name: a for a in snap.arms()} if snap is not None else {}

@@ -134,22 +134,29 @@ class LinearSnapshot:
         fixed, per_k = rows
         return -(parts[..., fixed] + costs * (1.0 / PROBE_TOKENS) * parts[..., per_k])
 
-    def _arm_weights(self, arms: tuple[Arm, ...]) -> tuple[np.ndarray, np.ndarray, int]:
-        """The rows of ``_weights`` and ``_bias`` that score ``arms``: their fixed parts, then
-        their per-1000-token parts, gathered once per arms tuple."""
+    def _arm_weights(self, arms: tuple[Arm, ...]) -> tuple[np.ndarray, list[float], int]:
+        """The rows of ``_weights`` that score ``arms`` (their fixed parts, then their
+        per-1000-token parts) and the matching entries of ``_bias`` as floats, gathered once per
+        arms tuple."""
         fixed, per_k = self._arm_rows(arms)
         rows = np.concatenate([fixed, per_k])
-        return np.ascontiguousarray(self._weights[rows]), np.ascontiguousarray(self._bias[rows]), len(arms)
+        return np.ascontiguousarray(self._weights[rows]), self._bias[rows].tolist(), len(arms)
 
     def gains(self, context: Context) -> list[float]:
         """Predicted gain (negated cost) of each of the context's arms, in its order.
 
         One context is scored with one matrix-vector product over its own arms' rows and the
-        rest in Python: on arrays of one row numpy's per-call cost is most of the work."""
+        rest in Python: on arrays of one row numpy's per-call cost is most of the work, the more
+        so on a cold cache (a lone decision after the engine's work), so the bias is added to the
+        product's floats here rather than by another array operation (the same IEEE additions),
+        and ``ndarray.dot`` calls the BLAS routine of ``@`` with less dispatch around it."""
         weights, bias, k = self._rows.get(context.arms, self._arm_weights, "weights")
-        parts = (weights @ self._vector(context.features) + bias).tolist()
+        parts = weights.dot(self._vector(context.features)).tolist()
         scale = 1.0 / PROBE_TOKENS
-        return [-(parts[i] + cost * scale * parts[k + i]) for i, cost in enumerate(context.costs)]
+        return [
+            -((parts[i] + bias[i]) + cost * scale * (parts[k + i] + bias[k + i]))
+            for i, cost in enumerate(context.costs)
+        ]
 
     def gains_many(self, contexts: Sequence[Context]) -> list[list[float]]:
         """``gains`` of every context, from one matrix product over all of them and one
@@ -170,12 +177,12 @@ class LinearSnapshot:
             x = np.array([list(c.features.values()) for c in contexts], dtype=np.float64)
         else:
             x = np.stack([self._vector(c.features) for c in contexts])
-        parts = x @ self._weights.T + self._bias  # (contexts, 2 x arms)
+        parts = x.dot(self._weights.T) + self._bias  # (contexts, 2 x arms); ``dot`` as in ``gains``
         blocks = []
         for idx in blocks_by_arms(c.arms for c in contexts):
             rows = self._rows.get(contexts[idx[0]].arms, self._arm_rows)
             costs = np.array([contexts[i].costs for i in idx], dtype=np.float64)
-            blocks.append((idx, self._combine(parts[idx], rows, costs)))
+            blocks.append((idx, self._combine(parts if len(idx) == len(contexts) else parts[idx], rows, costs)))
         return blocks
 
     def state(self) -> dict[str, Any]:
