@@ -285,3 +285,33 @@ def test_a_logged_records_features_are_its_own_copy_of_the_context(n_points):
         assert list(rec.features.items()) == list(ctx.features.items()) and rec.features is not ctx.features
         rec.features["post_mean"] = -1.0
         assert ctx.features["post_mean"] != -1.0
+
+
+def test_a_block_mixing_decision_points_uses_each_points_behaviour_distribution():
+    """ARPO's rule depends on the decision point (branch at a token, nothing at an extend), and a
+    token point and an extend point with a prefix share every arm, so one array block holds both:
+    each row's other-policy probability and expectation must be those of its own point, as
+    ``choose`` gives them (they feed the promotion window's doubly-robust estimates)."""
+    import random
+
+    from controller.rail.features import Context
+
+    rail, _ = make(behaviour="arpo", behaviour_epsilon=0.2)
+    rng = random.Random(1)
+    contexts = [
+        Context.build("token" if k % 2 else "extend", {"post_mean": rng.random(), "length_estimate": 0.1,
+                                                       "position_fraction": rng.random()}, rail.arms)
+        for k in range(12)
+    ]
+    for k, ctx in enumerate(contexts):  # some learning, so that gains differ across arms
+        rail.learner.learn_one(ctx, rail.decider.choose(ctx, "live").acted, reward=(k % 5) / 4 - 0.3)
+    state = rail.decider.state_dict()
+    batch = rail.decider.choose_many(contexts, "live")
+    rail.decider.load_state_dict(state)
+    single = [rail.decider.choose(c, "live") for c in contexts]
+    assert len(batch) > 4  # the array path
+    for b, s in zip(batch, single):
+        assert b.acted.action == s.acted.action
+        assert b.other_prob == pytest.approx(s.other_prob, abs=1e-12) and b.q_other == pytest.approx(s.q_other, abs=1e-12)
+    behaviour = rail.decider.behaviour
+    assert behaviour.distribution(contexts[0])[0] != behaviour.distribution(contexts[1])[0]  # the points differ

@@ -133,10 +133,10 @@ class Decider:
         past = np.cumsum(acting, axis=1) > np.array([draws[i] for i in idx])[:, None]
         picks = past.argmax(axis=1)
         landed = past[np.arange(len(idx)), picks].tolist()
-        behaviour = self.behaviour.distribution(contexts[idx[0]])[0]
-        q_other = gains.dot(np.array(behaviour)).tolist()
+        other = self._behaviour_rows(contexts, idx, gains)
         names = contexts[idx[0]].names
-        for i, j, hit, p_row, g_row, q in zip(idx, picks.tolist(), landed, acting.tolist(), gains.tolist(), q_other):
+        rows = zip(idx, picks.tolist(), landed, acting.tolist(), gains.tolist(), other)
+        for i, j, hit, p_row, g_row, (behaviour, q) in rows:
             p_row, g_row = tuple(p_row), tuple(g_row)
             if not hit:  # rounding left u past the last sum
                 j = max(a for a, p in enumerate(p_row) if p > 0)
@@ -146,6 +146,24 @@ class Decider:
                 propensity=p, behaviour_propensity=p, predicted_gain=g,
                 other_prob=behaviour[j], q_other=q if math.isfinite(q) else math.nan, extra_features=NO_EXTRA_FEATURES,
             )
+
+    def _behaviour_rows(
+        self, contexts: list[Context], idx: list[int], gains: np.ndarray
+    ) -> list[tuple[tuple[float, ...], float]]:
+        """Per row of a block: the behaviour policy's distribution at that row's own context and
+        its expectation of the row's gains. The rule depends on the decision point, which the
+        rows of one arms tuple need not share (a token point and an extend point with a prefix
+        both offer every arm), so there is one product over the block per point present."""
+        by_point: dict[str, tuple[tuple[float, ...], list[float]]] = {}
+        rows = []
+        for row, i in enumerate(idx):
+            point = contexts[i].point
+            found = by_point.get(point)
+            if found is None:
+                behaviour = self.behaviour.distribution(contexts[i])[0]
+                found = by_point[point] = (behaviour, gains.dot(np.array(behaviour)).tolist())
+            rows.append((found[0], found[1][row]))
+        return rows
 
     def _live_rows(self, arms: tuple[Arm, ...], probs: np.ndarray, gains: np.ndarray) -> np.ndarray:
         """``live_distribution`` of every row of a block that shares ``arms``."""
