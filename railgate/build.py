@@ -163,12 +163,27 @@ def _reference_screen(cfg: RunConfig, task: Any, tokenizer: Any, gate: Any) -> R
     from pipeline.policy.tokenizer import CharTokenizer
 
     problems = task.problems("train", cfg.data.num_train_prompts, derive_seed(cfg.data.seed, "train"))
-    references = {task.prompt_id(p): tuple(tokenizer.encode(p.solution)) + (tokenizer.eos_id,) for p in problems}
+    references = {task.prompt_id(p): tuple(tokenizer.encode(p.solution)) + (tokenizer.eos_id,)
+                  for p in problems if _earns_reward(task, p)}
+    if not references:
+        raise ConfigError(f"gate.sara.reference_prior=true needs reference solutions the task's reward accepts; none of "
+                          f"{len(problems)} training problems of task {task.name!r} has one (e.g. {problems[0].solution!r}); "
+                          "give the data a solution column or set gate.sara.reference_prior=false")
     exact = task.unique_response and isinstance(tokenizer, CharTokenizer)
     screen = ReferenceScreen(references, gate.source.peek, exact=exact, strength=sara.reference_strength,
                              ahead=sara.reference_ahead or 4 * cfg.orchestrator.batch_groups)
     gate.attach_reference(screen)
     return screen
+
+
+def _earns_reward(task: Any, problem: Any) -> bool:
+    """The problem's solution is a response the task's reward counts as a success (a reference
+    that does not earn it would bound nothing); a reward that raises on it counts as no."""
+    prompt = task.to_prompt(problem)
+    try:
+        return bool(problem.solution) and task.score(prompt, problem.solution) > prompt.success_threshold
+    except Exception:  # noqa: BLE001 - a user's reward function; that problem just gets no reference
+        return False
 
 
 def _torch_kwargs(cfg: RunConfig, context: int | None = None) -> dict[str, Any]:

@@ -131,6 +131,19 @@ def test_the_sim_engine_is_refused_with_the_fix(tmp_path):
         build_components(cfg, progress=False)
 
 
+def test_only_solutions_the_reward_accepts_become_references():
+    import dataclasses
+
+    from pipeline.tasks.countdown import CountdownTask
+    from railgate.build import _earns_reward
+
+    for task in (ArithmeticTask(), CountdownTask()):
+        problem = task.train_problems(1, seed=0)[0]
+        assert _earns_reward(task, problem)
+        assert not _earns_reward(task, dataclasses.replace(problem, solution=""))
+        assert not _earns_reward(task, dataclasses.replace(problem, solution="9" * 9))
+
+
 def test_only_an_exact_answer_on_the_compact_form_is_a_unique_response():
     assert ArithmeticTask().unique_response
     assert not ArithmeticTask(reward="numeric", reverse_answer=False, template="What is {a} {op} {b}?").unique_response
