@@ -202,7 +202,8 @@ class SaraConfig:
     pseudo-rollouts (in place of ``prior``); elsewhere it is a lower bound on the pass rate and only screens out near-sure
     successes. A prompt whose prior chance of an effective group is at most ``tau_abandon`` is
     skipped before any rollout (``controller.reference``). Needs sampling at temperature 1 and
-    top_p 1 and a learner that scores log-probs (the torch learner)."""
+    top_p 1 and a learner that scores log-probs (the torch learner); gate kinds other than ``sara``
+    ignore it, except ``sara_dps``, which refuses it."""
     reference_strength: float = 64.0
     """reference_prior: weight of the reference likelihood in the prior, in rollouts."""
     reference_ahead: int = 0
@@ -333,9 +334,10 @@ class GateConfig:
 
     def __post_init__(self) -> None:
         require(
-            not self.sara.reference_prior or self.kind == "sara",
-            f"gate.sara.reference_prior=true scores the prompts next in the plain selector's order, which "
-            f"gate.kind={self.kind!r} does not have; use gate.kind=sara or set gate.sara.reference_prior=false",
+            not (self.sara.reference_prior and self.kind == "sara_dps"),
+            "gate.sara.reference_prior=true scores the prompts next in the plain selector's order, which "
+            "gate.kind='sara_dps' does not have (DPS picks at each admission); use gate.kind=sara or set "
+            "gate.sara.reference_prior=false",
         )
 
     def check_sizes(self, group_size: int, batch_groups: int) -> None:

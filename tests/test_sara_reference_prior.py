@@ -114,8 +114,9 @@ def test_bad_scores_and_settings_are_refused_with_the_fix():
         screen.update({0: 0.5}, tokens=1)
     with pytest.raises(ConfigError, match="reference_prior=true reads a group's odds.*temperature=0.7"):
         GateConfig(kind="sara", sara=SaraConfig(reference_prior=True)).check_sampling(0.7, 1.0)
-    with pytest.raises(ConfigError, match="gate.kind='sara_dps' does not have; use gate.kind=sara"):
+    with pytest.raises(ConfigError, match="gate.kind='sara_dps' does not have .*; use gate.kind=sara"):
         GateConfig(kind="sara_dps", sara=SaraConfig(reference_prior=True))
+    GateConfig(kind="uniform", sara=SaraConfig(reference_prior=True))  # other gates ignore SARA's settings
     with pytest.raises(ConfigError, match="reference_strength=0"):
         SaraConfig(reference_strength=0)
     with pytest.raises(ValueError, match="reference_prior=false"):

@@ -46,7 +46,7 @@ import numpy as np
 
 from configs import SCENARIO_DIR
 from railgate.bench.base_model import ensure_shared_base_model
-from railgate.bench.policies import order, overrides, step_overrides
+from railgate.bench.policies import base_overrides, order, overrides
 from railgate.bench.probe import GateProbe
 
 MODELS = {"effective": 1.0, "normalised": 0.1}
@@ -69,7 +69,7 @@ class RunSpec:
     """``--set`` overrides applied to every run, after the policy's own."""
 
     def overrides(self) -> list[str]:
-        out = overrides(self.policy) + step_overrides(self.policy) + [
+        out = overrides(self.policy) + base_overrides(self.policy) + [
             f"seed={self.seed}",
             "orchestrator.steps=1000000",
             f"orchestrator.max_rollouts={self.budget}",

@@ -10,7 +10,7 @@ policies of RAIL are SARA plus a controller:
 * ``sara_rollouts`` -- SARA with a learner step of ``batch_groups * group_size`` rollouts
   generated (``orchestrator.batch_rollouts=auto``): abandoned probes count toward the step they
   were spent in, so it takes GRPO's number of optimiser steps for the same budget. Every other
-  policy runs with a step of ``batch_groups`` committed groups (``step_overrides``), whatever the
+  policy runs with a step of ``batch_groups`` committed groups (``base_overrides``), whatever the
   base config says, unless a ``--set`` says otherwise.
 * ``sara_dps_rollouts`` -- SARA on DPS-selected prompts with the same learner step of rollouts.
 * ``sara_level`` -- SARA with a probe of two and each group's prior fitted to the recent groups
@@ -76,16 +76,22 @@ STEP_BY_ROLLOUTS = frozenset(p for p, sets in POLICIES.items() if any(s.startswi
 """Policies that set their own learner step (``sara_rollouts``, ``sara_dps_rollouts``: ``batch_rollouts=auto``)."""
 
 
-def step_overrides(policy: str) -> list[str]:
-    """What defines ``policy``'s learner step, put before the run's own ``--set`` overrides: a
-    step of committed groups for every policy but those in ``STEP_BY_ROLLOUTS`` (which carry
-    ``batch_rollouts=auto`` themselves), so a base config with ``batch_rollouts`` (the CPU
-    default's ``auto``) does not turn ``sara`` into ``sara_rollouts``.
+REFERENCE_PRIOR = frozenset(p for p, sets in POLICIES.items() if "gate.sara.reference_prior=true" in sets)
+"""Policies with SARA's reference prior (``sara_ref``, ``sara_ref_rollouts``)."""
 
-    >>> step_overrides("sara"), step_overrides("sara_rollouts")
-    (['orchestrator.batch_rollouts=0'], [])
+
+def base_overrides(policy: str) -> list[str]:
+    """What keeps ``policy`` itself whatever the base config says, put before the run's own
+    ``--set`` overrides: a step of committed groups for every policy but those in
+    ``STEP_BY_ROLLOUTS`` (which carry ``batch_rollouts=auto`` themselves), and no reference prior
+    for every policy but those in ``REFERENCE_PRIOR``, so the CPU default's ``batch_rollouts:
+    auto`` and ``reference_prior: true`` do not turn the published ``sara`` into ``sara_ref_rollouts``.
+
+    >>> base_overrides("sara"), base_overrides("sara_ref_rollouts")
+    (['orchestrator.batch_rollouts=0', 'gate.sara.reference_prior=false'], [])
     """
-    return [] if policy in STEP_BY_ROLLOUTS else ["orchestrator.batch_rollouts=0"]
+    out = [] if policy in STEP_BY_ROLLOUTS else ["orchestrator.batch_rollouts=0"]
+    return out + ([] if policy in REFERENCE_PRIOR else ["gate.sara.reference_prior=false"])
 
 
 def overrides(policy: str) -> list[str]:
