@@ -35,7 +35,10 @@ starts with one rollout, and a group whose finished rollouts all agree is abando
 ``mixed_bound`` (1 - q^(G - t), q the policy's probability of its likeliest fresh rollout) is at
 most ``confident_max_mixed``: a response the policy writes with probability q is written again by a
 fresh rollout with probability at least q, so a near-certain pilot settles the group after one
-rollout. ``tau_commit`` is not published;
+rollout. With ``reference_prior`` (``attach_reference``, ``controller.reference``) a group starts
+from the policy's likelihood of the prompt's reference response, scored before any rollout, and
+``admit`` skips prompts whose group that prior says will be effective with chance at most
+``tau_abandon``. ``tau_commit`` is not published;
 0.5 is our default (with G = 8, k = 4 it commits exactly the mixed probes).
 """
 
@@ -49,9 +52,9 @@ from controller.config import SaraConfig
 from controller.gates.base import BaseGate
 from controller.gates.common import GroupRecord, abandon, commit, launch, too_many_failures
 from controller.level_prior import LevelPrior
-from controller.reference import ReferenceScreen
 from controller.posterior import discount_posterior, effective_probability, mixed_bound
 from controller.prompts import PromptPool
+from controller.reference import ReferenceScreen
 from controller.selectors import PromptSelector
 from pipeline.types import GroupAction, GroupPlan, GroupSnapshot, Prompt
 
