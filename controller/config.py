@@ -200,12 +200,17 @@ class SaraConfig:
     reward (``Task.unique_response``: exact-match arithmetic) its likelihood is the prompt's pass
     rate, and the group starts from a Beta prior of that mean and ``reference_strength``
     pseudo-rollouts (in place of ``prior``); elsewhere it is a lower bound on the pass rate and only screens out near-sure
-    successes. A prompt whose prior chance of an effective group is at most ``tau_abandon`` is
+    successes. A prompt whose prior chance of an effective group is at most ``reference_skip`` is
     skipped before any rollout (``controller.reference``). Needs sampling at temperature 1 and
     top_p 1 and a learner that scores log-probs (the torch learner); gate kinds other than ``sara``
     ignore it, except ``sara_dps``, which refuses it."""
     reference_strength: float = 64.0
     """reference_prior: weight of the reference likelihood in the prior, in rollouts."""
+    reference_skip: float = 0.45
+    """reference_prior: skip a prompt, before any rollout, when its prior chance of an effective
+    group is at most this (``tau_abandon``'s default: a group the probe's test would give up on).
+    Skipping spends no rollouts, only the scoring, so it may sit above ``tau_abandon``: at 0.8 and
+    G = 8 an exact prior opens only prompts answered right with chance about 0.2 to 0.8."""
     reference_ahead: int = 0
     """reference_prior: prompts scored after each learner step, the next ones in the selector's
     order; 0: 4 x ``orchestrator.batch_groups`` (a step takes about two prompts a group, and
@@ -241,6 +246,8 @@ class SaraConfig:
             f"{key}.confident_max_mixed={self.confident_max_mixed} must be in [0, 1) (a bound on a probability)",
         )
         require(self.reference_strength > 0, f"{key}.reference_strength={self.reference_strength} must be > 0 (rollouts)")
+        require(0 <= self.reference_skip < 1,
+                f"{key}.reference_skip={self.reference_skip} must be in [0, 1) (a chance; 1 would skip every prompt)")
         require(self.reference_ahead >= 0, f"{key}.reference_ahead={self.reference_ahead} must be >= 0 (prompts per step; 0: auto)")
         require(
             not (self.confident_pilot and self.launch == "eager"),

@@ -15,7 +15,7 @@ them with the weights it just made (the ones the engine samples with next), and 
 stores them. A prompt is scored once while it waits in line, so its score is from weights a
 step or two older than its first rollouts'. SARA asks
 ``opening`` for a group's prior and its chance of turning out mixed before any rollout, and
-skips a prompt whose chance is at most its ``tau_abandon``:
+skips a prompt whose chance is at most its ``reference_skip``:
 
 * exact: the prior is ``Beta(n q, n (1 - q))``, ``n`` = ``strength`` pseudo-rollouts, in
   place of the gate's own: its mean is ``q``, and the probe still counts for something (the

@@ -126,7 +126,7 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
     base = ensure_base_model(cfg.run_dir, cfg.task, cfg.model, progress=progress)
     tokenizer = base.tokenizer
     context = base.context_length if cfg.model.path else None  # a user's model: its config decides
-    train_prompts, eval_prompts = _prompts(cfg, task, tokenizer.encode_prompt, context)
+    train_problems, train_prompts, eval_prompts = _prompts(cfg, task, tokenizer.encode_prompt, context)
     torch.set_num_threads(max(cfg.torch_engine.threads, cfg.learner.num_threads or 1))
     if cfg.engine.kind == "vllm":
         from pipeline.engines.vllm_engine import VllmEngine
@@ -148,12 +148,12 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
     learner = TorchLearner(base.model, cfg.learner, pad_id=tokenizer.pad_id)
     return Components(
         engine=engine, clock=WallClock(), gate=gate, controller=NoopController(), scorer=scorer,
-        learner=learner, evaluator=evaluator, pool=pool, reference=_reference_screen(cfg, task, tokenizer, gate),
+        learner=learner, evaluator=evaluator, pool=pool, reference=_reference_screen(cfg, task, tokenizer, gate, train_problems),
     )
 
 
-def _reference_screen(cfg: RunConfig, task: Any, tokenizer: Any, gate: Any) -> ReferenceScreen | None:
-    """``gate.sara.reference_prior``: each training prompt's reference response as the model's tokens
+def _reference_screen(cfg: RunConfig, task: Any, tokenizer: Any, gate: Any, problems: list) -> ReferenceScreen | None:
+    """``gate.sara.reference_prior``: each training problem's reference response as the model's tokens
     (the task's solution, then end-of-sequence), attached to the SARA gate. The likelihood is the
     pass rate only where the task accepts that text alone and one token sequence spells it (the
     project's character tokenizer); otherwise it is a lower bound."""
@@ -162,7 +162,6 @@ def _reference_screen(cfg: RunConfig, task: Any, tokenizer: Any, gate: Any) -> R
         return None
     from pipeline.policy.tokenizer import CharTokenizer
 
-    problems = task.problems("train", cfg.data.num_train_prompts, derive_seed(cfg.data.seed, "train"))
     references = {task.prompt_id(p): tuple(tokenizer.encode(p.solution)) + (tokenizer.eos_id,)
                   for p in problems if _earns_reward(task, p)}
     if not references:
@@ -215,12 +214,14 @@ def _ray_engine(cfg: RunConfig, model_dir: Path, eos_id: int | None, context: in
                      num_cpus=r.num_cpus, num_gpus=r.num_gpus, torch_threads=cfg.torch_engine.threads)
 
 
-def _prompts(cfg: RunConfig, task: Any, encode: Any, context: int | None = None) -> tuple[list, list]:
-    """The run's train and held-out prompts; ``ConfigError`` if any leaves no room to answer.
+def _prompts(cfg: RunConfig, task: Any, encode: Any, context: int | None = None) -> tuple[list, list, list]:
+    """The run's training problems (their solutions are the reference prior's references), their
+    prompts and the held-out prompts; ``ConfigError`` if any prompt leaves no room to answer.
     ``context``: the model's context length (None: ``model.max_len``, the project's model)."""
     limit = context or cfg.model.max_len
     max_prompt = limit - cfg.orchestrator.max_tokens
-    train_prompts = task.train_prompts(cfg.data.num_train_prompts, derive_seed(cfg.data.seed, "train"), encode)
+    train_problems = task.train_problems(cfg.data.num_train_prompts, derive_seed(cfg.data.seed, "train"))
+    train_prompts = [task.to_prompt(p, encode) for p in train_problems]
     eval_prompts = task.eval_prompts(cfg.data.num_eval_prompts, derive_seed(cfg.data.seed, "eval"), encode)
     too_long = [p for p in train_prompts + eval_prompts if len(p.token_ids) > max_prompt]
     if too_long:
@@ -231,7 +232,7 @@ def _prompts(cfg: RunConfig, task: Any, encode: Any, context: int | None = None)
             f"orchestrator.max_tokens={cfg.orchestrator.max_tokens} = {max_prompt} tokens (e.g. {too_long[0].text[:80]!r}); "
             f"{fix} orchestrator.max_tokens"
         )
-    return train_prompts, eval_prompts
+    return train_problems, train_prompts, eval_prompts
 
 
 def _build_sim(cfg: RunConfig) -> Components:

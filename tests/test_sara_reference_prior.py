@@ -100,6 +100,18 @@ def test_unscored_prompts_start_from_the_gates_prior_and_are_counted():
     assert [p.prompt_id for p in screen.wanted()] == [0]  # of the next epoch's four, only 0 has a reference
 
 
+def test_reference_skip_sets_how_likely_a_mixed_group_must_be_to_open_apart_from_the_probes_test():
+    rates = {0: 0.9, 1: 0.5, 2: 0.1, 3: 0.85}  # P(mixed group of 8): 0.57, 0.99, 0.57, 0.73
+    default, _ = screened_gate(rates)
+    assert sorted(p.prompt.prompt_id for p in admit(default, 4)) == [0, 1, 2, 3]  # all above 0.45
+    strict, _ = screened_gate(rates, reference_skip=0.7)
+    assert [p.prompt.prompt_id for p in admit(strict, 2)] in ([1, 3], [3, 1])
+    assert strict.metrics()["gate/skip_reference"] == 2.0
+    assert strict.tau_abandon == 0.45  # the probe's test keeps its threshold
+    with pytest.raises(ConfigError, match=r"reference_skip=1.0 must be in \[0, 1\)"):
+        SaraConfig(reference_skip=1.0)
+
+
 def test_a_lower_bound_only_skips_prompts_it_shows_are_nearly_always_solved():
     gate, _ = screened_gate({0: 0.999, 1: 0.001, 2: 0.5}, exact=False)
     opened = sorted(p.prompt.prompt_id for p in admit(gate, 2))

@@ -38,7 +38,7 @@ fresh rollout with probability at least q, so a near-certain pilot settles the g
 rollout. With ``reference_prior`` (``attach_reference``, ``controller.reference``) a group starts
 from the policy's likelihood of the prompt's reference response, scored before any rollout, and
 ``admit`` skips prompts whose group that prior says will be effective with chance at most
-``tau_abandon``. ``tau_commit`` is not published;
+``reference_skip``. ``tau_commit`` is not published;
 0.5 is our default (with G = 8, k = 4 it commits exactly the mixed probes).
 """
 
@@ -157,7 +157,7 @@ class SaraGate(BaseGate):
 
     def _screened_prompt(self) -> tuple[Prompt, tuple[float, float]] | None:
         """The next prompt the reference screen lets through and its prior: prompts whose group
-        would be effective with chance at most ``tau_abandon`` are skipped, at most ``MAX_SKIPS``
+        would be effective with chance at most ``reference_skip`` are skipped, at most ``MAX_SKIPS``
         in a row (then the last one opens anyway, so a pool of solved prompts cannot stall
         admission); None when the selector has no prompt left."""
         assert self.reference is not None
@@ -168,7 +168,7 @@ class SaraGate(BaseGate):
             prompt = taken[0]
             base = self._prior_of(prompt.prompt_id, self._base_prior(prompt))
             prior, mixed = self.reference.opening(prompt.prompt_id, base, self.group_size)
-            if mixed > self.tau_abandon or skips == MAX_SKIPS:
+            if mixed > self.config.reference_skip or skips == MAX_SKIPS:
                 return prompt, prior
             self._verdicts.add("skip_reference")
             self.source.release(prompt.prompt_id)
