@@ -214,7 +214,8 @@ class SaraConfig:
     reference_ahead: int = 0
     """reference_prior: prompts scored after each learner step, the next ones in the selector's
     order; 0: 4 x ``orchestrator.batch_groups`` (a step takes about two prompts a group, and
-    admission runs up to a step ahead of the learner). A prompt reached before it was scored starts from
+    admission runs up to a step ahead of the learner), 8 x when ``reference_skip`` is above 0.5
+    (about half the prompts are skipped). A prompt reached before it was scored starts from
     ``prior`` (``gate/reference_unscored`` counts them)."""
 
     def __post_init__(self) -> None:
@@ -254,6 +255,14 @@ class SaraConfig:
             f"{key}.confident_pilot=true launches a pilot before the probe, which {key}.launch='eager' (all G at once) "
             "does not; use launch 'probe_first' or 'streaming', or confident_pilot=false",
         )
+
+    def scored_ahead(self, batch_groups: int) -> int:
+        """``reference_ahead``, or its automatic value for a step of ``batch_groups`` groups.
+
+        >>> SaraConfig().scored_ahead(8), SaraConfig(reference_skip=0.8).scored_ahead(8), SaraConfig(reference_ahead=5).scored_ahead(8)
+        (32, 64, 5)
+        """
+        return self.reference_ahead or (8 if self.reference_skip > 0.5 else 4) * batch_groups
 
     def check_sizes(self, group_size: int, batch_groups: int) -> None:
         """A probe fits in its group."""

@@ -170,7 +170,7 @@ def _reference_screen(cfg: RunConfig, task: Any, tokenizer: Any, gate: Any, prob
                           "give the data a solution column or set gate.sara.reference_prior=false")
     exact = task.unique_response and isinstance(tokenizer, CharTokenizer)
     screen = ReferenceScreen(references, gate.source.peek, exact=exact, strength=sara.reference_strength,
-                             ahead=sara.reference_ahead or 4 * cfg.orchestrator.batch_groups)
+                             ahead=sara.scored_ahead(cfg.orchestrator.batch_groups))
     gate.attach_reference(screen)
     return screen
 
