@@ -207,10 +207,14 @@ class SaraConfig:
     reference_strength: float = 64.0
     """reference_prior: weight of the reference likelihood in the prior, in rollouts."""
     reference_skip: float = 0.45
-    """reference_prior: skip a prompt, before any rollout, when its prior chance of an effective
-    group is at most this (``tau_abandon``'s default: a group the probe's test would give up on).
-    Skipping spends no rollouts, only the scoring, so it may sit above ``tau_abandon``: at 0.8 and
-    G = 8 an exact prior opens only prompts answered right with chance about 0.2 to 0.8."""
+    """reference_prior: skip a prompt, before any rollout, when its chance of an effective group is
+    at most this: under its reference prior, or under ``prior`` if it has no score (``tau_abandon``'s
+    default: a group the probe's test would give up on). Skipping spends no rollouts, only the
+    scoring, so it may sit above ``tau_abandon``. At 0.8 and G = 8 the gate opens only prompts
+    whose exact prior puts the pass rate between about 0.2 and 0.8, and no prompt without a score
+    (the uniform prior gives any group 0.778) but those ``MAX_SKIPS`` forces open; where the
+    likelihood is only a lower bound a value at or above that chance is refused (every prompt
+    would be skipped)."""
     reference_ahead: int = 0
     """reference_prior: prompts scored after each learner step, the next ones in the selector's
     order; 0: 4 x ``orchestrator.batch_groups`` (a step takes about two prompts a group, and

@@ -25,7 +25,7 @@ skips a prompt whose chance is at most its ``reference_skip``:
   (``1 - q^G``: every rollout writing the reference), which vouches only for near-sure successes.
 
 A prompt with no score (reached before it was scored, or with no reference) gets the gate's
-prior unchanged; ``metrics`` counts both, and the tokens scored.
+prior unchanged, and its chance under that prior; ``metrics`` counts both, and the tokens scored.
 
 >>> from pipeline.types import Prompt
 

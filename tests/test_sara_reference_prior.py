@@ -144,6 +144,26 @@ def test_the_sim_engine_is_refused_with_the_fix(tmp_path):
         build_components(cfg, progress=False)
 
 
+def test_a_skip_threshold_a_lower_bound_cannot_reach_is_refused_with_the_fix(tmp_path):
+    from pipeline.policy.tokenizer import CharTokenizer
+    from pipeline.tasks.countdown import CountdownTask
+    from railgate.build import _reference_screen
+    from railgate.config import load_config
+
+    task = CountdownTask()
+    problems = task.train_problems(8, seed=0)
+    tokenizer = CharTokenizer.for_tasks(task)
+    for skip, ok in ((0.45, True), (0.8, False)):
+        cfg = load_config(None, [f"run_dir={tmp_path}", "gate.kind=sara", "gate.sara.reference_prior=true",
+                                 f"gate.sara.reference_skip={skip}", "orchestrator.group_size=8"])
+        gate = SaraGate(PromptPool([task.to_prompt(p, tokenizer.encode_prompt) for p in problems], seed=0), 8, cfg.gate.sara)
+        if ok:
+            assert not _reference_screen(cfg, task, tokenizer, gate, problems).exact
+        else:  # any group is mixed with chance 0.778 under the uniform prior: a lower bound would skip them all
+            with pytest.raises(ConfigError, match=r"reference_skip=0.8 is at or above 0.778.*task 'countdown'.*below 0.778"):
+                _reference_screen(cfg, task, tokenizer, gate, problems)
+
+
 def test_only_solutions_the_reward_accepts_become_references():
     import dataclasses
 
