@@ -212,9 +212,9 @@ class SaraConfig:
     default: a group the probe's test would give up on). Skipping spends no rollouts, only the
     scoring, so it may sit above ``tau_abandon``. At 0.8 and G = 8 the gate opens only prompts
     whose exact prior puts the pass rate between about 0.2 and 0.8, and no prompt without a score
-    (the uniform prior gives any group 0.778) but those ``MAX_SKIPS`` forces open; where the
-    likelihood is only a lower bound a value at or above that chance is refused (every prompt
-    would be skipped)."""
+    (the uniform prior gives any group 0.778) but those ``MAX_SKIPS`` forces open. Where the
+    likelihood is only a lower bound q, a scored prompt is skipped when 1 - q^G is at most this
+    (at 0.8: q >= 0.818)."""
     reference_ahead: int = 0
     """reference_prior: prompts scored after each learner step, the next ones in the selector's
     order; 0: 4 x ``orchestrator.batch_groups`` (a step takes about two prompts a group, and

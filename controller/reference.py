@@ -22,7 +22,8 @@ skips a prompt whose chance is at most its ``reference_skip``:
   score comes from weights up to a couple of steps older than the rollouts'); the chance is
   ``effective_probability`` under it, close to ``1 - q^G - (1 - q)^G``;
 * a lower bound: the gate's own prior, and the chance is at most ``mixed_bound`` of ``q``
-  (``1 - q^G``: every rollout writing the reference), which vouches only for near-sure successes.
+  (``1 - q^G``: every rollout writing the reference), which vouches only for near-sure successes;
+  that bound, not the prior, is what a skip is judged by.
 
 A prompt with no score (reached before it was scored, or with no reference) gets the gate's
 prior unchanged, and its chance under that prior; ``metrics`` counts both, and the tokens scored.
@@ -131,8 +132,8 @@ class ReferenceScreen:
     def opening(self, prompt_id: int, base: tuple[float, float], group_size: int) -> tuple[tuple[float, float], float]:
         """The Beta prior a group of ``prompt_id`` starts from (``base`` where there is no score or
         the score is only a lower bound) and the chance, before any rollout, that a group of
-        ``group_size`` turns out mixed: under that prior, or, for a lower bound, at most
-        ``mixed_bound`` of the score."""
+        ``group_size`` turns out mixed: under that prior, or, for a lower bound, ``mixed_bound`` of
+        the score (the most it can be)."""
         lp = self._logprob.pop(prompt_id, None)
         if lp is None:
             self._counts["reference_unscored"] += 1
@@ -141,7 +142,7 @@ class ReferenceScreen:
             prior = (max(self.strength * q, MIN_PSEUDO), max(self.strength * (1.0 - q), MIN_PSEUDO))
             return prior, effective_probability(0, 0, group_size, prior)
         else:
-            return base, min(mixed_bound(lp, group_size), effective_probability(0, 0, group_size, base))
+            return base, mixed_bound(lp, group_size)
         return base, effective_probability(0, 0, group_size, base)
 
     def state_dict(self) -> dict[str, int]:

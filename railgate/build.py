@@ -10,7 +10,6 @@ from typing import Any, Callable
 
 from controller.gates.registry import build_gate
 from controller.noop import NoopController
-from controller.posterior import effective_probability
 from controller.prompts import PromptPool
 from controller.reference import ReferenceScreen
 from pipeline.sim.learner import SimLearner
@@ -170,12 +169,6 @@ def _reference_screen(cfg: RunConfig, task: Any, tokenizer: Any, gate: Any, prob
                           f"{len(problems)} training problems of task {task.name!r} has one (e.g. {problems[0].solution!r}); "
                           "give the data a solution column or set gate.sara.reference_prior=false")
     exact = task.unique_response and isinstance(tokenizer, CharTokenizer)
-    floor = effective_probability(0, 0, cfg.orchestrator.group_size, sara.prior)
-    if not exact and sara.reference_skip >= floor:
-        raise ConfigError(f"gate.sara.reference_skip={sara.reference_skip} is at or above {floor:.3f}, the chance the gate's prior "
-                          f"gives any group of {cfg.orchestrator.group_size} of coming out mixed; on task {task.name!r} the "
-                          "reference's likelihood is only a lower bound on the pass rate, so every prompt would be skipped; "
-                          f"set gate.sara.reference_skip below {floor:.3f} (0.45 skips only prompts shown nearly always solved)")
     screen = ReferenceScreen(references, gate.source.peek, exact=exact, strength=sara.reference_strength,
                              ahead=sara.scored_ahead(cfg.orchestrator.batch_groups))
     gate.attach_reference(screen)
