@@ -111,6 +111,8 @@ def _parser() -> argparse.ArgumentParser:
         alloc.add_argument("--policies", default="all", help="comma-separated names from railgate/bench/policies.py, or 'all'")
         alloc.add_argument("--models", default="effective,normalised", help="sim training models (default: %(default)s)")
         alloc.add_argument("--seeds", type=int, default=5 if name == "allocation" else 3)
+        alloc.add_argument("--first-seed", type=int, default=0,
+                           help="seeds run from this one (default: %(default)s); add seeds to an earlier benchmark")
         alloc.add_argument("--budget", type=int, default=None,
                            help="rollouts per run, equal for every policy (default: 16384 sim, 20480 real model)")
         alloc.add_argument("--target-gain", type=float, default=0.08, help="target = start accuracy + this")
@@ -257,10 +259,12 @@ def main(argv: list[str] | None = None) -> int:
             budget = args.budget if args.budget is not None else (16384 if sim else 20480)
             if args.seeds < 1 or budget < 1 or args.workers < 1:
                 raise ConfigError(f"--seeds={args.seeds}, --budget={budget} and --workers={args.workers} must be >= 1")
+            if args.first_seed < 0:
+                raise ConfigError(f"--first-seed={args.first_seed} must be >= 0")
             title = "RAIL benchmark" if args.bench == "rail" else "Allocation benchmark"
             run_allocation_bench(args.config, args.out, scenarios if sim else [""], policies, args.seeds, budget,
                                  args.target_gain, args.models.split(",") if sim else [""], workers=args.workers,
-                                 title=title, extra=tuple(args.overrides))
+                                 title=title, extra=tuple(args.overrides), first_seed=args.first_seed)
             return 0
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)

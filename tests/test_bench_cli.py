@@ -37,6 +37,16 @@ def test_bench_rail_writes_tables_runs_and_plot(tmp_path):
     assert (tmp_path / "allocation.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_first_seed_adds_later_seeds_and_says_which(tmp_path):
+    result = run("bench", "allocation", "--policies", "uniform", "--seeds", "2", "--first-seed", "3", "--budget", "256",
+                 "--models", "effective", "--workers", "1", "--out", str(tmp_path), "--set", "orchestrator.batch_groups=8")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(r["seed"] for r in json.loads((tmp_path / "allocation.json").read_text())) == [3, 4]
+    assert "2 seeds (3 to 4)" in (tmp_path / "allocation.md").read_text()
+    negative = run("bench", "allocation", "--first-seed", "-1", "--out", str(tmp_path))
+    assert negative.returncode == 2 and "--first-seed=-1 must be >= 0" in negative.stderr
+
+
 def test_bench_with_a_bad_override_or_policy_is_a_clear_error(tmp_path):
     bad_key = run("bench", "rail", "--set", "controller.rail.cost_lamda=1", "--out", str(tmp_path))
     assert bad_key.returncode == 2 and "cost_lamda" in bad_key.stderr

@@ -344,8 +344,11 @@ def is_sim_config(path: str | Path) -> bool:
 
 
 def grid(base_config: Path, out: Path, scenarios: list[str], policies: list[str], seeds: int, budget: int,
-         models: list[str], progress: bool = True, extra: tuple[str, ...] = ()) -> list[RunSpec]:
-    """The runs of one benchmark. On a real model this warm-starts the shared base model first."""
+         models: list[str], progress: bool = True, extra: tuple[str, ...] = (), first_seed: int = 0) -> list[RunSpec]:
+    """The runs of one benchmark, seeds ``first_seed`` to ``first_seed + seeds - 1`` (a later
+    invocation with ``first_seed`` adds seeds to an earlier one's). On a real model this
+    warm-starts the shared base model first."""
+    seed_range = range(first_seed, first_seed + seeds)
     from railgate.bench.policies import overrides as policy_overrides
 
     for policy in policies:
@@ -358,13 +361,13 @@ def grid(base_config: Path, out: Path, scenarios: list[str], policies: list[str]
             _scenario(scenario)
         specs = [
             RunSpec(str(base_config), scenario, model, policy, seed, budget, extra=extra)
-            for scenario in scenarios for model in models for seed in range(seeds) for policy in policies
+            for scenario in scenarios for model in models for seed in seed_range for policy in policies
         ]
         specs[0].config()  # a bad --set fails here, not in a worker
         return specs
     specs = [
         RunSpec(str(base_config), "", "", policy, seed, budget, run_dir=str(out / "runs" / f"{policy}-s{seed}"), extra=extra)
-        for seed in range(seeds) for policy in policies
+        for seed in seed_range for policy in policies
     ]
     cfg = specs[0].config()  # a bad --set fails here, before the warm start
     base_model = str(ensure_shared_base_model(cfg, out, progress))
@@ -383,9 +386,10 @@ def run_allocation_bench(
     workers: int = 2,
     title: str = "Allocation benchmark",
     extra: tuple[str, ...] = (),
+    first_seed: int = 0,
 ) -> list[dict[str, Any]]:
     out.mkdir(parents=True, exist_ok=True)
-    specs = grid(base_config, out, scenarios, policies, seeds, budget, models, extra=tuple(extra))
+    specs = grid(base_config, out, scenarios, policies, seeds, budget, models, extra=tuple(extra), first_seed=first_seed)
     from tqdm import tqdm
 
     results = []
@@ -396,7 +400,7 @@ def run_allocation_bench(
         for result in tqdm(pool.map(run_one, specs), total=len(specs), desc=title.lower()):
             results.append(result)
             (out / "allocation.json").write_text(json.dumps(results))  # a crash keeps finished runs
-    setup = f"config {base_config}" + (f" with {' '.join(extra)}" if extra else "") + f", budget {budget} rollouts per run, {seeds} seeds"
+    setup = f"config {base_config}" + (f" with {' '.join(extra)}" if extra else "") + f", budget {budget} rollouts per run, {seeds} seeds" + (f" ({first_seed} to {first_seed + seeds - 1})" if first_seed else "")
     text = report_text(results, target_gain, title, setup,
                        time.perf_counter() - started)
     (out / "allocation.md").write_text(text)
