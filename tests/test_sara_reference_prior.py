@@ -24,6 +24,7 @@ from gate_harness import admit, pool_of
 from pipeline.config.build import ConfigError
 from pipeline.tasks.arithmetic import ArithmeticTask
 from pipeline.types import FinishReason, Prompt, Rollout
+from railgate.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -220,9 +221,9 @@ def test_a_torch_run_scores_the_next_prompts_and_skips_with_them(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     last = steps[-1]
-    # The default's reference_skip 0.8 scores the 64 prompts in line (8 x batch_groups) at the
-    # start, then those entering the line after each of the 4 steps: each prompt once.
-    ahead = 8 * 8
+    # The default's gate scores the prompts in line (its scoring window) at the start, then
+    # those entering the line after each of the 4 steps: each prompt once.
+    ahead = load_config(ROOT / "configs/default.yaml").gate.sara.scored_ahead(8)
     opened = last["gate/commit"] + last.get("gate/abandon", 0) + last["gate/skip_reference"]
     assert ahead < last["gate/reference_scored"] <= ahead + opened
     assert last["gate/reference_scored_tokens"] > 2 * last["gate/reference_scored"]
