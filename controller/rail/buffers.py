@@ -24,28 +24,31 @@ controller did not make) is kept for its statistics but never branched from.
 
 from __future__ import annotations
 
+import bisect
 import itertools
-from array import array
 from collections import OrderedDict
 
 from pipeline.types import TokenDelta
 
 
 class RequestBuffer:
-    """Tokens, log-probs (and their running sum) and entropies of one request, from ``start``."""
+    """Tokens, log-probs and entropies of one request, from ``start``, kept as the deltas' own
+    tuples: recording a delta appends references and one running sum, and the flat sequences are
+    built only when asked for (a branch's prefix), which is rare next to the deltas."""
 
-    __slots__ = ("request_id", "group_id", "sample_index", "start", "tokens", "logprobs", "cum_logprob",
-                 "entropies", "has_entropy", "broken", "last_decision")
+    __slots__ = ("request_id", "group_id", "sample_index", "start", "_tokens", "_logprobs", "_entropies",
+                 "_ends", "_sums", "has_entropy", "broken", "last_decision")
 
     def __init__(self, request_id: str, group_id: int, sample_index: int, start: int):
         self.request_id = request_id
         self.group_id = group_id
         self.sample_index = sample_index
         self.start = start
-        self.tokens = array("q")
-        self.logprobs = array("d")
-        self.cum_logprob = array("d", [0.0])
-        self.entropies = array("d")
+        self._tokens: list[tuple[int, ...]] = []  # per recorded chunk
+        self._logprobs: list[tuple[float, ...]] = []
+        self._entropies: list[tuple[float, ...] | None] = []
+        self._ends = [0]  # buffered length after each chunk
+        self._sums = [0.0]  # sum of the log-probs after each chunk
         self.has_entropy = True
         self.broken = False  # a gap in the positions: stop recording, never branch
         self.last_decision = -(10**9)
@@ -57,23 +60,49 @@ class RequestBuffer:
 
     @property
     def length(self) -> int:
-        return len(self.tokens)
+        return self._ends[-1]
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return tuple(itertools.chain.from_iterable(self._tokens))
+
+    @property
+    def logprobs(self) -> tuple[float, ...]:
+        return tuple(itertools.chain.from_iterable(self._logprobs))
+
+    @property
+    def entropies(self) -> tuple[float, ...]:
+        """The entropies (0.0 where a delta carried none)."""
+        return tuple(itertools.chain.from_iterable(
+            e if e is not None else (0.0,) * len(t) for e, t in zip(self._entropies, self._tokens)
+        ))
 
     def extend(self, tokens, logprobs, entropies, room: int) -> None:
         take = min(len(tokens), max(room, 0))
         if take <= 0:
             return
-        self.tokens.extend(tokens[:take])
-        lps = logprobs[:take]
-        self.logprobs.extend(lps)
-        sums = itertools.accumulate(lps, initial=self.cum_logprob[-1])
-        next(sums)  # the initial value is already the last entry
-        self.cum_logprob.extend(sums)
+        if take < len(tokens):
+            tokens, logprobs = tokens[:take], logprobs[:take]
+            entropies = entropies[:take] if entropies is not None else None
+        self._tokens.append(tuple(tokens))
+        lps = tuple(logprobs)
+        self._logprobs.append(lps)
+        self._entropies.append(tuple(entropies) if entropies is not None else None)
         if entropies is None:
             self.has_entropy = False
-            self.entropies.extend([0.0] * take)
-        else:
-            self.entropies.extend(entropies[:take])
+        self._ends.append(self._ends[-1] + take)
+        self._sums.append(sum(lps, self._sums[-1]))  # added in order: the running sum token by token
+
+    def _chunk(self, k: int) -> int:
+        """The chunk that holds buffered token ``k`` (0 <= k < length)."""
+        return bisect.bisect_right(self._ends, k) - 1
+
+    def logprob_sum(self, k: int) -> float:
+        """Sum of the first ``k`` buffered log-probs (0 <= k <= length)."""
+        if k >= self._ends[-1]:
+            return self._sums[-1]
+        c = self._chunk(k)
+        return sum(self._logprobs[c][: k - self._ends[c]], self._sums[c])
 
     def prefix(self, position: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
         """Token ids and log-probs of the first ``position`` tokens (needs ``known``)."""
@@ -82,16 +111,20 @@ class RequestBuffer:
                 f"request {self.request_id}: no known prefix of {position} tokens (buffered {self.length} "
                 f"from position {self.start})"
             )
-        return tuple(self.tokens[:position]), tuple(self.logprobs[:position])
+        return self.tokens[:position], self.logprobs[:position]
 
     def mean_logprob(self, position: int) -> float:
         """Mean log-prob of the buffered tokens before ``position`` (0 for an empty prefix)."""
         k = min(max(position - self.start, 0), self.length)
-        return self.cum_logprob[k] / k if k else 0.0
+        return self.logprob_sum(k) / k if k else 0.0
 
     def entropy_at(self, position: int) -> float:
         k = position - self.start
-        return float(self.entropies[k]) if 0 <= k < self.length else 0.0
+        if not 0 <= k < self.length:
+            return 0.0
+        c = self._chunk(k)
+        entropies = self._entropies[c]
+        return float(entropies[k - self._ends[c]]) if entropies is not None else 0.0
 
 
 class PrefixBuffers:
@@ -177,16 +210,15 @@ class PrefixBuffers:
         last token (which may be the end-of-sequence token) and below ``room`` tokens."""
         best, best_score = None, None
         for buf in self._groups.get(group_id, {}).values():
-            length = len(buf.tokens)
+            length = buf.length
             if not buf.known or length < 2:
                 continue
             last = min(length - 1, room - 1)
-            cum = buf.cum_logprob
             for q in (1, 2, 3):
                 pos = min(max(1, length * q // 4), last)
                 if pos < 1:
                     continue
-                score = cum[pos] / pos  # ``mean_logprob(pos)``: a known buffer starts at 0, and pos < length
+                score = buf.logprob_sum(pos) / pos  # ``mean_logprob(pos)``: a known buffer starts at 0, and pos < length
                 score = score if highest else -score
                 if best_score is None or score > best_score:
                     best, best_score = (buf, pos), score
