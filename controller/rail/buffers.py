@@ -91,7 +91,9 @@ class RequestBuffer:
         if entropies is None:
             self.has_entropy = False
         self._ends.append(self._ends[-1] + take)
-        self._sums.append(sum(lps, self._sums[-1]))  # added in order: the running sum token by token
+        # CPython 3.11's sum adds floats one by one from the start value: the same value as a
+        # running sum token by token (3.12's compensated sum would differ in the last bits).
+        self._sums.append(sum(lps, self._sums[-1]))
 
     def _chunk(self, k: int) -> int:
         """The chunk that holds buffered token ``k`` (0 <= k < length)."""
