@@ -78,7 +78,9 @@ def _rollouts(name: str, value: float) -> float:
 
 def _count(name: str, value: int) -> int:
     """A non-negative whole number; accepts ints, numpy integers and integral floats."""
-    if isinstance(value, numbers.Integral):
+    if type(value) is int:  # the gates' own counts: no trip through the ABCs' instance checks
+        count = value
+    elif isinstance(value, numbers.Integral):
         count = int(value)
     elif isinstance(value, numbers.Real) and math.isfinite(value) and float(value).is_integer():
         count = int(value)
