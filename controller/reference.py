@@ -137,13 +137,12 @@ class ReferenceScreen:
         lp = self._logprob.pop(prompt_id, None)
         if lp is None:
             self._counts["reference_unscored"] += 1
-        elif self.exact:
-            q = math.exp(lp)
-            prior = (max(self.strength * q, MIN_PSEUDO), max(self.strength * (1.0 - q), MIN_PSEUDO))
-            return prior, effective_probability(0, 0, group_size, prior)
-        else:
+            return base, effective_probability(0, 0, group_size, base)
+        if not self.exact:
             return base, mixed_bound(lp, group_size)
-        return base, effective_probability(0, 0, group_size, base)
+        q = math.exp(lp)
+        prior = (max(self.strength * q, MIN_PSEUDO), max(self.strength * (1.0 - q), MIN_PSEUDO))
+        return prior, effective_probability(0, 0, group_size, prior)
 
     def state_dict(self) -> dict[str, int]:
         """The counters (scores are not kept: a resumed run scores afresh before its first step)."""

@@ -64,18 +64,24 @@ class RequestBuffer:
 
     @property
     def tokens(self) -> tuple[int, ...]:
-        return tuple(itertools.chain.from_iterable(self._tokens))
+        return _first(self._tokens, self.length)
 
     @property
     def logprobs(self) -> tuple[float, ...]:
-        return tuple(itertools.chain.from_iterable(self._logprobs))
+        return _first(self._logprobs, self.length)
 
     @property
     def entropies(self) -> tuple[float, ...]:
         """The entropies (0.0 where a delta carried none)."""
-        return tuple(itertools.chain.from_iterable(
-            e if e is not None else (0.0,) * len(t) for e, t in zip(self._entropies, self._tokens)
-        ))
+        return _first(self._entropy_chunks(), self.length)
+
+    def head(self, n: int) -> tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]:
+        """The first ``n`` buffered token ids, log-probs and entropies (0.0 where a delta carried
+        none); the chunks past them are not read."""
+        return _first(self._tokens, n), _first(self._logprobs, n), _first(self._entropy_chunks(), n)
+
+    def _entropy_chunks(self):
+        return (e if e is not None else (0.0,) * len(t) for e, t in zip(self._entropies, self._tokens))
 
     def extend(self, tokens, logprobs, entropies, room: int) -> None:
         take = min(len(tokens), max(room, 0))
@@ -113,7 +119,8 @@ class RequestBuffer:
                 f"request {self.request_id}: no known prefix of {position} tokens (buffered {self.length} "
                 f"from position {self.start})"
             )
-        return self.tokens[:position], self.logprobs[:position]
+        tokens, logprobs, _ = self.head(position)
+        return tokens, logprobs
 
     def mean_logprob(self, position: int) -> float:
         """Mean log-prob of the buffered tokens before ``position`` (0 for an empty prefix)."""
@@ -127,6 +134,11 @@ class RequestBuffer:
         c = self._chunk(k)
         entropies = self._entropies[c]
         return float(entropies[k - self._ends[c]]) if entropies is not None else 0.0
+
+
+def _first(chunks, n: int) -> tuple:
+    """The first ``n`` items of ``chunks`` laid end to end."""
+    return tuple(itertools.islice(itertools.chain.from_iterable(chunks), n))
 
 
 class PrefixBuffers:
@@ -182,8 +194,8 @@ class PrefixBuffers:
             if entry is not None and entry[2] > 0 and entry[0].known and entry[0].length >= position:
                 source = entry[0]
                 buf.start = 0
-                buf.extend(source.tokens[:position], source.logprobs[:position],
-                           source.entropies[:position] if source.has_entropy else None, self.max_tokens)
+                tokens, logprobs, entropies = source.head(position)
+                buf.extend(tokens, logprobs, entropies if source.has_entropy else None, self.max_tokens)
                 entry[2] -= 1
                 if entry[2] == 0:
                     del self._expected[(group_id, position)]
