@@ -1,6 +1,6 @@
 """railgate from a checkout: ``python run.py [command] [options]`` is the ``railgate`` console script.
 
-See ``python run.py --help``; the commands live in ``railgate/cli.py``.
+See ``python run.py --help``; each command is a module of ``railgate/cli/`` (the table is ``railgate.cli.COMMANDS``).
 """
 
 import sys

