@@ -7,7 +7,7 @@ table in ``railgate/cli/__init__.py`` lists them in the order ``--help`` shows t
 >>> def hello(args): print(f"hello {args.who}"); return 0
 >>> cmd = Command("hello", "say hello", lambda p: p.add_argument("who"), hello)
 >>> parser = argparse.ArgumentParser(prog="demo")
->>> cmd.register(parser.add_subparsers(dest="command"))
+>>> _ = cmd.register(parser.add_subparsers(dest="command"))
 >>> args = parser.parse_args(["hello", "world"])
 >>> args.handler(args)
 hello world
