@@ -1,0 +1,122 @@
+"""Seeded simulator runs are bit-identical to recorded ones: a refactoring of the pipeline must
+not change what a run decides, trains or logs.
+
+Each case trains a small simulator run in-process and hashes everything it wrote that does not
+depend on the wall clock: every metrics line, the evaluations, the budget, every decision and
+outcome of the trace and every row of the buffer. ``GOLDEN`` holds the digests of the code they
+were recorded with. When a change *means* to change behaviour (a new admission rule, a fixed
+bug), record the new digests with ``RAILGATE_RECORD_GOLDEN=1 python -m pytest
+tests/test_sim_golden.py`` and say in the commit message why they moved; a restructuring must
+leave them as they are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from pipeline.store.buffer import read_all
+from pipeline.store.tracelog import read_trace
+from railgate.config import load_config
+from railgate.train import train
+
+SMALL = ["orchestrator.steps=4", "orchestrator.batch_groups=16", "orchestrator.eval_every=2", "sim.num_prompts=512",
+         "sim.num_eval_prompts=128", "log.tensorboard=false", "log.checkpoint_every=0"]
+
+CASES: dict[str, list[str]] = {
+    "uniform": ["gate.kind=uniform"],
+    "uniform_tasks": ["gate.kind=uniform", "orchestrator.multiplex_streams=false"],
+    "sara": ["gate.kind=sara"],
+    "sara_eager": ["gate.kind=sara", "gate.sara.launch=eager"],
+    "sara_streaming_rollouts": ["gate.kind=sara", "gate.sara.launch=streaming", "orchestrator.batch_rollouts=128"],
+    "ds": ["gate.kind=ds"],
+    "pilot_commit": ["gate.kind=pilot_commit"],
+    "hora": ["gate.kind=hora"],
+    "sara_dps": ["gate.kind=sara_dps"],
+    "sara_rail": ["gate.kind=sara", "controller.kind=rail"],
+    "sara_rail_tasks": ["gate.kind=sara", "controller.kind=rail", "orchestrator.multiplex_streams=false"],
+    "sara_rail_shadow": ["gate.kind=sara", "controller.kind=rail", "controller.rail.mode=shadow"],
+}
+
+# Recorded at the commit that added this test (before the tracker became a message handler).
+GOLDEN: dict[str, str] = {
+    "ds": "0905dd0d42ad2d52",
+    "hora": "7fe903d0f38d9586",
+    "pilot_commit": "f83e146b7909fffc",
+    "sara": "f993ad1f38f8de72",
+    "sara_dps": "6d875d04579d4187",
+    "sara_eager": "98d2e1cc984e283e",
+    "sara_rail": "a3e69b399facfeb0",
+    "sara_rail_shadow": "57114ceac1004b92",
+    "sara_rail_tasks": "4f8ba7004dd81387",
+    "sara_streaming_rollouts": "c058a34e6c7a23b9",
+    "uniform": "5ef9685fcf9e8772",
+    "uniform_tasks": "0212f777da0e698b",
+}
+
+# Figures that measure the machine, not the run.
+WALL_CLOCK = ("wall_s", "_us")
+
+
+def _clean(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not any(mark in k for mark in WALL_CLOCK)}
+
+
+def _canonical(value):
+    if isinstance(value, float):
+        return None if not math.isfinite(value) else repr(value)
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in sorted(value.items())}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return value
+
+
+def run_digest(run_dir: Path) -> str:
+    metrics = [_clean(json.loads(line)) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    trace = read_trace(run_dir / "trace")
+    content = {
+        "metrics": metrics,
+        "evals": [_clean(e) for e in summary["evals"]],
+        "budget": summary["budget"],
+        "steps": summary["steps"],
+        "stop_reason": summary["stop_reason"],
+        "decisions": trace.decisions.to_pylist(),
+        "outcomes": trace.outcomes.to_pylist(),
+        "buffer": read_all(run_dir / "buffer").to_pylist(),
+    }
+    text = json.dumps(_canonical(content), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _train(tmp_path: Path, name: str) -> str:
+    cfg = load_config(Path("configs/sim.yaml"), SMALL + CASES[name] + [f"run_dir={tmp_path / name}"])
+    train(cfg, progress=False)
+    return run_digest(tmp_path / name)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_seeded_simulator_run_is_bit_identical_to_its_recording(tmp_path, name, monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    digest = _train(tmp_path, name)
+    if os.environ.get("RAILGATE_RECORD_GOLDEN"):
+        print(f'    "{name}": "{digest}",')
+        return
+    assert name in GOLDEN, f"no recording for {name}: record with RAILGATE_RECORD_GOLDEN=1"
+    assert digest == GOLDEN[name], f"{name}: the run changed (digest {digest}, recorded {GOLDEN[name]})"
+
+
+def test_the_digest_sees_a_changed_run(tmp_path, monkeypatch):
+    """Two runs of one config hash alike, and a run with another seed does not."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    first = _train(tmp_path / "a", "sara")
+    again = _train(tmp_path / "b", "sara")
+    cfg = load_config(Path("configs/sim.yaml"), SMALL + CASES["sara"] + ["seed=1", f"run_dir={tmp_path / 'c'}"])
+    train(cfg, progress=False)
+    assert first == again != run_digest(tmp_path / "c")
