@@ -1,167 +1,109 @@
-"""One learner step as the orchestrator runs it: train, record, push weights, measure, evaluate.
+"""The learner's side of a run: train on a batch, push the weights, score references, evaluate.
 
-``LearnerStep`` trains on a ``TrainBatch`` from memory (in a worker thread, or inline on the
-simulator's virtual clock), then records it in the buffer (``pipeline.store.buffer.ArrowBuffer``:
-Arrow segments on disk) with the learner's advantages, pushes the new weights into the engine, writes
-the step's metrics (the budget, the learner's, the gate's and the controller's, namespaced),
-evaluates every ``eval_every`` steps, and keeps the evaluation records. A held-out accuracy at
-or above ``orchestrator.target_accuracy`` stops the run through the tracker's ``stop_reason``.
+``LearnerStep`` carries out the tracker's ``Train`` and ``Evaluate`` actions and answers with
+the messages that report them (``StepDone``, ``Evaluated``); it keeps no run state and writes
+no budget -- what a step consumed travels in its ``StepDone`` and the tracker books it. A step
+trains on the batch as it is in memory (in a worker thread, or inline on the simulator's virtual
+clock), then records it in the buffer (``pipeline.store.buffer.ArrowBuffer``: Arrow segments on
+disk) with the learner's advantages, installs the new weights in the engine, scores the
+reference responses of the prompts next in line (``gate.sara.reference_prior``), evaluates the
+held-out prompts when asked, and keeps a copy of the learner's state when a checkpoint is due.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-import math
 import time
-from typing import Callable
 
 import anyio.to_thread
 
-from pipeline.clock import VirtualClock, WallClock
-from pipeline.config.sections import OrchestratorConfig
-from pipeline.engines.base import Engine
-from pipeline.metrics import MetricsWriter, NullMetricsWriter
-from pipeline.protocols import Buffer, Evaluator, Learner, ReferenceScores
-from pipeline.tasks.rewards.scoring import ScoringService
-from pipeline.tracker import GroupTracker
+from pipeline.actions import Train
+from pipeline.messages import Evaluated, RewardCounts, StepDone
+from pipeline.parts import RunOutputs, RunParts
 from pipeline.types import FinishReason, Prompt, Rollout, StepResult, TrainBatch
 
 
 class LearnerStep:
-    """Runs learner steps for one orchestrator; ``evals`` holds every evaluation record.
+    """Runs learner steps and evaluations for one orchestrator (``parts``: its learner, engine,
+    scoring service, evaluator and reference screen; ``outputs.buffer``: where trained batches
+    go, read at each step)."""
 
-    ``checkpoint_due(step)`` says whether the learner's state must be taken after ``step``
-    (a deep copy, before the next step mutates the weights in its thread).
-    """
-
-    def __init__(
-        self,
-        learner: Learner,
-        engine: Engine,
-        tracker: GroupTracker,
-        config: OrchestratorConfig,
-        *,
-        clock: VirtualClock | WallClock,
-        scoring: ScoringService,
-        evaluator: Evaluator | None = None,
-        buffer: Buffer | None = None,
-        metrics: MetricsWriter | NullMetricsWriter | None = None,
-        on_step: Callable[[int, dict[str, float]], None] | None = None,
-        checkpoint_due: Callable[[int], bool] = lambda step: False,
-        reference: ReferenceScores | None = None,
-    ):
-        self.learner = learner
-        self.engine = engine
-        self.tracker = tracker
-        self.config = config
-        self.clock = clock
-        self.scoring = scoring
-        self.evaluator = evaluator
-        self.buffer = buffer
-        self.metrics = metrics if metrics is not None else NullMetricsWriter()
-        self.on_step = on_step
-        self.checkpoint_due = checkpoint_due
-        self.reference = reference
-        if reference is not None and not callable(getattr(learner, "logprobs", None)):
+    def __init__(self, parts: RunParts, outputs: RunOutputs | None = None):
+        self.parts = parts
+        self.learner = parts.learner
+        self.outputs = outputs if outputs is not None else RunOutputs()
+        if parts.reference is not None and not callable(getattr(parts.learner, "logprobs", None)):
             raise TypeError(f"gate.sara.reference_prior needs a learner that scores log-probs (logprobs(rollouts)); "
-                            f"{type(learner).__name__} has none: use the torch learner or set reference_prior=false")
-        self.evals: list[dict[str, float]] = []
-        self._step_started = self._run_started = time.monotonic()
+                            f"{type(parts.learner).__name__} has none: use the torch learner or set reference_prior=false")
+        self._step_ended = self._run_started = time.monotonic()
         self._eval_wall_s = 0.0
 
-    async def __call__(self, batch: TrainBatch, in_thread: bool) -> tuple[TrainBatch, StepResult, dict | None]:
-        """One step on ``batch``: the batch trained on, the learner's result, and its state
-        when a checkpoint is due after this step (else None)."""
-        self.tracker.budget.tokens_trained += sum(g.trained_tokens for g in batch.groups)
-        result = await anyio.to_thread.run_sync(self._train, batch) if in_thread else self._train(batch)
-        await self.engine.update_weights(self.learner.weights())
+    async def __call__(self, train: Train, in_thread: bool) -> StepDone:
+        """One step on ``train.batch``, and what ``train`` asks for after it."""
+        parts = self.parts
+        result = await anyio.to_thread.run_sync(self._train, train.batch) if in_thread else self._train(train.batch)
+        await parts.engine.update_weights(self.learner.weights())
         await self.score_references(in_thread)
-        metrics = self._step_metrics(batch, result)
-        step = batch.step + 1
+        now = time.monotonic()
+        step_wall_s, self._step_ended = now - self._step_ended, now
         # A deep copy now, before the next step starts mutating the weights in its thread.
-        learner_state = copy.deepcopy(self.learner.state_dict()) if self.checkpoint_due(step) else None
-        if self.evaluator is not None and (
-            step == self.config.steps or (self.config.eval_every and step % self.config.eval_every == 0)
-        ):
-            evaluation = await self.evaluate(step)
-            metrics.update(evaluation)
-            self.record_eval(step, evaluation)
-        self.metrics.write(step, metrics)
-        if self.on_step is not None:
-            self.on_step(step, metrics)
-        return batch, result, learner_state
+        learner_state = copy.deepcopy(self.learner.state_dict()) if train.keep_state else None
+        evaluation = await self._evaluate(train.batch.step + 1) if train.evaluate else None
+        scoring = parts.scoring
+        return StepDone(
+            batch=train.batch, result=result, policy_version=parts.engine.policy_version,
+            rewards=RewardCounts(scoring.errors, scoring.timeouts, scoring.no_reward),
+            timing={"pipeline/step_wall_s": step_wall_s, **self._timing()},
+            evaluation=evaluation, learner_state=learner_state,
+        )
+
+    async def evaluate(self, step: int) -> Evaluated:
+        """The held-out evaluation of the current policy (the ``Evaluate`` action)."""
+        evaluation = await self._evaluate(step)
+        return Evaluated(step, evaluation, self._timing())
 
     def _train(self, batch: TrainBatch) -> StepResult:
         """The learner's step on the batch as it is, then the batch into the buffer behind it."""
         result = self.learner.step(batch)
-        if self.buffer is not None:
-            self.buffer.put(batch, self.learner.advantages(batch))
+        buffer = self.outputs.buffer
+        if buffer is not None:
+            buffer.put(batch, self.learner.advantages(batch))
         return result
+
+    def restore(self, learner_state: dict) -> None:
+        """Load a checkpoint's learner state (the one ``Train.keep_state`` took) and put its
+        weights in the engine. Called before the run, outside an event loop."""
+        self.learner.load_state_dict(learner_state)
+        anyio.run(self.parts.engine.update_weights, self.learner.weights())
+
+    async def _evaluate(self, step: int) -> dict[str, float]:
+        started = time.monotonic()
+        evaluation = await self.parts.evaluator.evaluate(step)
+        self._eval_wall_s += time.monotonic() - started
+        return evaluation
+
+    def _timing(self) -> dict[str, float]:
+        # pipeline/wall_s: of this process (a resume restarts it); eval/wall_s_total: evaluation's share
+        return {"pipeline/wall_s": time.monotonic() - self._run_started, "eval/wall_s_total": self._eval_wall_s}
 
     async def score_references(self, in_thread: bool = True) -> None:
         """Score the reference responses of the prompts next in line with the learner's current
         weights, the ones the engine samples with next (``gate.sara.reference_prior``; nothing
         without a reference screen)."""
-        if self.reference is None:
+        reference = self.parts.reference
+        if reference is None:
             return
-        prompts = self.reference.wanted()
+        prompts = reference.wanted()
         if not prompts:
             return
         score = functools.partial(self._reference_logprobs, prompts)
         logprobs = await anyio.to_thread.run_sync(score) if in_thread else score()
-        tokens = sum(len(p.token_ids) + len(self.reference.references[p.prompt_id]) for p in prompts)
-        self.reference.update(logprobs, tokens)
+        tokens = sum(len(p.token_ids) + len(reference.references[p.prompt_id]) for p in prompts)
+        reference.update(logprobs, tokens)
 
     def _reference_logprobs(self, prompts: list[Prompt]) -> dict[int, float]:
-        refs = self.reference.references
+        refs = self.parts.reference.references
         rollouts = [Rollout(f"reference-{p.prompt_id}", 0, p.token_ids, refs[p.prompt_id], (), 1.0, FinishReason.STOP, -1)
                     for p in prompts]
         return {p.prompt_id: float(sum(lps)) for p, lps in zip(prompts, self.learner.logprobs(rollouts))}
-
-    def _step_metrics(self, batch: TrainBatch, result: StepResult) -> dict[str, float]:
-        version = self.engine.policy_version
-        stale = [version - 1 - r.policy_version for g in batch.groups for r in g.rollouts]
-        b = self.tracker.budget
-        b.rollouts_trained += len(stale)
-        b.staleness_sum += sum(stale)
-        b.staleness_max = max(b.staleness_max, max(stale, default=0))
-        b.reward_errors = self.scoring.errors
-        b.reward_timeouts = self.scoring.timeouts
-        b.rewards_none = self.scoring.no_reward
-        now = time.monotonic()
-        metrics = {
-            **b.as_metrics(),
-            **result.metrics,
-            "pipeline/step_staleness_max": float(max(stale, default=0)),
-            "pipeline/batch_effective_fraction": sum(g.is_effective for g in batch.groups) / max(1, len(batch.groups)),
-            "pipeline/open_groups": float(len(self.tracker.groups)),
-            "pipeline/engine_time": float(self.clock.now()),
-            "pipeline/step_wall_s": now - self._step_started,
-            "engine/policy_version": float(version),
-        }
-        self._step_started = now
-        metrics.update(self.tracker.gate.metrics())
-        metrics.update(self.tracker.controller.metrics())
-        return metrics
-
-    async def evaluate(self, step: int) -> dict[str, float]:
-        started = time.monotonic()
-        evaluation = await self.evaluator.evaluate(step)
-        self._eval_wall_s += time.monotonic() - started
-        return evaluation
-
-    def record_eval(self, step: int, evaluation: dict[str, float]) -> None:
-        """Keep one evaluation record (with the costs so far); stop at the target accuracy."""
-        b = self.tracker.budget
-        # eval/wall_s_total: evaluation's share of the wall clock (benchmarks subtract it).
-        record = {"step": float(step), "pipeline/rollouts_started": float(b.rollouts_started),
-                  "pipeline/tokens_generated": float(b.tokens_generated), "pipeline/engine_time": float(self.clock.now()),
-                  "pipeline/wall_s": time.monotonic() - self._run_started,  # of this process (a resume restarts it)
-                  "eval/wall_s_total": self._eval_wall_s,
-                  **self.tracker.gate.metrics(), **evaluation}
-        self.evals.append(record)
-        target = self.config.target_accuracy
-        accuracy = evaluation.get("eval/accuracy", math.nan)
-        if target and accuracy >= target and not self.tracker.stop_reason:
-            self.tracker.stop_reason = f"target accuracy {target} reached at step {step}"

@@ -55,6 +55,14 @@ from pipeline.types import (
 )
 
 
+class GateProtocolError(RuntimeError):
+    """A gate or controller broke the group lifecycle above."""
+
+
+class GateStalled(RuntimeError):
+    """Nothing is running and the gate opens no group: the run cannot make progress."""
+
+
 @runtime_checkable
 class Gate(Protocol):
     """Allocation policy: which prompts get groups, and when a group commits or is abandoned.

@@ -1,130 +1,98 @@
-"""The group tracker: every group's state, and what the gate and the controller make of it.
+"""The group tracker: a state machine that takes one message and returns what to do.
 
-``GroupTracker`` is synchronous and knows no event loop, engine or learner. It is the single
-writer of group state: it opens groups through ``gate.admit``, queues their launches under the
-concurrency limit, asks ``gate.update`` and ``controller.on_group`` about every finished
-sample, executes the actions they return (launch, commit, abandon), ships committed groups
-into batches, keeps the rollout budget, and checkpoints all of it. Each call returns a
-``TrackerOutput``: the samples to start and the ones to cancel. The caller does them at once,
-in order -- the orchestrator's async shell (``pipeline.orchestrator``) starts an engine stream
-per launch; the gate conformance harness (``tests/gate_harness.py``) schedules a simulated
-finish -- so the same lifecycle runs under both.
+``GroupTracker.handle(message)`` is the whole interface. The messages (``pipeline.messages``)
+are the run's events: tokens arrived, a rollout finished, its reward was scored, the learner
+finished a step, an evaluation came back. The actions it returns (``pipeline.actions``) are all
+that happens in the world: start or cancel a sample, score one, post a message to the tracking
+loop, evaluate, train on a batch, record a step's metrics, write a checkpoint, stop. The tracker
+never awaits and knows no event loop, engine or learner; the async shell
+(``pipeline.orchestrator``) and the gate harness (``tests/gate_harness.py``) only move messages
+in and carry actions out, in order, so the same lifecycle runs under both.
+
+Inside, it is the single writer of every group's state and of the run's ``Budget``: it opens
+groups through ``gate.admit``, queues their launches under the concurrency limit, asks
+``gate.update`` and ``controller.on_group`` about every scored sample, executes the actions
+they return (launch, commit, abandon), ships committed groups into batches, books each learner
+step (``pipeline.steplog``), decides when to evaluate, checkpoint and stop, and checkpoints all
+of it. The stream side (token deltas, final events, aborts) is counted by its
+``pipeline.ledger.SampleLedger``.
 
 >>> from controller.gates.uniform import UniformGate; from controller.noop import NoopController
 >>> from controller.prompts import PromptPool; from pipeline.config.sections import OrchestratorConfig
+>>> from pipeline.actions import Score, Start, Train
+>>> from pipeline.messages import SampleDone, Started, Tick
 >>> from pipeline.types import FinishReason, Prompt, SampleFinished, ScoredSample
 >>> pool = PromptPool([Prompt(i, "", (1,)) for i in range(8)], seed=0)
 >>> cfg = OrchestratorConfig(batch_groups=1, group_size=2, steps=1, max_concurrent_samples=4, max_open_groups=2)
 >>> tracker = GroupTracker(UniformGate(pool, 2), NoopController(), cfg)
->>> out = tracker.admit()
->>> [launch.request.request_id for launch in out.launches]       # two groups of two
+>>> starts = [*tracker.handle(Started()), *tracker.handle(Tick())]
+>>> [a.request.request_id for a in starts]                        # two groups of two
 ['g0-s0', 'g0-s1', 'g1-s0', 'g1-s1']
->>> for launch in out.launches[:2]:                               # group 0's samples end
-...     done = SampleFinished(launch.request.request_id, (7,), (0.0,), FinishReason.STOP, 0)
-...     _ = tracker.on_sample(ScoredSample(launch.request, done, reward=1.0))
->>> _ = tracker.ship_ready(); batch = tracker.next_batch()
->>> batch.step, [g.group_id for g in batch.groups]
-(0, [0])
+>>> for a in starts[:2]:                                          # group 0's samples end and are scored
+...     [score] = tracker.handle(SampleFinished(a.request.request_id, (7,), (0.0,), FinishReason.STOP, 0))
+...     _ = tracker.handle(SampleDone(ScoredSample(score.request, score.finished, reward=1.0)))
+...     actions = tracker.handle(Tick())
+>>> [(type(a).__name__, a.batch.step, [g.group_id for g in a.batch.groups]) for a in actions]
+[('Train', 0, [0])]
 """
 
 from __future__ import annotations
 
-import time
-from collections import deque
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
+from pipeline.actions import LEARNER_SLOTS, Action, Cancel, Checkpoint, Evaluate, Post, Record, ShellSettings, Stop, Train
 from pipeline.batches import StepCutter
 from pipeline.config.sections import OrchestratorConfig
-from pipeline.decisions import NullSink, gate_decision
+from pipeline.deciding import Deciders
 from pipeline.group import GroupRun
 from pipeline.hooktimer import HookTimer
+from pipeline.launches import LaunchQueue
+from pipeline.ledger import SampleLedger
+from pipeline.messages import (ControllerActions, DecideQueued, EngineEvents, Evaluated, SampleDone, Started,
+                               StepDone, StopRequested, StreamCut, StreamFailed, StreamsClosed, Tick)
 from pipeline.metrics import Budget
-from pipeline.protocols import Controller, DecisionSink, Gate
-from pipeline.seeding import sample_seed
-from pipeline.types import (ActionKind, BranchSpec, CommittedGroup, FinishReason, GroupAction, SampleFinished,
-                            SampleRequest, SamplingParams, ScoredSample, TokenDelta, TrainBatch)
+from pipeline.protocols import Controller, DecisionSink, Gate, GateProtocolError, GateStalled
+from pipeline.steplog import StepLog
+from pipeline.types import ActionKind, CommittedGroup, FinishReason, GroupAction, SampleFinished, ScoredSample, TokenDelta
 
-
-DECIDE_WITHIN_EVENTS = 64
-"""Queued decision points wait at most this many tracking-loop events for their batch."""
-
-
-class GateStalled(RuntimeError):
-    """Nothing is running and the gate opens no group: the run cannot make progress."""
-
-
-class GateProtocolError(RuntimeError):
-    """A gate or controller broke the group lifecycle of ``pipeline/protocols.py``."""
-
-
-@dataclass(frozen=True)
-class Launch:
-    """Start this sample now: ``request`` belongs to ``group``."""
-
-    group: GroupRun
-    request: SampleRequest
-
-
-@dataclass
-class TrackerOutput:
-    """What the caller must do after a tracker call: start ``launches``, cancel ``cancels``
-    (request ids of running samples whose group was abandoned)."""
-
-    launches: list[Launch] = field(default_factory=list)
-    cancels: list[str] = field(default_factory=list)
-
-
-_NOTHING = TrackerOutput(launches=(), cancels=())  # type: ignore[arg-type]  # a call that does nothing; shared, read-only
+_NONE: tuple = ()  # what most calls return: no allocation
 
 
 class GroupTracker:
-    """Group state, admission, actions, batches and budget of one run; see the module docstring.
+    """Group state, admission, actions, batches, budget and step accounting of one run; see the
+    module docstring. ``now`` and ``policy_version`` read the engine's clock and weights version
+    (launch times, snapshots, trace records); both default to constants for engine-free use."""
 
-    ``now`` and ``policy_version`` read the engine's clock and weights version (for request
-    launch times, snapshots and trace records); both default to constants for engine-free use.
-    """
-
-    def __init__(
-        self,
-        gate: Gate,
-        controller: Controller,
-        config: OrchestratorConfig,
-        *,
-        seed: int = 0,
-        run_id: str = "run",
-        trace: DecisionSink | None = None,
-        hook_timer: HookTimer | None = None,
-        now: Callable[[], float] = lambda: 0.0,
-        policy_version: Callable[[], int] = lambda: 0,
-    ):
-        self.gate = gate
-        self.controller = controller
-        self.config = config
-        self.seed = seed
-        self.run_id = run_id
-        self.trace = trace if trace is not None else NullSink()
-        self._records = not isinstance(self.trace, NullSink)
-        self.hook_timer = hook_timer
-        self.now = now
-        self.policy_version = policy_version
+    def __init__(self, gate: Gate, controller: Controller, config: OrchestratorConfig, *, seed: int = 0,
+                 run_id: str = "run", trace: DecisionSink | None = None, hook_timer: HookTimer | None = None,
+                 now: Callable[[], float] = lambda: 0.0, policy_version: Callable[[], int] = lambda: 0,
+                 shell: ShellSettings = ShellSettings()):
+        self.gate, self.controller, self.config, self.shell = gate, controller, config, shell
+        self.seed, self.run_id = seed, run_id
+        self.now, self.policy_version = now, policy_version
+        self.deciders = Deciders(gate, controller, run_id=run_id, hook_timer=hook_timer, now=now,
+                                 policy_version=policy_version)
+        self.attach_trace(trace)
         self.budget = Budget()
         self.stop_reason = ""
         self.batches = StepCutter(config.batch_groups, config.batch_rollouts)  # committed groups -> batches
-        self._default_params = SamplingParams(temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens)
+        self.steplog = StepLog(self.budget, config)
+        self.ledger = SampleLedger(self.budget, controller, policy_version, on_gone=self._sample_gone)
         self._groups: dict[int, GroupRun] = {}
         self._next_group_id = 0
-        self._launch_queue: deque[tuple[GroupRun, SamplingParams | None, BranchSpec | None, int]] = deque()
-        self._in_flight = 0  # samples launched and not yet seen finished or cancelled
+        self.launches = LaunchQueue(config, seed, self.budget, now)
         self._sealed_open = 0  # open groups that are sealed (committed, still finishing)
         self._touched: set[int] = set()  # groups that may have become ready to ship
         self._steps_done = 0
-        self._out = TrackerOutput()
-        self._token_hooks = controller.wants_tokens
-        self._flush_sent = False
-        self._held: dict[int, list[GroupAction]] = {}  # gate proposals the controller holds until its batch is decided
-        self._events_since_flush = 0
+        self._out: list[Action] = []
+        self._stop_requested = False
+        self._stopped = False
+
+    def attach_trace(self, trace: DecisionSink | None) -> None:
+        """Where gate decisions and outcomes go from now on (None: nowhere)."""
+        self.deciders.attach_trace(trace)
+        self.trace = self.deciders.trace
 
     # --- what the caller reads -----------------------------------------------------------
 
@@ -142,6 +110,11 @@ class GroupTracker:
         return self._next_group_id
 
     @property
+    def evals(self) -> list[dict[str, float]]:
+        """Every evaluation record so far (``pipeline.steplog``)."""
+        return self.steplog.evals
+
+    @property
     def groups(self) -> Mapping[int, GroupRun]:
         """The open groups by id (read-only)."""
         return MappingProxyType(self._groups)
@@ -150,30 +123,142 @@ class GroupTracker:
         """The open group ``group_id`` (None once it closed)."""
         return self._groups.get(group_id)
 
-    def _output(self) -> TrackerOutput:
+    @property
+    def decisions_queued(self) -> int:
+        """Decision points the controller queued and has not decided yet (the shell reads its
+        next message without waiting while there are some, so that a tick's points share a batch)."""
+        return self.deciders.queued
+
+    # --- the one entry point -------------------------------------------------------------
+
+    def handle(self, msg: Any) -> Sequence[Action]:
+        """Take one message; return the actions to carry out, in order (the module docstring).
+        The tracking loop follows each of its messages with a ``Tick``."""
+        kind = type(msg)
         out = self._out
-        if not out.launches and not out.cancels:
-            return _NOTHING  # most calls start and cancel nothing: no allocation
-        self._out = TrackerOutput()
+        # The stream side: counted, and scored or posted to the tracking loop.
+        if kind is TokenDelta:
+            self.ledger.tokens(msg, out)
+            if not out and self.deciders.flush_wanted():
+                out.append(Post(DecideQueued()))
+        elif kind is SampleFinished:
+            self.ledger.finished(msg, out)
+        elif kind is EngineEvents:
+            self._engine_events(msg)
+        elif kind is StreamFailed:
+            self.ledger.failed(msg.request_id, msg.error, out, msg.tokens_after, msg.final_after)
+        elif kind is StreamCut:
+            self.ledger.cut(msg.request_id, msg.tokens, msg.final)
+        elif kind is StreamsClosed:
+            for final in msg.finals:
+                self.ledger.cut(final.request_id, 0, final)
+        # The tracking loop's messages.
+        elif kind is Tick:
+            self._tick(msg.backlog)
+        elif kind is SampleDone:
+            self._on_sample(msg.scored)
+        elif kind is ControllerActions:
+            self._execute(msg.actions, source="controller")
+        elif kind is StepDone:
+            self._on_step_done(msg)
+            if self.shell.inline_learner:  # the rest of the tick the batch interrupted
+                self._from_batches()
+        elif kind is Started:
+            if self.shell.evaluates and self._steps_done == 0 and not self.evals:
+                out.append(Evaluate(0))
+        elif kind is Evaluated:
+            self._on_evaluated(msg.step, msg.evaluation, msg.timing)
+        elif kind is StopRequested:
+            self._stop_requested = True
+        elif kind is not DecideQueued:  # a DecideQueued only wakes the loop
+            raise TypeError(f"GroupTracker.handle got a {kind.__name__}; it takes the messages of pipeline.messages")
+        return self._take()
+
+    def _take(self) -> Sequence[Action]:
+        out = self._out
+        if not out:
+            return _NONE
+        self._out = []
         return out
+
+    def _engine_events(self, msg: EngineEvents) -> None:
+        ledger, out = self.ledger, self._out
+        for request_id, event in msg.events:
+            if type(event) is TokenDelta:
+                ledger.tokens(event, out)
+            elif isinstance(event, SampleFinished):
+                ledger.finished(event, out)
+            else:
+                ledger.failed(request_id, f"{type(event).__name__}: {event}", out)
+        if self.deciders.flush_wanted():  # one wake-up for the decision points these events queued
+            out.append(Post(DecideQueued()))
+
+    # --- one tick of the tracking loop -----------------------------------------------------
+
+    def _tick(self, backlog: int) -> None:
+        """After a message: decide queued points when due, ship, hand batches to the learner,
+        launch, admit, and see whether the run is over."""
+        if self.deciders.queued and self.deciders.decide_due(backlog):
+            self._execute(self.deciders.decide_queued(self._groups), source="controller")
+        self._ship_ready()
+        self._from_batches()
+
+    def _from_batches(self) -> None:
+        cfg = self.config
+        while not self.stop_reason and not self._stop_requested and self._learner_room():
+            batch = self.batches.next_batch(cfg.steps)
+            if batch is None:
+                break
+            self.batches.sent(batch)
+            step = batch.step + 1
+            evaluate = self.shell.evaluates and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0))
+            self._out.append(Train(batch, bool(evaluate), self._checkpoint_due(step)))
+            if self.shell.inline_learner:
+                return  # nothing else happens until its StepDone
+        self._pump()
+        self._admit()
+        self._check_end()
+
+    def _learner_room(self) -> bool:
+        in_hands = self.batches.batches_sent - self._steps_done
+        return in_hands == 0 if self.shell.inline_learner else in_hands < LEARNER_SLOTS
+
+    def _checkpoint_due(self, step: int) -> bool:
+        every = self.shell.checkpoint_every
+        return every > 0 and (step % every == 0 or step == self.config.steps)
+
+    def _check_end(self) -> None:
+        if self._stopped:
+            return
+        if not self.stop_reason and self._steps_done >= self.config.steps:
+            self.stop_reason = "steps"
+        if not self.stop_reason and self._stop_requested and self.batches.batches_sent == self._steps_done:
+            if self.shell.checkpoint_every:  # the learner is idle: its state is the last finished step's
+                self._out.append(Checkpoint(self.state_dict(), None))
+            self.stop_reason = "interrupted"
+        if not self.stop_reason:
+            self._check_progress()
+        if self.stop_reason:
+            self._stopped = True
+            self._out.append(Stop(self.stop_reason))
 
     # --- admission and launches ----------------------------------------------------------
 
-    def admit(self) -> TrackerOutput:
+    def _admit(self) -> None:
         """Open the groups the gate wants while the step-ahead, open-group and concurrency
-        limits leave room; launch what can start."""
+        limits leave room."""
         cfg = self.config
         b = cfg.step_groups
         # Every open group may still commit, so open groups count against the step-ahead limit.
         committed_ahead = (self.batches.batches_sent - self._steps_done) * b + len(self.pending) + len(self._groups)
         still_needed = cfg.steps * b - (self.batches.batches_sent * b + len(self.pending) + self._sealed_open)
         if committed_ahead >= (cfg.max_async_steps + 1) * b or still_needed <= 0 or self.stop_reason or self.budget_spent():
-            return self._output()
-        free = cfg.max_concurrent_samples - self._in_flight - len(self._launch_queue)
+            return
+        free = cfg.max_concurrent_samples - self.launches.in_flight - len(self.launches)
         room = (cfg.max_async_steps + 1) * b - committed_ahead
         slots = min(cfg.max_open_groups - len(self._groups), free // cfg.group_size, room)
         if slots <= 0:
-            return self._output()
+            return
         offered = range(self._next_group_id, self._next_group_id + slots)
         plans = self.gate.admit(offered, self.batches.batches_sent)
         if [plan.group_id for plan in plans] != list(offered[: len(plans)]):
@@ -186,97 +271,33 @@ class GroupTracker:
             self._next_group_id += 1
             self._groups[group.group_id] = group
             self.budget.groups_opened += 1
-            self._enqueue(group, plan.initial, plan.params, None)
+            self.launches.enqueue(group, plan.initial, plan.params, None)
         self._pump()
-        return self._output()
 
     def budget_spent(self) -> bool:
         limit = self.config.max_rollouts
         # A benchmark-only gate (the oracle) may book some of its cost as uncounted.
         return bool(limit) and self.budget.rollouts_started - self.gate.uncounted_rollouts >= limit
 
-    def pump(self) -> TrackerOutput:
-        """Launch queued samples while the concurrency limit allows."""
-        self._pump()
-        return self._output()
-
     def _pump(self) -> None:
-        while self._launch_queue and self._in_flight < self.config.max_concurrent_samples:
-            group, params, branch, origin = self._launch_queue.popleft()
-            group.queued -= 1
-            if group.closed:
-                continue
-            self._launch(group, params, branch, origin)
+        """Start queued samples while the concurrency limit allows."""
+        for start in self.launches.pump():
+            self.ledger.started(start.group, start.request)
+            self._out.append(start)
 
-    def _enqueue(self, group: GroupRun, n: int, params: SamplingParams | None, branch: BranchSpec | None, origin: int = -1) -> None:
-        for _ in range(n):
-            self._launch_queue.append((group, params, branch, origin))
-        group.queued += n
-
-    def _launch(self, group: GroupRun, params: SamplingParams | None, branch: BranchSpec | None, origin: int) -> None:
-        index = group.launched
-        base = params or self._default_params
-        params = SamplingParams(base.temperature, base.top_p, base.max_tokens, sample_seed(self.seed, group.group_id, index))
-        request = SampleRequest(
-            request_id=f"g{group.group_id}-s{index}", group_id=group.group_id, sample_index=index,
-            prompt=group.prompt, params=params, branch=branch, launch_time=self.now(), origin=origin,
-        )
-        group.in_flight[request.request_id] = request
-        group.launched += 1
-        self._in_flight += 1
-        self.budget.rollouts_started += 1
-        if origin >= 0:
-            self.budget.rollouts_intervention += 1
-        self._out.launches.append(Launch(group, request))
-
-    # --- a running sample (called from its task) -----------------------------------------
-
-    def on_tokens(self, group: GroupRun, sample_index: int, delta: TokenDelta) -> list[GroupAction]:
-        """A streamed delta: count its tokens; the controller's token hook, if it wants them."""
-        n = len(delta.token_ids)
-        group.tokens += n
-        self.budget.tokens_generated += n
-        if self._token_hooks and not group.closed:
-            return self.controller.on_tokens(group.snapshot(self.policy_version()), sample_index, delta)
-        return []
-
-    def sample_ended(self, group: GroupRun, request: SampleRequest, finished: SampleFinished, streamed: int) -> None:
-        """The engine's final event: count it and the tokens it adds beyond the deltas."""
-        reason = finished.finish_reason
-        if reason is FinishReason.ABORTED:
-            self.budget.rollouts_aborted += 1
-        elif reason is FinishReason.ERROR:
-            self.budget.rollouts_failed += 1
-        else:
-            self.budget.rollouts_finished += 1
-        extra = max(0, finished.num_tokens - (request.branch.prefix_len if request.branch else 0) - streamed)
-        self.budget.tokens_generated += extra
-        group.tokens += extra
-
-    def abort_tokens(self, request: SampleRequest, n: int = 0, final: SampleFinished | None = None, streamed: int = 0) -> None:
-        """Tokens a cancelled sample produced while it was being aborted (not its group's)."""
-        if final is not None:
-            n = max(0, final.num_tokens - (request.branch.prefix_len if request.branch else 0) - streamed)
-        self.budget.tokens_generated += n
-
-    def sample_cancelled(self, group: GroupRun) -> None:
-        """A sample of an abandoned group was aborted."""
-        self.budget.rollouts_aborted += 1
-        group.aborted += 1
-
-    def sample_gone(self) -> None:
-        """A cancelled sample's task ended: its engine slot is free."""
-        self._in_flight -= 1
+    def _sample_gone(self) -> None:
+        """A cancelled sample's stream ended: its engine slot is free."""
+        self.launches.in_flight -= 1
 
     # --- decisions -----------------------------------------------------------------------
 
-    def on_sample(self, scored: ScoredSample) -> TrackerOutput:
+    def _on_sample(self, scored: ScoredSample) -> None:
         """A sample ended and was scored: the gate and the controller decide; their actions run."""
-        self._in_flight -= 1  # counted until the tracker has seen it, so a stall check cannot race it
+        self.launches.in_flight -= 1  # counted until the tracker has seen it, so a stall check cannot race it
         group = self._groups.get(scored.request.group_id)
         reason = scored.result.finish_reason
         if group is None or group.closed:
-            return self._output()  # a straggler of an abandoned group: counted by its task
+            return  # a straggler of an abandoned group
         group.in_flight.pop(scored.request.request_id, None)
         if reason is FinishReason.ERROR:
             group.failed += 1
@@ -284,64 +305,7 @@ class GroupTracker:
             group.aborted += 1
         group.add(scored)
         self._touched.add(group.group_id)
-        started = time.perf_counter_ns() if self.hook_timer is not None else 0
-        snapshot = group.snapshot(self.policy_version())
-        proposed = [] if group.sealed else self.gate.update(snapshot)
-        final = self.controller.on_group(snapshot, proposed)
-        if self.hook_timer is not None:
-            self.hook_timer.record(time.perf_counter_ns() - started)
-        # A HOLD the gate did not propose: the controller queued a decision on this group and
-        # holds the gate's proposal until its batch is decided (``on_decide_queued``).
-        deferred = () if final is proposed else {a.group_id for a in final if a.kind is ActionKind.HOLD and a not in proposed}
-        for action in proposed:
-            if action.group_id in deferred and action not in final:
-                self._held.setdefault(action.group_id, []).append(action)
-            else:
-                # The trace says what the gate proposed and whether it ran (the controller may
-                # replace an abandon by an intervention).
-                self._log_gate_decision(action, executed=action in final)
-        self._execute(final, source="gate")
-        return self._output()
-
-    def on_controller_actions(self, actions: Sequence[GroupAction]) -> TrackerOutput:
-        """Actions the controller chose at a token-level decision point."""
-        self._execute(actions, source="controller")
-        return self._output()
-
-    def on_decide_queued(self) -> TrackerOutput:
-        """The decision points the controller queued, decided now in one batch. A held gate
-        proposal is logged now, as executed when the controller's actions include it."""
-        self._flush_sent = False
-        self._events_since_flush = 0
-        actions = self.controller.flush_decisions()
-        held, self._held = self._held, {}
-        for proposals in held.values():
-            for action in proposals:
-                self._log_gate_decision(action, executed=action in actions)
-        return self.on_controller_actions(actions)
-
-    def flush_wanted(self) -> bool:
-        """True once per batch of token-level decision points queued by a sample task (then a
-        ``DecideQueued`` wakes the tracking loop, which decides them once ``decide_due``)."""
-        if self._flush_sent or not self._token_hooks or not self.decisions_queued:
-            return False
-        self._flush_sent = True
-        return True
-
-    @property
-    def decisions_queued(self) -> int:
-        """Decision points the controller queued and has not decided yet."""
-        return getattr(self.controller, "queued_decisions", 0)
-
-    def decide_due(self, waiting_events: int) -> bool:
-        """Whether the controller's queued decision points are to be decided now: when no event
-        is waiting for the tracking loop (the points of this tick are in), or after
-        ``DECIDE_WITHIN_EVENTS`` events, so that a loop that never drains still decides them."""
-        if not self.decisions_queued:
-            self._events_since_flush = 0
-            return False
-        self._events_since_flush += 1
-        return waiting_events == 0 or self._events_since_flush >= DECIDE_WITHIN_EVENTS
+        self._execute(self.deciders.on_sample(group, self._groups), source="gate")
 
     def _execute(self, actions: Sequence[GroupAction], source: str) -> None:
         for action in actions:
@@ -361,7 +325,7 @@ class GroupTracker:
                     raise GateProtocolError(
                         f"{source} launched {action.n} samples on sealed group {group.group_id}; emit LAUNCH before COMMIT"
                     )
-                self._enqueue(group, action.n, action.params, action.branch, action.origin)
+                self.launches.enqueue(group, action.n, action.params, action.branch, action.origin)
             elif action.kind is ActionKind.COMMIT:
                 if not group.sealed:
                     group.sealed = True
@@ -371,37 +335,25 @@ class GroupTracker:
                 self._close(group, committed=False)
         self._pump()
 
-    def _log_gate_decision(self, action: GroupAction, executed: bool = True) -> None:
-        group = self._groups.get(action.group_id)
-        if group is None:
-            return
-        decision_id = self.trace.next_decision_id()
-        group.decision_ids.append(decision_id)
-        if self._records:  # a NullSink keeps none: do not build them
-            self.trace.log_decision(gate_decision(
-                decision_id, action, prompt=group.prompt, rewards=group.rewards, in_flight=len(group.in_flight),
-                launched=group.launched, target_size=group.target_size, executed=executed, time=self.now(),
-                run_id=self.run_id, policy_version=self.policy_version(),
-            ))
-
     # --- shipping and closing ------------------------------------------------------------
 
-    def ship_ready(self) -> TrackerOutput:
+    def _ship_ready(self) -> None:
         """Close every sealed group with nothing left running: it joins the pending groups."""
         touched, self._touched = self._touched, set()
         for group_id in touched:
             group = self._groups.get(group_id)
             if group is not None and group.sealed and not group.in_flight and not group.queued:
                 self._close(group, committed=True)
-        return self._output()
 
     def _close(self, group: GroupRun, committed: bool) -> None:
         group.closed = True
         del self._groups[group.group_id]
-        self._held.pop(group.group_id, None)
+        self.deciders.forget(group.group_id)
         if group.sealed:
             self._sealed_open -= 1
-        self._out.cancels.extend(group.in_flight)
+        for request_id in group.in_flight:
+            self.ledger.cancelled(request_id)
+            self._out.append(Cancel(request_id))
         effective = False
         if committed:
             shipped = group.committed()
@@ -422,32 +374,34 @@ class GroupTracker:
         for decision_id in group.decision_ids:
             self.trace.log_outcome(decision_id, float(effective), group.tokens)
 
-    # --- batches and learner steps -------------------------------------------------------
+    # --- learner steps and evaluations ---------------------------------------------------
 
-    def next_batch(self) -> TrainBatch | None:
-        """The next batch, when the pending groups fill one and the run needs one (a step is
-        ``batch_groups`` groups, or ``batch_rollouts`` rollouts spent: ``pipeline.batches``); it
-        leaves the tracker only at ``batch_sent``."""
-        return self.batches.next_batch(self.config.steps)
+    def _on_step_done(self, done: StepDone) -> None:
+        """Book the step, keep its evaluation, record its metrics; the gate may then act on its
+        open groups; a checkpoint when one is due."""
+        stale = self.steplog.consumed(done)
+        context = {"open_groups": len(self._groups), "engine_time": self.now()}
+        metrics = self.steplog.metrics(done, stale, context, {**self.gate.metrics(), **self.controller.metrics()})
+        step = done.batch.step + 1
+        if done.evaluation is not None:
+            metrics.update(done.evaluation)
+            self._on_evaluated(step, done.evaluation, done.timing)
+        self._out.append(Record(step, metrics))
+        self._steps_done = step
+        self.batches.trained(done.batch.step)
+        self._execute(self.deciders.on_step(done.batch, self._groups), source="gate")
+        if done.learner_state is not None:
+            self._out.append(Checkpoint(self.state_dict(), done.learner_state))
 
-    def batch_sent(self, batch: TrainBatch) -> None:
-        """``batch`` (from ``next_batch``) is on its way to the learner."""
-        self.batches.sent(batch)
+    def _on_evaluated(self, step: int, evaluation: Mapping[str, float], timing: Mapping[str, float]) -> None:
+        reached = self.steplog.evaluated(step, evaluation, self.gate.metrics(), {"engine_time": self.now()}, timing)
+        if reached and not self.stop_reason:
+            self.stop_reason = reached
 
-    def on_step_done(self, batch: TrainBatch) -> TrackerOutput:
-        """The learner trained on ``batch``: the gate may act on its open groups."""
-        self._steps_done = batch.step + 1
-        self.batches.trained(batch.step)
-        step_actions = self.gate.on_step(batch.step, batch)
-        for action in step_actions:
-            self._log_gate_decision(action)
-        self._execute(step_actions, source="gate")
-        return self._output()
-
-    def check_progress(self) -> None:
+    def _check_progress(self) -> None:
         """Stop (budget spent) or raise ``GateStalled`` instead of waiting forever when nothing
-        can produce another event."""
-        if self._in_flight or self._launch_queue or self.batches.batches_sent > self._steps_done:
+        can produce another message."""
+        if self.launches.in_flight or len(self.launches) or self.batches.batches_sent > self._steps_done:
             return
         if self.decisions_queued:
             return  # held groups wait for the controller's batch
@@ -468,9 +422,10 @@ class GroupTracker:
     # --- checkpoint ----------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The tracker's part of a checkpoint after the step just finished. Groups still open
-        are listed so that a resumed run can tell the gate they are gone; committed groups not
-        yet trained (pending, or in batches sent to the learner) are kept whole."""
+        """The tracker's part of a checkpoint after the step just finished: its own state, the
+        gate's, the controller's and the evaluations so far. Groups still open are listed so
+        that a resumed run can tell the gate they are gone; committed groups not yet trained
+        (pending, or in batches sent to the learner) are kept whole."""
         self.trace.flush()  # decisions before the checkpoint must be on disk with it
         return {
             "step": self._steps_done,
@@ -482,13 +437,18 @@ class GroupTracker:
             "gate": self.gate.state_dict(),
             "controller": self.controller.state_dict(),
             "policy_version": self.policy_version(),
+            "evals": list(self.evals),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from ``state_dict``: the groups that were open are gone (the gate is told)."""
+        """Resume from ``state_dict``: the gate and the controller are restored, the groups that
+        were open are gone (the gate is told), untrained committed groups go first."""
+        self.gate.load_state_dict(state["gate"])
+        self.controller.load_state_dict(state["controller"])
         self._steps_done = int(state["step"])
         self._next_group_id = int(state["next_group_id"])
         self.budget.load_state_dict(state["budget"])
         self.batches.load_state_dict(state, self._steps_done)  # untrained groups go first, in order
+        self.steplog.evals[:] = list(state.get("evals", []))
         for group_id in state["open_group_ids"]:
             self.gate.on_closed(group_id, False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from controller.gates.registry import build_gate
 from controller.noop import NoopController
@@ -17,10 +17,9 @@ from pipeline.clock import VirtualClock, WallClock
 from pipeline.config.build import ConfigError
 from pipeline.decisions import NullSink
 from pipeline.sim.engine import SimEngine
-from pipeline.hooktimer import HookTimer
-from pipeline.metrics import MetricsWriter
 from pipeline.orchestrator import Orchestrator
-from pipeline.protocols import Buffer, Controller, DecisionSink, Evaluator, Gate, Learner, Scorer
+from pipeline.parts import RunOutputs, RunParts
+from pipeline.protocols import Controller, DecisionSink, Evaluator, Gate, Learner, Scorer
 from pipeline.tasks.rewards.scoring import ScoringService
 from pipeline.seeding import derive_seed
 from pipeline.sim.world import SimAnswerScorer, SimEvaluator, SimWorld
@@ -60,31 +59,28 @@ def build_components(cfg: RunConfig, progress: bool = True, sink: DecisionSink |
 def build_orchestrator(
     cfg: RunConfig,
     parts: Components,
+    outputs: RunOutputs | None = None,
     *,
     run_id: str | None = None,
-    buffer: Buffer | None = None,
-    trace: DecisionSink | None = None,
-    metrics: MetricsWriter | None = None,
-    on_step: Callable[[int, dict[str, float]], None] | None = None,
-    checkpoint: Callable[[dict[str, Any]], None] | None = None,
-    resume_state: dict[str, Any] | None = None,
-    hook_timer: HookTimer | None = None,
 ) -> Orchestrator:
     """The orchestrator that runs ``parts`` under ``cfg`` (train and every benchmark use this).
 
     A caller that wraps a part (a gate probe, a recording engine) or runs without evaluation
-    passes ``dataclasses.replace(parts, gate=..., evaluator=None)``. ``run_id`` names the run
-    in trace records (default ``cfg.name``); the rest is what the run writes and where.
+    passes ``dataclasses.replace(parts, gate=..., evaluator=None)``. ``outputs`` says where the
+    run writes (nothing by default; its checkpoints every ``log.checkpoint_every`` steps unless
+    it sets its own ``checkpoint_every``); ``run_id`` names the run in trace records (default
+    ``cfg.name``).
     """
     o = cfg.orchestrator
-    return Orchestrator(
+    outputs = outputs if outputs is not None else RunOutputs()
+    if outputs.checkpoint is not None and not outputs.checkpoint_every:
+        outputs.checkpoint_every = cfg.log.checkpoint_every
+    run_parts = RunParts(
         engine=parts.engine, gate=parts.gate, controller=parts.controller,
         scoring=ScoringService(parts.scorer, o.reward_timeout_s, o.reward_threads), learner=parts.learner,
-        config=o, evaluator=parts.evaluator, clock=parts.clock, buffer=buffer, trace=trace, metrics=metrics,
-        on_step=on_step, seed=cfg.seed, run_id=run_id if run_id is not None else cfg.name, hook_timer=hook_timer,
-        checkpoint=checkpoint, checkpoint_every=cfg.log.checkpoint_every if checkpoint is not None else 0,
-        resume_state=resume_state, reference=parts.reference,
+        clock=parts.clock, evaluator=parts.evaluator, reference=parts.reference,
     )
+    return Orchestrator(run_parts, o, outputs, seed=cfg.seed, run_id=run_id if run_id is not None else cfg.name)
 
 
 def build_controller(cfg: RunConfig, sink: DecisionSink | None, clock: Any) -> Controller:

@@ -79,11 +79,11 @@ class RunDir:
         self.checkpoint = checkpoint
         self.committed = False
 
-    def commit(self, components: Any) -> None:
-        """Restore ``state`` into ``components`` (resume), then write ``config.yaml`` and the
+    def commit(self, orchestrator: Any) -> None:
+        """Restore ``state`` into ``orchestrator`` (resume), then write ``config.yaml`` and the
         supersede rules. Nothing is written unless the restore succeeded."""
         if self.state is not None:
-            restore_components(components, self.state, self.checkpoint)
+            restore_run(orchestrator, self.state, self.checkpoint)
         write_config(self.path, self.cfg)
         if self.state is not None:
             supersede(self.path, self.state)  # before the trace opens its new segments
@@ -157,20 +157,16 @@ def check_resumable(cfg: RunConfig, path: Path) -> None:
         )
 
 
-def restore_components(components: Any, state: dict[str, Any], checkpoint: Path | None = None) -> None:
-    """Load the checkpoint's gate, controller and learner state into freshly built components."""
-    import anyio
-
+def restore_run(orchestrator: Any, state: dict[str, Any], checkpoint: Path | None = None) -> None:
+    """``orchestrator.restore(state)``, with a checkpoint that does not fit what this config
+    builds reported as such."""
     try:
-        components.gate.load_state_dict(state["gate"])
-        components.controller.load_state_dict(state["controller"])
-        components.learner.load_state_dict(state["learner"])
+        orchestrator.restore(state)
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as exc:
         raise CheckpointError(
             f"checkpoint {checkpoint or ''} does not fit the components this config builds "
             f"({type(exc).__name__}: {shorten(str(exc), 160)}); resume with the config the run was started with"
         ) from None
-    anyio.run(components.engine.update_weights, components.learner.weights())
 
 
 def write_config(path: Path, cfg: RunConfig) -> None:

@@ -26,6 +26,7 @@ from pipeline.store.buffer import ArrowBuffer
 from pipeline.metrics import MetricsWriter
 from pipeline.decisions import NullSink
 from pipeline.orchestrator import RunSummary
+from pipeline.parts import RunOutputs
 from pipeline.store.tracelog import TraceLog
 from railgate.build import Components, build_components, build_orchestrator
 from railgate.checkpoint import CheckpointWriter
@@ -76,20 +77,21 @@ def _train(cfg: RunConfig, run: RunDir, progress: bool | None, on_step: Callable
     show = cfg.log.progress if progress is None else progress
     sink = TraceSlot() if cfg.log.trace else NullSink()  # the trace opens once the resume has succeeded
     components = build_components(cfg, progress=show, sink=sink)
-    run.commit(components)  # resume: restore the checkpoint; then config.yaml and the supersede rules
+    start = int(state["step"]) if state else 0
+    bar = ProgressBar(total=cfg.orchestrator.steps, enabled=show, desc=f"train {cfg.name}", initial=start)
+    outputs = RunOutputs(
+        trace=sink, on_step=_chain(bar.update, on_step),
+        checkpoint=CheckpointWriter(run_dir, keep=cfg.log.keep_checkpoints) if cfg.log.checkpoint_every else None,
+    )
+    orchestrator = build_orchestrator(cfg, components, outputs)
+    run.commit(orchestrator)  # resume: restore the checkpoint; then config.yaml and the supersede rules
     trace = sink.attach(TraceLog(run_dir / "trace", cfg.name, flush_every=cfg.log.trace_flush_every)) \
         if cfg.log.trace else sink
     if isinstance(trace, TraceLog):
         trace.clock = components.clock.now  # outcomes on the decisions' time base
-    buffer = ArrowBuffer(run_dir / "buffer", persist=True, run_id=cfg.name) if cfg.log.buffer else None
-    metrics = MetricsWriter(run_dir, tensorboard=cfg.log.tensorboard)
-    start = int(state["step"]) if state else 0
-    bar = ProgressBar(total=cfg.orchestrator.steps, enabled=show, desc=f"train {cfg.name}", initial=start)
-    orchestrator = build_orchestrator(
-        cfg, components, buffer=buffer, trace=trace, metrics=metrics, on_step=_chain(bar.update, on_step),
-        checkpoint=CheckpointWriter(run_dir, keep=cfg.log.keep_checkpoints) if cfg.log.checkpoint_every else None,
-        resume_state=state,
-    )
+    outputs.trace = trace
+    buffer = outputs.buffer = ArrowBuffer(run_dir / "buffer", persist=True, run_id=cfg.name) if cfg.log.buffer else None
+    metrics = outputs.metrics = MetricsWriter(run_dir, tensorboard=cfg.log.tensorboard)
     try:
         summary = run_orchestrator(orchestrator)  # Ctrl-C: stop at a step boundary with a checkpoint
     finally:

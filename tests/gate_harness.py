@@ -5,7 +5,9 @@ runs: its admission limits (step-ahead room included), ``in_flight`` counting qu
 ``update`` only for unsealed groups, ABANDON closing at once, COMMIT shipping once nothing
 runs, committed groups with fewer than two valid rollouts dropped, batches of
 ``batch_groups`` shipped groups, ``on_step`` after each learner step. The harness plays the
-async shell around it (``pipeline.orchestrator``) as a discrete-event simulation:
+async shell around it (``pipeline.orchestrator``) as a discrete-event simulation, and like the
+shell it only sends the tracker messages (``tracker.handle``) and carries out the actions it
+returns:
 
 * every launched sample finishes after an exponential duration (so siblings finish out of
   order) with reward 1 with probability ``p[prompt_id]``, or fails with ``fail_prob``;
@@ -38,7 +40,10 @@ import numpy as np
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.group import GroupRun
 from pipeline.protocols import Controller, Gate
-from pipeline.tracker import GateProtocolError, GroupTracker, TrackerOutput
+from pipeline.actions import Cancel, Record, Score, Start, Stop, Train
+from pipeline.messages import SampleDone, Started, StepDone, StreamCut, Tick
+from pipeline.protocols import GateProtocolError, GateStalled
+from pipeline.tracker import GroupTracker
 from pipeline.types import (
     ActionKind,
     FinishReason,
@@ -48,6 +53,7 @@ from pipeline.types import (
     Prompt,
     SampleFinished,
     ScoredSample,
+    StepResult,
     TrainBatch,
 )
 
@@ -204,6 +210,7 @@ class GateHarness:
         self.learner_waiting: list[TrainBatch] = []
         self.batch_log: list[TrainBatch] = []
         self.stop_reason = ""
+        self._rewards: dict[str, float] = {}  # drawn at a sample's end, handed over at its Score
         self.tracker = GroupTracker(_CheckedGate(gate, self), _Controller(self), self.cfg.orchestrator(),
                                     seed=self.cfg.seed, now=self.clock)
         self._started = False
@@ -254,7 +261,8 @@ class GateHarness:
     def _run(self, max_events: int | None, until_step: int | None) -> "GateHarness":
         if not self._started:
             self._started = True
-            self._do(self.tracker.admit())
+            self._act(self.tracker.handle(Started()))
+            self._tick()
         handled = 0
         while self.steps_done < self.cfg.steps and not self.stop_reason:
             if max_events is not None and handled >= max_events:
@@ -262,8 +270,7 @@ class GateHarness:
             if until_step is not None and self.steps_done >= until_step:
                 return self
             if not self.events:
-                limited = self.cfg.max_groups and self.budget.groups_opened >= self.cfg.max_groups
-                self.stop_reason = "max_groups" if limited else "stalled"
+                self._stalled()
                 break
             self.now, _, kind, payload = heapq.heappop(self.events)
             handled += 1
@@ -271,13 +278,22 @@ class GateHarness:
                 self._on_sample(payload)
             else:
                 self._on_step_done(payload)
-            self._do(self.tracker.ship_ready())
-            self._send_batches()
-            self._do(self.tracker.pump())
-            self._do(self.tracker.admit())
+            self._tick()
         if not self.stop_reason:
             self.stop_reason = "steps"
         return self
+
+    def _tick(self) -> None:
+        """The tracker's turn after each message, as the shell gives it; a stall ends the run
+        here as it would raise there."""
+        try:
+            self._act(self.tracker.handle(Tick()))
+        except GateStalled:
+            self._stalled()
+
+    def _stalled(self) -> None:
+        limited = self.cfg.max_groups and self.budget.groups_opened >= self.cfg.max_groups
+        self.stop_reason = "max_groups" if limited else "stalled"
 
     def clone_with(self, gate: Gate) -> "GateHarness":
         """An exact copy of this run whose gate is ``gate`` (restored from a checkpoint)."""
@@ -306,28 +322,38 @@ class GateHarness:
         twin.lost_rollouts = self.lost_rollouts + len(self.running)
         twin.batch_log = self.batch_log[: self.steps_done]
         twin.tracker.load_state_dict(state)
-        twin._send_batches()
-        twin._do(twin.tracker.admit())
+        twin._tick()
         return twin
 
     # --- what the async shell does -----------------------------------------------------
 
-    def _do(self, out: TrackerOutput) -> None:
-        for request_id in out.cancels:  # aborted at once; they pay for what they generated
-            group, request, start = self.running.pop(request_id)
-            self.tracker.abort_tokens(request, int(40 * min(1.0, self.now - start)))
-            self.tracker.sample_cancelled(group)
-            self.tracker.sample_gone()
-        for launch in out.launches:
-            group, request = launch.group, launch.request
-            if group.group_id not in self.outcomes:
-                p = self.p[group.prompt.prompt_id]
-                self.outcomes[group.group_id] = [float(self.uniform() < p) for _ in range(group.target_size)]
-                self._runs[group.group_id] = group
-            self.held.discard(group.group_id)
-            self.running[request.request_id] = (group, request, self.now)
-            duration = -math.log(1.0 - self.uniform())  # exponential: siblings finish out of order
-            self._push(self.now + duration, "sample", request.request_id)
+    def _act(self, actions) -> None:
+        for action in actions:
+            kind = type(action)
+            if kind is Cancel:  # aborted at once; it pays for what it generated
+                group, request, start = self.running.pop(action.request_id)
+                self._act(self.tracker.handle(StreamCut(request.request_id, int(40 * min(1.0, self.now - start)))))
+            elif kind is Start:
+                self._start(action.group, action.request)
+            elif kind is Train:
+                self.batch_log.append(action.batch)
+                self.learner_waiting.append(action.batch)
+                self._start_learner()
+            elif kind is Score:  # the reward was drawn when the sample ended
+                reward = self._rewards.pop(action.request.request_id)
+                self._act(self.tracker.handle(SampleDone(ScoredSample(action.request, action.finished, reward))))
+            elif kind not in (Record, Stop):  # metrics lines, and the end (the harness counts steps itself)
+                raise ProtocolViolation(f"the harness cannot carry out {action!r}")
+
+    def _start(self, group: GroupRun, request) -> None:
+        if group.group_id not in self.outcomes:
+            p = self.p[group.prompt.prompt_id]
+            self.outcomes[group.group_id] = [float(self.uniform() < p) for _ in range(group.target_size)]
+            self._runs[group.group_id] = group
+        self.held.discard(group.group_id)
+        self.running[request.request_id] = (group, request, self.now)
+        duration = -math.log(1.0 - self.uniform())  # exponential: siblings finish out of order
+        self._push(self.now + duration, "sample", request.request_id)
 
     def _on_sample(self, request_id: str) -> None:
         entry = self.running.pop(request_id, None)
@@ -344,21 +370,14 @@ class GateHarness:
                 outcomes.append(float(self.uniform() < self.p[group.prompt.prompt_id]))
             final = SampleFinished(request_id, _TOKENS[length], _LOGPROBS[length], FinishReason.STOP, 0)
             reward = outcomes[request.sample_index]
-        self.tracker.sample_ended(group, request, final, streamed=0)
-        self._do(self.tracker.on_sample(ScoredSample(request, final, reward)))
+        self._rewards[request_id] = reward
+        self._act(self.tracker.handle(final))
         g = self.tracker.group(group.group_id)
         if g is not None and not g.sealed and g.group_id not in self.held and not g.in_flight and not g.queued:
             raise ProtocolViolation(
                 f"{type(self.gate).__name__} left group {g.group_id} idle with no verdict "
                 f"(rewards={g.rewards}, failed={g.failed})"
             )
-
-    def _send_batches(self) -> None:
-        while not self.learner_waiting and (batch := self.tracker.next_batch()) is not None:
-            self.tracker.batch_sent(batch)
-            self.batch_log.append(batch)
-            self.learner_waiting.append(batch)
-            self._start_learner()
 
     def _start_learner(self) -> None:
         if not self.learner_busy and self.learner_waiting:
@@ -367,7 +386,7 @@ class GateHarness:
 
     def _on_step_done(self, batch: TrainBatch) -> None:
         self.learner_busy = False
-        self._do(self.tracker.on_step_done(batch))
+        self._act(self.tracker.handle(StepDone(batch, StepResult(batch.step + 1, {}), policy_version=batch.step + 1)))
         self._start_learner()
 
     def uniform(self) -> float:

@@ -12,8 +12,12 @@ from controller.noop import NoopController
 from controller.prompts import PromptPool
 from pipeline.config.build import ConfigError
 from pipeline.config.sections import OrchestratorConfig
+from pipeline.actions import Start, Stop, Train
+from pipeline.messages import SampleDone, Started, StepDone, Tick
+from pipeline.actions import ShellSettings
 from pipeline.tracker import GroupTracker
-from pipeline.types import ActionKind, FinishReason, GroupAction, GroupPlan, Prompt, SampleFinished, ScoredSample
+from pipeline.types import (ActionKind, FinishReason, GroupAction, GroupPlan, Prompt, SampleFinished, ScoredSample,
+                            StepResult)
 from railgate.config import load_config
 
 G = 4
@@ -45,7 +49,8 @@ class Driver:
         pool = PromptPool([Prompt(i, "", (1,)) for i in range(64)], seed=0)
         config = OrchestratorConfig(group_size=G, steps=10**6, max_rollouts=budget, max_open_groups=1,
                                     max_concurrent_samples=G, max_async_steps=0, **cfg)
-        self.tracker = GroupTracker(gate_cls(pool, G), NoopController(), config)
+        self.tracker = GroupTracker(gate_cls(pool, G), NoopController(), config,
+                                    shell=ShellSettings(inline_learner=True))
         if state is not None:
             self.tracker.load_state_dict(state)
         self.closes: list[tuple[int, bool, int]] = []  # (group id, committed, rollouts launched)
@@ -58,28 +63,38 @@ class Driver:
 
         self.tracker.gate.on_closed = on_closed
         self.launched: dict[int, int] = {}
+        self._queue: list[Start] = []
+        self._paused = self._stopped = False
 
     def run(self, until_steps: int | None = None) -> "Driver":
+        """Until the budget is spent, or (``until_steps``) the batch of that step is handed
+        over: it is then left untrained, as a kill between two steps leaves it."""
         t = self.tracker
-        queue = list(t.admit().launches)
-        while True:
-            while queue:
-                launch = queue.pop(0)
-                self.launched[launch.group.group_id] = launch.group.launched
-                done = SampleFinished(launch.request.request_id, (7,), (0.0,), FinishReason.STOP, 0)
-                queue += t.on_sample(ScoredSample(launch.request, done, reward=1.0)).launches
-                t.ship_ready()
-                while (batch := t.next_batch()) is not None:
-                    if until_steps is not None and len(self.batches) == until_steps:
-                        return self
-                    t.batch_sent(batch)
-                    self.batches.append([g.group_id for g in batch.groups])
-                    queue += t.on_step_done(batch).launches
-                queue += t.admit().launches
-            t.check_progress()
-            if t.stop_reason:
-                return self
-            queue += t.admit().launches
+        self._until = until_steps
+        self._act(t.handle(Started()))
+        self._act(t.handle(Tick()))
+        while self._queue and not (self._paused or self._stopped):
+            start = self._queue.pop(0)
+            self.launched[start.group.group_id] = start.group.launched
+            done = SampleFinished(start.request.request_id, (7,), (0.0,), FinishReason.STOP, 0)
+            [score] = t.handle(done)
+            self._act(t.handle(SampleDone(ScoredSample(score.request, score.finished, reward=1.0))))
+            self._act(t.handle(Tick()))
+        return self
+
+    def _act(self, actions) -> None:
+        for action in actions:
+            if isinstance(action, Start):
+                self._queue.append(action)
+            elif isinstance(action, Train) and not self._paused:
+                if self._until is not None and len(self.batches) == self._until:
+                    self._paused = True
+                    continue
+                self.batches.append([g.group_id for g in action.batch.groups])
+                batch = action.batch
+                self._act(self.tracker.handle(StepDone(batch, StepResult(batch.step + 1, {}), policy_version=1)))
+            elif isinstance(action, Stop):
+                self._stopped = True
 
 
 def test_off_keeps_groups_per_step_and_a_probing_gate_gets_fewer_steps():
@@ -129,13 +144,14 @@ def test_checkpoint_keeps_the_rollouts_spent_toward_the_next_step():
     whole = Driver(ProbeGate, budget=budget, batch_groups=8, batch_rollouts=need).run()
     first = Driver(ProbeGate, budget=budget, batch_groups=8, batch_rollouts=need).run(until_steps=3)
     state = first.tracker.state_dict()
-    assert state["loose_cost"] >= 0 and len(state["pending_cost"]) == len(state["pending"])
+    untrained = sum(len(groups) for groups in state["untrained_batches"])
+    assert untrained and len(state["pending_cost"]) == untrained + len(state["pending"])
     assert sum(state["pending_cost"]) + state["loose_cost"] > 0  # something is carried
-    # The run stopped with step 3's groups committed and not sent: a resumed tracker cuts the
-    # same batch from the carried groups, their costs and the overshoot of steps 0-2.
+    # The run stopped with step 3's batch handed to the learner and not trained: a resumed
+    # tracker cuts the same batch from the carried groups, their costs and the overshoot of steps 0-2.
     resumed = Driver(ProbeGate, budget=budget, state=state, batch_groups=8, batch_rollouts=need)
-    batch = resumed.tracker.next_batch()
-    assert batch is not None and [g.group_id for g in batch.groups] == whole.batches[3]
+    [train] = [a for a in resumed.tracker.handle(Tick()) if isinstance(a, Train)]
+    assert [g.group_id for g in train.batch.groups] == whole.batches[3]
 
 
 @pytest.mark.parametrize("value, message", [

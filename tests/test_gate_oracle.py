@@ -71,15 +71,16 @@ def test_the_rollout_budget_does_not_count_the_oracles_uncounted_rollouts():
     from railgate.build import build_components
     from railgate.config import load_config
     from pipeline.orchestrator import Orchestrator
+    from pipeline.parts import RunParts
     from pipeline.tasks.rewards.scoring import ScoringService
 
     sim_yaml = Path(__file__).resolve().parents[1] / "configs" / "sim.yaml"
     cfg = load_config(sim_yaml, ["gate.kind=oracle", "orchestrator.max_rollouts=2000", "orchestrator.steps=1000",
                                            "orchestrator.batch_groups=8", "sim.num_prompts=512", "sim.num_eval_prompts=64"])
     comps = build_components(cfg, progress=False)
-    orch = Orchestrator(engine=comps.engine, gate=comps.gate, controller=comps.controller,
-                        scoring=ScoringService(comps.scorer, 5.0, 1), learner=comps.learner, config=cfg.orchestrator,
-                        clock=comps.clock, seed=0)
+    orch = Orchestrator(RunParts(engine=comps.engine, gate=comps.gate, controller=comps.controller,
+                                 scoring=ScoringService(comps.scorer, 5.0, 1), learner=comps.learner, clock=comps.clock),
+                        cfg.orchestrator, seed=0)
     summary = anyio.run(orch.run)
     counted = summary.budget.rollouts_started - comps.gate.uncounted_rollouts
     assert comps.gate.uncounted_rollouts > 0

@@ -21,7 +21,9 @@ from pipeline.store.buffer import ArrowBuffer, read_all
 from pipeline.clock import VirtualClock, WallClock
 from pipeline.config.sections import OrchestratorConfig, SimConfig
 from pipeline.sim.engine import SimEngine
-from pipeline.orchestrator import GateStalled, Orchestrator
+from pipeline.orchestrator import Orchestrator
+from pipeline.protocols import GateStalled
+from pipeline.parts import RunOutputs, RunParts
 from pipeline.tasks.rewards.scoring import ScoringService
 from pipeline.sim.world import SimAnswerScorer, SimEvaluator, SimWorld
 from pipeline.types import ActionKind, GroupAction, GroupPlan, SampleFinished
@@ -43,18 +45,16 @@ def make(cfg=SMALL, sim=None, gate=None, scorer=None, fail_every=0, realtime=Fal
     clock = WallClock() if realtime else VirtualClock()
     engine = SimEngine(world, clock=clock, fail_every=fail_every)
     pool = PromptPool([engine.prompt(i) for i in range(world.config.num_prompts)], seed=1)
-    orch = Orchestrator(
+    parts = RunParts(
         engine=engine,
         gate=gate(pool) if gate else UniformGate(pool, cfg.group_size),
         controller=NoopController(),
         scoring=ScoringService(scorer or SimAnswerScorer(), timeout_s, 2),
         learner=(learner or SimLearner)(world, cfg.group_size, seed=0),
-        config=cfg,
-        buffer=buffer,
-        evaluator=SimEvaluator(world, engine),
         clock=clock,
-        seed=7,
+        evaluator=SimEvaluator(world, engine),
     )
+    orch = Orchestrator(parts, cfg, RunOutputs(buffer=buffer), seed=7)
     return orch, engine
 
 

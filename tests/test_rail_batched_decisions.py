@@ -109,6 +109,7 @@ def _with_batch(init, batch):
 from controller.gates.uniform import UniformGate  # noqa: E402
 from controller.prompts import PromptPool  # noqa: E402
 from pipeline.config.sections import OrchestratorConfig  # noqa: E402
+from pipeline.messages import SampleDone, Started, Tick  # noqa: E402
 from pipeline.tracker import GroupTracker  # noqa: E402
 from pipeline.types import ActionKind, FinishReason, GroupAction, Prompt, SampleFinished, ScoredSample  # noqa: E402
 
@@ -193,30 +194,32 @@ def test_the_tracker_logs_a_held_gate_proposal_when_it_is_decided(release):
     cfg = OrchestratorConfig(batch_groups=1, group_size=2, steps=1, max_concurrent_samples=2, max_open_groups=1)
     tracker = GroupTracker(UniformGate(PromptPool([Prompt(i, "", (1,)) for i in range(4)], seed=0), 2), controller, cfg,
                            trace=sink)
-    launches = tracker.admit().launches
-    for launch in launches:
-        done = SampleFinished(launch.request.request_id, (7,), (0.0,), FinishReason.STOP, 0)
-        tracker.on_sample(ScoredSample(launch.request, done, reward=1.0))
+    starts = [*tracker.handle(Started()), *tracker.handle(Tick())]
+    for start in starts:
+        [score] = tracker.handle(SampleFinished(start.request.request_id, (7,), (0.0,), FinishReason.STOP, 0))
+        tracker.handle(SampleDone(ScoredSample(score.request, score.finished, reward=1.0)))
     assert sink.decisions == [] and tracker.decisions_queued == 1
-    assert tracker.decide_due(waiting_events=3) is False and tracker.decide_due(waiting_events=0) is True
-    out = tracker.on_decide_queued()
+    assert tracker.handle(Tick(backlog=3)) == () and sink.decisions == []  # messages wait behind it: not yet
+    out = tracker.handle(Tick(backlog=0))  # the tick's messages are in: decided now
     assert [(r.chosen, r.features.get("executed")) for r in sink.decisions] == [("commit", float(release))]
     if release:
-        tracker.ship_ready()
-        assert tracker.next_batch() is not None  # the released commit shipped the group
+        assert [type(a).__name__ for a in out] == ["Train"]  # the released commit shipped the group
     else:
-        assert len(out.launches) == 1  # the controller's launch ran in its place
+        assert [type(a).__name__ for a in out] == ["Start"]  # the controller's launch ran in its place
 
 
 def test_queued_points_are_decided_within_a_bounded_number_of_events():
-    from pipeline.tracker import DECIDE_WITHIN_EVENTS
+    from pipeline.deciding import DECIDE_WITHIN_EVENTS
 
     controller = _HoldingController(release=True)
     controller.held = [COMMIT]
     tracker = GroupTracker(UniformGate(PromptPool([Prompt(0, "", (1,))], seed=0), 2), controller,
                            OrchestratorConfig(batch_groups=1, group_size=2, steps=1))
-    due = [tracker.decide_due(waiting_events=5) for _ in range(DECIDE_WITHIN_EVENTS)]
-    assert due == [False] * (DECIDE_WITHIN_EVENTS - 1) + [True]
+    decided = []
+    for _ in range(DECIDE_WITHIN_EVENTS):
+        tracker.handle(Tick(backlog=5))  # messages keep waiting behind each one
+        decided.append(tracker.decisions_queued == 0)
+    assert decided == [False] * (DECIDE_WITHIN_EVENTS - 1) + [True]
 
 
 @pytest.mark.parametrize("backend, gain_threshold", [("vw", 0.0), ("vw", -1.0), ("river", 0.0)])

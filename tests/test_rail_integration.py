@@ -15,6 +15,7 @@ from pipeline.clock import VirtualClock
 from pipeline.config.sections import OrchestratorConfig, SimConfig
 from pipeline.sim.engine import SimEngine
 from pipeline.orchestrator import Orchestrator
+from pipeline.parts import RunOutputs, RunParts
 from pipeline.tasks.rewards.scoring import ScoringService
 from pipeline.sim.world import SimAnswerScorer, SimWorld
 from pipeline.store.tracelog import TraceLog, read_trace
@@ -47,8 +48,9 @@ def run(tmp_path, launch, mode, backend):
         RailConfig(mode=mode, backend=backend, min_decisions=20, evaluate_every=20, warmup_decisions=20),
         trace, SamplingParams(max_tokens=CFG.max_tokens), seed=0, run_id="it", clock=clock.now,
     )
-    orch = Orchestrator(engine=engine, gate=gate, controller=rail, scoring=ScoringService(SimAnswerScorer(), 5.0, 2),
-                        learner=SimLearner(world, 8, seed=0), config=CFG, clock=clock, seed=7, trace=trace)
+    parts = RunParts(engine=engine, gate=gate, controller=rail, scoring=ScoringService(SimAnswerScorer(), 5.0, 2),
+                     learner=SimLearner(world, 8, seed=0), clock=clock)
+    orch = Orchestrator(parts, CFG, RunOutputs(trace=trace), seed=7)
     summary = anyio.run(orch.run)
     trace.close()
     return summary, rail, engine

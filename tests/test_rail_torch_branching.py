@@ -36,6 +36,7 @@ from pipeline.config.sections import OrchestratorConfig
 from pipeline.engines.torch_engine import TorchEngine
 from pipeline.metrics import Budget
 from pipeline.orchestrator import Orchestrator
+from pipeline.parts import RunOutputs, RunParts
 from pipeline.tasks.rewards.scoring import ScoringService
 from pipeline.types import (
     CommittedGroup,
@@ -216,8 +217,9 @@ def execute() -> Run:
     rail = RecordingRail(RAIL, sink, SamplingParams(max_tokens=CFG.max_tokens), seed=3, run_id="branching", clock=clock.now)
     learner = FrozenLearner(reference)
     scorer = ParityScorer()
-    orch = Orchestrator(engine=engine, gate=gate, controller=rail, scoring=ScoringService(scorer, 5.0, 1),
-                        learner=learner, config=CFG, clock=clock, trace=sink, seed=11, run_id="branching")
+    parts = RunParts(engine=engine, gate=gate, controller=rail, scoring=ScoringService(scorer, 5.0, 1),
+                     learner=learner, clock=clock)
+    orch = Orchestrator(parts, CFG, RunOutputs(trace=sink), seed=11, run_id="branching")
 
     async def main():
         try:

@@ -10,6 +10,7 @@ import pytest
 
 from controller.posterior import sara_expected_rollouts, sara_false_abandonment
 from pipeline.orchestrator import Orchestrator
+from pipeline.parts import RunParts
 from pipeline.tasks.rewards.scoring import ScoringService
 from railgate.bench.probe import GateProbe
 from railgate.build import build_components
@@ -27,10 +28,9 @@ def run_sara(p: float, launch: str, prompts: int = 3000):
     ])
     comps = build_components(cfg)
     probe = GateProbe(comps.gate, comps.world, comps.engine)
-    orch = Orchestrator(
-        engine=comps.engine, gate=probe, controller=comps.controller, scoring=ScoringService(comps.scorer, 5, 1),
-        learner=comps.learner, config=cfg.orchestrator, clock=comps.clock, seed=11,
-    )
+    orch = Orchestrator(RunParts(engine=comps.engine, gate=probe, controller=comps.controller,
+                                 scoring=ScoringService(comps.scorer, 5, 1), learner=comps.learner, clock=comps.clock),
+                        cfg.orchestrator, seed=11)
     summary = anyio.run(orch.run)
     return summary.budget, probe
 

@@ -97,6 +97,7 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
     curve, costs, and what the gate and controller report."""
     import anyio
 
+    from pipeline.parts import RunOutputs
     from railgate.build import build_components, build_orchestrator
     from railgate.regime import NoiseScaleLog
     from railgate.train import tune_gc
@@ -108,7 +109,8 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
     probe = GateProbe(comps.gate, comps.world, comps.engine) if sim else None
     gate = probe if probe is not None else comps.gate
     noise = NoiseScaleLog()  # the learner's noise-scale metrics of every step (none on the sim)
-    orch = build_orchestrator(cfg, dataclasses.replace(comps, gate=gate), run_id=f"{spec.policy}-{spec.seed}", on_step=noise)
+    orch = build_orchestrator(cfg, dataclasses.replace(comps, gate=gate), RunOutputs(on_step=noise),
+                              run_id=f"{spec.policy}-{spec.seed}")
     started = time.perf_counter()
     try:
         summary = anyio.run(orch.run)

@@ -42,6 +42,7 @@ from pipeline.sim.engine import SimEngine
 from pipeline.hooktimer import HookTimer
 from pipeline.store.tracelog import read_trace
 from pipeline.types import SampleFinished, SampleRequest, TokenDelta
+from pipeline.parts import RunOutputs
 from railgate.build import build_components, build_orchestrator
 from controller.rail.config import RailConfig
 from controller.rail.controller import RailController
@@ -172,7 +173,8 @@ def _pipeline_pass(cfg: RunConfig, work_dir: Path, record: bool = False) -> tupl
     engine = _Recorder(comps.engine) if record else comps.engine
     trace = TraceLog(work_dir / "trace", "bench")
     buffer = ArrowBuffer(work_dir / "buffer", run_id="bench")
-    orch = build_orchestrator(cfg, dataclasses.replace(comps, engine=engine, evaluator=None), buffer=buffer, trace=trace)
+    orch = build_orchestrator(cfg, dataclasses.replace(comps, engine=engine, evaluator=None),
+                              RunOutputs(buffer=buffer, trace=trace))
     started = time.perf_counter()
     summary = anyio.run(orch.run)
     elapsed = time.perf_counter() - started
@@ -364,7 +366,8 @@ def hook_latency(
             recorder = _Recorder(comps.engine, timed=False) if k == 0 else None
             timer = HookTimer()
             engine = recorder if recorder is not None else comps.engine
-            orch = build_orchestrator(c, dataclasses.replace(comps, engine=engine, evaluator=None), hook_timer=timer)
+            orch = build_orchestrator(c, dataclasses.replace(comps, engine=engine, evaluator=None),
+                                      RunOutputs(hook_timer=timer))
             started, cpu = time.perf_counter(), time.process_time()
             summary = anyio.run(orch.run)
             elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu

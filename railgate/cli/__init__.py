@@ -56,7 +56,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from pipeline.policy.tokenizer import TokenizerError
     from pipeline.store.arrowio import SegmentFormatError
     from pipeline.tasks.dataset import DatasetError
-    from pipeline.tracker import GateStalled
+    from pipeline.protocols import GateStalled
     from railgate.checkpoint import CheckpointError
     from railgate.import_model import ModelImportError
     from railgate.rundir import RunDirError

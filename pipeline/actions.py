@@ -1,0 +1,107 @@
+"""What the group tracker asks for: the actions ``GroupTracker.handle`` returns, in the order
+they must be carried out.
+
+The async shell (``pipeline.orchestrator``) and the gate harness (``tests/gate_harness.py``) do
+exactly these and nothing of their own: start a sample on the engine (a branch is a start whose
+request carries a ``BranchSpec``), cancel one, score a finished one, post a message to the
+tracking loop, evaluate the policy, train on a batch, record a step's metrics, write a
+checkpoint, stop. They are named tuples: the hot ones (a start and a score per rollout) cost
+next to nothing to make.
+
+>>> Stop("steps")
+Stop(reason='steps')
+>>> Train(batch=None, evaluate=True, keep_state=False).evaluate
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, NamedTuple, Union
+
+from pipeline.group import GroupRun
+from pipeline.types import SampleFinished, SampleRequest, TrainBatch
+
+
+class Start(NamedTuple):
+    """Start this sample now on the engine; ``request`` belongs to ``group``."""
+
+    group: GroupRun
+    request: SampleRequest
+
+
+class Cancel(NamedTuple):
+    """Abort this running sample (its group was abandoned); its stream's end comes back as a
+    ``StreamCut`` (or, on a multiplexer, as its remaining events)."""
+
+    request_id: str
+
+
+class Score(NamedTuple):
+    """Score this finished sample and send the tracking loop its ``SampleDone``, in this order
+    among the messages posted."""
+
+    request: SampleRequest
+    finished: SampleFinished
+
+
+class Post(NamedTuple):
+    """Send this message to the tracking loop, in order (a token hook's actions, a wake-up)."""
+
+    message: Any
+
+
+class Evaluate(NamedTuple):
+    """Evaluate the current policy on the held-out prompts; answer with ``Evaluated``."""
+
+    step: int
+
+
+class Train(NamedTuple):
+    """Train on ``batch``; then evaluate (``evaluate``) and keep a copy of the learner's state
+    (``keep_state``, a checkpoint is due) before the next batch; answer with ``StepDone``."""
+
+    batch: TrainBatch
+    evaluate: bool
+    keep_state: bool
+
+
+class Record(NamedTuple):
+    """The metrics line of learner step ``step`` (JSONL, TensorBoard, progress)."""
+
+    step: int
+    metrics: Mapping[str, float]
+
+
+class Checkpoint(NamedTuple):
+    """Write this checkpoint. ``learner_state`` None: take the learner's state now (it is idle)."""
+
+    state: dict[str, Any]
+    learner_state: dict[str, Any] | None
+
+
+class Stop(NamedTuple):
+    """The run is over."""
+
+    reason: str
+
+
+Action = Union[Start, Cancel, Score, Post, Evaluate, Train, Record, Checkpoint, Stop]
+
+
+@dataclass(frozen=True)
+class ShellSettings:
+    """How the shell around the tracker carries these actions out."""
+
+    inline_learner: bool = False
+    """Train each batch the moment it fills, before anything else happens (a virtual clock,
+    where learning takes no engine time); otherwise a learner task trains while generation goes on."""
+    evaluates: bool = False
+    """The run has a held-out evaluator: evaluate the start and every ``eval_every`` steps."""
+    checkpoint_every: int = 0
+    """Steps between checkpoints (and one at the last step and on an interrupt); 0: none."""
+
+
+LEARNER_SLOTS = 2
+"""Batches in the learner's hands at once (``Train`` actions not yet answered): the one
+training and one waiting for it."""

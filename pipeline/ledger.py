@@ -1,0 +1,157 @@
+"""The stream side of the group tracker: every running sample and what its stream costs.
+
+``SampleLedger`` registers each sample the tracker starts and counts what its stream brings --
+token deltas, the final event, the tokens an aborted sample produced while it was being
+aborted -- into the run's ``Budget`` and the sample's group. It is the hot path of a run (a call
+per token delta), so it does only that: it does not decide anything. What it returns is what
+the tracker returns for the stream's events: a ``Score`` for each finished sample, a ``Post``
+for the controller's token-hook actions and for the wake-up of its queued decision points.
+
+Counting rules (the same for a task per sample and for a multiplexer):
+
+* a delta of a live sample counts against the run and its group, and goes to the controller's
+  token hook when it wants them; a delta of a cancelled sample counts against the run only;
+* a live sample's final event counts as finished, aborted or failed by its reason, plus the
+  tokens it adds beyond the deltas (a branch's prefix was paid for by its source);
+* a cancelled sample's final event: one that completed (it ended in the engine before the abort
+  reached it) is a finished straggler, scored and then dropped by the tracker; anything else, or
+  a stream cut without one, counts as aborted and frees its engine slot.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from pipeline.actions import Post, Score
+from pipeline.group import GroupRun
+from pipeline.messages import ControllerActions
+from pipeline.metrics import Budget
+from pipeline.protocols import Controller
+from pipeline.types import FinishReason, SampleFinished, SampleRequest, TokenDelta
+
+
+class Running:
+    """One running sample: its group, its request, the tokens its deltas carried, and whether
+    its group was abandoned (its remaining events then count as its abort's)."""
+
+    __slots__ = ("group", "request", "streamed", "cancelled")
+
+    def __init__(self, group: GroupRun, request: SampleRequest):
+        self.group, self.request = group, request
+        self.streamed = 0
+        self.cancelled = False
+
+
+def failed_final(request: SampleRequest, error: str, policy_version: int) -> SampleFinished:
+    """The final event of a sample the engine failed on."""
+    return SampleFinished(request_id=request.request_id, token_ids=(), logprobs=(), finish_reason=FinishReason.ERROR,
+                          policy_version=policy_version, error=error)
+
+
+class SampleLedger:
+    """Running samples by request id, and the stream-side counting rules (module docstring).
+
+    ``on_gone`` is called when a cancelled sample's engine slot is free again.
+    """
+
+    def __init__(self, budget: Budget, controller: Controller, policy_version: Callable[[], int],
+                 on_gone: Callable[[], None]):
+        self.budget = budget
+        self.controller = controller
+        self.policy_version = policy_version
+        self.on_gone = on_gone
+        self.running: dict[str, Running] = {}
+        self._token_hooks = controller.wants_tokens
+
+    def started(self, group: GroupRun, request: SampleRequest) -> None:
+        self.running[request.request_id] = Running(group, request)
+
+    def cancelled(self, request_id: str) -> None:
+        run = self.running.get(request_id)
+        if run is not None:
+            run.cancelled = True
+
+    # --- events -------------------------------------------------------------------------
+
+    def tokens(self, delta: TokenDelta, out: list) -> None:
+        """A streamed delta (``out`` takes a ``Post`` of the token hook's actions)."""
+        run = self.running.get(delta.request_id)
+        if run is None:
+            return
+        n = len(delta.token_ids)
+        run.streamed += n
+        if run.cancelled:
+            self.budget.tokens_generated += n
+            return
+        group = run.group
+        group.tokens += n
+        self.budget.tokens_generated += n
+        if self._token_hooks and not group.closed:
+            actions = self.controller.on_tokens(group.snapshot(self.policy_version()), run.request.sample_index, delta)
+            if actions:
+                out.append(Post(ControllerActions(tuple(actions))))
+
+    def finished(self, final: SampleFinished, out: list) -> None:
+        """A sample's final event (``out`` takes its ``Score``, unless it was aborted)."""
+        run = self.running.pop(final.request_id, None)
+        if run is None:
+            return
+        if run.cancelled and not final.finish_reason.is_success:
+            self._count_abort(run, final)
+            return
+        self._ended(run, final)
+        out.append(Score(run.request, final))
+
+    def failed(self, request_id: str, error: str, out: list, tokens_after: int = 0,
+               final_after: SampleFinished | None = None) -> None:
+        """The engine raised on a stream; what was drained while aborting it counts against the run."""
+        run = self.running.pop(request_id, None)
+        if run is None:
+            return
+        run.streamed += tokens_after
+        self.budget.tokens_generated += tokens_after
+        if final_after is not None:
+            self._abort_tokens(run, final_after)
+        if run.cancelled:
+            self._count_abort(run, None)
+            return
+        final = failed_final(run.request, error, self.policy_version())
+        self._ended(run, final)
+        out.append(Score(run.request, final))
+
+    def cut(self, request_id: str, tokens: int, final: SampleFinished | None) -> None:
+        """A stream that ended by an abort (its group abandoned, or the run over)."""
+        run = self.running.pop(request_id, None)
+        if run is None:
+            return
+        run.streamed += tokens
+        self.budget.tokens_generated += tokens
+        self._count_abort(run, final)
+
+    # --- counting ------------------------------------------------------------------------
+
+    def _ended(self, run: Running, final: SampleFinished) -> None:
+        """Count a sample's end by its reason, and the tokens its final event adds."""
+        reason, b = final.finish_reason, self.budget
+        if reason is FinishReason.ABORTED:
+            b.rollouts_aborted += 1
+        elif reason is FinishReason.ERROR:
+            b.rollouts_failed += 1
+        else:
+            b.rollouts_finished += 1
+        request = run.request
+        extra = max(0, final.num_tokens - (request.branch.prefix_len if request.branch else 0) - run.streamed)
+        b.tokens_generated += extra
+        run.group.tokens += extra
+
+    def _abort_tokens(self, run: Running, final: SampleFinished) -> None:
+        request = run.request
+        self.budget.tokens_generated += max(0, final.num_tokens - (request.branch.prefix_len if request.branch else 0)
+                                            - run.streamed)
+
+    def _count_abort(self, run: Running, final: SampleFinished | None) -> None:
+        if final is not None:
+            self._abort_tokens(run, final)
+        self.budget.rollouts_aborted += 1
+        run.group.aborted += 1
+        self.on_gone()
