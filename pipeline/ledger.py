@@ -20,7 +20,7 @@ Counting rules (the same for a task per sample and for a multiplexer):
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 from pipeline.actions import Post, Score
 from pipeline.group import GroupRun
@@ -101,6 +101,16 @@ class SampleLedger:
             return
         self._ended(run, final)
         out.append(Score(run.request, final))
+
+    def events(self, events: Sequence[tuple[str, Any]], out: list) -> None:
+        """Events a multiplexer returned at once, in order (an exception: that request failed)."""
+        for request_id, event in events:
+            if type(event) is TokenDelta:
+                self.tokens(event, out)
+            elif isinstance(event, SampleFinished):
+                self.finished(event, out)
+            else:
+                self.failed(request_id, f"{type(event).__name__}: {event}", out)
 
     def failed(self, request_id: str, error: str, out: list, tokens_after: int = 0,
                final_after: SampleFinished | None = None) -> None:

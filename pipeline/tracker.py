@@ -19,7 +19,6 @@ of it. The stream side (token deltas, final events, aborts) is counted by its
 
 >>> from controller.gates.uniform import UniformGate; from controller.noop import NoopController
 >>> from controller.prompts import PromptPool; from pipeline.config.sections import OrchestratorConfig
->>> from pipeline.actions import Score, Start, Train
 >>> from pipeline.messages import SampleDone, Started, Tick
 >>> from pipeline.types import FinishReason, Prompt, SampleFinished, ScoredSample
 >>> pool = PromptPool([Prompt(i, "", (1,)) for i in range(8)], seed=0)
@@ -106,10 +105,6 @@ class GroupTracker:
         return self._steps_done
 
     @property
-    def next_group_id(self) -> int:
-        return self._next_group_id
-
-    @property
     def evals(self) -> list[dict[str, float]]:
         """Every evaluation record so far (``pipeline.steplog``)."""
         return self.steplog.evals
@@ -144,7 +139,9 @@ class GroupTracker:
         elif kind is SampleFinished:
             self.ledger.finished(msg, out)
         elif kind is EngineEvents:
-            self._engine_events(msg)
+            self.ledger.events(msg.events, out)
+            if self.deciders.flush_wanted():  # one wake-up for the decision points these events queued
+                out.append(Post(DecideQueued()))
         elif kind is StreamFailed:
             self.ledger.failed(msg.request_id, msg.error, out, msg.tokens_after, msg.final_after)
         elif kind is StreamCut:
@@ -180,18 +177,6 @@ class GroupTracker:
             return _NONE
         self._out = []
         return out
-
-    def _engine_events(self, msg: EngineEvents) -> None:
-        ledger, out = self.ledger, self._out
-        for request_id, event in msg.events:
-            if type(event) is TokenDelta:
-                ledger.tokens(event, out)
-            elif isinstance(event, SampleFinished):
-                ledger.finished(event, out)
-            else:
-                ledger.failed(request_id, f"{type(event).__name__}: {event}", out)
-        if self.deciders.flush_wanted():  # one wake-up for the decision points these events queued
-            out.append(Post(DecideQueued()))
 
     # --- one tick of the tracking loop -----------------------------------------------------
 
