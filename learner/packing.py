@@ -29,6 +29,11 @@ since the loss is a weighted sum over tokens with batch-wide normalisers.
 ((1, 0, 2), [[1, 0], [1, 5]], [0, 1, 1])
 >>> c.targets.tolist(), c.loss_mask.int().tolist()
 ([[7, 8, 9, 2], [6, 2, 0, 0], [4, 2, 0, 0]], [[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 0, 0]])
+>>> from pipeline.types import Turns            # a turn (7), an observation (3), a turn (9, 2)
+>>> episode = Rollout("e", 0, (1,), (7, 3, 9, 2), (-1.0,) * 4, 1.0, FinishReason.STOP, 0,
+...                   turns=Turns(ends=(1, 4), rewards=(0.0, 1.0), policy_mask=(True, False, True, True)))
+>>> pack([episode], [1.0], pad_id=0, micro_batch=8)[0].loss_mask.int().tolist()   # the observation (3) is left out
+[[1, 0, 1, 1]]
 >>> f = pack(rs, [0.5, -0.5, 0.0], pad_id=0, micro_batch=8, share_prompts=False)[0]
 >>> f.index, f.input_ids.tolist()[0], f.score_positions.tolist()[0]
 ((1, 0, 2), [1, 7, 8, 9, 2], [0, 1, 2, 3])
@@ -145,7 +150,8 @@ def _responses(rows: list[Rollout], advantages: list[float], index: tuple[int, .
     for i, r in enumerate(rows):
         n = len(r.token_ids)
         targets[i, :n] = r.token_ids
-        mask[i, :n] = True
+        # An episode's observations are the environment's tokens: in the context, not in the loss.
+        mask[i, :n] = r.turns.policy_mask if r.turns is not None else True
         old[i, :n] = r.logprobs
     if not np.isfinite(old).all():
         culprit = next(r for r in rows if not np.isfinite(np.asarray(r.logprobs, dtype=np.float64)).all())

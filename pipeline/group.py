@@ -83,6 +83,7 @@ class GroupRun:
                 reward=s.reward,
                 finish_reason=s.result.finish_reason,
                 policy_version=s.result.policy_version,
+                turns=s.turns,
             )
             for s in sorted(self._valid, key=lambda s: s.request.sample_index)
         )

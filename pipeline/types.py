@@ -138,6 +138,32 @@ RolloutEvent = Union[TokenDelta, SampleFinished]
 
 
 @dataclass(frozen=True)
+class Turns:
+    """How a multi-turn episode's response is made: the policy's turns with the environment's
+    observations between them (``pipeline.episodes``). ``policy_mask`` has one entry per
+    response token, True where the policy generated it (observations are masked out of the
+    loss); ``ends[t]`` is the response offset just past turn t's last token; ``rewards[t]`` is
+    what the environment gave for turn t.
+
+    >>> t = Turns(ends=(2, 5), rewards=(0.0, 1.0), policy_mask=(True, True, False, True, True))
+    >>> t.count, t.observation_tokens
+    (2, 1)
+    """
+
+    ends: tuple[int, ...]
+    rewards: tuple[float, ...]
+    policy_mask: tuple[bool, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.ends)
+
+    @property
+    def observation_tokens(self) -> int:
+        return len(self.policy_mask) - sum(self.policy_mask)
+
+
+@dataclass(frozen=True)
 class ScoredSample:
     """A finished sample with its reward. ``reward_error`` names a reward that raised or timed out;
     ``reward`` is ``NO_REWARD`` (NaN) when the reward function gave none."""
@@ -146,6 +172,9 @@ class ScoredSample:
     result: SampleFinished
     reward: float
     reward_error: str = ""
+    turns: Turns | None = None
+    """A multi-turn episode's structure (``result.token_ids`` is then all of its turns and
+    observations); None for a single response."""
 
     @property
     def is_valid(self) -> bool:
@@ -237,6 +266,8 @@ class Rollout:
     reward: float
     finish_reason: FinishReason
     policy_version: int
+    turns: Turns | None = None
+    """A multi-turn episode's structure: which tokens the policy generated; None: all of them."""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import pytest
 from crash_child import kill_after
 from pipeline.store.arrowio import SegmentKind, SegmentWriter, TornSegmentWarning
 from pipeline.store.buffer import STEPS, ArrowBuffer, BufferFormatError, read_all, to_record_batch, to_train_batch
-from pipeline.types import CommittedGroup, FinishReason, Rollout, TrainBatch
+from pipeline.types import CommittedGroup, FinishReason, Rollout, TrainBatch, Turns
 
 
 def make_batch(step: int, groups: int = 4, size: int = 3, seed: int = 0, float32_logprobs: bool = True) -> TrainBatch:
@@ -122,13 +122,38 @@ def test_torn_tail_warns_and_keeps_every_complete_step(tmp_path):
 
 def test_other_version_missing_directory_and_non_arrow_file_raise(tmp_path):
     SegmentWriter(tmp_path, SegmentKind("steps", STEPS.schema, 99), number=0).close()
-    with pytest.raises(BufferFormatError, match="steps-00000.arrows has steps schema version 99"):
+    with pytest.raises(BufferFormatError, match="steps-00000.arrows has steps schema version 99; this reader supports versions 1, 2"):
         read_all(tmp_path)
     with pytest.raises(BufferFormatError, match="missing"):
         read_all(tmp_path / "missing")
     (tmp_path / "steps-00000.arrows").write_bytes(b"PAR1 not arrow")
     with pytest.raises(BufferFormatError, match="not an Arrow IPC stream"):
         read_all(tmp_path)
+
+
+def test_an_episode_round_trips_with_its_turns_beside_single_responses():
+    """Turn columns are null for single responses and hold an episode's structure exactly."""
+    batch = make_batch(2, groups=1, size=2, seed=4)
+    episode = Rollout("s2.g0.e", 2, (1, 2), (7, 8, 3, 9), (-0.5, -0.25, 0.0, -1.0), 1.0, FinishReason.STOP, 2,
+                      turns=Turns(ends=(2, 4), rewards=(0.0, 1.0), policy_mask=(True, True, False, True)))
+    group = batch.groups[0]
+    batch = TrainBatch(2, (CommittedGroup(group.group_id, group.prompt_id, (*group.rollouts, episode), 3, 20),))
+    table = to_record_batch(batch)
+    assert table.column("turn_ends").to_pylist() == [None, None, [2, 4]]
+    assert to_train_batch(table) == batch
+
+
+def test_a_version_1_segment_reads_with_null_turn_columns(tmp_path):
+    """Buffers written before multi-turn episodes stay readable."""
+    from pipeline.store.buffer import _V1
+
+    v1 = SegmentKind("steps", _V1, 1)
+    batch = make_batch(0, seed=5)
+    with SegmentWriter(tmp_path, v1, number=0) as writer:
+        writer.write(to_record_batch(batch).select(_V1.names))
+    table = read_all(tmp_path)
+    assert table.column("policy_mask").null_count == table.num_rows == batch.num_rollouts
+    assert to_train_batch(table) == batch
 
 
 def test_batches_that_would_not_round_trip_are_refused():

@@ -43,20 +43,22 @@ CASES: dict[str, list[str]] = {
     "sara_rail_shadow": ["gate.kind=sara", "controller.kind=rail", "controller.rail.mode=shadow"],
 }
 
-# Recorded at the commit that added this test (before the tracker became a message handler).
+# Recorded at the commit that added this test (before the tracker became a message handler),
+# recomputed when the digest began to leave all-null columns out (the same digests from that
+# commit's code and from the code that added the buffer's turn columns).
 GOLDEN: dict[str, str] = {
-    "ds": "0905dd0d42ad2d52",
-    "hora": "7fe903d0f38d9586",
-    "pilot_commit": "f83e146b7909fffc",
-    "sara": "f993ad1f38f8de72",
-    "sara_dps": "6d875d04579d4187",
-    "sara_eager": "98d2e1cc984e283e",
-    "sara_rail": "a3e69b399facfeb0",
-    "sara_rail_shadow": "57114ceac1004b92",
-    "sara_rail_tasks": "4f8ba7004dd81387",
-    "sara_streaming_rollouts": "c058a34e6c7a23b9",
-    "uniform": "5ef9685fcf9e8772",
-    "uniform_tasks": "0212f777da0e698b",
+    "ds": "09211dd15cac27ff",
+    "hora": "c16cbaa89c3892aa",
+    "pilot_commit": "fa333e5e440b6d14",
+    "sara": "f57aa3cc803214cc",
+    "sara_dps": "99fe4398dba71825",
+    "sara_eager": "5b9a8542b88328c5",
+    "sara_rail": "4fc9a9509c7e578e",
+    "sara_rail_shadow": "8bde887e21334093",
+    "sara_rail_tasks": "71d84daea9a0425a",
+    "sara_streaming_rollouts": "62549b00592866de",
+    "uniform": "0efd39e1ff979b1e",
+    "uniform_tasks": "be9f4af05d78666a",
 }
 
 # Figures that measure the machine, not the run.
@@ -77,6 +79,13 @@ def _canonical(value):
     return value
 
 
+def _rows(table) -> list[dict]:
+    """A table's rows without its all-null columns: a column added to a format (null where it
+    does not apply) is not a change of what the run did."""
+    keep = [name for name in table.column_names if table.column(name).null_count < table.num_rows]
+    return table.select(keep).to_pylist()
+
+
 def run_digest(run_dir: Path) -> str:
     metrics = [_clean(json.loads(line)) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -87,9 +96,9 @@ def run_digest(run_dir: Path) -> str:
         "budget": summary["budget"],
         "steps": summary["steps"],
         "stop_reason": summary["stop_reason"],
-        "decisions": trace.decisions.to_pylist(),
-        "outcomes": trace.outcomes.to_pylist(),
-        "buffer": read_all(run_dir / "buffer").to_pylist(),
+        "decisions": _rows(trace.decisions),
+        "outcomes": _rows(trace.outcomes),
+        "buffer": _rows(read_all(run_dir / "buffer")),
     }
     text = json.dumps(_canonical(content), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

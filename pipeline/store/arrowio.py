@@ -31,9 +31,9 @@ import json
 import os
 import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -61,11 +61,15 @@ class TornSegmentWarning(UserWarning):
 
 @dataclass(frozen=True)
 class SegmentKind:
-    """What one family of segment files holds: file prefix, column schema, format version."""
+    """What one family of segment files holds: file prefix, column schema, format version.
+
+    ``older`` lets a reader take segments of earlier versions: version -> (its columns, a
+    function that turns one of its record batches into a batch of the current columns)."""
 
     prefix: str
     schema: pa.Schema  # the columns; metadata is added per segment by ``schema_for``
     version: int
+    older: Mapping[int, tuple[pa.Schema, Callable[[pa.RecordBatch], pa.RecordBatch]]] = field(default_factory=dict)
 
     def schema_for(self, run_id: str) -> pa.Schema:
         """The schema written into a segment of this kind, with its metadata."""
@@ -202,10 +206,13 @@ def read_segment(
             # The writer died before its schema message was complete: nothing was recorded.
             return SegmentRead(path, (), "", torn=True)
         run_id = _check_schema(path, reader.schema, kind, error)
+        version = int(reader.schema.metadata[VERSION_KEY].decode())
+        upgrade = kind.older[version][1] if version != kind.version else None
         batches, torn = [], False
         while True:
             try:
-                batches.append(reader.read_next_batch())
+                batch = reader.read_next_batch()
+                batches.append(upgrade(batch) if upgrade is not None else batch)
             except StopIteration:
                 break
             except (pa.ArrowInvalid, OSError):
@@ -225,12 +232,15 @@ def _check_schema(path: Path, schema: pa.Schema, kind: SegmentKind, error: type[
     if found_kind != kind.prefix:
         raise error(f"{path} holds {found_kind!r} records, not {kind.prefix!r}; rename it or read it as {found_kind}")
     version = meta[VERSION_KEY].decode()
-    if version != str(kind.version):
+    older = {str(v): columns for v, (columns, _) in kind.older.items()}
+    if version != str(kind.version) and version not in older:
+        known = ", ".join(sorted([str(kind.version), *older]))
         raise error(
-            f"{path} has {kind.prefix} schema version {version}; this reader supports version {kind.version}; "
+            f"{path} has {kind.prefix} schema version {version}; this reader supports versions {known}; "
             f"read it with the railgate release that wrote it"
         )
-    if not schema.remove_metadata().equals(kind.schema):
+    expected = kind.schema if version == str(kind.version) else older[version]
+    if not schema.remove_metadata().equals(expected):
         raise error(f"{path} claims {kind.prefix} version {version} but its columns differ: {schema.remove_metadata()}")
     return meta.get(RUN_ID_KEY, b"").decode()
 

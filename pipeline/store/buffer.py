@@ -9,7 +9,11 @@ Columns (``STEPS.schema``)::
     step int64, prompt_id int64, group_id int64, sample_index int32, request_id string,
     prompt_token_ids list<int32>, token_ids list<int32>, logprobs list<float32>,
     reward float64, finish_reason int8 (FinishReason value), policy_version int64,
-    advantage float32 (the learner's, null from a learner without them), group_launched int64, group_tokens int64
+    advantage float32 (the learner's, null from a learner without them), group_launched int64, group_tokens int64,
+    turn_ends list<int32>, turn_rewards list<float64>, policy_mask list<bool>
+        (a multi-turn episode's structure, ``pipeline.types.Turns``; null for a single response)
+
+Version 1 segments (before multi-turn episodes) read as version 2 with null turn columns.
 
 The orchestrator trains on each batch from memory and writes it here behind the learner step,
 with ``Learner.advantages`` (null for the simulator's learner, which computes none).
@@ -40,32 +44,39 @@ from pipeline.store.arrowio import (
     segment_paths,
     warn_torn,
 )
-from pipeline.types import CommittedGroup, FinishReason, Rollout, TrainBatch
+from pipeline.types import CommittedGroup, FinishReason, Rollout, TrainBatch, Turns
 
-BUFFER_SCHEMA_VERSION = 1
+BUFFER_SCHEMA_VERSION = 2
 
-STEPS = SegmentKind(
-    "steps",
-    pa.schema(
-        [
-            ("step", pa.int64()),
-            ("prompt_id", pa.int64()),
-            ("group_id", pa.int64()),
-            ("sample_index", pa.int32()),
-            ("request_id", pa.string()),
-            ("prompt_token_ids", pa.list_(pa.int32())),
-            ("token_ids", pa.list_(pa.int32())),
-            ("logprobs", pa.list_(pa.float32())),
-            ("reward", pa.float64()),
-            ("finish_reason", pa.int8()),
-            ("policy_version", pa.int64()),
-            ("advantage", pa.float32()),
-            ("group_launched", pa.int64()),
-            ("group_tokens", pa.int64()),
-        ]
-    ),
-    BUFFER_SCHEMA_VERSION,
-)
+_V1_FIELDS = [
+    ("step", pa.int64()),
+    ("prompt_id", pa.int64()),
+    ("group_id", pa.int64()),
+    ("sample_index", pa.int32()),
+    ("request_id", pa.string()),
+    ("prompt_token_ids", pa.list_(pa.int32())),
+    ("token_ids", pa.list_(pa.int32())),
+    ("logprobs", pa.list_(pa.float32())),
+    ("reward", pa.float64()),
+    ("finish_reason", pa.int8()),
+    ("policy_version", pa.int64()),
+    ("advantage", pa.float32()),
+    ("group_launched", pa.int64()),
+    ("group_tokens", pa.int64()),
+]
+_TURN_FIELDS = [("turn_ends", pa.list_(pa.int32())), ("turn_rewards", pa.list_(pa.float64())),
+                ("policy_mask", pa.list_(pa.bool_()))]
+_V1 = pa.schema(_V1_FIELDS)
+_V2 = pa.schema(_V1_FIELDS + _TURN_FIELDS)
+
+
+def _from_v1(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A version 1 batch with null turn columns: every rollout a single response."""
+    nulls = [pa.nulls(batch.num_rows, type=t) for _, t in _TURN_FIELDS]
+    return pa.record_batch([*batch.columns, *nulls], schema=_V2)
+
+
+STEPS = SegmentKind("steps", _V2, BUFFER_SCHEMA_VERSION, older={1: (_V1, _from_v1)})
 _REASONS = {int(r): r for r in FinishReason}
 
 
@@ -90,7 +101,7 @@ class ArrowBuffer:
     Examples
     --------
     >>> import tempfile
-    >>> from pipeline.types import CommittedGroup, FinishReason, Rollout, TrainBatch
+    >>> from pipeline.types import CommittedGroup, FinishReason, Rollout, TrainBatch, Turns
     >>> r = Rollout("g0.s0", 0, (1, 2), (3, 4), (-0.5, -0.25), 1.0, FinishReason.STOP, 0)
     >>> batch = TrainBatch(step=0, groups=(CommittedGroup(0, 7, (r,), launched=1, tokens=2),))
     >>> d = tempfile.mkdtemp()
@@ -196,10 +207,23 @@ def to_record_batch(batch: TrainBatch, advantages: Sequence[Sequence[float]] | N
         "advantage": advantage,
         "group_launched": per_group(g.launched for g in batch.groups),
         "group_tokens": per_group(g.tokens for g in batch.groups),
+        **_turn_columns(rollouts),
     }
     arrays = [columns[f.name] if isinstance(columns[f.name], pa.Array) else pa.array(columns[f.name], type=f.type)
               for f in STEPS.schema]
     return pa.record_batch(arrays, schema=STEPS.schema)
+
+
+def _turn_columns(rollouts: list[Rollout]) -> dict[str, pa.Array]:
+    """The turn columns: null for single responses (all of them, usually: no cost then)."""
+    if all(r.turns is None for r in rollouts):
+        return {name: pa.nulls(len(rollouts), type=t) for name, t in _TURN_FIELDS}
+    turns = [r.turns for r in rollouts]
+    return {
+        "turn_ends": pa.array([t.ends if t else None for t in turns], type=pa.list_(pa.int32())),
+        "turn_rewards": pa.array([t.rewards if t else None for t in turns], type=pa.list_(pa.float64())),
+        "policy_mask": pa.array([t.policy_mask if t else None for t in turns], type=pa.list_(pa.bool_())),
+    }
 
 
 def _check_batch(batch: TrainBatch, advantages: Sequence[Sequence[float]] | None) -> None:
@@ -244,11 +268,13 @@ def to_train_batch(record_batch: pa.RecordBatch | pa.Table) -> TrainBatch:
     py = {name: col[name].to_pylist() for name in ("prompt_id", "group_id", "sample_index", "request_id", "reward",
                                                     "finish_reason", "policy_version", "group_launched", "group_tokens")}
     prompt_ids, token_ids, logprobs = _split(col["prompt_token_ids"]), _split(col["token_ids"]), _split(col["logprobs"])
+    turns = [None if ends is None else Turns(tuple(ends), tuple(rewards), tuple(mask))
+             for ends, rewards, mask in zip(*(col[name].to_pylist() for name, _ in _TURN_FIELDS))]
     rollouts = [
-        Rollout(rid, si, pt, tk, lp, rw, _REASONS[fr], pv)
-        for rid, si, pt, tk, lp, rw, fr, pv in zip(
+        Rollout(rid, si, pt, tk, lp, rw, _REASONS[fr], pv, tn)
+        for rid, si, pt, tk, lp, rw, fr, pv, tn in zip(
             py["request_id"], py["sample_index"], prompt_ids, token_ids, logprobs, py["reward"],
-            py["finish_reason"], py["policy_version"],
+            py["finish_reason"], py["policy_version"], turns,
         )
     ]
     groups, start, gids = [], 0, py["group_id"]
