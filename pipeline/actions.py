@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple, Union
 
+from pipeline.config.sections import EpisodeSettings
 from pipeline.group import GroupRun
 from pipeline.types import SampleFinished, SampleRequest, TrainBatch
 
@@ -43,6 +44,29 @@ class Score(NamedTuple):
 
     request: SampleRequest
     finished: SampleFinished
+
+
+class EnvStep(NamedTuple):
+    """Step the environment of this turn's episode with the turn (opened on its first turn;
+    a turn that did not complete ends the episode without a step); answer with ``TurnDone``."""
+
+    request: SampleRequest
+    finished: SampleFinished
+
+
+class ForkEpisode(NamedTuple):
+    """Episode ``key`` branches from episode ``source`` after its first ``turns`` turns: its
+    environment starts in that state (replayed, or restored from a snapshot)."""
+
+    source: str
+    turns: int
+    key: str
+
+
+class CloseEpisode(NamedTuple):
+    """Episode ``key`` ended (or its group was abandoned): close its environment."""
+
+    key: str
 
 
 class Post(NamedTuple):
@@ -86,7 +110,7 @@ class Stop(NamedTuple):
     reason: str
 
 
-Action = Union[Start, Cancel, Score, Post, Evaluate, Train, Record, Checkpoint, Stop]
+Action = Union[Start, Cancel, Score, EnvStep, ForkEpisode, CloseEpisode, Post, Evaluate, Train, Record, Checkpoint, Stop]
 
 
 @dataclass(frozen=True)
@@ -100,6 +124,8 @@ class ShellSettings:
     """The run has a held-out evaluator: evaluate the start and every ``eval_every`` steps."""
     checkpoint_every: int = 0
     """Steps between checkpoints (and one at the last step and on an interrupt); 0: none."""
+    episodes: EpisodeSettings | None = None
+    """The task is an environment: each sample is an episode of turns (``pipeline.episodes``)."""
 
 
 LEARNER_SLOTS = 2

@@ -20,7 +20,7 @@ from pipeline.decisions import NullSink, gate_decision
 from pipeline.group import GroupRun
 from pipeline.hooktimer import HookTimer
 from pipeline.protocols import Controller, DecisionSink, Gate
-from pipeline.types import ActionKind, GroupAction, TrainBatch
+from pipeline.types import ActionKind, GroupAction, TrainBatch, TurnPoint
 
 DECIDE_WITHIN_EVENTS = 64
 """Queued decision points wait at most this many tracking-loop messages for their batch."""
@@ -35,6 +35,7 @@ class Deciders:
         self.run_id, self.hook_timer = run_id, hook_timer
         self.now, self.policy_version = now, policy_version
         self.token_hooks = controller.wants_tokens
+        self.turn_hooks = callable(getattr(controller, "on_turn", None))
         self._held: dict[int, list[GroupAction]] = {}  # gate proposals the controller holds until its batch is decided
         self._flush_sent = False
         self._events_since_flush = 0
@@ -96,6 +97,12 @@ class Deciders:
         drains still decides them."""
         self._events_since_flush += 1
         return backlog == 0 or self._events_since_flush >= DECIDE_WITHIN_EVENTS
+
+    def on_turn(self, group: GroupRun, sample_index: int, point: TurnPoint) -> Sequence[GroupAction]:
+        """An episode of ``group`` reached a turn boundary: the controller may act there."""
+        if not self.turn_hooks or group.closed:
+            return ()
+        return self.controller.on_turn(group.snapshot(self.policy_version()), sample_index, point)
 
     def on_step(self, batch: TrainBatch, groups: Mapping[int, GroupRun]) -> Sequence[GroupAction]:
         """The learner trained on ``batch``: the gate may act on its open groups (logged)."""

@@ -4,7 +4,8 @@
 token deltas, the final event, the tokens an aborted sample produced while it was being
 aborted -- into the run's ``Budget`` and the sample's group. It is the hot path of a run (a call
 per token delta), so it does only that: it does not decide anything. What it returns is what
-the tracker returns for the stream's events: a ``Score`` for each finished sample, a ``Post``
+the tracker returns for the stream's events: a ``Score`` for each finished sample (an
+``EnvStep`` for each finished turn of an episode), a ``Post``
 for the controller's token-hook actions and for the wake-up of its queued decision points.
 
 Counting rules (the same for a task per sample and for a multiplexer):
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from pipeline.actions import Post, Score
+from pipeline.actions import EnvStep, Post, Score
 from pipeline.group import GroupRun
 from pipeline.messages import ControllerActions
 from pipeline.metrics import Budget
@@ -55,8 +56,10 @@ class SampleLedger:
     """
 
     def __init__(self, budget: Budget, controller: Controller, policy_version: Callable[[], int],
-                 on_gone: Callable[[], None]):
+                 on_gone: Callable[[], None], episodic: bool = False):
         self.budget = budget
+        self.episodic = episodic
+        self._answer = EnvStep if episodic else Score  # an episode's turn goes to its environment
         self.controller = controller
         self.policy_version = policy_version
         self.on_gone = on_gone
@@ -100,7 +103,7 @@ class SampleLedger:
             self._count_abort(run, final)
             return
         self._ended(run, final)
-        out.append(Score(run.request, final))
+        out.append(self._answer(run.request, final))
 
     def events(self, events: Sequence[tuple[str, Any]], out: list) -> None:
         """Events a multiplexer returned at once, in order (an exception: that request failed)."""
@@ -127,7 +130,7 @@ class SampleLedger:
             return
         final = failed_final(run.request, error, self.policy_version())
         self._ended(run, final)
-        out.append(Score(run.request, final))
+        out.append(self._answer(run.request, final))
 
     def cut(self, request_id: str, tokens: int, final: SampleFinished | None) -> None:
         """A stream that ended by an abort (its group abandoned, or the run over)."""
@@ -141,9 +144,12 @@ class SampleLedger:
     # --- counting ------------------------------------------------------------------------
 
     def _ended(self, run: Running, final: SampleFinished) -> None:
-        """Count a sample's end by its reason, and the tokens its final event adds."""
+        """Count a sample's end by its reason (an episode's turn: a turn; the tracker counts the
+        episode's end), and the tokens its final event adds."""
         reason, b = final.finish_reason, self.budget
-        if reason is FinishReason.ABORTED:
+        if self.episodic:
+            b.turns += 1
+        elif reason is FinishReason.ABORTED:
             b.rollouts_aborted += 1
         elif reason is FinishReason.ERROR:
             b.rollouts_failed += 1

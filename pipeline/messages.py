@@ -10,8 +10,9 @@ final event. Everything else reaches the tracking loop through its inbox, in ord
 the stream side), ``Started`` and ``StopRequested``. After each of them the loop sends a
 ``Tick``: the tracker's turn to ship, train, launch, admit and see whether the run is over.
 
-A rollout is one sample today. Multi-turn episodes are meant to extend the same vocabulary: a
-turn's ``SampleFinished`` answered by the environment, the episode's ``SampleDone`` at its end.
+A rollout is one sample, or, with an environment, one episode of turns: each turn's
+``SampleFinished`` is answered by the environment in a ``TurnDone``, and the tracker makes the
+episode's sample itself when it ends (``pipeline.episodes``).
 
 >>> StepDone(batch=None, result=None, policy_version=1).learner_state is None
 True
@@ -24,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence, Union
 
-from pipeline.types import GroupAction, SampleFinished, ScoredSample, StepResult, TokenDelta, TrainBatch
+from pipeline.types import GroupAction, SampleFinished, SampleRequest, ScoredSample, StepResult, TokenDelta, TrainBatch
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,20 @@ class StreamsClosed:
     """The run is over: the engine closed these samples, still running (their final events)."""
 
     finals: Sequence[SampleFinished]
+
+
+@dataclass(frozen=True)
+class TurnDone:
+    """The environment answered an episode's turn (``pipeline.episodes``): its observation
+    rendered as the tokens that join the context, the turn's reward, whether the episode is
+    done, and ``error`` when the environment failed (the episode then ends as a failed sample)."""
+
+    request: SampleRequest
+    finished: SampleFinished
+    observation: tuple[int, ...] = ()
+    reward: float = 0.0
+    done: bool = True
+    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -144,4 +159,4 @@ class StopRequested:
 
 
 Message = Union[TokenDelta, SampleFinished, EngineEvents, StreamFailed, StreamCut, StreamsClosed, SampleDone,
-                StepDone, Evaluated, ControllerActions, DecideQueued, Started, StopRequested, Tick]
+                StepDone, Evaluated, ControllerActions, DecideQueued, Started, StopRequested, Tick, TurnDone]

@@ -42,6 +42,8 @@ class Budget:
     staleness_max: int = 0
     rollouts_trained: int = 0
     rollouts_intervention: int = 0  # launched by a controller's intervention (branch, resample)
+    turns: int = 0  # turns of multi-turn episodes (a rollout is an episode there)
+    env_failures: int = 0  # episodes ended by an environment that failed (raised, hung, answered wrongly)
     interventions_dropped: int = 0  # token-level interventions that arrived after their group closed
 
     @property

@@ -34,14 +34,15 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from pipeline.actions import LEARNER_SLOTS, Cancel, Checkpoint, Evaluate, Post, Record, Score, ShellSettings, Start, Stop, Train
+from pipeline.actions import (LEARNER_SLOTS, Cancel, Checkpoint, CloseEpisode, EnvStep, Evaluate, ForkEpisode, Post, Record,
+                              Score, ShellSettings, Start, Stop, Train)
 from pipeline.clock import VirtualClock
 from pipeline.collector import fewer_collections
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.engines.mux import StreamMux, multiplexer_of
 from pipeline.learning import LearnerStep
 from pipeline.messages import (EngineEvents, SampleDone, Started, StepDone, StopRequested, StreamCut, StreamFailed,
-                               StreamsClosed, Tick)
+                               StreamsClosed, Tick, TurnDone)
 from pipeline.metrics import Budget, NullMetricsWriter
 from pipeline.parts import RunOutputs, RunParts
 from pipeline.tracker import GroupTracker
@@ -84,7 +85,8 @@ class Orchestrator:
         self.tracker = GroupTracker(
             parts.gate, parts.controller, config, seed=seed, run_id=run_id, trace=self.outputs.trace,
             hook_timer=self.outputs.hook_timer, now=self.clock.now, policy_version=lambda: parts.engine.policy_version,
-            shell=ShellSettings(self._inline_learner, parts.evaluator is not None, checkpoint_every),
+            shell=ShellSettings(self._inline_learner, parts.evaluator is not None, checkpoint_every,
+                                parts.episodes.settings if parts.episodes is not None else None),
         )
         self.learn = LearnerStep(parts, self.outputs)
         self._scopes: dict[str, anyio.CancelScope] = {}  # running sample tasks by request id
@@ -177,7 +179,7 @@ class Orchestrator:
                 if msg is None:
                     continue  # request_stop's wake-up
                 await self._act(tracker.handle(msg))
-                if type(msg) is SampleDone:
+                if type(msg) is SampleDone or type(msg) is TurnDone:
                     self.clock.release()  # the hold its sample's end took: the gate has acted
                 await self._act(tracker.handle(Tick(inbox.statistics().current_buffer_used)))
 
@@ -198,6 +200,10 @@ class Orchestrator:
                 self._record(action.step, action.metrics)
             elif kind is Checkpoint:
                 self._checkpoint(action)
+            elif kind is ForkEpisode:
+                self.parts.episodes.fork(action.source, action.turns, action.key)
+            elif kind is CloseEpisode:
+                self.parts.episodes.close(action.key)
             elif kind is Evaluate:
                 await self._act(self.tracker.handle(await self.learn.evaluate(action.step)))
             elif kind is Stop:
@@ -301,7 +307,7 @@ class Orchestrator:
         token hook's messages."""
         scored = False
         for action in actions:
-            if type(action) is Score:
+            if type(action) is Score or type(action) is EnvStep:
                 scored = True
                 await self._report(action)
             else:
@@ -309,11 +315,15 @@ class Orchestrator:
         if held and not scored:
             self.clock.release()
 
-    async def _report(self, score: Score) -> None:
-        """Score a finished sample and send it to the tracking loop (which releases the clock
-        hold its end took)."""
+    async def _report(self, action: Score | EnvStep) -> None:
+        """Score a finished sample (or step an episode's environment with a finished turn) and
+        send the answer to the tracking loop (which releases the clock hold its end took)."""
         try:
-            await self._inbox.send(await self._scored(score.request, score.finished))
+            if type(action) is EnvStep:
+                answer = await self.parts.episodes.step(action.request, action.finished)
+            else:
+                answer = await self._scored(action.request, action.finished)
+            await self._inbox.send(answer)
         except BaseException:
             self.clock.release()
             raise
@@ -339,9 +349,9 @@ class Orchestrator:
             while True:
                 messages: list[Any] = []
                 for action in tracker.handle(EngineEvents(await mux.next_events())):
-                    if type(action) is Score:
+                    if type(action) is Score or type(action) is EnvStep:
                         clock.hold()  # time stands still until the tracker has acted on this sample
-                        if report_inline:  # scored here, without suspending
+                        if report_inline and type(action) is Score:  # scored here, without suspending
                             messages.append(await self._scored(action.request, action.finished))
                         else:
                             self._tg.start_soon(self._report, action, name="reward")
@@ -357,7 +367,7 @@ class Orchestrator:
                             await inbox.send(message)
                     except BaseException as exc:  # the holds of finished samples not sent are released
                         for unsent in messages[i:]:
-                            if isinstance(unsent, SampleDone):
+                            if isinstance(unsent, (SampleDone, TurnDone)):
                                 clock.release()
                         if isinstance(exc, (anyio.BrokenResourceError, anyio.ClosedResourceError)):
                             return  # the tracking loop has ended: the run is over

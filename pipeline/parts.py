@@ -13,7 +13,8 @@ from pipeline.clock import VirtualClock, WallClock
 from pipeline.engines.base import Engine
 from pipeline.hooktimer import HookTimer
 from pipeline.metrics import MetricsWriter, NullMetricsWriter
-from pipeline.protocols import Buffer, Controller, DecisionSink, Evaluator, Gate, Learner, ReferenceScores
+from pipeline.protocols import (Buffer, Controller, DecisionSink, EpisodeService, Evaluator, Gate, Learner,
+                                ReferenceScores)
 from pipeline.tasks.rewards.scoring import ScoringService
 
 
@@ -33,6 +34,8 @@ class RunParts:
     """Held-out evaluation at the start and every ``eval_every`` steps; None: none."""
     reference: ReferenceScores | None = None
     """``gate.sara.reference_prior``: where the learner's reference likelihoods go after each step."""
+    episodes: EpisodeService | None = None
+    """The task is an environment: every sample is an episode of turns, stepped through this."""
 
 
 @dataclass

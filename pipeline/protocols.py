@@ -40,7 +40,7 @@ Every random choice of a gate or controller uses a generator seeded at construct
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from pipeline.types import (
     CommittedGroup,
@@ -49,10 +49,16 @@ from pipeline.types import (
     GroupPlan,
     GroupSnapshot,
     Prompt,
+    SampleFinished,
+    SampleRequest,
     StepResult,
     TokenDelta,
     TrainBatch,
+    TurnPoint,
 )
+
+if TYPE_CHECKING:
+    from pipeline.messages import TurnDone
 
 
 class GateProtocolError(RuntimeError):
@@ -126,6 +132,12 @@ class Controller(Protocol):
     def on_closed(self, group: CommittedGroup | None, snapshot: GroupSnapshot) -> None:
         """The group shipped (``group``) or was dropped (``None``); ``snapshot`` is its final state."""
         ...
+
+    def on_turn(self, snapshot: GroupSnapshot, sample_index: int, point: TurnPoint) -> list[GroupAction]:
+        """Turn-level decision point of a multi-turn episode: the environment answered a turn
+        (a branch from here is ``LAUNCH`` with ``BranchSpec(point.key, point.prefix_len,
+        turns=point.turns)``). None by default."""
+        return []
 
     queued_decisions: int = 0
     """Token-level decision points ``on_tokens`` queued instead of deciding at once."""
@@ -204,6 +216,28 @@ class Buffer(Protocol):
         ...
 
     def close(self) -> None:
+        ...
+
+
+class EpisodeService(Protocol):
+    """The environments of a run's episodes (``pipeline.episodes``), one per episode key; the
+    shell carries the tracker's ``EnvStep``, ``ForkEpisode`` and ``CloseEpisode`` out through it.
+    Environment faults are answers (a ``TurnDone`` with ``error``), never exceptions."""
+
+    settings: Any
+    """The episodes' rules (``pipeline.config.sections.EpisodeSettings``)."""
+
+    async def step(self, request: SampleRequest, finished: SampleFinished) -> "TurnDone":
+        """Step the episode's environment with the turn ``finished`` (opening it on the first
+        turn; a turn that did not complete is answered ``done`` without a step)."""
+        ...
+
+    def fork(self, source: str, turns: int, key: str) -> None:
+        """Episode ``key`` starts from episode ``source``'s state after ``turns`` turns."""
+        ...
+
+    def close(self, key: str) -> None:
+        """The episode ended: release its environment."""
         ...
 
 

@@ -40,16 +40,18 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
-from pipeline.actions import LEARNER_SLOTS, Action, Cancel, Checkpoint, Evaluate, Post, Record, ShellSettings, Stop, Train
+from pipeline.actions import (LEARNER_SLOTS, Action, Cancel, Checkpoint, Evaluate, Post, Record, ShellSettings, Start, Stop,
+                              Train)
 from pipeline.batches import StepCutter
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.deciding import Deciders
+from pipeline.episodes import Episodes
 from pipeline.group import GroupRun
 from pipeline.hooktimer import HookTimer
 from pipeline.launches import LaunchQueue
 from pipeline.ledger import SampleLedger
 from pipeline.messages import (ControllerActions, DecideQueued, EngineEvents, Evaluated, SampleDone, Started,
-                               StepDone, StopRequested, StreamCut, StreamFailed, StreamsClosed, Tick)
+                               StepDone, StopRequested, StreamCut, StreamFailed, StreamsClosed, Tick, TurnDone)
 from pipeline.metrics import Budget
 from pipeline.protocols import Controller, DecisionSink, Gate, GateProtocolError, GateStalled
 from pipeline.steplog import StepLog
@@ -77,7 +79,9 @@ class GroupTracker:
         self.stop_reason = ""
         self.batches = StepCutter(config.batch_groups, config.batch_rollouts)  # committed groups -> batches
         self.steplog = StepLog(self.budget, config)
-        self.ledger = SampleLedger(self.budget, controller, policy_version, on_gone=self._sample_gone)
+        self.ledger = SampleLedger(self.budget, controller, policy_version, on_gone=self._sample_gone,
+                                   episodic=shell.episodes is not None)
+        self.episodes = Episodes(shell.episodes, self.budget) if shell.episodes is not None else None
         self._groups: dict[int, GroupRun] = {}
         self._next_group_id = 0
         self.launches = LaunchQueue(config, seed, self.budget, now)
@@ -154,6 +158,8 @@ class GroupTracker:
             self._tick(msg.backlog)
         elif kind is SampleDone:
             self._on_sample(msg.scored)
+        elif kind is TurnDone:
+            self._on_turn(msg)
         elif kind is ControllerActions:
             self._execute(msg.actions, source="controller")
         elif kind is StepDone:
@@ -225,6 +231,8 @@ class GroupTracker:
             self._check_progress()
         if self.stop_reason:
             self._stopped = True
+            if self.episodes is not None:
+                self.episodes.stop(self.ledger.running, self._out)
             self._out.append(Stop(self.stop_reason))
 
     # --- admission and launches ----------------------------------------------------------
@@ -265,8 +273,10 @@ class GroupTracker:
         return bool(limit) and self.budget.rollouts_started - self.gate.uncounted_rollouts >= limit
 
     def _pump(self) -> None:
-        """Start queued samples while the concurrency limit allows."""
+        """Start queued samples while the concurrency limit allows (an episode: its first turn)."""
         for start in self.launches.pump():
+            if self.episodes is not None:
+                start = self.episodes.start(start, self._out)
             self.ledger.started(start.group, start.request)
             self._out.append(start)
 
@@ -291,6 +301,27 @@ class GroupTracker:
         group.add(scored)
         self._touched.add(group.group_id)
         self._execute(self.deciders.on_sample(group, self._groups), source="gate")
+
+    def _on_turn(self, msg: TurnDone) -> None:
+        """The environment answered a turn: the episode's next turn starts, or the episode ends
+        and is decided on as a scored sample (``pipeline.episodes``)."""
+        request = msg.request
+        group = self._groups.get(request.group_id)
+        if group is None or group.closed:  # its group was abandoned while the environment stepped
+            self.episodes.cut(request, self._out)
+            self.launches.in_flight -= 1
+            return
+        group.in_flight.pop(request.request_id, None)
+        scored = self.episodes.turn_done(msg, self._out)
+        if scored is not None:
+            self._on_sample(scored)
+            return
+        following = self.episodes.next_request(request)
+        group.in_flight[following.request_id] = following
+        self.ledger.started(group, following)
+        self._out.append(Start(group, following))
+        point = self.episodes.point(request, msg)
+        self._execute(self.deciders.on_turn(group, request.sample_index, point), source="controller")
 
     def _execute(self, actions: Sequence[GroupAction], source: str) -> None:
         for action in actions:
@@ -339,6 +370,8 @@ class GroupTracker:
         for request_id in group.in_flight:
             self.ledger.cancelled(request_id)
             self._out.append(Cancel(request_id))
+            if self.episodes is not None:
+                self.episodes.abandon(request_id, self._out)
         effective = False
         if committed:
             shipped = group.committed()

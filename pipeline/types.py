@@ -90,6 +90,10 @@ class BranchSpec:
     prefix_len: int
     prefix_token_ids: tuple[int, ...] = ()
     prefix_logprobs: tuple[float, ...] = ()
+    turns: int = 0
+    """A multi-turn branch: a new episode that continues episode ``source_request_id`` after its
+    first ``turns`` turns and the environment's answer to the last of them (its environment
+    rebuilt in that state); 0: a branch inside a single response."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,25 @@ class Turns:
     @property
     def observation_tokens(self) -> int:
         return len(self.policy_mask) - sum(self.policy_mask)
+
+
+@dataclass(frozen=True)
+class TurnPoint:
+    """A turn boundary of an episode: the environment answered its ``turns``-th turn and the
+    next is about to start. A controller may branch from here (``BranchSpec(key, prefix_len,
+    turns=turns)``): new episodes that continue this context in a copy of the environment."""
+
+    key: str
+    """The episode (``g<group>-s<sample>``)."""
+    turns: int
+    prefix_len: int
+    """Response tokens so far, the last observation included."""
+    reward: float
+    """The environment's reward for the turn just answered."""
+    observation_tokens: int
+    """Tokens of the environment's answer."""
+    rewards: tuple[float, ...] = ()
+    """Every turn's reward so far."""
 
 
 @dataclass(frozen=True)

@@ -290,3 +290,18 @@ class DataConfig:
         require(self.eval_temperature > 0, f"data.eval_temperature={self.eval_temperature} must be > 0")
         for key, limit in (("num_train_prompts", 10**7), ("num_eval_prompts", 10**7), ("eval_samples", 4096)):
             at_most(f"data.{key}", getattr(self, key), limit)
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    """The rules that end an episode and the reward that trains (from ``task.env``)."""
+
+    max_turns: int
+    """Turns of the policy at most; the episode ends after this many whatever the environment says."""
+    max_episode_tokens: int
+    """Response tokens (turns and observations) an episode may hold: it ends when the next turn
+    could overrun them."""
+    turn_tokens: int
+    """Tokens one turn may generate (``orchestrator.max_tokens``)."""
+    reward: Literal["final", "sum"] = "final"
+    """What trains: the environment's reward for the last turn, or the sum over the turns."""
