@@ -52,10 +52,11 @@ def build(cls: type[T], data: dict[str, Any] | None, path: str = "") -> T:
     for key in data:
         if key not in fields:
             foreign = foreign_hint(_join(path, key), data[key])  # a TRL or verl name first
-            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            names = sorted({v: k for k, v in renamed.items()}.get(f, f) for f in fields)
+            close = difflib.get_close_matches(str(key), names, n=1)
             hint = f"; {foreign}" if foreign else f"; did you mean '{_join(path, close[0]).rsplit('.', 1)[-1]}'?" if close else ""
             raise ConfigError(
-                f"unknown key '{_join(path, key)}'{hint} (valid keys: {', '.join(sorted(fields))})"
+                f"unknown key '{_join(path, key)}'{hint} (valid keys: {', '.join(names)})"
             )
     kwargs = {key: _coerce(hints[key], value, _join(path, key)) for key, value in data.items()}
     try:
