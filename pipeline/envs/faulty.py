@@ -1,8 +1,8 @@
 """An environment that misbehaves on purpose, for tests of everything that runs environments.
 
 ``FaultyEnv`` plays a trivial episode (each step answers ``ok N``, reward 1 at the last of
-``turns`` steps) until step ``at_step`` (0: construction and ``init``), where it commits its
-``fault``:
+``turns`` steps) until step ``at_step`` (0: construction, or ``init`` for the faults of what it returns), where it
+commits its ``fault``:
 
 =================  =====================================================================
 ``none``           behaves
@@ -54,10 +54,14 @@ class FaultyEnv:
         if self.fault != "never_done":
             self.max_turns = self.turns_needed
         self.turns = 0
-        if self.at_step == 0:
+        if self.at_step == 0 and self.fault in ("raise", "hang", "gil", "exit"):
             self._misbehave()
 
-    def init(self, prompt: list[dict[str, str]]) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    def init(self, prompt: list[dict[str, str]]) -> Any:
+        if self.at_step == 0 and self.fault in ("not_dict", "str_obs", "bad_message", "huge"):
+            if self.fault == "not_dict":
+                return "a string"
+            return self._misbehave({"observations": prompt})["observations"], {}
         return prompt, {}
 
     def step(self, action: str) -> Any:

@@ -127,7 +127,7 @@ class ThreadHost:
         if not done.wait(timeout_s):
             self.alive = False  # the thread may still be inside the call: never hand it another
             self._jobs.put(None)
-            raise CallFailed(f"timed out after {timeout_s:g} s", timed_out=True)
+            raise CallFailed(f"timed out after {timeout_s:.3g} s", timed_out=True)
         ok, value = box[0]
         if not ok:
             raise CallFailed(value)

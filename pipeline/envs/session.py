@@ -178,7 +178,7 @@ class EnvSession:
             self._save_snapshot(deadline)
             self.started = Started(tuple(conversation), metadata)
         except (CallFailed, BadOutput) as exc:
-            self.started = Started((), {}, self._fail(f"init: {exc}"))
+            self.started = Started((), {}, self._fail(f"init: {_what(exc)}"))
         return self.started
 
     def step(self, action: str) -> TurnResult:
@@ -194,7 +194,7 @@ class EnvSession:
             if not result.done:
                 self._save_snapshot(deadline)
         except (CallFailed, BadOutput) as exc:
-            result = TurnResult(n, (), 0.0, True, {}, self._fail(f"step {n}: {exc}"))
+            result = TurnResult(n, (), 0.0, True, {}, self._fail(f"step {n}: {_what(exc)}"))
         self.history.append(Turn(str(action), result))
         if result.done:
             self._release()
@@ -228,7 +228,7 @@ class EnvSession:
             child.started = self.started
         except (CallFailed, BadOutput) as exc:
             label = "restore" if self.config.state == "snapshot" else "replay"
-            child.started = Started((), {}, child._fail(f"{label} to turn {turns}: {exc}"))
+            child.started = Started((), {}, child._fail(f"{label} to turn {turns}: {_what(exc)}"))
         return child
 
     def close(self) -> None:
@@ -336,6 +336,12 @@ class EnvSession:
         host, self._host = self._host, None
         if host is not None:
             host.close()
+
+
+def _what(exc: Exception) -> str:
+    if isinstance(exc, CallFailed) and exc.timed_out:
+        return f"{exc}; raise task.env.step_timeout_s if the env is slow rather than stuck"
+    return str(exc)
 
 
 def _left(deadline: float) -> float:

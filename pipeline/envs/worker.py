@@ -168,7 +168,7 @@ class _Worker:
         try:
             self.conn.send(message)
             if not self.conn.poll(timeout_s):
-                raise CallFailed(f"timed out after {timeout_s:g} s (its worker process was stopped)", timed_out=True)
+                raise CallFailed(f"timed out after {timeout_s:.3g} s (its worker process was stopped)", timed_out=True)
             ok, value = self.conn.recv()
         except (EOFError, OSError) as exc:
             raise CallFailed(f"its worker process ended ({type(exc).__name__})") from None
