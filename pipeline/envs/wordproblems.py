@@ -167,7 +167,7 @@ class WordProblemEnv:
         reward = 1.0 if right else self.format_score if answer is not None else 0.0
         done = right or self.turns >= self.max_turns
         observations = [] if done else [{"role": "user", "content": self._again(answer)}]
-        return {"observations": observations, "reward": round(reward, 6), "done": done,
+        return {"observations": observations, "reward": reward, "done": done,
                 "metadata": {"answer": answer, "correct": right}}
 
     def _again(self, answer: str | None) -> str:
