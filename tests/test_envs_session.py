@@ -18,6 +18,7 @@ class Counter:
     """A fake env: counts the actions it is given; done when it has seen ``goal`` of them."""
 
     instances = 0
+    closed_goals = []
 
     def __init__(self, env_config, extras):
         Counter.instances += 1
@@ -36,7 +37,7 @@ class Counter:
                 "reward": 0.5 * len(self.seen), "done": done, "metadata": {"n": len(self.seen)}}
 
     def close(self):
-        self.closed = True
+        Counter.closed_goals.append(self.goal)
 
 
 class SnapCounter(Counter):
@@ -224,3 +225,19 @@ def test_sessions_are_separate_instances_and_closed():
         s.step("x")
     assert Counter.instances == 3 and run.episodes == 3 and run.failures == 0
     assert isinstance(sessions[0], EnvSession)
+
+
+def test_the_instance_is_closed_when_the_episode_ends_or_is_closed():
+    Counter.closed_goals = []
+    run = runner()
+    done = run.session({"reward_spec": {"ground_truth": 1}})
+    done.start(PROMPT)
+    done.step("a")  # done: closed in the background, without delaying the step
+    open_ = run.session({"reward_spec": {"ground_truth": 7}})
+    open_.start(PROMPT)
+    open_.close()  # explicit: closed before close() returns
+    assert 7 in Counter.closed_goals
+    deadline = time.monotonic() + 5
+    while 1 not in Counter.closed_goals and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(Counter.closed_goals) == [1, 7]

@@ -74,8 +74,9 @@ class Host(Protocol):
         """``getattr(instance, name, None)``."""
         ...
 
-    def close(self) -> None:
-        """Call the instance's ``close()`` if it has one, then release the host. Never raises."""
+    def close(self, wait: bool = True) -> None:
+        """Call the instance's ``close()`` if it has one, then release the host. Never raises.
+        ``wait``: return once done (at most ``CLOSE_TIMEOUT_S``); else at once, closing in the background."""
         ...
 
 
@@ -105,12 +106,16 @@ class ThreadHost:
     def get(self, name: str, timeout_s: float) -> Any:
         return self._run(lambda: getattr(self._env, name, None), timeout_s)
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         if not self.alive:
             return
+        closer = getattr(self._env, "close", None) if self._env is not None else None
         try:
-            if self._env is not None and callable(getattr(self._env, "close", None)):
-                self._run(self._env.close, CLOSE_TIMEOUT_S)
+            if callable(closer):
+                if wait:
+                    self._run(closer, CLOSE_TIMEOUT_S)
+                else:  # the host's thread runs it after whatever it is doing, and then ends
+                    self._jobs.put((closer, [], threading.Event()))
         except CallFailed:
             pass  # a close that fails or hangs loses nothing the episode needs
         finally:

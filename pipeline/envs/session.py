@@ -21,7 +21,9 @@ never sets done             ``not done after max_turns=8 ...``; when the env its
 ==========================  ===============================================================
 
 A session method returns within ``task.env.step_timeout_s`` plus a short grace (``fork``
-within that per replayed step); in process isolation a worker's start-up comes before it.
+within that per replayed step; ``close`` within ``hosts.CLOSE_TIMEOUT_S``); in process
+isolation a worker's start-up comes before it. An episode that ends (done or failed) closes
+its instance in the background.
 Using a session wrongly (``step`` before ``start`` or after the episode ended, forking at a
 turn the episode never reached) is the caller's bug and raises ``RuntimeError`` / ``ValueError``.
 
@@ -197,7 +199,7 @@ class EnvSession:
             result = TurnResult(n, (), 0.0, True, {}, self._fail(f"step {n}: {_what(exc)}"))
         self.history.append(Turn(str(action), result))
         if result.done:
-            self._release()
+            self._release(wait=False)  # within this call's bound: the instance closes in the background
         return result
 
     def fork(self, turns: int) -> "EnvSession":
@@ -232,7 +234,8 @@ class EnvSession:
         return child
 
     def close(self) -> None:
-        """Release the instance (its ``close()``, bounded); idempotent, never raises."""
+        """Release the instance (its ``close()``, at most ``hosts.CLOSE_TIMEOUT_S``); idempotent, never raises.
+        An episode that ended (done or failed) has already released it."""
         self._release()
 
     # -- what the caller reads ---------------------------------------------------------------
@@ -326,16 +329,22 @@ class EnvSession:
     def _fail(self, what: str) -> str:
         self.error = f"{self.runner.name} {what}"
         self.runner.count(failed=True)
-        self._release()
+        self._release(wait=False)
         return self.error
 
     def _last_good(self) -> int:
         return next((k for k, t in enumerate(self.history) if t.result.error), len(self.history))
 
-    def _release(self) -> None:
+    def _release(self, wait: bool = True) -> None:
         host, self._host = self._host, None
         if host is not None:
-            host.close()
+            host.close(wait)
+
+    def __del__(self) -> None:
+        try:
+            self._release(wait=False)  # a session dropped unclosed does not keep its thread or worker
+        except Exception:
+            pass
 
 
 def _what(exc: Exception) -> str:

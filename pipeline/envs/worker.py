@@ -109,12 +109,18 @@ class ProcessHost:
     def get(self, name: str, timeout_s: float) -> Any:
         return self._request(("get", name), timeout_s)
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         if not self.alive or self._worker is None:
             self.alive = False
             return
         worker, self._worker = self._worker, None
         self.alive = False
+        if wait:
+            self._drop(worker)
+        else:  # the worker goes back to the pool once its instance is closed
+            threading.Thread(target=self._drop, args=(worker,), name="env-worker-drop", daemon=True).start()
+
+    def _drop(self, worker: "_Worker") -> None:
         try:
             worker.request(("drop", None), CLOSE_TIMEOUT_S)
         except CallFailed:
