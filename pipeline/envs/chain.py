@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from pipeline.config.build import build, require
@@ -248,7 +248,3 @@ def near_miss(right: int, rng: random.Random) -> int:
         if wrong >= 0 and wrong != right:
             return wrong
 
-
-def settings_dict(settings: ChainSettings) -> dict[str, Any]:
-    """The settings as a plain ``env_config`` mapping."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(settings).items()}
