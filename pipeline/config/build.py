@@ -45,15 +45,18 @@ def build(cls: type[T], data: dict[str, Any] | None, path: str = "") -> T:
     data = dict(data or {})
     if not isinstance(data, dict):
         raise ConfigError(f"{path or 'config'} must be a mapping, got {type(data).__name__}")
+    renamed = getattr(cls, "YAML_KEYS", {})  # a YAML key that is a Python keyword (class) -> its field
+    data = {renamed.get(k, k): v for k, v in data.items()}
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     hints = typing.get_type_hints(cls)
     for key in data:
         if key not in fields:
             foreign = foreign_hint(_join(path, key), data[key])  # a TRL or verl name first
-            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            names = sorted({v: k for k, v in renamed.items()}.get(f, f) for f in fields)
+            close = difflib.get_close_matches(str(key), names, n=1)
             hint = f"; {foreign}" if foreign else f"; did you mean '{_join(path, close[0]).rsplit('.', 1)[-1]}'?" if close else ""
             raise ConfigError(
-                f"unknown key '{_join(path, key)}'{hint} (valid keys: {', '.join(sorted(fields))})"
+                f"unknown key '{_join(path, key)}'{hint} (valid keys: {', '.join(names)})"
             )
     kwargs = {key: _coerce(hints[key], value, _join(path, key)) for key, value in data.items()}
     try:
@@ -67,7 +70,8 @@ def build(cls: type[T], data: dict[str, Any] | None, path: str = "") -> T:
 def to_dict(obj: Any) -> Any:
     """The plain-dict form of a config (what a YAML file of it would hold)."""
     if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        yaml_key = {v: k for k, v in getattr(obj, "YAML_KEYS", {}).items()}
+        return {yaml_key.get(f.name, f.name): to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, (list, tuple)):
         return [to_dict(v) for v in obj]
     if isinstance(obj, dict):

@@ -4,6 +4,7 @@
 ``arithmetic``     multi-digit addition (and - *), answers written backwards
 ``countdown``      reach a target from 2-4 numbers; safe expression checker
 ``dataset``        JSONL / Parquet rows (prompt/answer fields configurable)
+``env``            multi-turn episodes against an environment (``pipeline.envs``)
 =================  ===========================================================
 
 >>> task = build_task(TaskConfig(name="arithmetic"))
@@ -28,12 +29,14 @@ if TYPE_CHECKING:
     from pipeline.tasks.base import Problem, Task, stable_hash
     from pipeline.tasks.countdown import CountdownTask
     from pipeline.tasks.dataset import DatasetError, DatasetTask, LoadReport, load_problems
+    from pipeline.tasks.env import EnvTask
 
 _LAZY = {
     "ArithmeticTask": "arithmetic",
     "CountdownTask": "countdown",
     "DatasetError": "dataset",
     "DatasetTask": "dataset",
+    "EnvTask": "env",
     "LoadReport": "dataset",
     "load_problems": "dataset",
     "Problem": "base",
@@ -67,8 +70,12 @@ def build_task(cfg: TaskConfig) -> Task:
         task = CountdownTask(**asdict(cfg.countdown), eval_share=cfg.eval_share)
     elif cfg.name == "dataset":
         task = DatasetTask(**asdict(cfg.dataset), eval_share=cfg.eval_share)
+    elif cfg.name == "env":
+        from pipeline.tasks.env import EnvTask
+
+        task = EnvTask(cfg.env, eval_share=cfg.eval_share)
     else:
-        raise ValueError(f"task.name={cfg.name!r} is unknown; choose arithmetic, countdown or dataset")
+        raise ValueError(f"task.name={cfg.name!r} is unknown; choose arithmetic, countdown, dataset or env")
     task.success_threshold = cfg.success_threshold
     return task
 
@@ -81,6 +88,7 @@ __all__ = [
     "DatasetConfig",
     "DatasetError",
     "DatasetTask",
+    "EnvTask",
     "LoadReport",
     "Problem",
     "Task",

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pipeline.config.build import require
+from pipeline.envs.config import EnvConfig
 
 BUILTIN_REWARDS = ("math_verify", "exact", "numeric")
 USER_REWARD = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")  # module:function
@@ -141,7 +142,7 @@ class DatasetConfig:
 class TaskConfig:
     """Which task the policy is trained and evaluated on."""
 
-    name: Literal["arithmetic", "countdown", "dataset"] = "arithmetic"
+    name: Literal["arithmetic", "countdown", "dataset", "env"] = "arithmetic"
     """The task; its settings are in the section of the same name."""
     eval_share: float = 0.1
     """Share of the problem space held out for evaluation (disjoint from training by hash)."""
@@ -155,6 +156,8 @@ class TaskConfig:
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
     countdown: CountdownConfig = field(default_factory=CountdownConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """``task.name: env``: multi-turn episodes against an environment (pipeline/envs/, docs/envs.md)."""
 
     def lengths(self, min_len: int) -> tuple[int, int] | None:
         """``(orchestrator.max_tokens, model.max_len)`` that fit this task on the project's model:
