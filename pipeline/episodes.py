@@ -38,6 +38,7 @@ from pipeline.actions import CloseEpisode, ForkEpisode, Start
 from pipeline.config.sections import EpisodeSettings
 from pipeline.messages import TurnDone
 from pipeline.metrics import Budget
+from pipeline.seeding import derive_seed
 from pipeline.types import FinishReason, SampleFinished, SampleRequest, ScoredSample, Turns, TurnPoint
 
 
@@ -112,7 +113,10 @@ class EpisodeBook:
         episode = self._episodes[episode_key(request)]
         prompt = dataclasses.replace(episode.request.prompt, token_ids=episode.context())
         episode.current = f"{episode_key(request)}-t{episode.turns}"
-        return dataclasses.replace(request, request_id=episode.current, prompt=prompt, branch=None)
+        params = request.params
+        if params.seed is not None:  # each turn its own draws (the same seed would repeat the first turn's)
+            params = dataclasses.replace(params, seed=derive_seed(params.seed, "turn", episode.turns))
+        return dataclasses.replace(request, request_id=episode.current, prompt=prompt, params=params, branch=None)
 
     def turn_done(self, request: SampleRequest, finished: SampleFinished, observation: tuple[int, ...], reward: float,
                   done: bool, error: str = "") -> ScoredSample | None:
@@ -197,24 +201,27 @@ class Episodes:
         return TurnPoint(key, episode.turns, len(episode.tokens), float(msg.reward), len(msg.observation),
                          tuple(episode.rewards))
 
-    def abandon(self, request_id: str, out: list) -> None:
-        """The episode of a running turn (or of one its environment is answering) was abandoned
-        with its group: its environment closes now (what is still on its way counts as aborted)."""
+    def abandon(self, request_id: str, streaming: bool, out: list) -> bool:
+        """The episode of ``request_id`` was abandoned with its group: its environment closes.
+        One whose turn is ``streaming`` is counted by its stream's cut; one whose environment is
+        answering is counted aborted here -- True: its engine slot is free now (its answer,
+        when it comes, is dropped)."""
         key = request_id.split("-t")[0]
-        if self.book.get(key) is not None:
-            self.book.drop_key(key)
-            out.append(CloseEpisode(key))
+        if self.book.get(key) is None:
+            return False
+        self.book.drop_key(key)
+        out.append(CloseEpisode(key))
+        if streaming:
+            return False
+        self.budget.rollouts_aborted += 1
+        return True
 
     def stop(self, streaming: Container[str], out: list) -> None:
         """The run is over: every episode's environment closes; an episode between two turns
-        (its environment answering) is cut now, one still streaming a turn by the engine's close."""
+        (its environment answering) is cut now, one still streaming a turn by the engine's close
+        (the ledger counts whatever its stream still brings as that cut)."""
         for key, episode in self.book.items():
             if episode.current not in streaming:
                 self.budget.rollouts_aborted += 1
             self.book.drop_key(key)
             out.append(CloseEpisode(key))
-
-    def cut(self, request: SampleRequest, out: list) -> None:
-        """The environment answered a turn of an abandoned episode: the episode was cut."""
-        self.budget.rollouts_aborted += 1
-        self.abandon(request.request_id, out)

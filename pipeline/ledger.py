@@ -16,7 +16,8 @@ Counting rules (the same for a task per sample and for a multiplexer):
   tokens it adds beyond the deltas (a branch's prefix was paid for by its source);
 * a cancelled sample's final event: one that completed (it ended in the engine before the abort
   reached it) is a finished straggler, scored and then dropped by the tracker; anything else, or
-  a stream cut without one, counts as aborted and frees its engine slot.
+  a stream cut without one, counts as aborted and frees its engine slot. A cancelled episode's
+  turn always counts as aborted: the episode was abandoned, whatever its turn did.
 """
 
 from __future__ import annotations
@@ -69,6 +70,11 @@ class SampleLedger:
     def started(self, group: GroupRun, request: SampleRequest) -> None:
         self.running[request.request_id] = Running(group, request)
 
+    def cancel_all(self) -> None:
+        """The run is over: what any stream still brings counts as its cut."""
+        for run in self.running.values():
+            run.cancelled = True
+
     def cancelled(self, request_id: str) -> None:
         run = self.running.get(request_id)
         if run is not None:
@@ -99,8 +105,8 @@ class SampleLedger:
         run = self.running.pop(final.request_id, None)
         if run is None:
             return
-        if run.cancelled and not final.finish_reason.is_success:
-            self._count_abort(run, final)
+        if run.cancelled and (self.episodic or not final.finish_reason.is_success):
+            self._count_abort(run, final)  # an abandoned episode ends here, whatever its turn did
             return
         self._ended(run, final)
         out.append(self._answer(run.request, final))

@@ -233,6 +233,7 @@ class GroupTracker:
             self._stopped = True
             if self.episodes is not None:
                 self.episodes.stop(self.ledger.running, self._out)
+                self.ledger.cancel_all()
             self._out.append(Stop(self.stop_reason))
 
     # --- admission and launches ----------------------------------------------------------
@@ -307,9 +308,7 @@ class GroupTracker:
         and is decided on as a scored sample (``pipeline.episodes``)."""
         request = msg.request
         group = self._groups.get(request.group_id)
-        if group is None or group.closed:  # its group was abandoned while the environment stepped
-            self.episodes.cut(request, self._out)
-            self.launches.in_flight -= 1
+        if group is None or group.closed:  # abandoned while the environment answered: counted then
             return
         group.in_flight.pop(request.request_id, None)
         scored = self.episodes.turn_done(msg, self._out)
@@ -370,8 +369,9 @@ class GroupTracker:
         for request_id in group.in_flight:
             self.ledger.cancelled(request_id)
             self._out.append(Cancel(request_id))
-            if self.episodes is not None:
-                self.episodes.abandon(request_id, self._out)
+            if self.episodes is not None and self.episodes.abandon(request_id, request_id in self.ledger.running,
+                                                                     self._out):
+                self.launches.in_flight -= 1
         effective = False
         if committed:
             shipped = group.committed()

@@ -139,13 +139,13 @@ class _AbandonAtFirstEnd(UniformGate):
 
 
 def test_an_abandoned_group_closes_its_episodes_and_counts_each_once():
-    """One episode waits for its environment, one is generating a turn, when the group is abandoned."""
+    """Two episodes are generating a turn when the group is abandoned: one's turn completes
+    anyway, the other's stream is cut; each is counted aborted once."""
     h = Harness(group_size=3, gate=_AbandonAtFirstEnd(PromptPool([Prompt(i, "", (1, 2)) for i in range(8)], seed=0), 3))
     a, b, c = h.start()
     h.answer(h.finish_turn(a), done=True)  # a ends; the gate abandons the group
-    pending = h.finish_turn(b)  # b's turn finished: its environment answers after the abandon
     assert "g0-s1" in h.closed and "g0-s2" in h.closed
-    h.tracker.handle(TurnDone(pending.request, pending.finished, (5,), 0.0, False))  # b: cut, counted once
+    assert h.tracker.handle(SampleFinished(b.request.request_id, (7,), (0.0,), FinishReason.STOP, 0)) == ()  # cut
     h.tracker.handle(StreamCut(c.request.request_id, tokens=2))  # c's turn was streaming: the shell cut it
     budget = h.tracker.budget
     assert (budget.rollouts_finished, budget.rollouts_aborted, budget.rollouts_failed) == (1, 2, 0)
@@ -160,6 +160,16 @@ class _BranchAtFirstBoundary(NoopController):
             return [GroupAction(ActionKind.LAUNCH, snapshot.group_id, n=1, origin=7,
                                 branch=BranchSpec(point.key, point.prefix_len, turns=point.turns))]
         return []
+
+
+def test_an_episode_abandoned_while_its_environment_answers_is_counted_then():
+    h = Harness(group_size=2, gate=_AbandonAtFirstEnd(PromptPool([Prompt(i, "", (1, 2)) for i in range(8)], seed=0), 2))
+    a, b = h.start()
+    waiting = h.finish_turn(b)  # b's environment is answering ...
+    h.answer(h.finish_turn(a), done=True)  # ... when a ends and the gate abandons the group
+    assert h.tracker.budget.rollouts_aborted == 1 and "g0-s1" in h.closed
+    assert h.tracker.handle(TurnDone(waiting.request, waiting.finished, (5,), 0.0, False)) == ()  # dropped
+    assert h.tracker.budget.rollouts_aborted == 1
 
 
 def test_a_turn_branch_forks_the_environment_and_starts_from_the_source_context():
