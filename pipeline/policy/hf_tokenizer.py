@@ -35,18 +35,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pipeline.policy.tokenizer import TokenizerError
-
-Messages = list  # [{"role": ..., "content": ...}, ...]
-
-
-def is_messages(prompt: Any) -> bool:
-    """True when ``prompt`` is a list of chat messages (dicts with ``role`` and ``content``).
-
-    >>> is_messages([{"role": "user", "content": "2+2?"}]), is_messages("2+2?")
-    (True, False)
-    """
-    return (isinstance(prompt, (list, tuple)) and len(prompt) > 0
-            and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt))
+from pipeline.tasks.base import Messages, is_messages
 
 
 class HFTokenizer:

@@ -27,10 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, Sequence
 
-from pipeline.policy.hf_tokenizer import is_messages
 from pipeline.tasks.rewards.user import DatasetRow, UserReward, is_user_reward, load_reward_function
 from pipeline.tasks.rewards.base import TextReward
-from pipeline.tasks.base import Problem, Split, Task
+from pipeline.tasks.base import Problem, Split, Task, is_messages
 from pipeline.types import Prompt
 
 log = logging.getLogger(__name__)
