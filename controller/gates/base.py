@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.config import check_group_sizes
 from controller.gates.common import GroupRecord, Verdicts
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector, as_selector
@@ -31,13 +30,15 @@ from pipeline.types import GroupAction, GroupSnapshot, Prompt, TrainBatch
 
 
 class BaseGate(Gate):
-    """Shared state and lifecycle of the gates in ``controller.gates`` (not a gate by itself)."""
+    """Shared state and lifecycle of the gates in ``controller.gates`` (not a gate by itself).
+
+    ``group_size`` (and a subclass's ``batch_groups``) are the orchestrator's; their ranges are
+    checked once, by ``OrchestratorConfig``, and not again here."""
 
     name = "gate"
     Record: type[GroupRecord] = GroupRecord
 
     def __init__(self, source: PromptPool | PromptSelector, group_size: int):
-        check_group_sizes(group_size, batch_groups=1)
         self.source = as_selector(source)
         self.group_size = group_size
         self._groups: dict[int, GroupRecord] = {}

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.allocation import hora_allocate
-from controller.config import HoraConfig, check_group_sizes
+from controller.config import HoraConfig
 from controller.gates.base import BaseGate
 from controller.gates.common import GroupRecord, abandon, commit, hold, launch, too_many_failures
 from controller.prompts import PromptPool
@@ -79,7 +79,6 @@ class HoraGate(BaseGate):
         self, source: PromptPool | PromptSelector, group_size: int, batch_groups: int, config: HoraConfig = HoraConfig()
     ):
         super().__init__(source, group_size)
-        check_group_sizes(group_size, batch_groups)
         config.check_sizes(group_size, batch_groups)
         self.config = config
         self.batch_groups = batch_groups

@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from controller.config import check_group_sizes
 from controller.gates.base import BaseGate
 from controller.gates.common import GroupRecord, StepQuota
 from controller.prompts import PromptPool
@@ -104,7 +103,6 @@ class RoundGate(BaseGate):
         initial_size: int,
     ):
         super().__init__(source, group_size)
-        check_group_sizes(group_size, batch_groups)
         self.batch_groups = batch_groups
         self.max_rounds = max_rounds
         self.on_round_cap = on_round_cap
