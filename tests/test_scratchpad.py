@@ -23,7 +23,8 @@ def test_format_round_trip(task):
         prompt_text, target = task.sft_example(problem)
         prompt = task.to_prompt(problem, tok.encode_prompt)
         steps, answer = target.rsplit(ANSWER_MARK, 1)
-        assert final_answer(target) == answer and steps.count(STEP_SEP) >= 0
+        assert final_answer(target) == answer
+        assert all("=" in step for step in steps.split(STEP_SEP))  # the work is there: one equation a step
         assert tok.decode(tok.encode_response(target)) == target
         assert task.score(prompt, target) == 1.0
         assert task.scorer(tok.decode)(prompt, tok.encode_response(target)) == 1.0
