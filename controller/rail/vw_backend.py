@@ -28,8 +28,6 @@ This is the only module that imports vowpalwabbit.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
 import re
 import tempfile
@@ -40,9 +38,10 @@ import pylibvw  # vowpalwabbit's native module; its wheel installs it next to th
 import vowpalwabbit
 
 from controller.rail.arms import Arm
-from controller.rail.bandit import (BanditLearner, ControllerStateError, Decision, inverse_gap_weighting,
+from controller.rail.bandit import (BanditLearner, Decision, inverse_gap_weighting,
                                     inverse_gap_weighting_rows)
 from controller.rail.features import Context
+from controller.rail.state import pack_blob, unpack_blob
 from controller.rail.vw_snapshot import LinearSnapshot
 
 _BAD = re.compile(r"[\s:|]")
@@ -288,26 +287,14 @@ class VWLearner(BanditLearner):
             self._vw.save(path)
             with open(path, "rb") as f:
                 blob = f.read()
-        state = {
-            "args": self._args,
-            "model": base64.b64encode(blob).decode("ascii"),
-            "sha256": hashlib.sha256(blob).hexdigest(),
-        }
+        text, digest = pack_blob(blob)
+        state = {"args": self._args, "model": text, "sha256": digest}
         if self.snapshot is not None:
             state["snapshot"] = self.snapshot.state()
         return state
 
     def _load(self, state: dict[str, Any]) -> None:
-        try:
-            blob = base64.b64decode(state["model"], validate=True)
-        except (ValueError, TypeError) as exc:
-            raise ControllerStateError(f"vw learner state: the model is not valid base64 ({exc}); the state is corrupt") from exc
-        # VW loads a truncated model silently as an untrained one, so the checksum is the only guard.
-        if hashlib.sha256(blob).hexdigest() != state["sha256"]:
-            raise ControllerStateError(
-                "vw learner state: the model's checksum does not match (the state file is truncated or "
-                "edited); delete it or restore an intact copy"
-            )
+        blob = unpack_blob(state["model"], state["sha256"], "the vw learner state's model")
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "model.vw")
             with open(path, "wb") as f:
