@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.gates.common import GroupRecord, Verdicts
+from controller.gates.common import GroupRecord, Verdicts, abandon
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector, as_selector
 from pipeline.protocols import Gate
@@ -48,6 +48,12 @@ class BaseGate(Gate):
         self._unnumbered: list[GroupRecord] = []
 
     # --- shared lifecycle ---------------------------------------------------------------
+
+    def _abandon_failed(self, group_id: int) -> list[GroupAction]:
+        """Abandon a group the engine keeps failing (``common.too_many_failures``), counted as
+        the ``abandon_failures`` verdict."""
+        self._verdicts.add("abandon_failures")
+        return [abandon(group_id, "failures")]
 
     def _open(self, group_id: int, prompt: Prompt, **fields: Any) -> GroupRecord:
         """Record a group ``admit`` is planning (``fields``: the subclass record's own)."""

@@ -130,8 +130,7 @@ class HoraGate(BaseGate):
             if too_many_failures(snapshot):
                 rec.phase = "abandoned"
                 self._batch["to_open"] += 1  # a fresh prompt takes its place in the batch
-                self._verdicts.add("abandon_failures")
-                return [abandon(gid, "failures")]
+                return self._abandon_failed(gid)
             return [launch(gid, self.probe_size - snapshot.finished, "replace failed")]
         rec.phase = "wait"
         self._batch["ready"].append(gid)

@@ -136,8 +136,7 @@ class OracleGate(BaseGate):
         if rec.sealed:
             return []
         if too_many_failures(snapshot):
-            self._verdicts.add("abandon_failures")
-            return [abandon(snapshot.group_id, "failures")]
+            return self._abandon_failed(snapshot.group_id)
         if snapshot.in_flight > 0 or snapshot.finished + snapshot.failed < snapshot.launched:
             return []  # judge the whole group
         if snapshot.is_mixed:

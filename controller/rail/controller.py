@@ -92,7 +92,8 @@ class RailController:
         self.behaviour = build_behaviour(config, derive_seed(seed, "rail", "behaviour"))
         self.decider = Decider(config, self.learner, self.behaviour, derive_seed(seed, "rail", "decider"))
         self.counts: Counter[str] = Counter()
-        self.outcomes = Outcomes(config, sink, self.learner, self.counts, seed, run_id, self._clock)
+        self.outcomes = Outcomes(config, sink, self.learner, self.counts, frozen_seed=derive_seed(seed, "rail", "frozen"),
+                                 run_id=run_id, clock=self._clock)
         """Rewards, learning, the frozen copy and promotion (``controller.rail.outcomes``)."""
         # Token hooks are needed for token decisions, and to know prefixes for group-level branches.
         self.wants_tokens = bool(config.token_decisions or self._branch_arms)

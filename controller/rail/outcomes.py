@@ -13,7 +13,7 @@ teaches the learner, compares the learner's gain prediction with the frozen copy
 >>> from controller.rail.config import RailConfig
 >>> from controller.rail.learners import build_learner
 >>> cfg = RailConfig(mode="shadow", backend="river")
->>> outcomes = Outcomes(cfg, NullSink(), build_learner(cfg, 0), Counter(), seed=0)
+>>> outcomes = Outcomes(cfg, NullSink(), build_learner(cfg, 0), Counter(), frozen_seed=1, run_id="", clock=lambda: 0.0)
 >>> outcomes.mode, outcomes.frozen is None, outcomes.metrics()["controller/live"]
 ('shadow', True, 0.0)
 """
@@ -21,7 +21,6 @@ teaches the learner, compares the learner's gain prediction with the frozen copy
 from __future__ import annotations
 
 import math
-import time
 from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -35,7 +34,6 @@ from controller.rail.promotion import Evidence, Promoter, WindowEntry
 from controller.rail.records import evidence_metrics, switch_record
 from controller.rail.reward import decision_reward
 from pipeline.protocols import DecisionSink
-from pipeline.seeding import derive_seed
 from pipeline.types import GroupSnapshot
 
 
@@ -76,8 +74,10 @@ class Outcomes:
         The controller's learner: it learns every settled decision.
     counts
         The controller's counters (``outcomes`` is counted here).
-    seed, run_id, clock
-        Run seed (the frozen copy's seed derives from it); stamped on switch records.
+    frozen_seed
+        The frozen copy's seed.
+    run_id, clock
+        Stamped on switch records (``clock``: the controller's, engine time or wall time).
     """
 
     RECENT = 1000
@@ -89,17 +89,13 @@ class Outcomes:
         sink: DecisionSink,
         learner: BanditLearner,
         counts: Counter[str],
-        seed: int,
-        run_id: str = "",
-        clock: Callable[[], float] | None = None,
+        *,
+        frozen_seed: int,
+        run_id: str,
+        clock: Callable[[], float],
     ):
-        self.config = config
-        self.sink = sink
-        self.learner = learner
-        self.counts = counts
-        self.seed = seed
-        self.run_id = run_id
-        self._clock = clock or time.time
+        self.config, self.sink, self.learner, self.counts = config, sink, learner, counts
+        self.frozen_seed, self.run_id, self._clock = frozen_seed, run_id, clock
         self.promoter = Promoter(
             config.evaluate_every, config.min_decisions, config.window, config.confidence,
             config.weight_clip, config.mode, config.auto_promote,
@@ -137,7 +133,7 @@ class Outcomes:
         self.learner.learn_one(d.context, d.acted, reward)
         self.gain_errors.add(d.online_gain, frozen_gain, reward)
         if self.frozen is None and self.learner.learned >= self.config.warmup_decisions:
-            self.frozen = clone_learner(self.learner, self.config, self._frozen_seed)
+            self.frozen = clone_learner(self.learner, self.config, self.frozen_seed)
         entry = WindowEntry(reward, d.acted.propensity, d.other_prob, d.online_gain, d.q_other)
         evidence = self.promoter.record(entry)
         if evidence is not None:
@@ -158,10 +154,6 @@ class Outcomes:
                                policy_version, manual)
         self.sink.log_decision(record)
 
-    @property
-    def _frozen_seed(self) -> int:
-        return derive_seed(self.seed, "rail", "frozen")
-
     # --- reporting and state ---------------------------------------------------------------
 
     def metrics(self) -> dict[str, float]:
@@ -181,4 +173,4 @@ class Outcomes:
     def frozen_from_state(self, state: dict[str, Any] | None) -> BanditLearner | None:
         """The frozen copy saved as ``state`` (``state_dict()["frozen"]``), not installed yet: a
         controller checks every part of its state before it changes any."""
-        return None if state is None else learner_from_state(state, self.config, self._frozen_seed)
+        return None if state is None else learner_from_state(state, self.config, self.frozen_seed)

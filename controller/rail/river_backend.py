@@ -11,16 +11,8 @@ Each arm's model sees the shared features plus the arm's own (its expected cost 
 the context). The no-op's gain is 0 by construction, so it has no model and is never learned.
 Tracking a drifting policy: plain SGD with a constant step, so old decisions fade out.
 
-This is the only module that imports river.
-
->>> from controller.rail.arms import build_arms
->>> from controller.rail.config import RailConfig
->>> from controller.rail.features import Context
->>> learner = RiverLearner(seed=1)
->>> ctx = Context.build("token", {"x": 1.0, "length_estimate": 0.1}, build_arms(RailConfig())[:3])
->>> d = learner.predict_one(ctx)
->>> learner.learn_one(ctx, d, reward=0.2); learner.learned, learner.predict_gains(ctx)[0]
-(1, 0.0)
+This is the only module that imports river. ``controller.rail.learners`` builds it from the
+config, with an example of both backends.
 """
 
 from __future__ import annotations

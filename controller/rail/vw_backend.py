@@ -12,18 +12,8 @@ instead of decaying it, so recent decisions keep their weight as the RL policy m
 VW's regressor has no Huber loss (the paper's choice); it uses squared loss, and the river
 backend offers Huber.
 
-This is the only module that imports vowpalwabbit.
-
->>> from controller.rail.arms import build_arms
->>> from controller.rail.config import RailConfig
->>> from controller.rail.features import Context
->>> learner = VWLearner(seed=1)
->>> ctx = Context.build("token", {"x": 1.0, "length_estimate": 0.1}, build_arms(RailConfig())[:3])
->>> d = learner.predict_one(ctx)
->>> len(d.probabilities), round(sum(d.probabilities), 6), 0 < d.propensity <= 1
-(3, 1.0, True)
->>> learner.learn_one(ctx, d, reward=0.2); learner.learned
-1
+This is the only module that imports vowpalwabbit. ``controller.rail.learners`` builds it from
+the config, with an example of both backends.
 """
 
 from __future__ import annotations
