@@ -364,8 +364,10 @@ class GateConfig:
     @property
     def section(self) -> DsConfig | PilotCommitConfig | HoraConfig | SaraConfig | None:
         """The settings of ``kind`` (``sara`` for ``sara_dps`` too); None for a gate without any."""
-        return {"ds": self.ds, "pilot_commit": self.pilot_commit, "hora": self.hora, "sara": self.sara,
-                "sara_dps": self.sara}.get(self.kind)
+        sections: dict[str, DsConfig | PilotCommitConfig | HoraConfig | SaraConfig] = {
+            "ds": self.ds, "pilot_commit": self.pilot_commit, "hora": self.hora, "sara": self.sara, "sara_dps": self.sara,
+        }
+        return sections.get(self.kind)
 
     def check_sampling(self, temperature: float, top_p: float) -> None:
         """The rules that tie this gate's settings to the orchestrator's sampling settings

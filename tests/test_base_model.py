@@ -16,9 +16,9 @@ from pipeline.policy.models import (
     load_model,
     save_model,
 )
-from pipeline.tasks import ArithmeticTask, TaskConfig
 from pipeline.policy.tokenizer import VOCAB_FILE, CharTokenizer
 from pipeline.policy.warmstart import IGNORE, measure_policy, sample_groups, sequence_mean_loss, sft_batch, warm_start
+from pipeline.tasks import ArithmeticTask, TaskConfig
 
 torch.set_num_threads(1)
 

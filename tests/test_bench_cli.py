@@ -7,6 +7,7 @@ import subprocess
 
 from run_helpers import cli
 
+
 def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return cli(*args, timeout=timeout)
 

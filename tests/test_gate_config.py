@@ -7,11 +7,11 @@ import dataclasses
 import inspect
 
 import pytest
+from gate_harness import pool_of
 
 import controller.config as config_module
 from controller.config import GateConfig
 from controller.gates.registry import GATE_KINDS, build_gate
-from gate_harness import pool_of
 from pipeline.config.build import ConfigError, apply_overrides, build
 from pipeline.config.sections import OrchestratorConfig
 

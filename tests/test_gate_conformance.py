@@ -10,13 +10,13 @@ import textwrap
 
 import numpy as np
 import pytest
+from gate_harness import GateHarness, HarnessConfig, ProtocolViolation, checkpoint_roundtrip
 
 from controller.config import GateConfig
 from controller.gates.registry import GATE_KINDS, build_gate
 from controller.prompts import PromptPool
 from pipeline.protocols import Gate
 from pipeline.types import GroupSnapshot, Prompt, TrainBatch
-from gate_harness import GateHarness, HarnessConfig, ProtocolViolation, checkpoint_roundtrip
 
 
 def probabilities(n: int, seed: int = 0) -> dict[int, float]:

@@ -12,8 +12,8 @@ import time
 import anyio
 import pytest
 import torch
+from engine_models import counting_prompt, module_engine_fixtures, read_all, tiny_gpt2
 
-from engine_models import counting_prompt, read_all, module_engine_fixtures, tiny_gpt2
 from pipeline.engines.base import EngineError
 from pipeline.types import FinishReason, SampleFinished, SampleRequest, SamplingParams, TokenDelta
 

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import anyio
 import pytest
+from gate_harness import admit, pool_of
+from run_helpers import TORCH_SMALL, cli
 
 from controller.config import GateConfig, SaraConfig
 from controller.gates.sara import MAX_SKIPS, SaraGate
 from controller.posterior import effective_probability
 from controller.prompts import PromptPool
 from controller.reference import ReferenceScreen
-from gate_harness import admit, pool_of
-from run_helpers import TORCH_SMALL, cli
 from pipeline.config.build import ConfigError
 from pipeline.tasks.arithmetic import ArithmeticTask
 from pipeline.types import FinishReason, Prompt, Rollout
@@ -171,11 +171,11 @@ def test_the_learners_likelihood_of_a_response_is_how_often_the_engine_samples_i
     """The claim the prior rests on: exp(summed learner log-probs) is the engine's sampling
     probability at temperature 1 (here of a two-token response, over 4,000 samples)."""
     import torch
+    from torch_models import request, tiny_gpt2
 
     from learner.config import LearnerConfig
     from learner.torch_learner import TorchLearner
     from pipeline.engines.torch_engine import TorchEngine
-    from torch_models import request, tiny_gpt2
 
     torch.manual_seed(0)
     model = tiny_gpt2()

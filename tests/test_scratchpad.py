@@ -2,11 +2,11 @@
 
 import pytest
 
+from configs import CONFIG_DIR
 from pipeline.config.build import ConfigError
+from pipeline.policy.tokenizer import CharTokenizer
 from pipeline.tasks import ArithmeticTask, CountdownTask, TaskConfig, build_task
 from pipeline.tasks.scratchpad import ANSWER_MARK, STEP_SEP, final_answer
-from pipeline.policy.tokenizer import CharTokenizer
-from configs import CONFIG_DIR
 from railgate.config import load_config
 
 DEFAULT = CONFIG_DIR / "default.yaml"

@@ -7,6 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config.build import ConfigError, build
+from pipeline.policy.tokenizer import CharTokenizer
 from pipeline.tasks import (
     ArithmeticTask,
     CountdownTask,
@@ -15,7 +16,6 @@ from pipeline.tasks import (
     TaskConfig,
     build_task,
 )
-from pipeline.policy.tokenizer import CharTokenizer
 
 GENERATED = [ArithmeticTask(), ArithmeticTask(ops="+-*", max_digits=3), CountdownTask(), CountdownTask(ops="+-*/")]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import anyio
 import pytest
 import torch
+from engine_models import counting_prompt, module_engine_fixtures, read_all, save_tiny_gpt2, tiny_gpt2
 
-from engine_models import counting_prompt, read_all, save_tiny_gpt2, module_engine_fixtures, tiny_gpt2
 from pipeline.engines.base import EngineError
 from pipeline.types import BranchSpec, FinishReason, Prompt, SampleFinished, SampleRequest, SamplingParams, TokenDelta
 

@@ -15,7 +15,7 @@ from controller.selectors.dps import DpsSelector
 from pipeline.types import GroupAction, GroupPlan, GroupSnapshot
 
 
-class DpsGate(BaseGate):
+class DpsGate(BaseGate[SealedRecord]):
     """Full groups, committed at once, for the prompts DPS predicts to be partly solved.
 
     Parameters

@@ -41,7 +41,7 @@ from controller.selectors import PromptSelector
 from pipeline.types import GroupAction, GroupSnapshot, TrainBatch
 
 
-class DynamicSamplingGate(RoundGate):
+class DynamicSamplingGate(RoundGate[RoundRecord]):
     """DAPO dynamic sampling with a round cap; see the module docstring.
 
     Parameters

@@ -34,8 +34,9 @@ at the price of really generating the dropped groups, so its *wall clock* is not
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +54,7 @@ class OracleRecord(SealedRecord):
     saturated_cost: list[int] | None = None
 
 
-class OracleGate(BaseGate):
+class OracleGate(BaseGate[OracleRecord]):
     """Full groups only for prompts whose simulated group draw is mixed; see the module docstring.
 
     Parameters

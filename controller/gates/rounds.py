@@ -20,7 +20,7 @@ A subclass implements ``_update`` (calling ``_count`` once a group is judged),
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from controller.gates.base import BaseGate
 from controller.gates.common import GroupRecord, StepQuota
@@ -46,7 +46,10 @@ class RoundRecord(GroupRecord):
     counted: bool = False
 
 
-class RoundGate(BaseGate):
+RR = TypeVar("RR", bound="RoundRecord")
+
+
+class RoundGate(BaseGate[RR], Generic[RR]):
     """Round bookkeeping shared by the round-based gates (not a gate by itself).
 
     Parameters
@@ -186,7 +189,7 @@ class RoundGate(BaseGate):
 
     # --- closing and checkpoint ---------------------------------------------------------
 
-    def _closed(self, group_id: int, rec: RoundRecord, committed: bool) -> None:
+    def _closed(self, group_id: int, rec: RR, committed: bool) -> None:
         if rec.verdict == "commit" and not committed:
             self._quota.uncommit()  # dropped by the orchestrator: its place in the batch is free again
         if not rec.counted and self._in_round(rec):

@@ -70,7 +70,7 @@ class SaraRecord(GroupRecord):
     b: float
 
 
-class SaraGate(BaseGate):
+class SaraGate(BaseGate[SaraRecord]):
     """Commit / abandon / continue partial groups by their odds of ending effective.
 
     Parameters

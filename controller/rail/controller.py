@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from controller.gates.common import hold
+from controller.rail import state as state_io
 from controller.rail.arms import Arm, build_arms
 from controller.rail.bandit import BanditLearner, ControllerStateError
 from controller.rail.behaviour import build_behaviour
@@ -42,10 +44,17 @@ from controller.rail.learners import build_learner
 from controller.rail.outcomes import Outcomes, PendingDecision
 from controller.rail.points import DECISIONS_AT, INTERVENTIONS_OF, QUEUED, GroupState, Point, QueuedPoint, group_point
 from controller.rail.records import decision_record, latency_metrics
-from controller.rail import state as state_io
 from pipeline.protocols import DecisionSink
 from pipeline.seeding import derive_seed
-from pipeline.types import ActionKind, BranchSpec, CommittedGroup, GroupAction, GroupSnapshot, SamplingParams, TokenDelta
+from pipeline.types import (
+    ActionKind,
+    BranchSpec,
+    CommittedGroup,
+    GroupAction,
+    GroupSnapshot,
+    SamplingParams,
+    TokenDelta,
+)
 
 __all__ = ["QUEUED", "RailController"]
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from controller.rail.bandit import BanditLearner, Decision
 from controller.rail.config import RailConfig

@@ -18,7 +18,8 @@ config, with an example of both backends.
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from river import linear_model, optim, utils
 

@@ -21,15 +21,15 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pylibvw  # vowpalwabbit's native module; its wheel installs it next to the package
 import vowpalwabbit
 
 from controller.rail.arms import Arm
-from controller.rail.bandit import (BanditLearner, Decision, inverse_gap_weighting,
-                                    inverse_gap_weighting_rows)
+from controller.rail.bandit import BanditLearner, Decision, inverse_gap_weighting, inverse_gap_weighting_rows
 from controller.rail.features import Context
 from controller.rail.state import pack_blob, unpack_blob
 from controller.rail.vw_snapshot import LinearSnapshot
@@ -233,8 +233,8 @@ class VWLearner(BanditLearner):
 
     def _from_gains(self, snapshot: LinearSnapshot, gains: list[float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
         # Every probability SquareCB gives is positive and they sum to 1, so no normalising is needed.
-        gains = tuple(gains)
-        return tuple(inverse_gap_weighting(gains, self._gamma(snapshot))), gains
+        as_tuple = tuple(gains)
+        return tuple(inverse_gap_weighting(as_tuple, self._gamma(snapshot))), as_tuple
 
     def _gamma(self, snapshot: LinearSnapshot) -> float:
         """VW's SquareCB: gamma = gamma_scale * t ** gamma_exponent, t = examples learned (0: uniform)."""
@@ -278,7 +278,7 @@ class VWLearner(BanditLearner):
             with open(path, "rb") as f:
                 blob = f.read()
         text, digest = pack_blob(blob)
-        state = {"args": self._args, "model": text, "sha256": digest}
+        state: dict[str, Any] = {"args": self._args, "model": text, "sha256": digest}
         if self.snapshot is not None:
             state["snapshot"] = self.snapshot.state()
         return state

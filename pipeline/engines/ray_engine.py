@@ -45,16 +45,16 @@ import collections
 import functools
 import itertools
 import math
-from collections.abc import Awaitable
-from typing import Any, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import anyio.lowlevel
 
 from pipeline.engines.base import EngineBase, EngineError
 from pipeline.engines.ray_cluster import connect, import_ray
-from pipeline.engines.request import RequestStream, TurnCollector
 from pipeline.engines.ray_replica import ReplicaServer, TorchEngineFactory, VllmEngineFactory  # noqa: F401  (re-exported)
+from pipeline.engines.request import RequestStream, TurnCollector
 from pipeline.types import FinishReason, RolloutEvent, SampleFinished, SampleRequest, TokenDelta
 
 _PLACEMENT_MEMORY = 16384
@@ -63,7 +63,7 @@ _PLACEMENT_MEMORY = 16384
 class _Replica:
     __slots__ = ("index", "actor", "alive", "requests", "starts", "aborts", "turns")
 
-    def __init__(self, index: int, actor: Any, exchange: Callable[["_Replica"], Awaitable[bool]]):
+    def __init__(self, index: int, actor: Any, exchange: Callable[[_Replica], Awaitable[bool]]):
         self.index, self.actor, self.alive = index, actor, True
         self.requests: dict[int, _Req] = {}  # by wire serial: open on this side
         self.starts: list[tuple[int, SampleRequest]] = []

@@ -37,7 +37,6 @@ from pipeline.clock import running_event_type
 from pipeline.types import RolloutEvent, SampleFinished, SampleRequest
 
 
-
 class Waiter(Protocol):
     """An engine's record of a request, as its consumer waits on it."""
 
@@ -275,7 +274,7 @@ class RequestStream:
         self._state = state
         self._closed = False
 
-    def __aiter__(self) -> "RequestStream":
+    def __aiter__(self) -> RequestStream:
         return self
 
     async def __anext__(self) -> RolloutEvent:

@@ -96,8 +96,8 @@ import torch
 from pipeline.engines.base import EngineBase
 from pipeline.engines.request import RequestStream, TurnCollector, check_request
 from pipeline.engines.torch_batch import DecodeBatch, RowSpec, StepOutput
-from pipeline.engines.torch_sampling import stream_key
 from pipeline.engines.torch_requests import RequestState
+from pipeline.engines.torch_sampling import stream_key
 from pipeline.engines.torch_worker import DecodeWorker, StepFailed
 from pipeline.types import FinishReason, RolloutEvent, SampleRequest
 

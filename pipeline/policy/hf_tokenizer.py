@@ -31,8 +31,9 @@ the one stop token the engines take.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from pipeline.policy.tokenizer import TokenizerError
 from pipeline.tasks.base import Messages, is_messages
@@ -73,7 +74,7 @@ class HFTokenizer:
             )
 
     @classmethod
-    def load(cls, directory: str | Path, chat_template: bool = False) -> "HFTokenizer":
+    def load(cls, directory: str | Path, chat_template: bool = False) -> HFTokenizer:
         """``AutoTokenizer.from_pretrained(directory)``; ``TokenizerError`` names the directory."""
         from transformers import AutoTokenizer
 

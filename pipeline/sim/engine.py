@@ -68,7 +68,7 @@ class SimEngine(EngineBase):
     def state(self) -> SimPolicyState:
         return self._state
 
-    def stream(self, request: SampleRequest) -> "_SimStream":
+    def stream(self, request: SampleRequest) -> _SimStream:
         rid, fail = self._begin(request)
         s = _SimStream(self, request, fail)
         self._open[rid] = s
@@ -175,7 +175,7 @@ class _SimStream:
         self._gen = self._run()
         self.trajectory: Trajectory | None = None
 
-    def __aiter__(self) -> "_SimStream":
+    def __aiter__(self) -> _SimStream:
         return self
 
     async def __anext__(self) -> RolloutEvent:
@@ -234,7 +234,7 @@ class _SimStream:
         r = eng._render_request(req, state)
         self.trajectory = r.trajectory
         tokens_t, lps_t, ents_t = r.tokens, r.logprobs, r.entropies
-        prefix_tokens, prefix_lps, start_pos = r.prefix_tokens, r.prefix_logprobs, r.start_pos
+        start_pos = r.start_pos
         n = len(tokens_t)
         t = self._clock.now()
         rate = cfg.decode_tokens_per_s

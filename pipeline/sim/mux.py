@@ -72,7 +72,7 @@ class _Entry:
 
     __slots__ = ("mux", "order", "request", "rendered", "error", "fail", "version", "pos", "chunk_start", "due", "aborted", "done")
 
-    def __init__(self, mux: "SimMux", order: int, request: SampleRequest, version: int):
+    def __init__(self, mux: SimMux, order: int, request: SampleRequest, version: int):
         self.mux = mux
         self.order = order  # start order: breaks ties between events due at the same time
         self.request = request

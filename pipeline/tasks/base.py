@@ -18,8 +18,9 @@ import hashlib
 import json
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
 from pipeline.tasks.rewards import TextReward, build_reward
 from pipeline.types import Prompt

@@ -58,7 +58,7 @@ class Recorder:
         self.spans.append(span)
         return TimedStream(self._engine.stream(request), self._engine.clock, span)
 
-    def multiplexer(self) -> "RecordingMux | None":
+    def multiplexer(self) -> RecordingMux | None:
         """The engine's multiplexer, recording what is started through it (None without one)."""
         inner = multiplexer_of(self._engine)
         return None if inner is None else RecordingMux(self, inner)
@@ -84,7 +84,7 @@ class TimedStream:
     def __init__(self, inner: Any, clock: Any, span: Span):
         self._inner, self._clock, self._span = inner, clock, span
 
-    def __aiter__(self) -> "TimedStream":
+    def __aiter__(self) -> TimedStream:
         return self
 
     async def __anext__(self) -> Any:
