@@ -34,6 +34,13 @@ R = TypeVar("R", bound=GroupRecord)  # a gate's own record of a group
 class BaseGate(Gate, Generic[R]):
     """Shared state and lifecycle of the gates in ``controller.gates`` (not a gate by itself).
 
+    Parameters
+    ----------
+    source
+        Where prompts come from: a ``PromptPool``, or a ``PromptSelector`` (DPS) over one.
+    group_size
+        G, the size of a full group (``orchestrator.group_size``).
+
     ``group_size`` (and a subclass's ``batch_groups``) are the orchestrator's; their ranges are
     checked once, by ``OrchestratorConfig``, and not again here."""
 

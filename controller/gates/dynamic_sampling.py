@@ -46,10 +46,8 @@ class DynamicSamplingGate(RoundGate[RoundRecord]):
 
     Parameters
     ----------
-    source
-        Where prompts come from (a ``PromptPool``).
-    group_size
-        G, the size of every group.
+    source, group_size
+        As for ``BaseGate``; every group is a full group.
     batch_groups
         Groups per learner step (B_train).
     config

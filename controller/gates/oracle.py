@@ -59,10 +59,8 @@ class OracleGate(BaseGate[OracleRecord]):
 
     Parameters
     ----------
-    source
-        Where prompts come from (a ``PromptPool``).
-    group_size
-        G, the size of every group.
+    source, group_size
+        As for ``BaseGate``; every group it opens is a full group.
     success_probability
         ``success_probability(prompt_id) -> float``, the exact p under the current policy; None
         for hindsight mode (see the module docstring).
