@@ -54,6 +54,7 @@ from pipeline.types import (
     GroupSnapshot,
     SamplingParams,
     TokenDelta,
+    TurnPoint,
 )
 
 __all__ = ["QUEUED", "RailController"]
@@ -201,6 +202,10 @@ class RailController:
         started = time.perf_counter_ns()
         context = self._context("token", snapshot, group, prefix, arms)
         self._queue.append(QueuedPoint("token", snapshot, group, context, source, position, time.perf_counter_ns() - started))
+        return []
+
+    def on_turn(self, snapshot: GroupSnapshot, sample_index: int, point: TurnPoint) -> list[GroupAction]:
+        """RAIL has no turn-level decision points yet (the protocol's default: none)."""
         return []
 
     @property
