@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 import math
 import numbers
-from typing import Sequence
+from collections.abc import Sequence
 
 from controller.posterior import UNIFORM_PRIOR, _count, _prior, hit_utility
 
@@ -52,7 +52,7 @@ def hora_posteriors(
             "successes is empty; HORA allocates over a batch of probed prompts, pass one "
             "success count per prompt"
         )
-    if isinstance(probes, numbers.Real):
+    if isinstance(probes, (int, numbers.Real)):  # one size for every prompt (numpy integers too)
         sizes = [probes] * len(counts)
     else:
         sizes = list(probes)
@@ -62,9 +62,9 @@ def hora_posteriors(
                 f"probe size per prompt, or a single int for all of them"
             )
     posteriors = []
-    for i, (s, g) in enumerate(zip(counts, sizes)):
-        s = _count(f"successes[{i}]", s)
-        g = _count(f"probes[{i}]", g)
+    for i, (given_s, given_g) in enumerate(zip(counts, sizes)):
+        s = _count(f"successes[{i}]", given_s)
+        g = _count(f"probes[{i}]", given_g)
         if s > g:
             raise ValueError(
                 f"successes[{i}]={s} exceeds its probe size {g}; a probe of {g} rollouts has at "

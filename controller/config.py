@@ -34,19 +34,6 @@ def _prior_ok(prior: tuple[float, float], key: str) -> None:
     )
 
 
-def check_group_sizes(group_size: int, batch_groups: int) -> None:
-    """The sizes every gate needs: a group of at least 2 (a group-relative advantage) and at
-    least one group per step.
-
-    >>> check_group_sizes(1, 4)
-    Traceback (most recent call last):
-    ...
-    pipeline.config.build.ConfigError: orchestrator.group_size=1 must be >= 2 for a group-relative advantage
-    """
-    require(group_size >= 2, f"orchestrator.group_size={group_size} must be >= 2 for a group-relative advantage")
-    require(batch_groups >= 1, f"orchestrator.batch_groups={batch_groups} must be >= 1")
-
-
 def _round_cap_ok(max_rounds: int, factor: float, on_round_cap: str, key: str, factor_name: str) -> None:
     require(max_rounds >= 1, f"{key}.max_rounds={max_rounds} must be >= 1")
     require(on_round_cap in ("fill", "error"), f"{key}.on_round_cap={on_round_cap!r} must be 'fill' or 'error'")
@@ -362,22 +349,25 @@ class GateConfig:
 
     def check_sizes(self, group_size: int, batch_groups: int) -> None:
         """The rules that tie this gate's settings to the orchestrator's group and batch sizes;
-        ``ConfigError`` naming both keys. ``RunConfig`` runs it when a config is loaded.
+        ``ConfigError`` naming both keys. ``RunConfig`` runs it when a config is loaded. The
+        sizes' own ranges (``group_size >= 2``, ``batch_groups >= 1``) are
+        ``OrchestratorConfig``'s, checked when it is built, as every gate relies on.
 
         >>> GateConfig(kind="sara", sara=SaraConfig(probe_size=10)).check_sizes(group_size=8, batch_groups=4)
         Traceback (most recent call last):
         ...
         pipeline.config.build.ConfigError: gate.sara.probe_size=10 is above orchestrator.group_size=8; lower gate.sara.probe_size or raise orchestrator.group_size
         """
-        check_group_sizes(group_size, batch_groups)
         if self.section is not None:
             self.section.check_sizes(group_size, batch_groups)
 
     @property
     def section(self) -> DsConfig | PilotCommitConfig | HoraConfig | SaraConfig | None:
         """The settings of ``kind`` (``sara`` for ``sara_dps`` too); None for a gate without any."""
-        return {"ds": self.ds, "pilot_commit": self.pilot_commit, "hora": self.hora, "sara": self.sara,
-                "sara_dps": self.sara}.get(self.kind)
+        sections: dict[str, DsConfig | PilotCommitConfig | HoraConfig | SaraConfig] = {
+            "ds": self.ds, "pilot_commit": self.pilot_commit, "hora": self.hora, "sara": self.sara, "sara_dps": self.sara,
+        }
+        return sections.get(self.kind)
 
     def check_sampling(self, temperature: float, top_p: float) -> None:
         """The rules that tie this gate's settings to the orchestrator's sampling settings

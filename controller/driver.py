@@ -35,8 +35,9 @@ controller.driver.LifecycleError: group 0 (prompt 1) ended ('train') after 4 rew
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 from controller.selectors import PromptSelector
 from pipeline.types import (
@@ -109,7 +110,7 @@ class DrivenGroup:
     """One group of the caller's prompt: ``start``, then ``report`` rewards until the verdict is
     ``train`` or ``drop``."""
 
-    driver: "GateDriver"
+    driver: GateDriver
     group_id: int
     prompt: Prompt
     target_size: int
@@ -211,7 +212,7 @@ class GateDriver:
         self._next_id = 0
 
     @classmethod
-    def sara(cls, group_size: int = 8, probe_size: int = 4, success_threshold: float = 0.5, **options: Any) -> "GateDriver":
+    def sara(cls, group_size: int = 8, probe_size: int = 4, success_threshold: float = 0.5, **options: Any) -> GateDriver:
         """A driver of ``controller.gates.sara.SaraGate`` (``options``: the other fields of ``SaraConfig``)."""
         from controller.config import SaraConfig
         from controller.gates.sara import SaraGate

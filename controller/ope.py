@@ -24,8 +24,8 @@ policy's value. The same formulas evaluate costs instead of rewards, since they 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 from scipy.stats import norm

@@ -170,10 +170,10 @@ def _log_miss(a: float, b: float, m: float) -> float:
                 factor = (b + j) / total
                 total_log += math.log1p(-a / total) if factor > 0.5 else math.log(factor)
             return total_log
-        j = np.arange(int(m), dtype=np.float64)
-        total = a + b + j
-        factor = (b + j) / total
-        logs = np.where(factor > 0.5, np.log1p(-a / total), np.log(factor))
+        js = np.arange(int(m), dtype=np.float64)
+        totals = a + b + js
+        factors = (b + js) / totals
+        logs = np.where(factors > 0.5, np.log1p(-a / totals), np.log(factors))
         return float(logs.sum())
     return min(0.0, float(betaln(a, b + m) - betaln(a, b)))
 

@@ -12,7 +12,8 @@ Gates ask a ``PromptPool`` for the next prompts; selectors with opinions (DPS) w
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -40,7 +40,8 @@ Every random choice of a gate or controller uses a generator seeded at construct
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pipeline.types import (
     CommittedGroup,
@@ -79,7 +80,10 @@ class Gate(Protocol):
     dropped groups; 0).
     """
 
-    uncounted_rollouts: int = 0
+    @property
+    def uncounted_rollouts(self) -> int:
+        """Rollouts this gate booked outside ``orchestrator.max_rollouts`` (read-only)."""
+        return 0
 
     def admit(self, group_ids: range, step: int) -> list[GroupPlan]:
         """Open up to ``len(group_ids)`` new groups, the i-th plan under ``group_ids[i]``.
@@ -227,7 +231,7 @@ class EpisodeService(Protocol):
     settings: Any
     """The episodes' rules (``pipeline.config.sections.EpisodeSettings``)."""
 
-    async def step(self, request: SampleRequest, finished: SampleFinished) -> "TurnDone":
+    async def step(self, request: SampleRequest, finished: SampleFinished) -> TurnDone:
         """Step the episode's environment with the turn ``finished`` (opening it on the first
         turn; a turn that did not complete is answered ``done`` without a step)."""
         ...

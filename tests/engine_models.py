@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
+import pytest
 import torch
 
 from pipeline.types import Prompt
@@ -38,6 +39,32 @@ def save_tiny_gpt2(directory: str | Path, **kwargs) -> Path:
     d = Path(directory)
     tiny_gpt2(**kwargs).save_pretrained(str(d))
     return d
+
+
+def module_engine_fixtures(name: str, vocab_size: int, build):
+    """The fixtures of a test module whose engine loads a model from disk (vLLM, the Ray
+    replicas) and is too slow to start per test: ``anyio_backend`` (asyncio, module-scoped, so
+    that the engine can be), ``model_dir`` (a tiny GPT-2 saved once) and ``engine``
+    (``build(model_dir)``, closed after the module's last test). Unpack them into the module:
+    ``anyio_backend, model_dir, engine = module_engine_fixtures(...)``."""
+
+    @pytest.fixture(scope="module")
+    def anyio_backend():
+        return "asyncio"
+
+    @pytest.fixture(scope="module")
+    def model_dir(tmp_path_factory):
+        return save_tiny_gpt2(tmp_path_factory.mktemp(name) / "model", vocab_size=vocab_size, seed=3)
+
+    @pytest.fixture(scope="module")
+    async def engine(model_dir):
+        eng = build(model_dir)
+        try:
+            yield eng
+        finally:
+            await eng.aclose()
+
+    return anyio_backend, model_dir, engine
 
 
 def counting_prompt(i: int, vocab_size: int) -> Prompt:

@@ -11,6 +11,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+TORCH_SMALL = ("--config", "configs/default.yaml", "--no-progress", "--set", "orchestrator.batch_groups=8",
+               "--set", "data.num_train_prompts=256", "--set", "data.num_eval_prompts=32", "--set", "learner.micro_batch=16")
+"""A small real-model run: the default config (project GPT-2, torch engine), 8 groups a step."""
 SMALL = ("--set", "orchestrator.batch_groups=8", "--set", "orchestrator.group_size=4", "--set", "sim.num_prompts=256",
          "--set", "sim.num_eval_prompts=64", "--set", "log.tensorboard=false", "--no-progress")
 

@@ -16,9 +16,9 @@ from pipeline.policy.models import (
     load_model,
     save_model,
 )
-from pipeline.tasks import ArithmeticTask, TaskConfig
 from pipeline.policy.tokenizer import VOCAB_FILE, CharTokenizer
 from pipeline.policy.warmstart import IGNORE, measure_policy, sample_groups, sequence_mean_loss, sft_batch, warm_start
+from pipeline.tasks import ArithmeticTask, TaskConfig
 
 torch.set_num_threads(1)
 
@@ -92,7 +92,8 @@ def test_left_padding_does_not_change_what_is_sampled():
 def test_measure_policy_counts_groups():
     stats = measure_policy(TASK, TOK, tiny_model(), n_prompts=10, group_size=4, batch_prompts=4, max_new_tokens=4)
     assert stats.n_prompts == 10 and stats.group_size == 4
-    assert 0 <= stats.accuracy <= 1
+    # all-correct groups count whole toward accuracy, all-wrong ones not at all
+    assert stats.all_correct <= stats.accuracy <= 1 - stats.all_wrong
     assert stats.saturated == pytest.approx(stats.all_correct + stats.all_wrong)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from railgate.bench import overhead
+from railgate.bench import overhead, raw
 from railgate.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,25 +28,25 @@ def test_the_raw_pass_stops_each_request_where_the_pipeline_did(tmp_path, monkey
     assert any(c is not None for c in cuts) and any(c is None for c in cuts)
 
     replayed = []
-    build = overhead.build_components
+    build = raw.build_components
 
     def recording_build(c):
         comps = build(c)
-        replayed.append(overhead._Recorder(comps.engine))
+        replayed.append(raw.Recorder(comps.engine))
         return dataclasses.replace(comps, engine=replayed[-1])
 
-    monkeypatch.setattr(overhead, "build_components", recording_build)
-    overhead._raw_pass(cfg, recorder.requests[:n], cuts)
-    raw = replayed[0].spans
-    assert len(raw) == n
-    for mine, theirs in zip(recorder.spans[:n], raw):
+    monkeypatch.setattr(raw, "build_components", recording_build)
+    raw.raw_pass(cfg, recorder.requests[:n], cuts)
+    replayed_spans = replayed[0].spans
+    assert len(replayed_spans) == n
+    for mine, theirs in zip(recorder.spans[:n], replayed_spans):
         assert theirs.tokens == mine.tokens
         assert theirs.finished == mine.finished
 
 
 def test_mean_in_flight_is_the_time_average_of_open_streams():
-    rec = overhead._Recorder.__new__(overhead._Recorder)
-    rec.spans = [overhead._Span(0.0, 2.0), overhead._Span(0.0, 1.0), overhead._Span(1.0, 2.0), overhead._Span(1.5)]
+    rec = raw.Recorder.__new__(raw.Recorder)
+    rec.spans = [raw.Span(0.0, 2.0), raw.Span(0.0, 1.0), raw.Span(1.0, 2.0), raw.Span(1.5)]
     # 2 + 1 + 1 + 0.5 (the unclosed stream counts until the last close) over 2 seconds
     assert rec.mean_in_flight() == pytest.approx(2.25)
 

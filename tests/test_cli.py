@@ -3,20 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--set", "orchestrator.batch_groups=8", "--set", "orchestrator.group_size=4", "--set", "sim.num_prompts=256",
-         "--set", "sim.num_eval_prompts=64", "--set", "log.tensorboard=false", "--no-progress"]
-
-
-def run(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+from run_helpers import SMALL
+from run_helpers import cli as run
 
 
 def test_train_writes_the_run_directory(tmp_path):

@@ -7,12 +7,13 @@ import dataclasses
 import inspect
 
 import pytest
+from gate_harness import pool_of
 
 import controller.config as config_module
 from controller.config import GateConfig
 from controller.gates.registry import GATE_KINDS, build_gate
-from gate_harness import pool_of
 from pipeline.config.build import ConfigError, apply_overrides, build
+from pipeline.config.sections import OrchestratorConfig
 
 EXPECTED = {
     "uniform": "UniformGate",
@@ -107,3 +108,13 @@ def test_configs_are_frozen():
     for section in [cfg, cfg.ds, cfg.pilot_commit, cfg.hora, cfg.sara, cfg.dps]:
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(section, dataclasses.fields(section)[0].name, None)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("group_size", 1, "orchestrator.group_size=1 must be >= 2 for a group-relative advantage"),
+    ("batch_groups", 0, "orchestrator.batch_groups=0 must be >= 1"),
+])
+def test_the_orchestrator_config_owns_the_group_and_batch_size_ranges(key, value, message):
+    """One place checks them (OrchestratorConfig); gates and GateConfig.check_sizes rely on it."""
+    with pytest.raises(ConfigError, match=message):
+        build(OrchestratorConfig, {key: value}, path="orchestrator")

@@ -3,17 +3,20 @@ GroupTracker (pipeline/tracker.py) on synthetic rewards (tests/gate_harness.py).
 
 from __future__ import annotations
 
+import ast
+import inspect
 import json
+import textwrap
 
 import numpy as np
 import pytest
+from gate_harness import GateHarness, HarnessConfig, ProtocolViolation, checkpoint_roundtrip
 
 from controller.config import GateConfig
 from controller.gates.registry import GATE_KINDS, build_gate
 from controller.prompts import PromptPool
 from pipeline.protocols import Gate
-from pipeline.types import GroupSnapshot, Prompt
-from gate_harness import GateHarness, HarnessConfig, ProtocolViolation, checkpoint_roundtrip
+from pipeline.types import GroupSnapshot, Prompt, TrainBatch
 
 
 def probabilities(n: int, seed: int = 0) -> dict[int, float]:
@@ -41,9 +44,32 @@ SETTINGS = {
 }
 
 
+def protocol_stubs(protocol: type) -> list[str]:
+    """The members of ``protocol`` with no default: methods whose body is only ``...``."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(protocol)))
+    stubs = []
+    for node in tree.body[0].body:
+        if isinstance(node, ast.FunctionDef):
+            body = [s for s in node.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
+                                                 and isinstance(s.value.value, str))]
+            if not body or all(isinstance(s, ast.Expr) and s.value.value is Ellipsis for s in body):
+                stubs.append(node.name)
+    return stubs
+
+
 @pytest.mark.parametrize("kind", GATE_KINDS)
 def test_is_a_gate(kind):
-    assert isinstance(make_gate(kind, probabilities(20), batch_groups=4), Gate)
+    """Every gate subclasses the ``Gate`` Protocol, so ``isinstance`` would hold even for one that
+    forgot a method: it would silently inherit the Protocol's stub, which returns None. Each
+    member without a default is the gate's own, and ``admit`` keeps the protocol's numbering."""
+    gate = make_gate(kind, probabilities(20), batch_groups=4)
+    required = protocol_stubs(Gate)
+    assert {"admit", "update", "on_closed", "on_step", "state_dict", "load_state_dict"} <= set(required)
+    inherited = [name for name in required if getattr(type(gate), name) is getattr(Gate, name)]
+    assert not inherited, f"{type(gate).__name__} leaves {inherited} to the Protocol's stubs"
+    plans = gate.admit(range(5, 8), step=0)
+    assert 1 <= len(plans) <= 3 and [p.group_id for p in plans] == list(range(5, 5 + len(plans)))
+    assert isinstance(gate.on_step(0, TrainBatch(step=0, groups=())), list)  # the stub would return None
 
 
 FAST = ("default", "failures", "intervening")

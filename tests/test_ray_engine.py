@@ -12,8 +12,8 @@ import time
 import anyio
 import pytest
 import torch
+from engine_models import counting_prompt, module_engine_fixtures, read_all, tiny_gpt2
 
-from engine_models import counting_prompt, read_all, save_tiny_gpt2, tiny_gpt2
 from pipeline.engines.base import EngineError
 from pipeline.types import FinishReason, SampleFinished, SampleRequest, SamplingParams, TokenDelta
 
@@ -23,25 +23,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.anyio, pytest.mark.timeout(30
 VOCAB = 48
 
 
-@pytest.fixture(scope="module")
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_gpt2(tmp_path_factory.mktemp("ray") / "model", vocab_size=VOCAB, seed=3)
-
-
-@pytest.fixture(scope="module")
-async def engine(model_dir):
+def two_replicas(model_dir):
     from pipeline.engines.ray_engine import RayEngine, TorchEngineFactory
 
-    eng = RayEngine(TorchEngineFactory(str(model_dir), eos_id=None), replicas=2, ray_init_kwargs={"log_to_driver": False})
-    try:
-        yield eng
-    finally:
-        await eng.aclose()
+    return RayEngine(TorchEngineFactory(str(model_dir), eos_id=None), replicas=2, ray_init_kwargs={"log_to_driver": False})
+
+
+anyio_backend, model_dir, engine = module_engine_fixtures("ray", VOCAB, two_replicas)
 
 
 def request(rid: str, i: int, max_tokens: int = 16, seed: int = 0) -> SampleRequest:

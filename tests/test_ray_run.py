@@ -4,25 +4,19 @@ torch replicas on a local Ray cluster (integration: starts Ray; CI runs it)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from run_helpers import cli
 
 
 @pytest.mark.integration
 def test_train_with_ray_replicas_from_the_config(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    args = [sys.executable, str(ROOT / "run.py"), "--no-progress", "--set", f"run_dir={tmp_path}",
-            "--set", "engine.kind=ray", "--set", "engine.ray.replicas=2", "--set", "engine.ray.num_cpus=0.5",
-            "--set", "model.warm_start_steps=30", "--set", "orchestrator.steps=2", "--set", "orchestrator.eval_every=2",
-            "--set", "orchestrator.batch_groups=4", "--set", "data.num_train_prompts=64",
-            "--set", "data.num_eval_prompts=16", "--set", "log.checkpoint_every=0", "--set", "gate.kind=uniform"]
-    result = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    result = cli("--no-progress", "--set", f"run_dir={tmp_path}",
+                 "--set", "engine.kind=ray", "--set", "engine.ray.replicas=2", "--set", "engine.ray.num_cpus=0.5",
+                 "--set", "model.warm_start_steps=30", "--set", "orchestrator.steps=2", "--set", "orchestrator.eval_every=2",
+                 "--set", "orchestrator.batch_groups=4", "--set", "data.num_train_prompts=64",
+                 "--set", "data.num_eval_prompts=16", "--set", "log.checkpoint_every=0", "--set", "gate.kind=uniform",
+                 timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 2
@@ -32,8 +26,6 @@ def test_train_with_ray_replicas_from_the_config(tmp_path):
 
 
 def test_a_bad_ray_setting_is_a_config_error(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, str(ROOT / "run.py"), "--set", "engine.kind=ray", "--set", "engine.ray.replicas=0",
-                             "--set", f"run_dir={tmp_path}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    result = cli("--set", "engine.kind=ray", "--set", "engine.ray.replicas=0", "--set", f"run_dir={tmp_path}", timeout=120)
     assert result.returncode == 2
     assert "engine.ray.replicas=0 must be >= 1" in result.stderr

@@ -7,20 +7,18 @@ import collections
 import copy
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import anyio
 import pytest
+from gate_harness import admit, pool_of
+from run_helpers import TORCH_SMALL, cli
 
 from controller.config import GateConfig, SaraConfig
 from controller.gates.sara import MAX_SKIPS, SaraGate
 from controller.posterior import effective_probability
 from controller.prompts import PromptPool
 from controller.reference import ReferenceScreen
-from gate_harness import admit, pool_of
 from pipeline.config.build import ConfigError
 from pipeline.tasks.arithmetic import ArithmeticTask
 from pipeline.types import FinishReason, Prompt, Rollout
@@ -173,11 +171,11 @@ def test_the_learners_likelihood_of_a_response_is_how_often_the_engine_samples_i
     """The claim the prior rests on: exp(summed learner log-probs) is the engine's sampling
     probability at temperature 1 (here of a two-token response, over 4,000 samples)."""
     import torch
+    from torch_models import request, tiny_gpt2
 
     from learner.config import LearnerConfig
     from learner.torch_learner import TorchLearner
     from pipeline.engines.torch_engine import TorchEngine
-    from torch_models import request, tiny_gpt2
 
     torch.manual_seed(0)
     model = tiny_gpt2()
@@ -211,13 +209,9 @@ def test_the_learners_likelihood_of_a_response_is_how_often_the_engine_samples_i
 
 @pytest.mark.slow
 def test_a_torch_run_scores_the_next_prompts_and_skips_with_them(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    args = [sys.executable, str(ROOT / "run.py"), "--config", "configs/default.yaml", "--no-progress",
-            "--set", f"run_dir={tmp_path}", "--set", "model.warm_start_steps=300", "--set", "orchestrator.steps=4",
-            "--set", "orchestrator.eval_every=4", "--set", "orchestrator.batch_groups=8",
-            "--set", "data.num_train_prompts=256", "--set", "data.num_eval_prompts=32",
-            "--set", "gate.kind=sara", "--set", "gate.sara.reference_prior=true", "--set", "learner.micro_batch=16"]
-    result = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    result = cli(*TORCH_SMALL, "--set", f"run_dir={tmp_path}", "--set", "model.warm_start_steps=300",
+                 "--set", "orchestrator.steps=4", "--set", "orchestrator.eval_every=4",
+                 "--set", "gate.kind=sara", "--set", "gate.sara.reference_prior=true", timeout=1500)
     assert result.returncode == 0, result.stderr[-3000:]
     steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     last = steps[-1]

@@ -7,6 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config.build import ConfigError, build
+from pipeline.policy.tokenizer import CharTokenizer
 from pipeline.tasks import (
     ArithmeticTask,
     CountdownTask,
@@ -15,7 +16,6 @@ from pipeline.tasks import (
     TaskConfig,
     build_task,
 )
-from pipeline.policy.tokenizer import CharTokenizer
 
 GENERATED = [ArithmeticTask(), ArithmeticTask(ops="+-*", max_digits=3), CountdownTask(), CountdownTask(ops="+-*/")]
 
@@ -30,7 +30,8 @@ def test_train_and_eval_are_disjoint_and_seeded(task):
     assert [p.text for p in task.train_prompts(50, seed=3)] != [p.text for p in task.train_prompts(50, seed=4)]
 
 
-@pytest.mark.parametrize("task", GENERATED, ids=repr)
+@pytest.mark.parametrize("task", GENERATED + [ArithmeticTask(scratchpad=True), CountdownTask(ops="+-*/", scratchpad=True)],
+                         ids=repr)
 def test_reference_solutions_score_one_and_prompts_are_encodable(task):
     tok = CharTokenizer.for_tasks(task)
     for problem in task.train_problems(300, seed=1):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import anyio
 import pytest
 import torch
+from engine_models import counting_prompt, module_engine_fixtures, read_all, save_tiny_gpt2, tiny_gpt2
 
-from engine_models import counting_prompt, read_all, save_tiny_gpt2, tiny_gpt2
 from pipeline.engines.base import EngineError
 from pipeline.types import BranchSpec, FinishReason, Prompt, SampleFinished, SampleRequest, SamplingParams, TokenDelta
 
@@ -22,25 +22,13 @@ VOCAB = 48
 LOGPROB_TOL = 1e-4  # float32 on both sides; measured differences are ~1e-6
 
 
-@pytest.fixture(scope="module")
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_gpt2(tmp_path_factory.mktemp("vllm") / "model", vocab_size=VOCAB, seed=3)
-
-
-@pytest.fixture(scope="module")
-async def engine(model_dir):
+def vllm_engine(model_dir):
     from pipeline.engines.vllm_engine import VllmEngine
 
-    eng = VllmEngine(model_dir, model_dir.parent / "cache", eos_id=2, seed=0)
-    try:
-        yield eng
-    finally:
-        await eng.aclose()
+    return VllmEngine(model_dir, model_dir.parent / "cache", eos_id=2, seed=0)
+
+
+anyio_backend, model_dir, engine = module_engine_fixtures("vllm", VOCAB, vllm_engine)
 
 
 def request(rid: str, i: int, *, temperature: float = 1.0, max_tokens: int = 20, seed: int = 0, branch=None) -> SampleRequest:

@@ -20,37 +20,54 @@ snapshot and hands both to the subclass's ``_update``. Subclasses implement ``ad
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
-from controller.config import check_group_sizes
-from controller.gates.common import GroupRecord, Verdicts
+from controller.gates.common import GroupRecord, Verdicts, abandon
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector, as_selector
 from pipeline.protocols import Gate
 from pipeline.types import GroupAction, GroupSnapshot, Prompt, TrainBatch
 
+R = TypeVar("R", bound=GroupRecord)  # a gate's own record of a group
 
-class BaseGate(Gate):
-    """Shared state and lifecycle of the gates in ``controller.gates`` (not a gate by itself)."""
+
+class BaseGate(Gate, Generic[R]):
+    """Shared state and lifecycle of the gates in ``controller.gates`` (not a gate by itself).
+
+    Parameters
+    ----------
+    source
+        Where prompts come from: a ``PromptPool``, or a ``PromptSelector`` (DPS) over one.
+    group_size
+        G, the size of a full group (``orchestrator.group_size``).
+
+    ``group_size`` (and a subclass's ``batch_groups``) are the orchestrator's; their ranges are
+    checked once, by ``OrchestratorConfig``, and not again here."""
 
     name = "gate"
     Record: type[GroupRecord] = GroupRecord
+    """The class of this gate's records: ``R``, which ``_open`` makes."""
 
     def __init__(self, source: PromptPool | PromptSelector, group_size: int):
-        check_group_sizes(group_size, batch_groups=1)
         self.source = as_selector(source)
         self.group_size = group_size
-        self._groups: dict[int, GroupRecord] = {}
+        self._groups: dict[int, R] = {}
         self._verdicts = Verdicts()
         # Groups of a checkpoint written before groups were numbered at admission, which had not
         # reported when it was taken (in plan order); a resumed run closes them unseen.
-        self._unnumbered: list[GroupRecord] = []
+        self._unnumbered: list[R] = []
 
     # --- shared lifecycle ---------------------------------------------------------------
 
-    def _open(self, group_id: int, prompt: Prompt, **fields: Any) -> GroupRecord:
+    def _abandon_failed(self, group_id: int) -> list[GroupAction]:
+        """Abandon a group the engine keeps failing (``common.too_many_failures``), counted as
+        the ``abandon_failures`` verdict."""
+        self._verdicts.add("abandon_failures")
+        return [abandon(group_id, "failures")]
+
+    def _open(self, group_id: int, prompt: Prompt, **fields: Any) -> R:
         """Record a group ``admit`` is planning (``fields``: the subclass record's own)."""
-        rec = self._groups[group_id] = self.Record(prompt_id=prompt.prompt_id, **fields)
+        rec = self._groups[group_id] = cast(R, self.Record(prompt_id=prompt.prompt_id, **fields))
         return rec
 
     def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
@@ -64,7 +81,7 @@ class BaseGate(Gate):
         rec.f = snapshot.finished - rec.s
         return self._update(snapshot, rec)
 
-    def _update(self, snapshot: GroupSnapshot, rec: Any) -> list[GroupAction]:
+    def _update(self, snapshot: GroupSnapshot, rec: R) -> list[GroupAction]:
         """Subclass hook: the decision on one more ended sample of the group ``rec`` records."""
         raise NotImplementedError
 
@@ -81,7 +98,7 @@ class BaseGate(Gate):
             self.source.observe(rec.prompt_id, rec.s, rec.s + rec.f)
         self._closed(group_id, rec, committed)
 
-    def _closed(self, group_id: int, rec: Any, committed: bool) -> None:
+    def _closed(self, group_id: int, rec: R, committed: bool) -> None:
         """Subclass hook: the group left (shipped or dropped)."""
 
     def on_step(self, step: int, batch: TrainBatch) -> list[GroupAction]:
@@ -126,13 +143,16 @@ class BaseGate(Gate):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.source.load_state_dict(state["source"])
-        self._groups = {int(k): self.Record.from_state(v) for k, v in state["groups"].items()}
+        self._groups = {int(k): self._record_from_state(v) for k, v in state["groups"].items()}
         # An earlier release kept the plans of groups that had not reported in a "book".
         book = state.get("book", {}).get("pending", {})
         plans = sorted((p for queue in book.values() for p in queue), key=lambda p: p["plan_seq"])
-        self._unnumbered = [self.Record.from_state(p) for p in plans]
+        self._unnumbered = [self._record_from_state(p) for p in plans]
         self._verdicts.load_state_dict(state["verdicts"])
         self._load_extra_state(state)
+
+    def _record_from_state(self, state: dict[str, Any]) -> R:
+        return cast(R, self.Record.from_state(state))
 
     def _extra_state(self) -> dict[str, Any]:
         return {}

@@ -70,8 +70,6 @@ class StepQuota:
     """``batch_groups`` commits per learner step, never past the step being produced."""
 
     def __init__(self, batch_groups: int):
-        if batch_groups < 1:
-            raise ValueError(f"batch_groups={batch_groups} must be >= 1")
         self.batch_groups = batch_groups
         self.committed = 0
         self.horizon = 0

@@ -10,12 +10,12 @@ is ``SaraGate`` built on the same selector (``controller.gates.registry``).
 from __future__ import annotations
 
 from controller.gates.base import BaseGate
-from controller.gates.common import SealedRecord, abandon, commit, too_many_failures
+from controller.gates.common import SealedRecord, commit, too_many_failures
 from controller.selectors.dps import DpsSelector
 from pipeline.types import GroupAction, GroupPlan, GroupSnapshot
 
 
-class DpsGate(BaseGate):
+class DpsGate(BaseGate[SealedRecord]):
     """Full groups, committed at once, for the prompts DPS predicts to be partly solved.
 
     Parameters
@@ -59,8 +59,7 @@ class DpsGate(BaseGate):
         if rec.sealed:
             return []
         if too_many_failures(snapshot):
-            self._verdicts.add("abandon_failures")
-            return [abandon(snapshot.group_id, "failures")]
+            return self._abandon_failed(snapshot.group_id)
         rec.sealed = True
         self._verdicts.add("commit")
         return [commit(snapshot.group_id, "dps")]

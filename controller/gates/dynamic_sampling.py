@@ -41,15 +41,13 @@ from controller.selectors import PromptSelector
 from pipeline.types import GroupAction, GroupSnapshot, TrainBatch
 
 
-class DynamicSamplingGate(RoundGate):
+class DynamicSamplingGate(RoundGate[RoundRecord]):
     """DAPO dynamic sampling with a round cap; see the module docstring.
 
     Parameters
     ----------
-    source
-        Where prompts come from (a ``PromptPool``).
-    group_size
-        G, the size of every group.
+    source, group_size
+        As for ``BaseGate``; every group is a full group.
     batch_groups
         Groups per learner step (B_train).
     config

@@ -19,11 +19,12 @@ group of ``group_size`` committed at once, so each step still gets B groups.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any
 
 from controller.allocation import hora_allocate
-from controller.config import HoraConfig, check_group_sizes
+from controller.config import HoraConfig
 from controller.gates.base import BaseGate
 from controller.gates.common import GroupRecord, abandon, commit, hold, launch, too_many_failures
 from controller.prompts import PromptPool
@@ -40,7 +41,18 @@ class HoraRecord(GroupRecord):
     batch: int | None = None
 
 
-class HoraGate(BaseGate):
+@dataclass
+class AllocationBatch:
+    """The allocation batch being probed: its index, plans still to open, the probed groups
+    waiting for the rest, and whether its budget has been allocated."""
+
+    index: int
+    to_open: int
+    ready: list[int] = field(default_factory=list)
+    allocated: bool = False
+
+
+class HoraGate(BaseGate[HoraRecord]):
     """Probe B prompts, then give the batch's remaining budget where a success is likeliest.
 
     Parameters
@@ -79,7 +91,6 @@ class HoraGate(BaseGate):
         self, source: PromptPool | PromptSelector, group_size: int, batch_groups: int, config: HoraConfig = HoraConfig()
     ):
         super().__init__(source, group_size)
-        check_group_sizes(group_size, batch_groups)
         config.check_sizes(group_size, batch_groups)
         self.config = config
         self.batch_groups = batch_groups
@@ -88,8 +99,7 @@ class HoraGate(BaseGate):
         self.extra_budget = self.budget - batch_groups * config.probe_size
         self.prior = (float(config.prior[0]), float(config.prior[1]))
         self._horizon = 0
-        # The allocation batch being probed: its index, plans still to open, probed groups.
-        self._batch = {"index": 0, "to_open": batch_groups, "ready": [], "allocated": False}
+        self._batch = AllocationBatch(index=0, to_open=batch_groups)
         self._replacements = 0  # plain groups owed for committed groups that were dropped
 
     # --- admission ----------------------------------------------------------------------
@@ -103,13 +113,13 @@ class HoraGate(BaseGate):
             plans.append(GroupPlan(group_id, prompt, self.group_size, self.group_size))
         group_ids = group_ids[len(plans):]
         batch = self._batch
-        if batch["allocated"]:
-            if batch["index"] + 1 > self._horizon:
+        if batch.allocated:
+            if batch.index + 1 > self._horizon:
                 return plans
-            self._batch = batch = {"index": batch["index"] + 1, "to_open": self.batch_groups, "ready": [], "allocated": False}
-        for group_id, prompt in zip(group_ids, self.source.take(max(0, min(len(group_ids), batch["to_open"])))):
-            batch["to_open"] -= 1
-            self._open(group_id, prompt, phase="probe", batch=batch["index"])
+            self._batch = batch = AllocationBatch(index=batch.index + 1, to_open=self.batch_groups)
+        for group_id, prompt in zip(group_ids, self.source.take(max(0, min(len(group_ids), batch.to_open)))):
+            batch.to_open -= 1
+            self._open(group_id, prompt, phase="probe", batch=batch.index)
             plans.append(GroupPlan(group_id, prompt, self.group_size, self.probe_size))
         return plans
 
@@ -130,18 +140,17 @@ class HoraGate(BaseGate):
         if snapshot.finished < self.probe_size:
             if too_many_failures(snapshot):
                 rec.phase = "abandoned"
-                self._batch["to_open"] += 1  # a fresh prompt takes its place in the batch
-                self._verdicts.add("abandon_failures")
-                return [abandon(gid, "failures")]
+                self._batch.to_open += 1  # a fresh prompt takes its place in the batch
+                return self._abandon_failed(gid)
             return [launch(gid, self.probe_size - snapshot.finished, "replace failed")]
         rec.phase = "wait"
-        self._batch["ready"].append(gid)
-        if self._batch["to_open"] == 0 and len(self._batch["ready"]) == self.batch_groups:
+        self._batch.ready.append(gid)
+        if self._batch.to_open == 0 and len(self._batch.ready) == self.batch_groups:
             return self._allocate()
         return [hold(gid, "await batch")]
 
     def _allocate(self) -> list[GroupAction]:
-        ready = self._batch["ready"]
+        ready = self._batch.ready
         recs = [self._groups[g] for g in ready]
         extra = hora_allocate([r.s for r in recs], [r.s + r.f for r in recs], self.extra_budget, prior=self.prior)
         actions = []
@@ -152,7 +161,7 @@ class HoraGate(BaseGate):
             actions.append(commit(gid, f"hora m={m}"))
         self._verdicts.add("commit", len(ready))
         self._verdicts.add("saturated_commit", sum(1 for r in recs if r.s == 0 or r.f == 0))
-        self._batch["allocated"] = True
+        self._batch.allocated = True
         return actions
 
     # --- step boundary and closing ------------------------------------------------------
@@ -164,17 +173,16 @@ class HoraGate(BaseGate):
     def _closed(self, group_id: int, rec: HoraRecord, committed: bool) -> None:
         if rec.phase in ("commit", "replacement") and not committed:
             self._replacements += 1  # owed again: the step still needs batch_groups groups
-        elif rec.phase == "wait" and group_id in self._batch["ready"]:
-            self._batch["ready"].remove(group_id)
-            self._batch["to_open"] += 1
-        elif rec.phase == "probe" and rec.batch == self._batch["index"]:
-            self._batch["to_open"] += 1
+        elif rec.phase == "wait" and group_id in self._batch.ready:
+            self._batch.ready.remove(group_id)
+            self._batch.to_open += 1
+        elif rec.phase == "probe" and rec.batch == self._batch.index:
+            self._batch.to_open += 1
 
     def _extra_state(self) -> dict[str, Any]:
-        batch = dict(self._batch, ready=list(self._batch["ready"]))
-        return {"horizon": self._horizon, "batch": batch, "replacements": self._replacements}
+        return {"horizon": self._horizon, "batch": dataclasses.asdict(self._batch), "replacements": self._replacements}
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
         self._horizon = int(state["horizon"])
-        self._batch = dict(state["batch"], ready=[int(g) for g in state["batch"]["ready"]])
+        self._batch = AllocationBatch(**dict(state["batch"], ready=[int(g) for g in state["batch"]["ready"]]))
         self._replacements = int(state["replacements"])

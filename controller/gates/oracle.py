@@ -34,8 +34,9 @@ at the price of really generating the dropped groups, so its *wall clock* is not
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -53,15 +54,13 @@ class OracleRecord(SealedRecord):
     saturated_cost: list[int] | None = None
 
 
-class OracleGate(BaseGate):
+class OracleGate(BaseGate[OracleRecord]):
     """Full groups only for prompts whose simulated group draw is mixed; see the module docstring.
 
     Parameters
     ----------
-    source
-        Where prompts come from (a ``PromptPool``).
-    group_size
-        G, the size of every group.
+    source, group_size
+        As for ``BaseGate``; every group it opens is a full group.
     success_probability
         ``success_probability(prompt_id) -> float``, the exact p under the current policy; None
         for hindsight mode (see the module docstring).
@@ -136,8 +135,7 @@ class OracleGate(BaseGate):
         if rec.sealed:
             return []
         if too_many_failures(snapshot):
-            self._verdicts.add("abandon_failures")
-            return [abandon(snapshot.group_id, "failures")]
+            return self._abandon_failed(snapshot.group_id)
         if snapshot.in_flight > 0 or snapshot.finished + snapshot.failed < snapshot.launched:
             return []  # judge the whole group
         if snapshot.is_mixed:

@@ -59,7 +59,7 @@ class PilotRecord(RoundRecord):
     rejudge: bool = False
 
 
-class PilotCommitGate(RoundGate):
+class PilotCommitGate(RoundGate[PilotRecord]):
     """Pilot, keep the mid-band, buffer, commit with the rest of the group; see the module docstring.
 
     Parameters
@@ -197,7 +197,7 @@ class PilotCommitGate(RoundGate):
     def _round_ended(self) -> list[GroupAction]:
         self._check_cap(short=self._uncovered() > 0)
         actions = []
-        best = sorted(self._candidates, key=lambda g: (abs(self._groups[g].p_hat - 0.5), g))
+        best = sorted(self._candidates, key=lambda g: (abs(self._judged(g) - 0.5), g))
         for gid in best:
             rec = self._groups[gid]
             if self._uncovered() > 0:
@@ -209,6 +209,12 @@ class PilotCommitGate(RoundGate):
         self._candidates = []
         actions += self._drain()
         return actions
+
+    def _judged(self, group_id: int) -> float:
+        """A judged pilot's success rate (every fallback candidate was judged)."""
+        p_hat = self._groups[group_id].p_hat
+        assert p_hat is not None
+        return p_hat
 
     def _cap_message(self) -> str:
         return (
@@ -224,6 +230,7 @@ class PilotCommitGate(RoundGate):
         actions = []
         for gid in list(self._buffer):
             rec = self._groups[gid]
+            assert rec.born is not None  # set when it entered the buffer
             if step + 1 - rec.born > self.max_buffer_age:
                 self._buffer.remove(gid)
                 actions.append(self._verdict(rec, abandon(gid, "stale")))

@@ -17,8 +17,9 @@ pipeline.config.build.ConfigError: gate.sara.probe_size=10 is above orchestrator
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Callable, get_args
+from typing import get_args
 
 from controller.config import DpsConfig, GateConfig, GateKind
 from controller.gates.dps import DpsGate

@@ -20,9 +20,8 @@ A subclass implements ``_update`` (calling ``_count`` once a group is judged),
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
-from controller.config import check_group_sizes
 from controller.gates.base import BaseGate
 from controller.gates.common import GroupRecord, StepQuota
 from controller.prompts import PromptPool
@@ -47,7 +46,10 @@ class RoundRecord(GroupRecord):
     counted: bool = False
 
 
-class RoundGate(BaseGate):
+RR = TypeVar("RR", bound="RoundRecord")
+
+
+class RoundGate(BaseGate[RR], Generic[RR]):
     """Round bookkeeping shared by the round-based gates (not a gate by itself).
 
     Parameters
@@ -104,7 +106,6 @@ class RoundGate(BaseGate):
         initial_size: int,
     ):
         super().__init__(source, group_size)
-        check_group_sizes(group_size, batch_groups)
         self.batch_groups = batch_groups
         self.max_rounds = max_rounds
         self.on_round_cap = on_round_cap
@@ -188,7 +189,7 @@ class RoundGate(BaseGate):
 
     # --- closing and checkpoint ---------------------------------------------------------
 
-    def _closed(self, group_id: int, rec: RoundRecord, committed: bool) -> None:
+    def _closed(self, group_id: int, rec: RR, committed: bool) -> None:
         if rec.verdict == "commit" and not committed:
             self._quota.uncommit()  # dropped by the orchestrator: its place in the batch is free again
         if not rec.counted and self._in_round(rec):

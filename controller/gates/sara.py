@@ -70,7 +70,7 @@ class SaraRecord(GroupRecord):
     b: float
 
 
-class SaraGate(BaseGate):
+class SaraGate(BaseGate[SaraRecord]):
     """Commit / abandon / continue partial groups by their odds of ending effective.
 
     Parameters
@@ -193,8 +193,7 @@ class SaraGate(BaseGate):
     def _update(self, snapshot: GroupSnapshot, rec: SaraRecord) -> list[GroupAction]:
         gid, t, running = snapshot.group_id, snapshot.finished, snapshot.in_flight
         if too_many_failures(snapshot):
-            self._verdicts.add("abandon_failures")
-            return [abandon(gid, "failures")]
+            return self._abandon_failed(gid)
         if self.confident_pilot and t and not snapshot.is_mixed:
             bound = self.confident_bound(snapshot)
             if bound <= self.confident_max_mixed:

@@ -10,7 +10,8 @@ from pipeline.types import ActionKind, GroupAction, GroupPlan, GroupSnapshot, Tr
 
 
 class UniformGate(Gate):
-    """The GRPO baseline: open a group of ``group_size`` per prompt and commit it at once.
+    """The GRPO baseline: open a group of ``group_size`` per prompt and commit it at once
+    (``orchestrator.group_size``, which ``OrchestratorConfig`` checks is at least 2).
 
     Examples
     --------
@@ -22,8 +23,6 @@ class UniformGate(Gate):
     """
 
     def __init__(self, pool: PromptPool, group_size: int):
-        if group_size < 2:
-            raise ValueError(f"group_size={group_size} must be >= 2 for a group-relative advantage")
         self.pool = pool
         self.group_size = group_size
         self._sealed: set[int] = set()

@@ -12,6 +12,8 @@ rollout generation. One concept per module:
 * ``reward``      the realised reward of a decision
 * ``promotion``   shadow-to-live promotion and demotion on doubly-robust evidence
 * ``gain_error``  online vs frozen gain-prediction error
+* ``points``      the decision points (rescue, extend, token), their batching, per-group records
+* ``outcomes``    what decisions led to: rewards, learning, the frozen copy, promotion switches
 * ``controller``  ``RailController``, the orchestrator-facing ``Controller``
 * ``state``       saved state and its file form
 * ``replay``      offline training and evaluation from traces

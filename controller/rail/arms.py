@@ -25,8 +25,9 @@ logged record.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, Literal
+from typing import Any, Literal
 
 from controller.rail.config import RailConfig
 from pipeline.types import ActionKind, BranchSpec, GroupAction, SamplingParams
@@ -176,7 +177,7 @@ class ArmsCache:
         self.limit = limit
         self._entries: dict[tuple[int, str], tuple[tuple[Arm, ...], object]] = {}
 
-    def get(self, arms: tuple[Arm, ...], compute, tag: str = ""):
+    def get(self, arms: tuple[Arm, ...], compute: Callable[[tuple[Arm, ...]], Any], tag: str = "") -> Any:
         """``compute(arms)``, computed once per arms tuple (and ``tag``)."""
         entry = self._entries.get((id(arms), tag))
         if entry is None:

@@ -82,10 +82,15 @@ class NoneBehaviour(BehaviourPolicy):
     name = "none"
 
     def rule(self, context: Context) -> int:
-        for i, arm in enumerate(context.arms):
-            if arm.is_noop:
-                return i
-        return 0
+        return noop_index(context)
+
+
+def noop_index(context: Context) -> int:
+    """The index of the no-op arm (the first arm if there is none)."""
+    for i, arm in enumerate(context.arms):
+        if arm.is_noop:
+            return i
+    return 0
 
 
 class ArpoBehaviour(BehaviourPolicy):
@@ -111,7 +116,7 @@ class ArpoBehaviour(BehaviourPolicy):
         return best
 
     def rule(self, context: Context) -> int:
-        noop = NoneBehaviour.rule(self, context)
+        noop = noop_index(context)
         if context.point == "extend":
             return noop
         branch = self._preferred(context, "branch")

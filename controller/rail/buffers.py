@@ -27,6 +27,8 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from pipeline.types import TokenDelta
 
@@ -83,7 +85,8 @@ class RequestBuffer:
     def _entropy_chunks(self):
         return (e if e is not None else (0.0,) * len(t) for e, t in zip(self._entropies, self._tokens))
 
-    def extend(self, tokens, logprobs, entropies, room: int) -> None:
+    def extend(self, tokens: Sequence[int], logprobs: Sequence[float], entropies: Sequence[float] | None,
+               room: int) -> None:
         take = min(len(tokens), max(room, 0))
         if take <= 0:
             return
@@ -136,7 +139,7 @@ class RequestBuffer:
         return float(entropies[k - self._ends[c]]) if entropies is not None else 0.0
 
 
-def _first(chunks, n: int) -> tuple:
+def _first(chunks: Iterable[Sequence[Any]], n: int) -> tuple[Any, ...]:
     """The first ``n`` items of ``chunks`` laid end to end."""
     return tuple(itertools.islice(itertools.chain.from_iterable(chunks), n))
 

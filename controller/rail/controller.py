@@ -1,30 +1,11 @@
 """RAIL: a learned intervention controller behind the orchestrator's ``Controller`` protocol.
 
-Decision points (docs/methods.md, RAIL; the hooks are in ``pipeline/protocols.py``):
-
-1. **rescue** -- ``on_group`` sees the gate propose ABANDON of a saturated group: the controller
-   may replace the abandon by an intervention (branch the most promising prefix of the group's
-   buffered samples -- highest prefix mean log-prob when all failed, lowest when all
-   succeeded; at a probe-first probe's end every buffered sample has ended -- or resample, at
-   a temperature). The group stays open and the gate decides again on the new samples;
-   ``max_rescues_per_group`` bounds how often.
-2. **extend** -- the gate proposes COMMIT: the controller may add samples to the group.
-3. **token** -- ``on_tokens`` sees a token whose entropy reaches ``entropy_threshold``: the
-   controller may branch the running sample's prefix there (rate-limited per group and sample).
-
-Batching (``batch_token_decisions``, ``batch_group_decisions``, both default): a decision point is
-queued with its context, and ``flush_decisions`` decides every queued point in one scoring call
-when the orchestrator's tracking loop has drained the events that were waiting for it (the
-points of one event-loop tick share a batch). A group-level point is queued only when nothing of
-its group is running: ``on_group`` then returns HOLD in place of the gate's proposal, and the
-flush returns that proposal (no-op chosen) or the intervention that replaces (rescue) or joins
-(extend) it.
-
-Every decision is logged (``DecisionRecord``, its features, the arms, the chosen arm and its
+``on_group`` (rescue, extend) and ``on_tokens`` (token) find the decision points
+(``controller.rail.points`` says what each is and how they are batched), and ``flush_decisions``
+decides the queued ones in one scoring call. Every decision is logged (``DecisionRecord``, its features, the arms, the chosen arm and its
 propensity; ``controller.rail.decider`` says what each field holds in live and shadow mode);
-its reward (``controller.rail.reward``) is logged with ``sink.log_outcome`` and learned from
-when the group closes. ``controller.rail.promotion`` switches shadow <-> live on doubly-robust
-evidence, and every switch is logged as a ``"promotion"`` decision.
+its reward is logged and learned from when the group closes, and shadow <-> live switches on
+doubly-robust evidence (``controller.rail.outcomes``).
 
 While an intervention's samples are still running, a gate's ABANDON of that group is held
 back (dropped, to be proposed again at the next update): otherwise they would be aborted
@@ -38,91 +19,45 @@ group that no longer exists.
 ...                                  batch_group_decisions=False), NullSink(), SamplingParams(max_tokens=64), seed=0)
 >>> snap = GroupSnapshot(group_id=1, prompt=Prompt(0, "", (1,)), target_size=8, rewards=(0.0,) * 4,
 ...                      in_flight=0, launched=4, failed=0, tokens=200, policy_version=0, origins=(-1,) * 4)
->>> out = rail.on_group(snap, [GroupAction(ActionKind.ABANDON, 1)])
->>> [a.kind.value for a in out] in (["abandon"], ["launch"])
-True
+>>> out = rail.on_group(snap, [GroupAction(ActionKind.ABANDON, 1)])   # a rescue point: decided
+>>> [a.kind.value for a in out], rail.counts["decisions_rescue"]     # (a fresh learner: the no-op)
+(['abandon'], 1)
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from controller.gates.common import hold
+from controller.rail import state as state_io
 from controller.rail.arms import Arm, build_arms
-from controller.rail.bandit import BanditLearner, ControllerStateError, Decision
+from controller.rail.bandit import BanditLearner, ControllerStateError
 from controller.rail.behaviour import build_behaviour
 from controller.rail.buffers import PrefixBuffers, RequestBuffer
 from controller.rail.config import RailConfig
 from controller.rail.decider import Choice, Decider
-from controller.rail.features import POINTS, Context, PrefixInfo, group_features
-from controller.rail.gain_error import GainErrorTracker
-from controller.rail.learners import build_learner, clone_learner, learner_from_state
-from controller.rail.promotion import Evidence, Promoter, WindowEntry
-from controller.rail.records import decision_record, evidence_metrics, latency_metrics, switch_record
-from controller.rail.reward import decision_reward
-from controller.rail import state as state_io
+from controller.rail.features import Context, PrefixInfo, group_features
+from controller.rail.learners import build_learner
+from controller.rail.outcomes import Outcomes, PendingDecision
+from controller.rail.points import DECISIONS_AT, INTERVENTIONS_OF, QUEUED, GroupState, Point, QueuedPoint, group_point
+from controller.rail.records import decision_record, latency_metrics
 from pipeline.protocols import DecisionSink
 from pipeline.seeding import derive_seed
-from pipeline.types import ActionKind, BranchSpec, CommittedGroup, GroupAction, GroupSnapshot, SamplingParams, TokenDelta
+from pipeline.types import (
+    ActionKind,
+    BranchSpec,
+    CommittedGroup,
+    GroupAction,
+    GroupSnapshot,
+    SamplingParams,
+    TokenDelta,
+    TurnPoint,
+)
 
-
-QUEUED = "rail: decision queued"
-"""The reason of the HOLD that ``on_group`` returns while a group-level point waits for its batch."""
-_DECISIONS_AT = {point: f"decisions_{point}" for point in POINTS}
-_INTERVENTIONS_OF = {kind: f"interventions_{kind}" for kind in ("branch", "resample")}
-"""The counters of decisions per point and of interventions per arm kind, named once."""
-
-
-@dataclass(slots=True)
-class _Pending:
-    """A logged decision waiting for its group to close."""
-
-    decision_id: int
-    point: str
-    context: Context
-    acted: Decision
-    other_prob: float
-    q_other: float
-    online_gain: float
-    frozen_exists: bool  # the frozen copy existed at decision time (it never changes after)
-    expected_tokens: float
-    tokens_at: int
-
-    @property
-    def noop(self) -> bool:
-        return self.context.arms[self.acted.action].is_noop
-
-    @property
-    def n(self) -> int:
-        return self.context.arms[self.acted.action].n
-
-
-@dataclass(frozen=True)
-class _Queued:
-    """A decision point waiting for the batch it is decided in."""
-
-    point: str
-    snapshot: GroupSnapshot
-    group: "_Group"
-    context: Context
-    source: RequestBuffer | None
-    position: int
-    cost_ns: int  # what building its context took (added to its share of the batch's cost)
-    held: tuple[GroupAction, ...] = ()  # a group-level point: the gate's proposal, held until decided
-
-
-@dataclass
-class _Group:
-    first_version: int
-    decisions: list[_Pending] = field(default_factory=list)
-    token_decisions: int = 0
-    interventions: int = 0
-    rescues: int = 0
-    rescued_from: str = ""  # "fail" / "pass": the saturated probe a rescue intervention acted on
+__all__ = ["QUEUED", "RailController"]
 
 
 class RailController:
@@ -166,27 +101,33 @@ class RailController:
         self.learner: BanditLearner = build_learner(config, derive_seed(seed, "rail", "learner"))
         self.behaviour = build_behaviour(config, derive_seed(seed, "rail", "behaviour"))
         self.decider = Decider(config, self.learner, self.behaviour, derive_seed(seed, "rail", "decider"))
-        self.promoter = Promoter(
-            config.evaluate_every, config.min_decisions, config.window, config.confidence,
-            config.weight_clip, config.mode, config.auto_promote,
-        )
-        self.frozen: BanditLearner | None = None
-        self.gain_errors = GainErrorTracker()
+        self.counts: Counter[str] = Counter()
+        self.outcomes = Outcomes(config, sink, self.learner, self.counts, frozen_seed=derive_seed(seed, "rail", "frozen"),
+                                 run_id=run_id, clock=self._clock)
+        """Rewards, learning, the frozen copy and promotion (``controller.rail.outcomes``)."""
         # Token hooks are needed for token decisions, and to know prefixes for group-level branches.
         self.wants_tokens = bool(config.token_decisions or self._branch_arms)
         self.buffers = PrefixBuffers(config.buffer_max_tokens, config.buffer_max_requests)
-        self._groups: dict[int, _Group] = {}
+        self._groups: dict[int, GroupState] = {}
         self.length_estimate = config.initial_length or default_params.max_tokens / 2.0
         """Running mean response length (tokens), for the arms' expected costs."""
-        self.counts: Counter[str] = Counter()
         self.latency_ns: deque[int] = deque(maxlen=self.LATENCY_WINDOW)
         """Durations of the last decisions (features, choice, logging), in nanoseconds."""
-        self.recent_rewards: deque[float] = deque(maxlen=1000)
-        self._queue: list[_Queued] = []
+        self._queue: list[QueuedPoint] = []
 
     @property
     def mode(self) -> str:
-        return self.promoter.mode
+        return self.outcomes.mode
+
+    @property
+    def promoter(self) -> Any:
+        """The promotion window and mode (``controller.rail.promotion.Promoter``)."""
+        return self.outcomes.promoter
+
+    @property
+    def frozen(self) -> BanditLearner | None:
+        """The frozen copy of the learner, once it has learned ``warmup_decisions`` decisions."""
+        return self.outcomes.frozen
 
     # --- Controller protocol -------------------------------------------------------------
 
@@ -199,23 +140,17 @@ class RailController:
         cfg = self.config
         if ActionKind.ABANDON in mine:
             rest = [a for a in proposed if not (a.group_id == gid and a.kind is ActionKind.ABANDON)]
-            if snapshot.in_flight > 0 and self._outstanding(group, snapshot):
+            if snapshot.in_flight > 0 and group.outstanding(snapshot):
                 self.counts["abandons_deferred"] += 1
                 return rest
-            if (
-                cfg.rescue_on_abandon
-                and group.rescues < cfg.max_rescues_per_group
-                and snapshot.finished >= 1
-                and not snapshot.is_mixed
-                and snapshot.failed <= snapshot.finished
-            ):
+            if group.may_rescue(snapshot, cfg):
                 held = tuple(a for a in proposed if a.group_id == gid and a.kind is ActionKind.ABANDON)
                 if self._queue_group_point(snapshot, group, "rescue", held):
                     return rest + [hold(gid, QUEUED)]
                 actions = self._rescued(snapshot, group, self._group_decision(snapshot, group, "rescue"), held=())
                 return rest + actions if actions else proposed
             return proposed
-        if ActionKind.COMMIT in mine and cfg.extend_on_commit and group.interventions < cfg.max_interventions_per_group:
+        if ActionKind.COMMIT in mine and group.may_extend(cfg):
             held = tuple(a for a in proposed if a.group_id == gid)
             if self._queue_group_point(snapshot, group, "extend", held):
                 return [a for a in proposed if a.group_id != gid] + [hold(gid, QUEUED)]
@@ -223,7 +158,7 @@ class RailController:
         return proposed
 
     def _rescued(
-        self, snapshot: GroupSnapshot, group: _Group, actions: list[GroupAction], held: tuple[GroupAction, ...]
+        self, snapshot: GroupSnapshot, group: GroupState, actions: list[GroupAction], held: tuple[GroupAction, ...]
     ) -> list[GroupAction]:
         """A rescue decision's outcome: its intervention in place of the held abandon, or the
         abandon when it chose the no-op."""
@@ -246,7 +181,7 @@ class RailController:
         if not peak >= cfg.entropy_threshold:  # also false for NaN
             return []
         group = self._group(snapshot)
-        if group.token_decisions >= cfg.max_token_decisions_per_group or group.interventions >= cfg.max_interventions_per_group:
+        if not group.may_decide_token(cfg):
             return []
         position = delta.position + entropies.index(peak)
         if position < 1 or position - buf.last_decision < cfg.min_tokens_between_decisions:
@@ -266,7 +201,11 @@ class RailController:
             return self._decide("token", snapshot, group, prefix, arms, source, position)
         started = time.perf_counter_ns()
         context = self._context("token", snapshot, group, prefix, arms)
-        self._queue.append(_Queued("token", snapshot, group, context, source, position, time.perf_counter_ns() - started))
+        self._queue.append(QueuedPoint("token", snapshot, group, context, source, position, time.perf_counter_ns() - started))
+        return []
+
+    def on_turn(self, snapshot: GroupSnapshot, sample_index: int, point: TurnPoint) -> list[GroupAction]:
+        """RAIL has no turn-level decision points yet (the protocol's default: none)."""
         return []
 
     @property
@@ -290,7 +229,7 @@ class RailController:
             actions += self._decide_batch(queue[k:k + size])
         return actions
 
-    def _decide_batch(self, queue: list[_Queued]) -> list[GroupAction]:
+    def _decide_batch(self, queue: list[QueuedPoint]) -> list[GroupAction]:
         started = time.perf_counter_ns()
         choices = self.decider.choose_many([q.context for q in queue], self.mode)
         actions: list[GroupAction] = []
@@ -326,57 +265,29 @@ class RailController:
         if committed and state.rescued_from and snapshot.is_mixed:
             # A saturated probe (all fail / all pass) the gate would have abandoned, made mixed.
             self.counts[f"recovered_{state.rescued_from}"] += 1
-        # The frozen copy never learns, so predicting now equals predicting at decision time, and
-        # the group's decisions are scored in one call (one matrix product with VW's snapshot).
-        known = [d for d in state.decisions if d.frozen_exists]  # frozen_exists: self.frozen is set
-        frozen = iter(self.frozen.distributions([d.context for d in known]) if known else ())
-        for d in state.decisions:
-            self._settle(d, snapshot, committed, next(frozen)[1][d.acted.action] if d.frozen_exists else math.nan)
+        self.outcomes.settle(state.decisions, snapshot, committed, self.length_estimate)
 
     # --- decisions -----------------------------------------------------------------------
 
-    def _group(self, snapshot: GroupSnapshot) -> _Group:
+    def _group(self, snapshot: GroupSnapshot) -> GroupState:
         group = self._groups.get(snapshot.group_id)
         if group is None:
-            group = self._groups[snapshot.group_id] = _Group(first_version=snapshot.policy_version)
+            group = self._groups[snapshot.group_id] = GroupState(first_version=snapshot.policy_version)
         return group
-
-    def _outstanding(self, group: _Group, snapshot: GroupSnapshot) -> bool:
-        """Some intervention of this group has samples that have not come back yet."""
-        for d in group.decisions:
-            if not d.noop and snapshot.origins.count(d.decision_id) < d.n:
-                return True
-        return False
 
     def _arms(self, can_branch: bool) -> tuple[Arm, ...]:
         return self.arms if can_branch else self._other_arms
 
-    def _group_point(
-        self, snapshot: GroupSnapshot
-    ) -> tuple[PrefixInfo, tuple[Arm, ...], RequestBuffer | None, int] | None:
-        """A group-level point's prefix, arms, branch source and position; None when only the
-        no-op is available (nothing to decide)."""
-        best = None
-        if self._branch_arms:
-            # All failures so far: continue the most promising prefix; all successes: the least.
-            best = self.buffers.best_prefix(snapshot.group_id, snapshot.successes == 0, self.default_params.max_tokens - 1)
-        prefix = PrefixInfo()
-        if best is not None:
-            buf, pos = best
-            prefix = PrefixInfo(pos / buf.length, buf.entropy_at(pos), buf.has_entropy, buf.mean_logprob(pos))
-        arms = self._arms(best is not None)
-        if len(arms) < 2:
-            return None
-        return prefix, arms, best[0] if best else None, best[1] if best else -1
+    def _group_point(self, snapshot: GroupSnapshot) -> Point | None:
+        return group_point(snapshot, self.buffers, self.arms, self._other_arms, self.default_params.max_tokens)
 
-    def _group_decision(self, snapshot: GroupSnapshot, group: _Group, point: str) -> list[GroupAction]:
+    def _group_decision(self, snapshot: GroupSnapshot, group: GroupState, point: str) -> list[GroupAction]:
         found = self._group_point(snapshot)
         if found is None:
             return []
-        prefix, arms, source, position = found
-        return self._decide(point, snapshot, group, prefix, arms, source, position)
+        return self._decide(point, snapshot, group, found.prefix, found.arms, found.source, found.position)
 
-    def _queue_group_point(self, snapshot: GroupSnapshot, group: _Group, point: str, held: tuple[GroupAction, ...]) -> bool:
+    def _queue_group_point(self, snapshot: GroupSnapshot, group: GroupState, point: str, held: tuple[GroupAction, ...]) -> bool:
         """Queue a group-level point for the next batch, holding ``held`` (the gate's proposal
         for the group) until it is decided; False when it is to be decided now instead (batching
         off, samples of the group still running) or there is nothing to decide."""
@@ -386,12 +297,12 @@ class RailController:
         found = self._group_point(snapshot)
         if found is None:
             return False
-        prefix, arms, source, position = found
-        context = self._context(point, snapshot, group, prefix, arms)
-        self._queue.append(_Queued(point, snapshot, group, context, source, position, time.perf_counter_ns() - started, held))
+        context = self._context(point, snapshot, group, found.prefix, found.arms)
+        self._queue.append(QueuedPoint(point, snapshot, group, context, found.source, found.position,
+                                       time.perf_counter_ns() - started, held))
         return True
 
-    def _context(self, point: str, snapshot: GroupSnapshot, group: _Group, prefix: PrefixInfo, arms: tuple[Arm, ...]) -> Context:
+    def _context(self, point: str, snapshot: GroupSnapshot, group: GroupState, prefix: PrefixInfo, arms: tuple[Arm, ...]) -> Context:
         features = group_features(
             snapshot, point, prefix, self.length_estimate, snapshot.policy_version - group.first_version, group.interventions
         )
@@ -401,7 +312,7 @@ class RailController:
         self,
         point: str,
         snapshot: GroupSnapshot,
-        group: _Group,
+        group: GroupState,
         prefix: PrefixInfo,
         arms: tuple[Arm, ...],
         source: RequestBuffer | None,
@@ -417,7 +328,7 @@ class RailController:
         self,
         point: str,
         snapshot: GroupSnapshot,
-        group: _Group,
+        group: GroupState,
         context: Context,
         choice: Choice,
         source: RequestBuffer | None,
@@ -433,17 +344,17 @@ class RailController:
                             position, context, choice)
         )
         group.decisions.append(
-            _Pending(decision_id, point, context, choice.acted, choice.other_prob, choice.q_other,
+            PendingDecision(decision_id, point, context, choice.acted, choice.other_prob, choice.q_other,
                      choice.predicted_gain, self.frozen is not None, context.costs[i], snapshot.tokens)
         )
         counts = self.counts
         counts["decisions"] += 1
-        counts[_DECISIONS_AT[point]] += 1
+        counts[DECISIONS_AT[point]] += 1
         if arm.is_noop:
             return []
         group.interventions += 1
         counts["interventions"] += 1
-        counts[_INTERVENTIONS_OF[arm.kind]] += 1
+        counts[INTERVENTIONS_OF[arm.kind]] += 1
         branch = None
         if arm.kind == "branch":
             assert source is not None  # branch arms are only offered with a known prefix
@@ -452,38 +363,9 @@ class RailController:
             self.buffers.expect_branch(snapshot.group_id, source, position, arm.n)
         return arm.actions(snapshot.group_id, decision_id, self.default_params, branch)
 
-    def _settle(self, d: _Pending, snapshot: GroupSnapshot, committed: bool, frozen_gain: float) -> None:
-        """Reward, log, learn and promote for one decision of a closed group."""
-        reward, _gain, tokens = decision_reward(
-            d.point, snapshot.rewards, snapshot.origins, d.decision_id, committed,
-            d.expected_tokens, snapshot.tokens - d.tokens_at, self.config.cost_lambda, self.length_estimate, noop=d.noop,
-        )
-        self.sink.log_outcome(d.decision_id, reward, tokens)
-        self.counts["outcomes"] += 1
-        self.recent_rewards.append(reward)
-        self.learner.learn_one(d.context, d.acted, reward)
-        self.gain_errors.add(d.online_gain, frozen_gain, reward)
-        if self.frozen is None and self.learner.learned >= self.config.warmup_decisions:
-            self.frozen = clone_learner(self.learner, self.config, derive_seed(self.seed, "rail", "frozen"))
-        entry = WindowEntry(reward, d.acted.propensity, d.other_prob, d.online_gain, d.q_other)
-        evidence = self.promoter.record(entry)
-        if evidence is not None:
-            self._log_switch(evidence, snapshot.policy_version)
-
-    def _log_switch(self, evidence: Evidence | None, policy_version: int, manual: bool = False) -> None:
-        record = switch_record(self.sink.next_decision_id(), float(self._clock()), self.run_id, self.mode, evidence,
-                               policy_version, manual)
-        self.sink.log_decision(record)
-
     def set_mode(self, mode: str, policy_version: int = 0) -> None:
         """Switch by hand; logged like an automatic switch, with the current evidence if any."""
-        if mode not in ("live", "shadow"):
-            raise ValueError(f"mode={mode!r} must be 'live' or 'shadow'")
-        if mode == self.mode:
-            return
-        evidence = self.promoter.evaluate() or self.promoter.last
-        self.promoter.switch(mode)
-        self._log_switch(evidence, policy_version, manual=True)
+        self.outcomes.set_mode(mode, policy_version)
 
     # --- reporting and state ---------------------------------------------------------------
 
@@ -492,18 +374,12 @@ class RailController:
         the length estimate, the prefix buffers, open groups, the mean recent reward, decision
         latency percentiles, the latest promotion evidence and the gain-prediction errors."""
         out = {f"controller/{k}": float(v) for k, v in sorted(self.counts.items())}
-        out["controller/live"] = float(self.mode == "live")
-        out["controller/promotions"] = float(self.promoter.promotions)
-        out["controller/demotions"] = float(self.promoter.demotions)
         out["controller/length_estimate"] = float(self.length_estimate)
         out["controller/buffered_requests"] = float(len(self.buffers))
         out["controller/buffer_evictions"] = float(self.buffers.evicted)
         out["controller/open_groups"] = float(len(self._groups))
-        if self.recent_rewards:
-            out["controller/mean_reward"] = sum(self.recent_rewards) / len(self.recent_rewards)
         out.update(latency_metrics(self.latency_ns))
-        out.update(evidence_metrics(self.promoter.last))
-        out.update(self.gain_errors.metrics())
+        out.update(self.outcomes.metrics())
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -517,7 +393,7 @@ class RailController:
             "behaviour": self.behaviour.state_dict(),
             "decider": self.decider.state_dict(),
             "promoter": self.promoter.state_dict(),
-            "gain_errors": self.gain_errors.state_dict(),
+            "gain_errors": self.outcomes.gain_errors.state_dict(),
             "length": self.length_estimate,
             "counts": dict(self.counts),
         }
@@ -526,10 +402,9 @@ class RailController:
         """Restore ``state_dict()``'s output. ``ControllerStateError`` naming ``where`` for a state
         of another format, version or backend (nothing loaded) or a corrupt one."""
         state_io.check_header(state, where, self.config.backend)
+        outcomes = self.outcomes
         try:
-            frozen = None
-            if state["frozen"] is not None:
-                frozen = learner_from_state(state["frozen"], self.config, derive_seed(self.seed, "rail", "frozen"))
+            frozen = outcomes.frozen_from_state(state["frozen"])
             # Validate everything that can fail before touching the live learner.
             promoter = dict(state["promoter"])
             length = float(state["length"])
@@ -537,13 +412,13 @@ class RailController:
             self.learner.load_state_dict(state["learner"])
             self.behaviour.load_state_dict(state["behaviour"])
             self.decider.load_state_dict(state["decider"])
-            self.promoter.load_state_dict(promoter)
-            self.gain_errors.load_state_dict(state["gain_errors"])
+            outcomes.promoter.load_state_dict(promoter)
+            outcomes.gain_errors.load_state_dict(state["gain_errors"])
         except ControllerStateError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise state_io.corrupt(where, exc) from exc
-        self.frozen = frozen
+        outcomes.frozen = frozen
         self.length_estimate = length
         self.counts.clear()
         self.counts.update(counts)

@@ -33,9 +33,9 @@ from __future__ import annotations
 import math
 import operator
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
 
 import numpy as np
 

@@ -49,8 +49,9 @@ ValueError: feature 'token_entropy'=nan is not finite; the controller's inputs m
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
+from typing import cast
 
 from controller.rail.arms import Arm, ArmsCache
 from pipeline.types import GroupSnapshot
@@ -172,18 +173,18 @@ class Context:
     @classmethod
     def build(
         cls, point: str, features: Mapping[str, float], arms: tuple[Arm, ...] | list[Arm], checked: bool = False
-    ) -> "Context":
+    ) -> Context:
         """Validate ``features`` and derive every arm's cost from ``length_estimate`` (thousands
         of tokens) and ``position_fraction``, as a replay of a logged record does.
         ``checked=True`` takes ``features`` as it is: pass it only ``check_features``' own
         output (a fresh dict of finite floats, as ``group_features`` returns)."""
-        checked = features if checked else check_features(features)
-        length = checked.get("length_estimate", 0.0) * 1000.0
-        rest = min(max(1.0 - checked.get("position_fraction", 0.0), 0.0), 1.0)
+        values = cast(dict[str, float], features) if checked else check_features(features)
+        length = values.get("length_estimate", 0.0) * 1000.0
+        rest = min(max(1.0 - values.get("position_fraction", 0.0), 0.0), 1.0)
         arms = tuple(arms)
         # expected_tokens of every arm, from its samples and whether it only writes the rest.
         rules = _COST_RULES.get(arms, _cost_rules)
-        return cls(point, checked, arms, tuple([
+        return cls(point, values, arms, tuple([
             0.0 if not n else n * length * rest if branch else n * length for n, branch in rules
         ]))
 

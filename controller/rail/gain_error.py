@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 
 
-def _mean(values) -> float:
+def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 

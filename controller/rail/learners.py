@@ -1,8 +1,21 @@
 """Pick RAIL's learner backend from the config (adapters are imported only when chosen).
 
+Both backends answer the same calls: a decision over a context's arms (probabilities that sum
+to 1, the chosen arm's propensity), learning its reward, and the predicted gains, of which the
+no-op's is 0 by construction.
+
+>>> from controller.rail.arms import build_arms
 >>> from controller.rail.config import RailConfig
->>> type(build_learner(RailConfig(backend="river"), seed=0)).__name__
-'RiverLearner'
+>>> from controller.rail.features import Context
+>>> ctx = Context.build("token", {"x": 1.0, "length_estimate": 0.1}, build_arms(RailConfig())[:3])
+>>> for backend in ("vw", "river"):
+...     learner = build_learner(RailConfig(backend=backend), seed=1)
+...     d = learner.predict_one(ctx)
+...     learner.learn_one(ctx, d, reward=0.2)
+...     print(type(learner).__name__, len(d.probabilities), round(sum(d.probabilities), 6), 0 < d.propensity <= 1,
+...           learner.learned, abs(learner.predict_gains(ctx)[0]))
+VWLearner 3 1.0 True 1 0.0
+RiverLearner 3 1.0 True 1 0.0
 """
 
 from __future__ import annotations

@@ -34,7 +34,6 @@ import numpy as np
 
 from controller.ope import Estimate, doubly_robust, ips
 
-
 FIELDS = ("reward", "logged_prob", "other_prob", "q_logged", "q_other")
 """A window entry's numbers, in the order the promoter keeps them."""
 

@@ -39,8 +39,8 @@ def decision_record(
     snapshot: GroupSnapshot,
     sample_index: int,
     position: int,
-    context: "Context",
-    choice: "Choice",
+    context: Context,
+    choice: Choice,
 ) -> DecisionRecord:
     return DecisionRecord(
         decision_id=decision_id,

@@ -228,7 +228,7 @@ def replay(
     return ReplayReport(n, ips(r, mu, mu, confidence=confidence), estimates, logged)
 
 
-def _snips_or_nan(r, mu, pi, confidence: float, clip: float | None) -> Estimate:
+def _snips_or_nan(r: np.ndarray, mu: np.ndarray, pi: np.ndarray, confidence: float, clip: float | None) -> Estimate:
     """SNIPS, or a NaN estimate when the policy never takes a logged action (SNIPS undefined)."""
     if float(np.sum(pi)) <= 0.0:
         return Estimate(math.nan, math.nan, math.nan, len(r), math.nan, "snips", confidence)

@@ -31,7 +31,7 @@ Samples that failed or were aborted carry no reward and so add no variance.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -11,29 +11,21 @@ Each arm's model sees the shared features plus the arm's own (its expected cost 
 the context). The no-op's gain is 0 by construction, so it has no model and is never learned.
 Tracking a drifting policy: plain SGD with a constant step, so old decisions fade out.
 
-This is the only module that imports river.
-
->>> from controller.rail.arms import build_arms
->>> from controller.rail.config import RailConfig
->>> from controller.rail.features import Context
->>> learner = RiverLearner(seed=1)
->>> ctx = Context.build("token", {"x": 1.0, "length_estimate": 0.1}, build_arms(RailConfig())[:3])
->>> d = learner.predict_one(ctx)
->>> learner.learn_one(ctx, d, reward=0.2); learner.learned, learner.predict_gains(ctx)[0]
-(1, 0.0)
+This is the only module that imports river. ``controller.rail.learners`` builds it from the
+config, with an example of both backends.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from river import linear_model, optim, utils
 
 from controller.rail.bandit import BanditLearner, ControllerStateError, Decision, inverse_gap_weighting
 from controller.rail.features import Context
+from controller.rail.state import pack_blob, unpack_blob
 
 
 class RiverLearner(BanditLearner):
@@ -114,16 +106,7 @@ class RiverLearner(BanditLearner):
                 "river learner state in the pickle format of older releases is not loaded (unpickling can run code); "
                 "start the controller fresh, or replay its trace to retrain it (python run.py replay RUN_DIR/trace)"
             )
-        try:
-            blob = base64.b64decode(state["models"], validate=True)
-        except (ValueError, TypeError) as exc:
-            raise ControllerStateError(f"river learner state: the models are not valid base64 ({exc})") from exc
-        if hashlib.sha256(blob).hexdigest() != state["sha256"]:
-            raise ControllerStateError(
-                "river learner state: the models' checksum does not match (the state file is truncated or "
-                "edited); delete it or restore an intact copy"
-            )
-        data = json.loads(blob)
+        data = json.loads(unpack_blob(state["models"], state["sha256"], "the river learner state's models"))
         if not isinstance(data, dict):
             raise ControllerStateError(f"river learner state holds {type(data).__name__}, not a dict of models")
         models = {}
@@ -146,5 +129,5 @@ def models_state(models: dict[str, linear_model.LinearRegression]) -> dict[str, 
               "weights": [[k, v] for k, v in m._weights.to_dict().items()]}
         for arm, m in models.items()
     }
-    blob = json.dumps(data, separators=(",", ":")).encode()
-    return {"format": "json", "models": base64.b64encode(blob).decode("ascii"), "sha256": hashlib.sha256(blob).hexdigest()}
+    text, digest = pack_blob(json.dumps(data, separators=(",", ":")).encode())
+    return {"format": "json", "models": text, "sha256": digest}

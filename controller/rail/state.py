@@ -22,6 +22,8 @@ controller.rail.bandit.ControllerStateError: controller state file ... is not va
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -59,6 +61,35 @@ def check_header(state: Any, where: str, backend: str | None = None) -> None:
 def corrupt(where: str, exc: BaseException) -> ControllerStateError:
     """The error for a state whose header is right but whose body does not load."""
     return ControllerStateError(f"{where} is corrupt ({type(exc).__name__}: {exc}); delete it or start the controller fresh")
+
+
+def pack_blob(blob: bytes) -> tuple[str, str]:
+    """A learner's model bytes as they sit in a JSON state: base64 text and its SHA-256.
+
+    >>> text, digest = pack_blob(b"weights")
+    >>> unpack_blob(text, digest, "the model") == b"weights"
+    True
+    >>> unpack_blob(text, "0" * 64, "the model")
+    Traceback (most recent call last):
+    ...
+    controller.rail.bandit.ControllerStateError: the model's checksum does not match (the state file is truncated or edited); delete it or restore an intact copy
+    """
+    return base64.b64encode(blob).decode("ascii"), hashlib.sha256(blob).hexdigest()
+
+
+def unpack_blob(text: str, sha256: str, what: str) -> bytes:
+    """The bytes ``pack_blob`` packed; ``ControllerStateError`` naming ``what`` when the text is
+    not base64 or the bytes fail their checksum (the only guard against a truncated model, which
+    VW would load silently as an untrained one)."""
+    try:
+        blob = base64.b64decode(text, validate=True)
+    except (ValueError, TypeError) as exc:
+        raise ControllerStateError(f"{what} is not valid base64 ({exc}); the state is corrupt") from exc
+    if hashlib.sha256(blob).hexdigest() != sha256:
+        raise ControllerStateError(
+            f"{what}'s checksum does not match (the state file is truncated or edited); delete it or restore an intact copy"
+        )
+    return blob
 
 
 def save_file(state: dict[str, Any], path: str | os.PathLike) -> None:

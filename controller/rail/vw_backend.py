@@ -12,37 +12,26 @@ instead of decaying it, so recent decisions keep their weight as the RL policy m
 VW's regressor has no Huber loss (the paper's choice); it uses squared loss, and the river
 backend offers Huber.
 
-This is the only module that imports vowpalwabbit.
-
->>> from controller.rail.arms import build_arms
->>> from controller.rail.config import RailConfig
->>> from controller.rail.features import Context
->>> learner = VWLearner(seed=1)
->>> ctx = Context.build("token", {"x": 1.0, "length_estimate": 0.1}, build_arms(RailConfig())[:3])
->>> d = learner.predict_one(ctx)
->>> len(d.probabilities), round(sum(d.probabilities), 6), 0 < d.propensity <= 1
-(3, 1.0, True)
->>> learner.learn_one(ctx, d, reward=0.2); learner.learned
-1
+This is the only module that imports vowpalwabbit. ``controller.rail.learners`` builds it from
+the config, with an example of both backends.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
 import re
 import tempfile
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pylibvw  # vowpalwabbit's native module; its wheel installs it next to the package
 import vowpalwabbit
 
 from controller.rail.arms import Arm
-from controller.rail.bandit import (BanditLearner, ControllerStateError, Decision, inverse_gap_weighting,
-                                    inverse_gap_weighting_rows)
+from controller.rail.bandit import BanditLearner, Decision, inverse_gap_weighting, inverse_gap_weighting_rows
 from controller.rail.features import Context
+from controller.rail.state import pack_blob, unpack_blob
 from controller.rail.vw_snapshot import LinearSnapshot
 
 _BAD = re.compile(r"[\s:|]")
@@ -244,8 +233,8 @@ class VWLearner(BanditLearner):
 
     def _from_gains(self, snapshot: LinearSnapshot, gains: list[float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
         # Every probability SquareCB gives is positive and they sum to 1, so no normalising is needed.
-        gains = tuple(gains)
-        return tuple(inverse_gap_weighting(gains, self._gamma(snapshot))), gains
+        as_tuple = tuple(gains)
+        return tuple(inverse_gap_weighting(as_tuple, self._gamma(snapshot))), as_tuple
 
     def _gamma(self, snapshot: LinearSnapshot) -> float:
         """VW's SquareCB: gamma = gamma_scale * t ** gamma_exponent, t = examples learned (0: uniform)."""
@@ -288,26 +277,14 @@ class VWLearner(BanditLearner):
             self._vw.save(path)
             with open(path, "rb") as f:
                 blob = f.read()
-        state = {
-            "args": self._args,
-            "model": base64.b64encode(blob).decode("ascii"),
-            "sha256": hashlib.sha256(blob).hexdigest(),
-        }
+        text, digest = pack_blob(blob)
+        state: dict[str, Any] = {"args": self._args, "model": text, "sha256": digest}
         if self.snapshot is not None:
             state["snapshot"] = self.snapshot.state()
         return state
 
     def _load(self, state: dict[str, Any]) -> None:
-        try:
-            blob = base64.b64decode(state["model"], validate=True)
-        except (ValueError, TypeError) as exc:
-            raise ControllerStateError(f"vw learner state: the model is not valid base64 ({exc}); the state is corrupt") from exc
-        # VW loads a truncated model silently as an untrained one, so the checksum is the only guard.
-        if hashlib.sha256(blob).hexdigest() != state["sha256"]:
-            raise ControllerStateError(
-                "vw learner state: the model's checksum does not match (the state file is truncated or "
-                "edited); delete it or restore an intact copy"
-            )
+        blob = unpack_blob(state["model"], state["sha256"], "the vw learner state's model")
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "model.vw")
             with open(path, "wb") as f:

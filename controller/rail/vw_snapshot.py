@@ -34,7 +34,8 @@ exactly as the uninterrupted one would.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -89,13 +90,14 @@ class LinearSnapshot:
         self._rows = ArmsCache()
 
     @classmethod
-    def probe(cls, costs: CostFn, keys: Sequence[str], arms: Sequence[Arm], learned: int) -> "LinearSnapshot":
+    def probe(cls, costs: CostFn, keys: Sequence[str], arms: Sequence[Arm], learned: int) -> LinearSnapshot:
         """Read the model out of ``costs`` (the live learner's scorer) for ``keys`` x ``arms``:
         every arm at ``x = 0`` and at every unit vector, interventions at two costs, in one call."""
         keys, arms = tuple(keys), tuple(arms)
         k, d = len(arms), len(keys)
         probes: list[tuple[Mapping[str, float], Arm, float]] = []
-        for x in [{}] + [{key: 1.0} for key in keys]:
+        points: list[Mapping[str, float]] = [{}] + [{key: 1.0} for key in keys]
+        for x in points:
             probes += [(x, a, 0.0) for a in arms]
             probes += [(x, a, PROBE_TOKENS) for a in arms]
         out = np.asarray(costs(probes), dtype=np.float64).reshape(d + 1, 2, k)
@@ -198,7 +200,7 @@ class LinearSnapshot:
         }
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> "LinearSnapshot":
+    def from_state(cls, state: Mapping[str, Any]) -> LinearSnapshot:
         """Inverse of ``state``; ``KeyError``/``ValueError`` on a malformed one."""
         arms = [str(a) for a in state["arms"]]
         for name in arms:

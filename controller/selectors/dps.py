@@ -41,7 +41,8 @@ them) and the exploration share are our choices, all configurable (``gate.dps``)
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

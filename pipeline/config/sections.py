@@ -145,7 +145,8 @@ class OrchestratorConfig:
     ``batch_groups * group_size`` with those gates and 0 with the others (resolved when the
     config is loaded: ``railgate.config.fill_step``)."""
     group_size: int = 8
-    """Target samples per group (G)."""
+    """Target samples per group (G), at least 2 for a group-relative advantage (checked here only:
+    the gates and the tracker rely on it)."""
     max_tokens: int = 256
     """Response length limit per sample."""
     temperature: float = 1.0

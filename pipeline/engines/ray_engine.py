@@ -42,32 +42,33 @@ only if it started it.
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import math
-from typing import Any, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import anyio.lowlevel
 
 from pipeline.engines.base import EngineBase, EngineError
 from pipeline.engines.ray_cluster import connect, import_ray
-from pipeline.engines.request import RequestStream, wake_next_collector
 from pipeline.engines.ray_replica import ReplicaServer, TorchEngineFactory, VllmEngineFactory  # noqa: F401  (re-exported)
+from pipeline.engines.request import RequestStream, TurnCollector
 from pipeline.types import FinishReason, RolloutEvent, SampleFinished, SampleRequest, TokenDelta
 
 _PLACEMENT_MEMORY = 16384
 
 
 class _Replica:
-    __slots__ = ("index", "actor", "alive", "requests", "starts", "aborts", "collecting", "waiting")
+    __slots__ = ("index", "actor", "alive", "requests", "starts", "aborts", "turns")
 
-    def __init__(self, index: int, actor: Any):
+    def __init__(self, index: int, actor: Any, exchange: Callable[[_Replica], Awaitable[bool]]):
         self.index, self.actor, self.alive = index, actor, True
         self.requests: dict[int, _Req] = {}  # by wire serial: open on this side
         self.starts: list[tuple[int, SampleRequest]] = []
         self.aborts: list[int] = []
-        self.collecting = False
-        self.waiting: dict[int, _Req] = {}
+        self.turns = TurnCollector(functools.partial(exchange, self))  # its consumers take turns calling it
 
 
 class _Req:
@@ -83,7 +84,7 @@ class _Req:
         self.final: SampleFinished | None = None  # the replica's final, or one made here (abort, failure)
         self.sent = False  # handed to the replica
         self.done = False  # no more events from the replica are wanted
-        self.wakeup: anyio.Event | None = None
+        self.wakeup: Any = None  # set by its TurnCollector while its consumer waits
 
     def local_final(self, reason: FinishReason, error: str = "") -> SampleFinished:
         b = self.request.branch
@@ -147,7 +148,7 @@ class RayEngine(EngineBase):
         self._owns_ray = connect(ray, address, connect_timeout_s, math.ceil(replicas * num_cpus), dict(ray_init_kwargs or {}))
         self._actor_cls = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, max_task_retries=0)(ReplicaServer)
         self._latest: Any = None  # object ref of the latest weights (for replacements)
-        self._replicas = [_Replica(i, self._new_actor()) for i in range(replicas)]
+        self._replicas = [_Replica(i, self._new_actor(), self._exchange) for i in range(replicas)]
         self._placed: collections.OrderedDict[str, int] = collections.OrderedDict()  # request id -> replica index
         self._serials = itertools.count()
         try:
@@ -260,7 +261,7 @@ class RayEngine(EngineBase):
             return
         for i, r in enumerate(self._replicas):
             if not r.alive:
-                self._replicas[i] = _Replica(i, self._new_actor())
+                self._replicas[i] = _Replica(i, self._new_actor(), self._exchange)
                 self.restarts += 1
 
     def _replica_failed(self, replica: _Replica, exc: BaseException) -> None:
@@ -295,7 +296,7 @@ class RayEngine(EngineBase):
         if not req.sent:
             replica.starts = [(w, r) for w, r in replica.starts if w != req.wire]
         elif send_abort and replica.alive:
-            if replica.collecting:
+            if replica.turns.collecting:
                 replica.aborts.append(req.wire)
             else:  # nobody will call soon: a call of its own, not awaited
                 replica.actor.abort.remote([req.wire])
@@ -313,24 +314,12 @@ class RayEngine(EngineBase):
         return req.final
 
     async def _next_event(self, req: _Req) -> RolloutEvent:
-        while True:
-            await anyio.lowlevel.checkpoint_if_cancelled()
-            event = self._pop_event(req)
-            if event is not None:
-                return event
-            replica = req.replica
-            if not replica.collecting:
-                await self._collect(replica)
-                continue
-            req.wakeup = anyio.Event()
-            replica.waiting[req.wire] = req
-            try:
-                await req.wakeup.wait()
-            finally:
-                replica.waiting.pop(req.wire, None)
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        return await req.replica.turns.next_event(req, self._pop_event)
 
-    async def _collect(self, replica: _Replica) -> None:
-        replica.collecting = True
+    async def _exchange(self, replica: _Replica) -> bool:
+        """One ``exchange`` call to ``replica`` (the collector's turn, ``TurnCollector``): send
+        its queued starts and aborts, hand out the events it returns; whether there were any."""
         starts, aborts = replica.starts, replica.aborts
         replica.starts, replica.aborts = [], []
         for wire, _ in starts:
@@ -343,8 +332,6 @@ class RayEngine(EngineBase):
         except Exception as exc:
             self._replica_failed(replica, exc)
             batch = []
-        finally:
-            replica.collecting = False
         for wire, ev in batch:
             req = replica.requests.get(wire)
             if req is None or req.done:
@@ -356,4 +343,4 @@ class RayEngine(EngineBase):
             else:
                 req.final, req.done = ev, True
             req.wake()
-        wake_next_collector(replica.waiting.values())
+        return bool(batch)

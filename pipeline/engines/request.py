@@ -4,8 +4,10 @@
 the value, the limit and the fix, before anything is queued (the torch and vLLM engines
 call it; the Ray engine's replicas run the torch engine, which does).
 
-``wake_next_collector`` hands the collector's job on in the engines whose consumers take turns
-collecting results for everybody (torch, Ray).
+``TurnCollector`` is the loop of the engines whose consumers take turns collecting results for
+everybody (the torch engine, each Ray replica): no background task; a consumer that needs its
+next event and finds nobody collecting fetches everybody's results and wakes their readers, and
+``wake_next_collector`` hands the job on.
 
 ``RequestStream`` is the async iterator the torch, vLLM and Ray engines' ``stream(request)``
 returns (contract points 1 and 3 of ``pipeline.engines.base``): it reads events until the one
@@ -25,10 +27,23 @@ included) also closes it; closing releases the request in the engine exactly onc
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol, TypeVar
 
+import anyio
+import anyio.lowlevel
+
+from pipeline.clock import running_event_type
 from pipeline.types import RolloutEvent, SampleFinished, SampleRequest
+
+
+class Waiter(Protocol):
+    """An engine's record of a request, as its consumer waits on it."""
+
+    wakeup: Any  # the event its consumer waits on (None before its first wait)
+
+
+W = TypeVar("W", bound=Waiter)
 
 
 def check_request(request: SampleRequest, *, vocab_size: int, max_context: int | None, eos_id: int | None) -> tuple[int, ...]:
@@ -105,6 +120,105 @@ def wake_next_collector(waiting: Iterable[Any]) -> None:
             return
 
 
+class TurnCollector:
+    """Consumers of one source of results (the torch engine's decode thread, one Ray replica)
+    taking turns collecting for everybody.
+
+    A consumer asks ``next_event(record, pop)`` for its request's next event. When ``pop(record)``
+    has none and nobody is collecting, the consumer becomes the collector: it awaits ``collect()``,
+    which fetches every result not read yet, hands each to its request and wakes that request's
+    consumer (and shields the fetch itself, where a result once taken must be handed out), then
+    wakes one waiting consumer that got nothing, so that somebody collects next. Other consumers
+    wait on their own event. Every await belongs to a consumer's task, and results are fetched
+    only while somebody reads.
+
+    Parameters
+    ----------
+    collect
+        Fetches and hands out the results not read yet; returns whether there were any.
+    idle_s
+        After a collection that found nothing, wait this long before looking again (the torch
+        engine: its decode thread had nothing to do); 0: look again at once (a Ray exchange
+        already waits on the replica for its first event).
+
+    Examples
+    --------
+    >>> import collections, anyio
+    >>> from pipeline.types import FinishReason, SampleFinished, TokenDelta
+    >>> class Rec:
+    ...     def __init__(self, rid):
+    ...         self.rid, self.events, self.wakeup = rid, collections.deque(), None
+    >>> recs = [Rec("a"), Rec("b")]
+    >>> script = [[("a", TokenDelta("a", (1,), (-0.1,)))],
+    ...           [("b", SampleFinished("b", (2,), (-0.2,), FinishReason.STOP, 0)),
+    ...            ("a", SampleFinished("a", (1, 2), (-0.1, -0.2), FinishReason.STOP, 0))]]
+    >>> async def collect():                 # what an engine's collector fetches, round by round
+    ...     batch = script.pop(0) if script else []
+    ...     for rid, event in batch:
+    ...         rec = recs[ord(rid) - ord("a")]
+    ...         rec.events.append(event)
+    ...         if rec.wakeup is not None:
+    ...             rec.wakeup.set()
+    ...     return bool(batch)
+    >>> turns = TurnCollector(collect)
+    >>> pop = lambda rec: rec.events.popleft() if rec.events else None
+    >>> async def read(rec, out):
+    ...     while not out or not isinstance(out[-1], SampleFinished):
+    ...         out.append(await turns.next_event(rec, pop))
+    >>> async def main():
+    ...     got = {"a": [], "b": []}
+    ...     async with anyio.create_task_group() as tg:
+    ...         for rec in recs:
+    ...             tg.start_soon(read, rec, got[rec.rid])
+    ...     return {rid: [type(e).__name__ for e in events] for rid, events in got.items()}
+    >>> anyio.run(main)
+    {'a': ['TokenDelta', 'SampleFinished'], 'b': ['SampleFinished']}
+    """
+
+    def __init__(self, collect: Callable[[], Awaitable[bool]], idle_s: float = 0.0):
+        self._collect = collect
+        self._idle_s = idle_s
+        self.collecting = False
+        self._waiting: dict[Any, None] = {}  # records whose consumers wait, in the order they began
+        self._event_type: type | None = None
+
+    async def next_event(self, record: W, pop: Callable[[W], RolloutEvent | None]) -> RolloutEvent:
+        """``record``'s next event: ``pop(record)``, collecting (or waiting for the collector)
+        until it has one."""
+        while True:
+            event = pop(record)
+            if event is not None:
+                return event
+            if not self.collecting:
+                await self._take_turn()
+                # The collection was shielded: deliver a cancellation that arrived meanwhile.
+                await anyio.lowlevel.checkpoint_if_cancelled()
+                continue
+            wakeup = record.wakeup = self._new_event()
+            self._waiting[record] = None
+            try:
+                await wakeup.wait()
+            finally:
+                self._waiting.pop(record, None)
+
+    async def _take_turn(self) -> None:
+        self.collecting = True
+        try:
+            found = await self._collect()
+        finally:
+            self.collecting = False
+            wake_next_collector(self._waiting)
+        if not found and self._idle_s:
+            await anyio.sleep(self._idle_s)
+
+    def _new_event(self) -> Any:
+        # One event per wait per token: anyio.Event looks up the running backend on every
+        # construction (3 us against 0.5 us); asyncio's Event has the same wait()/set().
+        if self._event_type is None:
+            self._event_type = running_event_type()
+        return self._event_type()
+
+
 class RequestStream:
     """One request's event stream: ``TokenDelta``\\ s, then one ``SampleFinished``.
 
@@ -160,7 +274,7 @@ class RequestStream:
         self._state = state
         self._closed = False
 
-    def __aiter__(self) -> "RequestStream":
+    def __aiter__(self) -> RequestStream:
         return self
 
     async def __anext__(self) -> RolloutEvent:

@@ -91,15 +91,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 import torch
 
-from pipeline.clock import running_event_type
 from pipeline.engines.base import EngineBase
-from pipeline.engines.request import RequestStream, check_request, wake_next_collector
+from pipeline.engines.request import RequestStream, TurnCollector, check_request
 from pipeline.engines.torch_batch import DecodeBatch, RowSpec, StepOutput
-from pipeline.engines.torch_sampling import stream_key
 from pipeline.engines.torch_requests import RequestState
+from pipeline.engines.torch_sampling import stream_key
 from pipeline.engines.torch_worker import DecodeWorker, StepFailed
 from pipeline.types import FinishReason, RolloutEvent, SampleRequest
 
@@ -167,9 +165,8 @@ class TorchEngine(EngineBase):
         self._serials = itertools.count()
         self._pending: collections.deque[RequestState] = collections.deque()  # waiting for room in the batch
         self._rows: dict[int, RequestState] = {}  # by key: handed to the decode thread, still running
-        self._waiting: dict[int, RequestState] = {}  # consumers waiting on their own event
-        self._collecting = False
-        self._event_type: type | None = None
+        # The thread had nothing to do (a race with an abort): look again after a millisecond.
+        self._turns = TurnCollector(self._collect, idle_s=0.001)
         self._update_lock = threading.Lock()  # one weight update at a time
         self._loaded_version = 0  # guarded by _update_lock
         self._t0 = time.monotonic()
@@ -269,52 +266,28 @@ class TorchEngine(EngineBase):
     # --- collecting step results -------------------------------------------------------------
 
     async def _next_event(self, req: RequestState) -> RolloutEvent:
-        while True:
-            event = req.pop_event(self.delta_tokens)
-            if event is not None:
-                return event
-            if not self._collecting:
-                await self._collect()
-                # The collection was shielded: deliver a cancellation that arrived meanwhile.
-                await anyio.lowlevel.checkpoint_if_cancelled()
-                continue
-            req.wakeup = self._new_event()
-            self._waiting[req.key] = req
-            try:
-                await req.wakeup.wait()
-            finally:
-                self._waiting.pop(req.key, None)
+        return await self._turns.next_event(req, self._pop_event)
 
-    def _new_event(self):
-        # One event per wait per token: anyio.Event looks up the running backend on every
-        # construction (3 us against 0.5 us); asyncio's Event has the same wait()/set().
-        if self._event_type is None:
-            self._event_type = running_event_type()
-        return self._event_type()
+    def _pop_event(self, req: RequestState) -> RolloutEvent | None:
+        return req.pop_event(self.delta_tokens)
 
-    async def _collect(self) -> None:
-        """Wait for the decode thread's unread results and hand their tokens out."""
-        self._collecting = True
-        results: list = []
-        try:
-            with anyio.CancelScope(shield=True):
-                results = await anyio.to_thread.run_sync(self._worker.take)
-            for out in results:
-                if isinstance(out, StepFailed):  # the batch was reset: the rows it held failed
-                    msg = f"torch engine step failed: {type(out.error).__name__}: {out.error}"
-                    for key in out.keys:
-                        req = self._rows.get(key)
-                        if req is not None:
-                            self._end(req, FinishReason.ERROR, msg)
-                            req.wake()
-                else:
-                    self._dispatch(out)
-            self._submit()
-        finally:
-            self._collecting = False
-            wake_next_collector(self._waiting.values())
-        if not results:
-            await anyio.sleep(0.001)  # the thread had nothing to do (a race with an abort): look again
+    async def _collect(self) -> bool:
+        """Wait for the decode thread's unread results and hand their tokens out (the collector's
+        turn, ``TurnCollector``); whether there were any."""
+        with anyio.CancelScope(shield=True):
+            results = await anyio.to_thread.run_sync(self._worker.take)
+        for out in results:
+            if isinstance(out, StepFailed):  # the batch was reset: the rows it held failed
+                msg = f"torch engine step failed: {type(out.error).__name__}: {out.error}"
+                for key in out.keys:
+                    req = self._rows.get(key)
+                    if req is not None:
+                        self._end(req, FinishReason.ERROR, msg)
+                        req.wake()
+            else:
+                self._dispatch(out)
+        self._submit()
+        return bool(results)
 
     def _dispatch(self, out: StepOutput) -> None:
         for key, lps in out.prefix_logprobs.items():

@@ -193,12 +193,12 @@ class PlainRenderer:
 
 
 def renderer_for(tokenizer: Any) -> Renderer:
-    """``ChatRenderer`` for a tokenizer with a chat template, ``PlainRenderer`` for the character tokenizer."""
-    from pipeline.policy.tokenizer import CharTokenizer
-
-    if isinstance(tokenizer, CharTokenizer):
-        return PlainRenderer(tokenizer)
-    return ChatRenderer(tokenizer)
+    """``ChatRenderer`` for a tokenizer with a chat template (``HFTokenizer``, a ``transformers``
+    tokenizer), ``PlainRenderer`` for the character tokenizer. Told apart by what they can do, so
+    that envs/ does not import policy/ (which imports tasks/, which imports envs/)."""
+    if hasattr(tokenizer, "render") or hasattr(tokenizer, "apply_chat_template"):
+        return ChatRenderer(tokenizer)
+    return PlainRenderer(tokenizer)
 
 
 def _strip_stop(ids: Sequence[int], stop_ids: tuple[int, ...]) -> list[int]:

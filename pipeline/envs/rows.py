@@ -10,7 +10,7 @@ A row is one problem::
 
 The environment gets the row without its ``prompt`` as ``extras``, and ``init`` gets the
 prompt. Reading (UTF-8 and byte-order marks, bad JSON lines, unreadable Parquet) is
-``pipeline.tasks.dataset.read_records``; a bad row is skipped and counted, or stops the load
+``pipeline.datafiles.read_records``; a bad row is skipped and counted, or stops the load
 with its line and the fix (``on_bad_row``).
 
 >>> import json, pathlib, tempfile
@@ -23,7 +23,7 @@ with its line and the fix (``on_bad_row``).
 >>> load_env_rows(path, on_bad_row="error")
 Traceback (most recent call last):
 ...
-pipeline.tasks.dataset.DatasetError: ...rows.jsonl, line 2: prompt is a str ('3+4='), not a list of chat messages; write it as [{"role": "user", "content": ...}], or set task.env.on_bad_row=skip to skip such rows
+pipeline.datafiles.DatasetError: ...rows.jsonl, line 2: prompt is a str ('3+4='), not a list of chat messages; write it as [{"role": "user", "content": ...}], or set task.env.on_bad_row=skip to skip such rows
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
+from pipeline.datafiles import DatasetError, LoadReport, read_records
 from pipeline.envs.protocol import content_chars, is_message
-from pipeline.tasks.dataset import DatasetError, LoadReport, read_records
 
 log = logging.getLogger(__name__)
 

@@ -31,22 +31,12 @@ the one stop token the engines take.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from pipeline.policy.tokenizer import TokenizerError
-
-Messages = list  # [{"role": ..., "content": ...}, ...]
-
-
-def is_messages(prompt: Any) -> bool:
-    """True when ``prompt`` is a list of chat messages (dicts with ``role`` and ``content``).
-
-    >>> is_messages([{"role": "user", "content": "2+2?"}]), is_messages("2+2?")
-    (True, False)
-    """
-    return (isinstance(prompt, (list, tuple)) and len(prompt) > 0
-            and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt))
+from pipeline.tasks.base import Messages, is_messages
 
 
 class HFTokenizer:
@@ -84,7 +74,7 @@ class HFTokenizer:
             )
 
     @classmethod
-    def load(cls, directory: str | Path, chat_template: bool = False) -> "HFTokenizer":
+    def load(cls, directory: str | Path, chat_template: bool = False) -> HFTokenizer:
         """``AutoTokenizer.from_pretrained(directory)``; ``TokenizerError`` names the directory."""
         from transformers import AutoTokenizer
 

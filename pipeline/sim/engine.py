@@ -24,25 +24,21 @@ from __future__ import annotations
 import collections
 import random
 import zlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
-import numpy as np
 
 from pipeline.clock import VirtualClock, WallClock
 from pipeline.engines.base import EngineBase
-from pipeline.sim.world import CORRECT_TOKEN, WRONG_TOKEN, SimPolicyState, SimWorld, Trajectory
+from pipeline.sim.mux import SimMux
+from pipeline.sim.response import Rendered, SimEngineFault, TokenTables
+from pipeline.sim.world import SimPolicyState, SimWorld, Trajectory
 from pipeline.types import FinishReason, Prompt, RolloutEvent, SampleFinished, SampleRequest, TokenDelta
 
-if TYPE_CHECKING:
-    from pipeline.sim.mux import SimMux
+__all__ = ["SimEngine", "SimEngineFault"]  # the fault lives in pipeline.sim.response, shared with the multiplexer
 
 # Finished trajectories kept for branching (least recently used are dropped).
 _BRANCH_MEMORY = 16384
-
-
-class SimEngineFault(RuntimeError):
-    """Injected failure (``engine.fail_every``), for fault-handling tests."""
 
 
 class SimEngine(EngineBase):
@@ -64,7 +60,7 @@ class SimEngine(EngineBase):
         self._fail_every = fail_every
         self._started = 0
         self._finished: collections.OrderedDict[str, Trajectory] = collections.OrderedDict()
-        self._tables = _TokenTables(world.config.vocab_size, world.config.seed)
+        self._tables = TokenTables(world.config.vocab_size, world.config.seed)
 
     # --- Engine protocol (policy_version, open_requests, aclose: EngineBase) ---------------
 
@@ -72,10 +68,8 @@ class SimEngine(EngineBase):
     def state(self) -> SimPolicyState:
         return self._state
 
-    def stream(self, request: SampleRequest) -> "_SimStream":
-        rid = self._admit(request)
-        self._started += 1
-        fail = self._fail_every > 0 and self._started % self._fail_every == 0
+    def stream(self, request: SampleRequest) -> _SimStream:
+        rid, fail = self._begin(request)
         s = _SimStream(self, request, fail)
         self._open[rid] = s
         return s
@@ -85,10 +79,8 @@ class SimEngine(EngineBase):
         if s is not None:
             s.abort()  # a stream, or a multiplexer's entry
 
-    def multiplexer(self) -> "SimMux":
+    def multiplexer(self) -> SimMux:
         """Every request started through it driven by one consumer (``pipeline.sim.mux``)."""
-        from pipeline.sim.mux import SimMux
-
         return SimMux(self)
 
     async def update_weights(self, weights: Any) -> int:
@@ -101,7 +93,13 @@ class SimEngine(EngineBase):
     def _abort_on_close(self, record: Any) -> None:
         record.close()  # a stream, or a multiplexer's entry
 
-    # --- helpers -----------------------------------------------------------------------
+    # --- helpers, shared by the streams and the multiplexer --------------------------------
+
+    def _begin(self, request: SampleRequest) -> tuple[str, bool]:
+        """Admit ``request``: its id, and whether ``fail_every`` makes it fail."""
+        rid = self._admit(request)
+        self._started += 1
+        return rid, self._fail_every > 0 and self._started % self._fail_every == 0
 
     def prompt(self, prompt_id: int) -> Prompt:
         """The ``Prompt`` of training prompt ``prompt_id`` (its tokens are a stand-in)."""
@@ -120,7 +118,7 @@ class SimEngine(EngineBase):
         if len(self._finished) > _BRANCH_MEMORY:
             self._finished.popitem(last=False)
 
-    def _render_request(self, req: SampleRequest, state: SimPolicyState) -> "Rendered":
+    def _render_request(self, req: SampleRequest, state: SimPolicyState) -> Rendered:
         """Sample ``req``'s whole trajectory under ``state`` and render its tokens (seeded by the
         world seed, the request's seed and its id: independent of scheduling)."""
         world = self.world
@@ -157,66 +155,6 @@ class SimEngine(EngineBase):
         return self._finished.get(request_id)
 
 
-class Rendered:
-    """One request's response, drawn whole: its new tokens (tuples once, so that each delta is a
-    slice of them) after the branch prefix, if any."""
-
-    __slots__ = ("request_id", "trajectory", "tokens", "logprobs", "entropies", "prefix_tokens", "prefix_logprobs", "start_pos")
-
-    def __init__(self, request_id: str, trajectory: Trajectory, tokens: tuple[int, ...], logprobs: tuple[float, ...],
-                 entropies: tuple[float, ...], prefix_tokens: tuple[int, ...], prefix_logprobs: tuple[float, ...], start_pos: int):
-        self.request_id = request_id
-        self.trajectory = trajectory
-        self.tokens, self.logprobs, self.entropies = tokens, logprobs, entropies
-        self.prefix_tokens, self.prefix_logprobs, self.start_pos = prefix_tokens, prefix_logprobs, start_pos
-
-    @property
-    def end_reason(self) -> FinishReason:
-        return FinishReason.LENGTH if self.trajectory.truncated else FinishReason.STOP
-
-    def finished(self, produced: int, reason: FinishReason, version: int, now: float) -> SampleFinished:
-        """The final event once ``produced`` of the new tokens are out."""
-        return SampleFinished(
-            request_id=self.request_id,
-            token_ids=self.prefix_tokens + self.tokens[:produced],
-            logprobs=self.prefix_logprobs + self.logprobs[:produced],
-            finish_reason=reason,
-            policy_version=version,
-            engine_time=now,
-        )
-
-
-class _TokenTables:
-    """Pre-drawn token ids, log-probs and base entropies; a response is a slice at a random
-    offset. Drawing fresh arrays per response would cost more than the rest of the engine."""
-
-    SIZE = 1 << 16
-
-    def __init__(self, vocab_size: int, seed: int):
-        rng = np.random.default_rng([seed, 104729])
-        self.tokens = rng.integers(3, vocab_size, size=self.SIZE)
-        self.entropy = 0.3 * rng.exponential(size=self.SIZE)
-        self.logprobs = -self.entropy * rng.uniform(0.5, 1.5, size=self.SIZE)
-
-    def render(self, rng: random.Random, traj: Trajectory, start: int, world: SimWorld):
-        """Token ids, log-probs and entropies of ``traj``'s tokens from ``start`` on."""
-        n = traj.length - start
-        if n <= 0:
-            return [], [], []
-        if n > self.SIZE:
-            raise ValueError(f"sim response of {n} tokens exceeds the token table ({self.SIZE}); lower max_tokens")
-        off = rng.randrange(self.SIZE - n + 1)
-        tokens = self.tokens[off : off + n].tolist()
-        logprobs = self.logprobs[off : off + n].tolist()
-        entropy = self.entropy[off : off + n].tolist()
-        for k, extra in world.knot_entropy(traj, start):
-            entropy[k] += extra
-            logprobs[k] -= extra / 2
-        if not traj.truncated:
-            tokens[-1] = CORRECT_TOKEN if traj.correct else WRONG_TOKEN
-        return tokens, logprobs, entropy
-
-
 class _SimStream:
     """One request's event stream. Registered with the clock from creation until closed.
 
@@ -237,7 +175,7 @@ class _SimStream:
         self._gen = self._run()
         self.trajectory: Trajectory | None = None
 
-    def __aiter__(self) -> "_SimStream":
+    def __aiter__(self) -> _SimStream:
         return self
 
     async def __anext__(self) -> RolloutEvent:
@@ -296,7 +234,7 @@ class _SimStream:
         r = eng._render_request(req, state)
         self.trajectory = r.trajectory
         tokens_t, lps_t, ents_t = r.tokens, r.logprobs, r.entropies
-        prefix_tokens, prefix_lps, start_pos = r.prefix_tokens, r.prefix_logprobs, r.start_pos
+        start_pos = r.start_pos
         n = len(tokens_t)
         t = self._clock.now()
         rate = cfg.decode_tokens_per_s

@@ -32,15 +32,39 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
-from pipeline.clock import VirtualClock, running_event_type
+from pipeline.clock import VirtualClock, WallClock, running_event_type
 from pipeline.engines.mux import MuxEvent
+from pipeline.sim.response import Rendered, SimEngineFault
+from pipeline.sim.world import SimPolicyState, SimWorld, Trajectory
 from pipeline.types import FinishReason, SampleFinished, SampleRequest, TokenDelta
 
-from pipeline.sim.engine import Rendered, SimEngine, SimEngineFault
+
+class SimHost(Protocol):
+    """What the multiplexer uses of its ``SimEngine``, which imports this module to offer it:
+    the engine's own bookkeeping of requests and its way of drawing a response, so that a request
+    started here is the same sample as through ``SimEngine.stream``."""
+
+    world: SimWorld
+    clock: VirtualClock | WallClock
+    _open: dict[str, Any]
+
+    @property
+    def policy_version(self) -> int: ...
+
+    @property
+    def state(self) -> SimPolicyState: ...
+
+    def _begin(self, request: SampleRequest) -> tuple[str, bool]: ...
+
+    def _render_request(self, req: SampleRequest, state: SimPolicyState) -> Rendered: ...
+
+    def _remember(self, request_id: str, traj: Trajectory) -> None: ...
+
+    def _forget(self, request_id: str, record: Any) -> None: ...
 
 
 class _Entry:
@@ -48,7 +72,7 @@ class _Entry:
 
     __slots__ = ("mux", "order", "request", "rendered", "error", "fail", "version", "pos", "chunk_start", "due", "aborted", "done")
 
-    def __init__(self, mux: "SimMux", order: int, request: SampleRequest, version: int):
+    def __init__(self, mux: SimMux, order: int, request: SampleRequest, version: int):
         self.mux = mux
         self.order = order  # start order: breaks ties between events due at the same time
         self.request = request
@@ -63,7 +87,7 @@ class _Entry:
         self.done = False
 
     @property
-    def trajectory(self) -> Any:
+    def trajectory(self) -> Trajectory | None:
         """For branching from a running request (``SimEngine._trajectory_of``)."""
         return self.rendered.trajectory if self.rendered is not None else None
 
@@ -79,7 +103,7 @@ class _Entry:
 class SimMux:
     """``StreamMux`` of a ``SimEngine``; see the module docstring (``engine.multiplexer()``)."""
 
-    def __init__(self, engine: SimEngine):
+    def __init__(self, engine: SimHost):
         self._engine = engine
         self._clock = engine.clock
         self._virtual = isinstance(engine.clock, VirtualClock)
@@ -100,10 +124,9 @@ class SimMux:
         if self._closed:
             raise RuntimeError(f"start({request.request_id!r}) on a closed multiplexer; take a new one from engine.multiplexer()")
         eng = self._engine
-        rid = eng._admit(request)
-        eng._started += 1
+        rid, fail = eng._begin(request)
         entry = _Entry(self, next(self._order), request, eng.policy_version)
-        entry.fail = eng._fail_every > 0 and eng._started % eng._fail_every == 0
+        entry.fail = fail
         try:
             entry.rendered = eng._render_request(request, eng.state)
         except Exception as exc:  # a bad branch source: a failed sample, not a failed run

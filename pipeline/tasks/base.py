@@ -18,14 +18,27 @@ import hashlib
 import json
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
 from pipeline.tasks.rewards import TextReward, build_reward
 from pipeline.types import Prompt
 
 Split = Literal["train", "eval"]
 Encode = Callable[[Any], Sequence[int]]  # text (or chat messages) -> token ids
+Messages = list  # chat messages: [{"role": ..., "content": ...}, ...]
+
+
+def is_messages(prompt: Any) -> bool:
+    """True when ``prompt`` is a list of chat messages (dicts with ``role`` and ``content``), the
+    other form a task's prompt takes besides text.
+
+    >>> is_messages([{"role": "user", "content": "2+2?"}]), is_messages("2+2?")
+    (True, False)
+    """
+    return (isinstance(prompt, (list, tuple)) and len(prompt) > 0
+            and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt))
 
 _HASH_BUCKETS = 1_000_000
 _ID_MASK = (1 << 63) - 1  # prompt ids fit a signed 64-bit Arrow column

@@ -18,92 +18,21 @@ a share ``eval_share`` of the rows in the eval split.
 
 from __future__ import annotations
 
-import codecs
 import json
 import logging
 import random
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
-from pipeline.policy.hf_tokenizer import is_messages
+from pipeline.datafiles import DatasetError, Invalid, LoadReport, read_records  # noqa: F401  (re-exported)
 from pipeline.tasks.rewards.user import DatasetRow, UserReward, is_user_reward, load_reward_function
 from pipeline.tasks.rewards.base import TextReward
-from pipeline.tasks.base import Problem, Split, Task
+from pipeline.tasks.base import Problem, Split, Task, is_messages
 from pipeline.types import Prompt
 
 log = logging.getLogger(__name__)
-
-JSONL_SUFFIXES = (".jsonl", ".ndjson")
-PARQUET_SUFFIXES = (".parquet", ".pq")
-
-
-class DatasetError(ValueError):
-    """A dataset file cannot be used as asked; the message names the file, the row and the fix."""
-
-
-@dataclass(frozen=True)
-class LoadReport:
-    """What loading one file gave: rows kept, rows skipped and why (reason -> count)."""
-
-    path: str
-    rows: int
-    skipped: int
-    reasons: dict[str, int] = field(default_factory=dict)
-
-
-def read_records(path: Path, fields: list[str]) -> Iterator[tuple[str, Any]]:
-    """``(where, record)`` for each row of a JSONL or Parquet file; ``where`` reads "line 7"."""
-    suffix = path.suffix.lower()
-    if not path.is_file():
-        raise DatasetError(f"dataset file {path} does not exist; check the path (relative paths start at the working directory)")
-    if suffix in JSONL_SUFFIXES:
-        with path.open("rb") as fh:
-            for number, raw in enumerate(fh, start=1):
-                if number == 1 and raw.startswith(codecs.BOM_UTF8):
-                    raw = raw[len(codecs.BOM_UTF8):]  # a byte-order mark (some editors write one) is not row data
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    yield f"line {number}", _Invalid(f"not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1}); "
-                                                     "save the file as UTF-8")
-                    continue
-                if not line.strip():
-                    continue  # blank lines (a trailing newline) are not rows
-                try:
-                    yield f"line {number}", json.loads(line)
-                except json.JSONDecodeError as exc:
-                    yield f"line {number}", _Invalid(f"invalid JSON ({exc.msg})")
-                except (ValueError, RecursionError) as exc:  # a number of 5000 digits, arrays nested 10^5 deep
-                    yield f"line {number}", _Invalid(f"invalid JSON ({str(exc)[:80]})")
-    elif suffix in PARQUET_SUFFIXES:
-        import pyarrow.parquet as pq
-
-        try:
-            schema = pq.read_schema(path)
-        except Exception as exc:  # pyarrow raises several types for unreadable files
-            raise DatasetError(f"{path} is not a readable Parquet file ({exc}); re-export it") from None
-        missing = [f for f in fields if f not in schema.names]
-        if missing:
-            raise DatasetError(
-                f"{path} has no column {missing[0]!r} (columns: {', '.join(schema.names)}); "
-                "set the task's field names to the file's columns"
-            )
-        table = pq.read_table(path)  # every column: a user's reward function gets the other fields too
-        for number, record in enumerate(table.to_pylist(), start=1):
-            yield f"row {number}", record
-    else:
-        raise DatasetError(
-            f"{path}: unknown file type {suffix!r}; use JSONL ({', '.join(JSONL_SUFFIXES)}) or Parquet "
-            f"({', '.join(PARQUET_SUFFIXES)})"
-        )
-
-
-@dataclass(frozen=True)
-class _Invalid:
-    reason: str
-
 
 def load_problems(
     path: str | Path,
@@ -191,7 +120,7 @@ def answer_text(value: Any) -> str:
 
 
 def _problem_of(record: Any, f: _Fields) -> tuple[Problem | None, str]:
-    if isinstance(record, _Invalid):
+    if isinstance(record, Invalid):
         return None, record.reason
     if not isinstance(record, dict):
         return None, f"row is a JSON {type(record).__name__}, not an object"

@@ -17,6 +17,9 @@ Both drivers of the engine are measured in the same run: every sample from one c
 engine's multiplexer (the default, ``orchestrator.multiplex_streams``) and a task per sample.
 3. **Long run**: a small-batch sim run of many steps; resident memory after the warm-up and at
    the end, and the trace log re-read every so often while it is written.
+
+The raw engine's side (recording the pipeline's requests, streaming them again) is
+``railgate.bench.raw``.
 """
 
 from __future__ import annotations
@@ -36,141 +39,26 @@ from typing import Any
 import anyio
 import psutil
 
-from pipeline.clock import VirtualClock, WallClock
-from pipeline.engines.mux import multiplexer_of
-from pipeline.sim.engine import SimEngine
-from pipeline.hooktimer import HookTimer
-from pipeline.store.tracelog import read_trace
-from pipeline.types import SampleFinished, SampleRequest, TokenDelta
-from pipeline.parts import RunOutputs
-from railgate.build import build_components, build_orchestrator
 from controller.rail.config import RailConfig
 from controller.rail.controller import RailController
+from pipeline.hooktimer import HookTimer
+from pipeline.parts import RunOutputs
+from pipeline.store.tracelog import read_trace
+from railgate.bench.raw import Recorder, raw_pass
+from railgate.build import build_components, build_orchestrator
 from railgate.config import RunConfig
 from railgate.report import markdown_table
 from railgate.train import train
 
 
-@dataclasses.dataclass(slots=True)
-class _Span:
-    """One recorded stream: when it was open (engine-clock seconds) and what it delivered."""
-
-    opened: float
-    closed: float = math.nan
-    tokens: int = 0
-    finished: bool = False  # the stream reached its SampleFinished (not cut by an abort or the run's end)
-
-
-class _Recorder:
-    """Wraps an engine and keeps every request it was asked to stream; with ``timed``, also each
-    stream's span (that wrapping costs a little per event, so timed recorders are used in untimed
-    setup passes only)."""
-
-    def __init__(self, engine: Any, timed: bool = True):
-        self._engine = engine
-        self._timed = timed
-        self.requests: list[SampleRequest] = []
-        self.spans: list[_Span] = []
-        self.name = engine.name
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-    def stream(self, request: SampleRequest):
-        self.requests.append(request)
-        if not self._timed:
-            return self._engine.stream(request)
-        span = _Span(self._engine.clock.now())
-        self.spans.append(span)
-        return _TimedStream(self._engine.stream(request), self._engine.clock, span)
-
-    def multiplexer(self) -> "_RecordingMux | None":
-        """The engine's multiplexer, recording what is started through it (None without one)."""
-        inner = multiplexer_of(self._engine)
-        return None if inner is None else _RecordingMux(self, inner)
-
-    def mean_in_flight(self) -> float:
-        """Samples streaming at once, averaged over the engine-clock time from the first stream
-        opened to the last one closed (a stream never closed counts until then)."""
-        closed = [s.closed for s in self.spans if not math.isnan(s.closed)]
-        if not closed:
-            return 0.0
-        start, end = min(s.opened for s in self.spans), max(closed)
-        busy = sum((end if math.isnan(s.closed) else s.closed) - s.opened for s in self.spans)
-        return busy / (end - start) if end > start else 0.0
-
-    def cut_after(self) -> list[int | None]:
-        """Per request: the tokens after which the pipeline stopped it, or None if it ran to the end."""
-        return [None if s.finished else s.tokens for s in self.spans]
-
-
-class _TimedStream:
-    """An engine stream that fills in its ``_Span``."""
-
-    def __init__(self, inner: Any, clock: Any, span: _Span):
-        self._inner, self._clock, self._span = inner, clock, span
-
-    def __aiter__(self) -> "_TimedStream":
-        return self
-
-    async def __anext__(self) -> Any:
-        event = await self._inner.__anext__()
-        if type(event) is TokenDelta:
-            self._span.tokens += len(event.token_ids)
-        elif event.finish_reason.is_success:
-            self._span.finished = True
-        return event
-
-    async def aclose(self) -> None:
-        if math.isnan(self._span.closed):
-            self._span.closed = self._clock.now()
-        await self._inner.aclose()
-
-
-class _RecordingMux:
-    """A multiplexer that fills in its recorder's requests (and, timed, their spans)."""
-
-    def __init__(self, recorder: _Recorder, inner: Any):
-        self._recorder, self._inner, self._clock = recorder, inner, recorder._engine.clock
-        self._spans: dict[str, _Span] = {}
-        self.abort = inner.abort
-
-    def start(self, request: SampleRequest) -> None:
-        self._recorder.requests.append(request)
-        if self._recorder._timed:
-            span = self._spans[request.request_id] = _Span(self._clock.now())
-            self._recorder.spans.append(span)
-        self._inner.start(request)
-
-    async def next_events(self) -> list:
-        events = await self._inner.next_events()
-        if self._recorder._timed:
-            for request_id, event in events:
-                span = self._spans[request_id]
-                if type(event) is TokenDelta:
-                    span.tokens += len(event.token_ids)
-                else:
-                    span.finished = isinstance(event, SampleFinished) and event.finish_reason.is_success
-                    span.closed = self._clock.now()
-        return events
-
-    def close(self) -> list:
-        finals = self._inner.close()
-        for final in finals:
-            span = self._spans.get(final.request_id)
-            if span is not None and math.isnan(span.closed):
-                span.closed = self._clock.now()
-        return finals
-
-
-def _pipeline_pass(cfg: RunConfig, work_dir: Path, record: bool = False) -> tuple[float, int, _Recorder | None]:
+def _pipeline_pass(cfg: RunConfig, work_dir: Path, record: bool = False) -> tuple[float, int, Recorder | None]:
     from pipeline.store.buffer import ArrowBuffer
     from pipeline.store.tracelog import TraceLog
 
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
     comps = build_components(cfg)
-    engine = _Recorder(comps.engine) if record else comps.engine
+    engine = Recorder(comps.engine) if record else comps.engine
     trace = TraceLog(work_dir / "trace", "bench")
     buffer = ArrowBuffer(work_dir / "buffer", run_id="bench")
     orch = build_orchestrator(cfg, dataclasses.replace(comps, engine=engine, evaluator=None),
@@ -181,73 +69,6 @@ def _pipeline_pass(cfg: RunConfig, work_dir: Path, record: bool = False) -> tupl
     trace.close()
     buffer.close()
     return elapsed, summary.budget.rollouts_started, engine if record else None
-
-
-def _raw_pass(cfg: RunConfig, requests: list[SampleRequest], cut_after: list[int | None] | None = None) -> float:
-    """Stream ``requests`` through a fresh engine with no pipeline, under the same concurrency
-    limit and driven the way the pipeline drives it (``orchestrator.multiplex_streams``): all
-    from one consumer of the engine's multiplexer, or one task per request. With
-    ``cut_after``, a request the pipeline stopped early (an abandoned group, the run's end) is
-    aborted after the same number of tokens, so both do the same work."""
-    comps = build_components(cfg)
-    engine: SimEngine = comps.engine
-    cuts = cut_after or [None] * len(requests)
-    main = _raw_multiplexed if cfg.orchestrator.multiplex_streams and multiplexer_of(engine) is not None else _raw_tasks
-    started = time.perf_counter()
-    anyio.run(main, engine, requests, cuts, cfg.orchestrator.max_concurrent_samples)
-    return time.perf_counter() - started
-
-
-async def _raw_tasks(engine: SimEngine, requests: list[SampleRequest], cuts: list[int | None], limit: int) -> None:
-    limiter = anyio.Semaphore(limit)
-
-    async def consume(request: SampleRequest, stream, cut: int | None) -> None:
-        streamed = 0
-        try:
-            if cut == 0:  # the pipeline stopped it before its first tokens
-                await engine.abort(request.request_id)
-                return
-            async for event in stream:
-                if type(event) is TokenDelta:
-                    streamed += len(event.token_ids)
-                    if cut is not None and streamed >= cut:
-                        await engine.abort(request.request_id)
-                        break
-        finally:
-            await stream.aclose()
-            limiter.release()
-
-    async with anyio.create_task_group() as tg:
-        for request, cut in zip(requests, cuts):
-            await limiter.acquire()
-            request = dataclasses.replace(request, launch_time=engine.clock.now())
-            tg.start_soon(consume, request, engine.stream(request), cut)
-
-
-async def _raw_multiplexed(engine: SimEngine, requests: list[SampleRequest], cuts: list[int | None], limit: int) -> None:
-    mux = engine.multiplexer()
-    todo = list(zip(requests, cuts))[::-1]
-    left: dict[str, int | None] = {}  # running request id -> tokens still to stream before its cut (None: no cut)
-    try:
-        while todo or left:
-            while todo and len(left) < limit:
-                request, cut = todo.pop()
-                request = dataclasses.replace(request, launch_time=engine.clock.now())
-                mux.start(request)
-                left[request.request_id] = cut
-                if cut == 0:
-                    mux.abort(request.request_id)
-            for request_id, event in await mux.next_events():
-                if type(event) is TokenDelta:
-                    cut = left[request_id]
-                    if cut is not None:
-                        left[request_id] = cut = cut - len(event.token_ids)
-                        if cut <= 0:
-                            mux.abort(request_id)
-                else:
-                    del left[request_id]
-    finally:
-        mux.close()
 
 
 # Throughput passes: (label, real-time engine model, max_async_steps override or None = the config's,
@@ -280,7 +101,7 @@ def throughput(cfg: RunConfig, out: Path, repeats: int = 3,
         pipe_times, raw_times = [], []
         for _ in range(repeats):
             pipe_times.append(_pipeline_pass(c, out / "work")[0])
-            raw_times.append(_raw_pass(c, recorder.requests[:n], recorder.cut_after()[:n]))
+            raw_times.append(raw_pass(c, recorder.requests[:n], recorder.cut_after()[:n]))
         pipe, raw = min(pipe_times), min(raw_times)
         rows.append({
             "engine time": label,
@@ -363,7 +184,7 @@ def hook_latency(
                 # Every decision of the run: the controller keeps only the last LATENCY_WINDOW
                 # (20,000) for its metrics, at 4096 groups the last quarter (the second step's drain).
                 comps.controller.latency_ns = collections.deque()
-            recorder = _Recorder(comps.engine, timed=False) if k == 0 else None
+            recorder = Recorder(comps.engine, timed=False) if k == 0 else None
             timer = HookTimer()
             engine = recorder if recorder is not None else comps.engine
             orch = build_orchestrator(c, dataclasses.replace(comps, engine=engine, evaluator=None),
@@ -376,7 +197,7 @@ def hook_latency(
                 for raw_multiplex in DRIVERS:
                     raw_cfg = dataclasses.replace(c, orchestrator=dataclasses.replace(c.orchestrator, multiplex_streams=raw_multiplex))
                     raw_started = time.process_time()
-                    _raw_pass(raw_cfg, recorder.requests[:n])
+                    raw_pass(raw_cfg, recorder.requests[:n])
                     raw_cpu_us[raw_multiplex] = (time.process_time() - raw_started) / n * 1e6
             decisions = list(getattr(comps.controller, "latency_ns", ()))
             cpu_us = cpu / n * 1e6

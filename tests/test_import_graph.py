@@ -1,0 +1,140 @@
+"""The project's import graph: no cycles, and every package imports only what docs/design.md's
+"Packages" table allows.
+
+Imports are read from the source with ``ast``, at every level: module-level ones, those inside
+functions and those under ``if TYPE_CHECKING:``. An import inside a function still ties the two
+modules together; it only moves the failure from import time to call time. An import of
+``a.b.c`` is an edge to the module ``a.b.c`` itself (not to the packages above it, whose
+``__init__`` a package's own modules need not know about); ``from a.b import c`` is an edge to
+``a.b.c`` when that is a module, else to ``a.b``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("pipeline", "controller", "learner", "railgate", "configs")
+
+# docs/design.md, "Packages": which of our packages each one must not import.
+FORBIDDEN = {
+    "pipeline": ("controller", "learner", "railgate"),
+    "controller": ("railgate",),
+    "learner": ("railgate",),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def imports_of(module: str, path: Path, modules: set[str]) -> set[str]:
+    """The project modules ``module`` imports, at any level, relative imports resolved."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:  # ``import a.b.c``: the longest of a.b.c, a.b, a that is ours
+                parts = alias.name.split(".")
+                targets.update(next(([".".join(parts[:k])] for k in range(len(parts), 0, -1)
+                                     if ".".join(parts[:k]) in modules), []))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                name = f"{base}.{alias.name}"
+                if name in modules:
+                    targets.add(name)
+                elif base in modules:
+                    targets.add(base)
+    targets.discard(module)
+    return targets
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every module of ours -> the modules of ours it imports."""
+    paths = project_modules()
+    return {module: imports_of(module, path, set(paths)) for module, path in paths.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path whose last module is its first, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)) is not None:
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)) is not None:
+            return cycle
+    return None
+
+
+def test_the_finder_names_a_cycle_and_passes_a_tree():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_function_level_and_type_checking_imports_count(tmp_path):
+    source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pipeline.sim import mux\n"
+              "def f():\n    from . import world\n    import pipeline.clock\n")
+    path = tmp_path / "pipeline" / "sim" / "fake.py"
+    path.parent.mkdir(parents=True)
+    path.write_text(source)
+    modules = {"pipeline.sim.mux", "pipeline.sim.world", "pipeline.clock", "pipeline.sim.fake"}
+    assert imports_of("pipeline.sim.fake", path, modules) == modules - {"pipeline.sim.fake"}
+
+
+def test_no_module_of_ours_imports_itself_back():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_two_subpackages_import_each_other():
+    """The sub-packages of one package (``pipeline.tasks`` and ``pipeline.policy``, ``controller.gates``
+    and ``controller.rail``, ...) form no cycle either, whatever modules carry the imports."""
+    modules = project_modules()
+
+    def subpackage(module: str) -> str | None:
+        parts = module.split(".")
+        return ".".join(parts[:2]) if len(parts) >= 2 and (ROOT / parts[0] / parts[1]).is_dir() else None
+
+    graph: dict[str, set[str]] = {}
+    for module, targets in import_graph().items():
+        for target in targets:
+            a, b = subpackage(module), subpackage(target)
+            if a and b and a != b:
+                graph.setdefault(a, set()).add(b)
+    assert set(map(subpackage, modules)) - {None}, "no sub-packages found"
+    cycle = find_cycle(graph)
+    assert cycle is None, "sub-packages import each other: " + " -> ".join(cycle)
+
+
+def test_packages_import_only_what_the_design_allows():
+    broken = sorted(
+        f"{module} imports {target}"
+        for module, targets in import_graph().items()
+        for target in targets
+        if target.split(".")[0] in FORBIDDEN.get(module.split(".")[0], ())
+    )
+    assert not broken, "against docs/design.md's Packages table:\n" + "\n".join(broken)
