@@ -43,8 +43,10 @@ class Components:
     reference: ReferenceScreen | None = None  # gate.sara.reference_prior: the gate's reference scores
 
 
-def build_components(cfg: RunConfig, progress: bool = True, sink: DecisionSink | None = None) -> Components:
-    """``sink`` receives the controller's decisions (the run's TraceLog; none: not logged)."""
+def build_components(cfg: RunConfig, progress: bool = True, sink: DecisionSink | None = None,
+                     run_id: str | None = None) -> Components:
+    """``sink`` receives the controller's decisions (the run's TraceLog; none: not logged), which
+    carry ``run_id`` (default ``cfg.name``; a training run passes its own, ``railgate.runid``)."""
     preflight(cfg)  # before any warm start or model load
     if cfg.engine.kind == "sim":
         components = _build_sim(cfg)
@@ -52,7 +54,7 @@ def build_components(cfg: RunConfig, progress: bool = True, sink: DecisionSink |
         components = _build_torch(cfg, progress)
     else:
         raise ConfigError(f"engine.kind={cfg.engine.kind!r} must be one of sim, torch, vllm, ray")
-    components.controller = build_controller(cfg, sink, components.clock)
+    components.controller = build_controller(cfg, sink, components.clock, run_id)
     return components
 
 
@@ -83,7 +85,7 @@ def build_orchestrator(
     return Orchestrator(run_parts, o, outputs, seed=cfg.seed, run_id=run_id if run_id is not None else cfg.name)
 
 
-def build_controller(cfg: RunConfig, sink: DecisionSink | None, clock: Any) -> Controller:
+def build_controller(cfg: RunConfig, sink: DecisionSink | None, clock: Any, run_id: str | None = None) -> Controller:
     if cfg.controller.kind == "none":
         return NoopController()
     from controller.rail.controller import RailController
@@ -95,7 +97,7 @@ def build_controller(cfg: RunConfig, sink: DecisionSink | None, clock: Any) -> C
         sink=sink if sink is not None else NullSink(),
         default_params=SamplingParams(temperature=o.temperature, top_p=o.top_p, max_tokens=o.max_tokens),
         seed=derive_seed(cfg.seed, "controller"),
-        run_id=cfg.name,
+        run_id=run_id if run_id is not None else cfg.name,
         clock=clock.now,
     )
 

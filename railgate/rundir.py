@@ -14,8 +14,12 @@ run. In order, before anything in the directory changes:
    checked against the one the run was started with: only ``RESUMABLE_KEYS`` may differ.
 
 ``RunDir.commit(components)`` then restores the checkpoint into the built components and only
-after that writes ``config.yaml`` and the supersede rules (``pipeline.store.arrowio.mark_superseded``):
-a resume that fails leaves the directory exactly as it was.
+after that writes the supersede rules (``pipeline.store.arrowio.mark_superseded``, and the
+``superseded`` marks of ``metrics.jsonl``): a resume that fails there leaves the directory as it
+was. A fresh run writes its run id (``railgate.runid``) and ``config.yaml`` at commit; a resumed
+run rewrites ``config.yaml`` only once its new settings have run (``record_config``: at its first
+checkpoint, or at its end), so a resume that fails records no settings that never ran. A
+checkpoint of another run (its run id differs) is refused, naming both ids.
 
 >>> import tempfile
 >>> from railgate.config import load_config
@@ -43,13 +47,16 @@ from typing import Any, Iterator
 
 import yaml
 
-from pipeline.store.arrowio import mark_superseded, next_segment_number
 from pipeline.config.build import ConfigError, shorten, to_dict
+from pipeline.metrics import mark_superseded_steps
+from pipeline.store.arrowio import mark_superseded, next_segment_number
+from pipeline.store.atomic import atomic_write
 from railgate.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from railgate.config import RunConfig, dump_config, load_config
+from railgate.runid import RUN_ID_FILE, RunIdError, new_run_id, resolve_run_id, write_run_id
 
 LOCK_FILE = ".railgate.lock"
-RUN_FILES = ("config.yaml", "checkpoints", "trace", "buffer", "metrics.jsonl", "summary.json", "report.md",
+RUN_FILES = ("run_id", "config.yaml", "checkpoints", "trace", "buffer", "metrics.jsonl", "summary.json", "report.md",
              "accuracy.png", "tensorboard", "offpolicy.md", "offpolicy.json", "offpolicy.png")
 """What a run writes into its directory; any of them means the directory holds a run."""
 RUN_GLOBS = ("eval_*.json",)
@@ -78,16 +85,29 @@ class RunDir:
         self.state = state
         self.checkpoint = checkpoint
         self.committed = False
+        self.run_id = new_run_id(cfg.name)  # a resume replaces it with the run's own
+        self._write_run_id = True
+        self._config_pending = False
 
     def commit(self, orchestrator: Any) -> None:
-        """Restore ``state`` into ``orchestrator`` (resume), then write ``config.yaml`` and the
-        supersede rules. Nothing is written unless the restore succeeded."""
+        """Restore ``state`` into ``orchestrator`` (resume), then write the run id, ``config.yaml``
+        (a fresh run) and the supersede rules. Nothing is written unless the restore succeeded."""
         if self.state is not None:
             restore_run(orchestrator, self.state, self.checkpoint)
-        write_config(self.path, self.cfg)
-        if self.state is not None:
+        if self._write_run_id:
+            write_run_id(self.path, self.run_id)
+        if self.state is None:
+            write_config(self.path, self.cfg)
+        else:
             supersede(self.path, self.state)  # before the trace opens its new segments
+            self._config_pending = True
         self.committed = True
+
+    def record_config(self) -> None:
+        """Write a resumed run's ``config.yaml`` once its settings have run (no-op otherwise)."""
+        if self._config_pending:
+            write_config(self.path, self.cfg)
+            self._config_pending = False
 
 
 @contextmanager
@@ -105,6 +125,7 @@ def open_run_dir(cfg: RunConfig, resume: bool = False, overwrite: bool = False) 
                 run.checkpoint = latest_checkpoint(path)
                 run.state = load_checkpoint(run.checkpoint)
                 check_resumable(cfg, path)
+                run.run_id, run._write_run_id = resume_run_id(cfg, path, run.state, run.checkpoint)
             else:
                 used = run_entries(path)
                 if used and not overwrite:
@@ -133,6 +154,28 @@ def run_entries(path: Path) -> list[Path]:
     for pattern in RUN_GLOBS:
         found.extend(sorted(path.glob(pattern)))
     return found
+
+
+def resume_run_id(cfg: RunConfig, path: Path, state: dict[str, Any], checkpoint: Path) -> tuple[str, bool]:
+    """The id of the run being resumed, and whether its ``run_id`` file is still to be written
+    (a run of an older release); ``RunDirError`` when the checkpoint belongs to another run."""
+    try:
+        ours, legacy = resolve_run_id(path, cfg.name)
+    except RunIdError as exc:
+        raise RunDirError(str(exc)) from None
+    theirs = state.get("run_id")
+    if theirs is None or theirs == ours:
+        return ours, legacy
+    if legacy:
+        raise RunDirError(
+            f"--resume {path}: its checkpoint {checkpoint.name} belongs to run {theirs}, but the directory has no "
+            f"{RUN_ID_FILE} file saying it is that run; if it is, write the id into it: echo {theirs} > {path / RUN_ID_FILE}"
+        )
+    raise RunDirError(
+        f"--resume {path}: its newest checkpoint {checkpoint.name} belongs to run {theirs}, not to this directory's run "
+        f"{ours} (copied in from another run?); resuming would mix two runs: remove {checkpoint} (the newest "
+        f"checkpoint of {ours} is then used)"
+    )
 
 
 def check_resumable(cfg: RunConfig, path: Path) -> None:
@@ -170,7 +213,8 @@ def restore_run(orchestrator: Any, state: dict[str, Any], checkpoint: Path | Non
 
 
 def write_config(path: Path, cfg: RunConfig) -> None:
-    (path / "config.yaml").write_text(yaml.safe_dump(dump_config(cfg), sort_keys=False))
+    """``config.yaml``, written whole or not at all (a full disk leaves the previous one)."""
+    atomic_write(path / "config.yaml", yaml.safe_dump(dump_config(cfg), sort_keys=False))
 
 
 def supersede(run_dir: Path, state: dict[str, Any]) -> None:
@@ -182,6 +226,9 @@ def supersede(run_dir: Path, state: dict[str, Any]) -> None:
             mark_superseded(trace_dir, prefix, number, "decision_id", int(state["decision_watermark"]))
     if buffer_dir.is_dir():
         mark_superseded(buffer_dir, "steps", next_segment_number(buffer_dir, ("steps",)), "step", int(state["step"]))
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        mark_superseded_steps(metrics, int(state["step"]))
 
 
 class TraceSlot:
@@ -215,7 +262,10 @@ class TraceSlot:
 
 _DISK_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
                 errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
-                errno.EPERM: "permission denied"}
+                errno.EPERM: "permission denied", errno.EFBIG: "the file would pass the file-size limit (ulimit -f)"}
+_RESUME_FIX = "free space (or pass another --run-dir), then continue with --resume"
+_FIXES = {errno.ENOSPC: _RESUME_FIX, errno.EDQUOT: _RESUME_FIX,
+          errno.EFBIG: "raise the limit (ulimit -f unlimited), then continue with --resume"}
 
 
 def disk_error(exc: BaseException, where: Path | str | None = None) -> str | None:
@@ -243,8 +293,7 @@ def disk_error(exc: BaseException, where: Path | str | None = None) -> str | Non
         seen.add(id(e))
         if isinstance(e, OSError) and e.errno in _DISK_ERRNOS:
             place = e.filename or where or "the run directory"
-            fix = ("free space (or pass another --run-dir), then continue with --resume" if e.errno in (errno.ENOSPC, errno.EDQUOT)
-                   else "make it writable or pass another --run-dir")
+            fix = _FIXES.get(e.errno, "make it writable or pass another --run-dir")
             return f"cannot write {place}: {_DISK_ERRNOS[e.errno]}; {fix}"
         if isinstance(e, BaseExceptionGroup):
             stack.extend(e.exceptions)

@@ -43,6 +43,7 @@ from controller.rail.arms import Arm
 from controller.rail.bandit import (BanditLearner, ControllerStateError, Decision, inverse_gap_weighting,
                                     inverse_gap_weighting_rows)
 from controller.rail.features import Context
+from controller.rail.vw_args import VWArgsError, check_extra_args, check_model_options
 from controller.rail.vw_snapshot import LinearSnapshot
 
 _BAD = re.compile(r"[\s:|]")
@@ -97,11 +98,11 @@ class VWLearner(BanditLearner):
         self.snapshot: LinearSnapshot | None = None
         self.learning_rate = learning_rate
         self.power_t = power_t
-        self.extra_args = extra_args
+        self.extra_args = " ".join(check_extra_args(extra_args, "extra_args"))  # nothing that names a file
         self._args = (
             f"--cb_explore_adf --squarecb -q sa --quiet --random_seed {seed % (2**31)} "
             f"-l {learning_rate} --power_t {power_t} --gamma_scale {gamma_scale} "
-            f"--gamma_exponent {gamma_exponent} {extra_args}"
+            f"--gamma_exponent {gamma_exponent} {self.extra_args}"
         ).strip()
         self._vw = vowpalwabbit.Workspace(self._args)
         self._names: dict[str, str] = {}
@@ -308,6 +309,10 @@ class VWLearner(BanditLearner):
                 "vw learner state: the model's checksum does not match (the state file is truncated or "
                 "edited); delete it or restore an intact copy"
             )
+        try:  # VW applies the options a model's header holds: none may name a file
+            check_model_options(blob, "vw learner state: the model")
+        except VWArgsError as exc:
+            raise ControllerStateError(str(exc)) from None
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "model.vw")
             with open(path, "wb") as f:

@@ -66,6 +66,24 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; every way it can end is an exit status and at most one line on stderr:
+    Ctrl-C (even while the packages are still being imported) and a reader that closed the
+    output pipe (``| head``) included."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # a second Ctrl-C during a run, or one outside it (imports included)
+        print(INTERRUPTED, file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `railgate ... | head`: the reader has what it wanted
+        _silence_stdout()
+        return 141
+
+
+INTERRUPTED = ("interrupted: stopped at once; a run directory keeps its newest checkpoint (train --resume RUN_DIR "
+               "continues from it)")
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv.insert(0, "train")  # `python run.py [--set ...]` means train
@@ -91,10 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     except _user_errors() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # a second Ctrl-C during a run, or one outside it
-        print("interrupted: stopped at once; a run directory keeps its newest checkpoint (train --resume RUN_DIR "
-              "continues from it)", file=sys.stderr)
-        return 130
     except Exception as exc:
         from railgate.rundir import disk_error
 
@@ -103,6 +117,17 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {message}", file=sys.stderr)
         return 2
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush at exit cannot fail again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 def entry() -> None:
