@@ -20,6 +20,7 @@ from pipeline.sim.engine import SimEngine
 from pipeline.orchestrator import Orchestrator
 from pipeline.parts import RunOutputs, RunParts
 from pipeline.protocols import Controller, DecisionSink, Evaluator, Gate, Learner, Scorer
+from pipeline.tasks.rewards.health import RewardsFailing
 from pipeline.tasks.rewards.scoring import ScoringService
 from pipeline.seeding import derive_seed
 from pipeline.sim.world import SimAnswerScorer, SimEvaluator, SimWorld
@@ -79,8 +80,8 @@ def build_orchestrator(
         outputs.checkpoint_every = cfg.log.checkpoint_every
     run_parts = RunParts(
         engine=parts.engine, gate=parts.gate, controller=parts.controller,
-        scoring=ScoringService(parts.scorer, o.reward_timeout_s, o.reward_threads), learner=parts.learner,
-        clock=parts.clock, evaluator=parts.evaluator, reference=parts.reference,
+        scoring=ScoringService(parts.scorer, o.reward_timeout_s, o.reward_threads, o.reward_check_first),
+        learner=parts.learner, clock=parts.clock, evaluator=parts.evaluator, reference=parts.reference,
     )
     return Orchestrator(run_parts, o, outputs, seed=cfg.seed, run_id=run_id if run_id is not None else cfg.name)
 
@@ -117,11 +118,12 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
     from pipeline.tasks import build_task
 
     task = build_task(cfg.task)
+    task.reward_timeout_s = cfg.orchestrator.reward_timeout_s  # of its own scoring (a user's reward: isolation)
     if not cfg.model.path:  # fail before a warm start, with the tokenizer it would build
         from pipeline.policy.tokenizer import CharTokenizer
 
         _prompts(cfg, task, CharTokenizer.for_tasks(task).encode_prompt)
-    base = ensure_base_model(cfg.run_dir, cfg.task, cfg.model, progress=progress)
+    base = ensure_base_model(cfg.run_dir, cfg.task, cfg.model, progress=progress, task=task)
     tokenizer = base.tokenizer
     context = base.context_length if cfg.model.path else None  # a user's model: its config decides
     train_problems, train_prompts, eval_prompts = _prompts(cfg, task, tokenizer.encode_prompt, context)
@@ -178,9 +180,12 @@ def _earns_reward(task: Any, problem: Any) -> bool:
     that does not earn it would bound nothing); a reward that raises on it counts as no."""
     prompt = task.to_prompt(problem)
     try:
-        return bool(problem.solution) and task.score(prompt, problem.solution) > prompt.success_threshold
-    except Exception:  # noqa: BLE001 - a user's reward function; that problem just gets no reference
+        score = task.score(prompt, problem.solution) if problem.solution else None
+    except RewardsFailing:
+        raise  # a reward that fails on every solution: the run stops with its reason
+    except Exception:  # noqa: BLE001 - a built-in reward on an odd solution; that problem just gets no reference
         return False
+    return score is not None and score > prompt.success_threshold
 
 
 def _torch_kwargs(cfg: RunConfig, context: int | None = None) -> dict[str, Any]:

@@ -63,7 +63,8 @@ RUN_GLOBS = ("eval_*.json",)
 
 RESUMABLE_KEYS = (
     "orchestrator.steps", "orchestrator.eval_every", "orchestrator.target_accuracy", "orchestrator.max_rollouts",
-    "orchestrator.reward_timeout_s", "orchestrator.reward_threads", "orchestrator.max_concurrent_samples",
+    "orchestrator.reward_timeout_s", "orchestrator.reward_threads", "orchestrator.reward_check_first",
+    "orchestrator.max_concurrent_samples",
     "orchestrator.max_open_groups", "orchestrator.stream_buffer", "log.", "engine.fail_every", "engine.ray.",
     "torch_engine.max_batch", "torch_engine.threads", "torch_engine.delta_tokens", "learner.num_threads",
     "sim.realtime",

@@ -93,6 +93,7 @@ def _train(cfg: RunConfig, run: RunDir, progress: bool | None, on_step: Callable
     outputs.trace = trace
     buffer = outputs.buffer = ArrowBuffer(run_dir / "buffer", persist=True, run_id=run.run_id) if cfg.log.buffer else None
     metrics = outputs.metrics = MetricsWriter(run_dir, tensorboard=cfg.log.tensorboard)
+    orchestrator.parts.scoring.health.listeners.append(bar.reward_failed)  # failures on the progress line as they happen
     try:
         summary = run_orchestrator(orchestrator)  # Ctrl-C: stop at a step boundary with a checkpoint
     finally:

@@ -44,9 +44,8 @@ def run_dir_config(run_dir: str | Path, overrides: list[str], command: str) -> R
     """The config of ``run_dir`` (its ``config.yaml`` plus ``overrides``), refused with a
     ``ConfigError`` when the file sets an ``UNTRUSTED`` key that ``overrides`` do not."""
     path = Path(run_dir) / "config.yaml"
-    cfg = load_config(path, list(overrides))
     check_run_dir_settings(path, overrides, command)
-    return cfg
+    return load_config(path, list(overrides))
 
 
 def check_run_dir_settings(path: Path, overrides: list[str], command: str) -> None:

@@ -204,13 +204,15 @@ def base_settings(task_cfg, model_cfg: BaseModelConfig) -> dict[str, Any]:
     return {"task": task_settings, "model": model_settings}
 
 
-def ensure_base_model(run_dir: str | Path, task_cfg, model_cfg: BaseModelConfig | None = None, progress: bool = True) -> BaseModel:
+def ensure_base_model(run_dir: str | Path, task_cfg, model_cfg: BaseModelConfig | None = None, progress: bool = True,
+                      task: Any = None) -> BaseModel:
     """The base policy of a run: ``model_cfg.path`` if set, else ``run_dir/base_model``,
     built and warm-started on the first call and loaded from there afterwards.
 
     A cached model built for other task or model settings is an error, not silently reused.
     The directory appears atomically (built in a temporary sibling, then renamed), so an
-    interrupted warm start leaves no half-written model behind.
+    interrupted warm start leaves no half-written model behind. ``task``: the task ``task_cfg``
+    describes, when the caller has built it already.
     """
     from pipeline.tasks import build_task
     from pipeline.policy.warmstart import warm_start
@@ -218,13 +220,13 @@ def ensure_base_model(run_dir: str | Path, task_cfg, model_cfg: BaseModelConfig 
     model_cfg = model_cfg or BaseModelConfig()
     chat = bool(getattr(task_cfg, "chat_template", False))
     if model_cfg.path:  # a user's model is used as it is: no warm start
-        return _check_alphabet(load_model(model_cfg.path, chat_template=chat), build_task(task_cfg))
+        return _check_alphabet(load_model(model_cfg.path, chat_template=chat), task or build_task(task_cfg))
     if chat:
         raise ModelDirError(
             "task.chat_template=true needs a chat model; the project's model (model.path empty) has no chat template: "
             "set model.path to a Hugging Face chat model directory, or task.chat_template=false"
         )
-    task = build_task(task_cfg)
+    task = task or build_task(task_cfg)
     target = Path(run_dir) / BASE_DIR_NAME
     wanted = base_settings(task_cfg, model_cfg)
     if target.exists():

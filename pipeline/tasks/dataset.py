@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, Sequence
 
 from pipeline.policy.hf_tokenizer import is_messages
-from pipeline.tasks.rewards.user import DatasetRow, UserReward, is_user_reward, load_reward_function
+from pipeline.tasks.rewards.isolation import IsolatedScore
+from pipeline.tasks.rewards.user import DatasetRow, UserReward, is_user_reward
 from pipeline.tasks.rewards.base import TextReward
 from pipeline.tasks.base import Problem, Split, Task
 from pipeline.types import Prompt
@@ -303,8 +304,11 @@ class DatasetTask(Task):
             raise ValueError(f"template={template!r} must contain '{{prompt}}' where the row's prompt goes")
         self.name, self.template, self.reward = name, template, reward
         user = is_user_reward(reward)
-        # a user's function is imported now, so that a wrong name fails before any model is loaded
-        self._reward_function = load_reward_function(reward) if user else None
+        # A user's function is never imported in this process (pipeline.tasks.rewards.isolation);
+        # railgate's preflight checks the name before anything is built.
+        self._reward_spec = reward if user else None
+        self._isolated: IsolatedScore | None = None
+        self.reward_timeout_s = 5.0  # of ``score`` with a user's function (railgate.build sets the run's)
         kwargs = dict(
             prompt_field=prompt_field,
             answer_field=answer_field,
@@ -344,14 +348,18 @@ class DatasetTask(Task):
 
     def scorer(self, decode: Callable[[Sequence[int]], str]) -> TextReward | UserReward:
         """The built-in reward, or the user's function with the rows' fields (``pipeline.tasks.rewards.user``)."""
-        if self._reward_function is None:
+        if self._reward_spec is None:
             return super().scorer(decode)
-        return UserReward(self._reward_function, decode, self._rows, name=self.reward)
+        return UserReward(self._reward_spec, decode, self._rows, name=self.reward)
 
     def score(self, prompt: Prompt, response_text: str) -> float | None:
-        if self._reward_function is None:
+        """The reward of a response; a user's function runs in a worker process (``IsolatedScore``:
+        a failure scores 0 and is counted, and every one of the first failing stops the run)."""
+        if self._reward_spec is None:
             return super().score(prompt, response_text)
-        return UserReward(self._reward_function, str, self._rows, name=self.reward).score_text(prompt, response_text)
+        if self._isolated is None:
+            self._isolated = IsolatedScore(self._reward_spec, self._rows, timeout_s=self.reward_timeout_s)
+        return self._isolated(prompt, response_text)
 
     def prompt_source(self, problem: Problem) -> str | list[dict[str, Any]]:
         """The row's chat messages as they are, or its text in the template."""

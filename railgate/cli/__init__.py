@@ -57,12 +57,13 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from pipeline.store.arrowio import SegmentFormatError
     from pipeline.tasks.dataset import DatasetError
     from pipeline.protocols import GateStalled
+    from pipeline.tasks.rewards.health import RewardsFailing
     from railgate.checkpoint import CheckpointError
     from railgate.import_model import ModelImportError
     from railgate.rundir import RunDirError
 
     return (SegmentFormatError, ModelDirError, DatasetError, TokenizerError, CheckpointError, ReplayError, GateStalled,
-            EngineError, ModelImportError, RunDirError)
+            EngineError, ModelImportError, RunDirError, RewardsFailing)
 
 
 def main(argv: list[str] | None = None) -> int:
