@@ -55,6 +55,7 @@ class SamplingEvaluator:
         seed: int = 0,
         reward_timeout_s: float | None = None,
         reward_threads: int = 2,
+        check_rewards: bool = True,
     ):
         if not prompts:
             raise ValueError("the evaluator needs at least one held-out prompt; raise eval.num_prompts")
@@ -69,6 +70,7 @@ class SamplingEvaluator:
         self.concurrency = concurrency
         self.seed = seed
         self.reward_timeout_s = reward_timeout_s  # a reward past it counts as wrong, as in training
+        self.check_rewards = check_rewards  # an evaluation whose rewards all failed raises RewardsFailing
         # The training run's reward service, timeout and worker processes included (None: its default).
         self.scoring = ScoringService(scorer, reward_timeout_s or _DEFAULT_REWARD_TIMEOUT_S, reward_threads)
 
@@ -107,8 +109,9 @@ class SamplingEvaluator:
                 for j in range(self.k):
                     tg.start_soon(one, i, j)
         failed = health.since(before)
-        if scored[0] and sum(failed.values()) == scored[0]:
-            raise RewardsFailing(f"held-out evaluation at step {step}: {health.message(scored[0])}")
+        if self.check_rewards and scored[0] and sum(failed.values()) == scored[0]:
+            raise RewardsFailing(f"held-out evaluation at step {step}: "
+                                 f"{health.message(scored[0], failed, which='all', regardless=False)}")
         counts = {"eval/reward_errors": failed["errors"], "eval/reward_timeouts": failed["timeouts"],
                   "eval/rewards_none": failed["none"]}
         return {**self._summarise(rewards), **{k: float(v) for k, v in counts.items()}}

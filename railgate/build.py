@@ -117,8 +117,9 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
     from pipeline.policy.models import ensure_base_model
     from pipeline.tasks import build_task
 
-    task = build_task(cfg.task)
-    task.reward_timeout_s = cfg.orchestrator.reward_timeout_s  # of its own scoring (a user's reward: isolation)
+    task = build_task(cfg.task, context_chars=_prompt_char_limit(cfg))
+    # the task's own scoring (warm start, reference checks) follows the run's reward settings
+    task.reward_timeout_s, task.reward_check_first = cfg.orchestrator.reward_timeout_s, cfg.orchestrator.reward_check_first
     if not cfg.model.path:  # fail before a warm start, with the tokenizer it would build
         from pipeline.policy.tokenizer import CharTokenizer
 
@@ -143,13 +144,31 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
     evaluator = SamplingEvaluator(
         engine, eval_prompts, scorer, samples_per_prompt=cfg.data.eval_samples,
         temperature=cfg.data.eval_temperature, max_tokens=cfg.orchestrator.max_tokens, seed=derive_seed(cfg.seed, "eval"),
-        reward_timeout_s=cfg.orchestrator.reward_timeout_s,
+        reward_timeout_s=cfg.orchestrator.reward_timeout_s, check_rewards=cfg.orchestrator.reward_check_first > 0,
     )
     learner = TorchLearner(base.model, cfg.learner, pad_id=tokenizer.pad_id)
     return Components(
         engine=engine, clock=WallClock(), gate=gate, controller=NoopController(), scorer=scorer,
         learner=learner, evaluator=evaluator, pool=pool, reference=_reference_screen(cfg, task, tokenizer, gate, train_problems),
     )
+
+
+CHARS_PER_TOKEN_MAX = 64
+"""No tokenizer spells a token of more characters than this (BPE vocabularies top out around 16-32,
+a run of spaces in a code model's at 64): a prompt longer than the context times this cannot fit."""
+
+
+def _prompt_char_limit(cfg: RunConfig) -> int:
+    """The most prompt characters the model's context can hold, known before any model is loaded
+    or any prompt tokenized (a dataset row above it is a bad row at once): the project's character
+    model reads one token per character; a user's model at most ``CHARS_PER_TOKEN_MAX``."""
+    from pipeline.policy.models import model_context, read_model_config
+
+    room = cfg.model.max_len - cfg.orchestrator.max_tokens
+    if not cfg.model.path:
+        return max(1, room)
+    context = model_context(read_model_config(cfg.model.path))
+    return max(1, context - cfg.orchestrator.max_tokens) * CHARS_PER_TOKEN_MAX if context else 0
 
 
 def _reference_screen(cfg: RunConfig, task: Any, tokenizer: Any, gate: Any, problems: list) -> ReferenceScreen | None:

@@ -23,6 +23,7 @@ def evaluate_run(cfg: RunConfig, base: bool = False, samples: int | None = None)
     checkpoint = None if base else latest_checkpoint(cfg.run_dir)
     state = None if checkpoint is None else load_checkpoint(checkpoint)  # checked before anything is built
     components = build_components(cfg, progress=False)
+    components.evaluator.check_rewards = True  # an evaluation whose every reward failed says so, whatever the run set
     step = 0
     if state is not None:
         try:

@@ -33,7 +33,7 @@ def shadow(cfg: RunConfig, progress: bool | None = None, overwrite: bool = False
     cfg = dataclasses.replace(cfg, controller=dataclasses.replace(cfg.controller, kind="rail", rail=rail))
     if not cfg.log.trace:
         raise ConfigError("shadow mode needs the trace log; remove log.trace=false")
-    result = train(cfg, progress=progress, overwrite=overwrite)
+    result = train(cfg, progress=progress, overwrite=overwrite, command="shadow")
     report = replay(load_logged(result.run_dir / "trace", run_id=result.run_id), rail, seed=cfg.seed)
     write_report(report, result.run_dir, title=f"Shadow evaluation of run {cfg.name}")
     return report
@@ -43,17 +43,18 @@ def replay_traces(paths: Sequence[Path], rail: RailConfig, out: Path, run_id: st
     """Train and evaluate a controller offline from one or more traces (a run directory, its
     ``trace/`` directory, or segment files).
 
-    Each input is read as one trace (outcomes joined to decisions of their own run); a segment
-    file that an earlier input already holds -- the same path, or a copy with the same bytes --
-    is read once, not counted as more evidence (``LoggedSet.duplicates`` lists it). Runs are
-    told apart by their run ids (``railgate.runid``): one run id found in two places that are
-    not the same files is refused, as is an ``out`` that holds another run's files."""
+    Each input is read as one trace (outcomes joined to decisions of their own run); segment
+    files named one by one are one input per directory, so ``decisions-00000.arrows
+    outcomes-00000.arrows`` is read as the pair it is. A segment file that an earlier input
+    already holds -- the same path, or a copy with the same bytes -- is read once, not counted
+    as more evidence (``LoggedSet.duplicates`` lists it). Runs are told apart by their run ids
+    (``railgate.runid``): one run id found in two places that are not the same files is
+    refused, as is an ``out`` that holds another run's files."""
     check_report_dir(out)
     sets, seen, duplicates, places = [], set(), [], {}
-    for given in paths:
-        path = trace_input(Path(given))
+    for place, label, found in _inputs(paths):
         segments = []
-        for segment in trace_segment_paths(path):
+        for segment in found:
             keys = {segment.resolve(), segment_digest(segment)}
             if keys & seen:
                 duplicates.append(segment)
@@ -62,20 +63,41 @@ def replay_traces(paths: Sequence[Path], rail: RailConfig, out: Path, run_id: st
             segments.append(segment)
         if not segments:
             continue  # every file of this input was given already
+        kinds = {p.name.split("-")[0] for p in found}
+        if "outcomes" not in kinds:
+            raise ConfigError(f"replay {label}: decisions without their outcomes (outcomes-NNNNN.arrows, beside them); "
+                              f"pass the trace directory, which holds both: railgate replay {place}")
         try:
             logged = load_logged(segments, run_id=run_id)
         except MixedRunsError as exc:
-            raise ConfigError(f"replay {given}: it holds decisions of {len(exc.run_ids)} runs ({', '.join(exc.run_ids)}); "
+            raise ConfigError(f"replay {label}: it holds decisions of {len(exc.run_ids)} runs ({', '.join(exc.run_ids)}); "
                               f"pick one with --run-id, e.g. --run-id {exc.run_ids[0]}") from None
         except ReplayError as exc:
-            raise ConfigError(f"replay {given}: {exc}") from None
-        _check_unique_runs(places, (run_id,) if run_id else logged.run_ids, path, Path(given))
+            raise ConfigError(f"replay {label}: {exc}") from None
+        _check_unique_runs(places, (run_id,) if run_id else logged.run_ids, place, label)
         sets.append(logged)
     logged = _concat(sets)
     logged = dataclasses.replace(logged, duplicates=tuple(duplicates) + logged.duplicates)
     report = replay(logged, rail, seed=seed)
     write_report(report, out, title=f"Offline replay of {', '.join(map(str, paths))}")
     return report
+
+
+def _inputs(paths: Sequence[Path]) -> list[tuple[Path, str, list[Path]]]:
+    """``(directory, label, segment files)`` per input: each directory given, and the files
+    given one by one grouped by the directory they are in (in the order first named)."""
+    inputs: dict[Path, tuple[Path, str, list[Path]]] = {}
+    for given in map(Path, paths):
+        path = trace_input(given)
+        if path.is_dir():
+            inputs[path.resolve()] = (path.resolve(), str(given), trace_segment_paths(path))
+            continue
+        files = trace_segment_paths(path)  # a missing path is reported here
+        place = path.resolve().parent
+        key = place / "\0files"  # files given one by one: one input per directory, apart from the directory itself
+        _, label, held = inputs.setdefault(key, (place, str(given), []))
+        held.extend(files)
+    return list(inputs.values())
 
 
 def trace_input(path: Path) -> Path:
@@ -111,10 +133,9 @@ def check_report_dir(out: Path) -> None:
                           "overwrite its offpolicy.* files; pass another --out, e.g. --out runs/replay")
 
 
-def _check_unique_runs(places: dict[str, Path], run_ids: Sequence[str], path: Path, given: Path) -> None:
+def _check_unique_runs(places: dict[str, Path], run_ids: Sequence[str], place: Path, given: str) -> None:
     """One run id in two places (not the same files) is two runs under one name, or two copies
     of one run that each went on: refused, since replaying them as one run would mix them."""
-    place = path.resolve() if path.is_dir() else path.resolve().parent
     for rid in run_ids:
         other = places.setdefault(rid, place)
         if other != place:

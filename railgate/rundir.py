@@ -112,8 +112,9 @@ class RunDir:
 
 
 @contextmanager
-def open_run_dir(cfg: RunConfig, resume: bool = False, overwrite: bool = False) -> Iterator[RunDir]:
-    """Lock ``cfg.run_dir`` for one writer and check it (see the module docstring)."""
+def open_run_dir(cfg: RunConfig, resume: bool = False, overwrite: bool = False, command: str = "train") -> Iterator[RunDir]:
+    """Lock ``cfg.run_dir`` for one writer and check it (see the module docstring). ``command``
+    names the command in messages (``shadow`` has no ``--resume`` to suggest)."""
     path = Path(cfg.run_dir)
     if resume and overwrite:
         raise ConfigError("--resume continues a run and --overwrite deletes it; pass one of them")
@@ -131,9 +132,10 @@ def open_run_dir(cfg: RunConfig, resume: bool = False, overwrite: bool = False) 
                 used = run_entries(path)
                 if used and not overwrite:
                     names = ", ".join(p.name + ("/" if p.is_dir() else "") for p in used[:4])
+                    go_on = f"continue it with railgate train --resume {path}, " if command == "train" else ""
                     raise RunDirError(
-                        f"{path} already holds a run ({names}); continue it with --resume {path}, replace it with "
-                        "--overwrite, or train into another --run-dir"
+                        f"{path} already holds a run ({names}); {go_on}replace it with {command} --overwrite, or "
+                        f"{command} into another --run-dir"
                     )
                 for entry in used:
                     _remove(entry)

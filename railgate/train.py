@@ -61,6 +61,7 @@ def train(
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     resume: bool = False,
     overwrite: bool = False,
+    command: str = "train",
 ) -> TrainResult:
     """Run one training job; ``on_step(step, metrics)`` is called after every learner step.
 
@@ -71,7 +72,7 @@ def train(
     directory that already holds a run is refused unless ``overwrite`` (``railgate.rundir``).
     """
     preflight(cfg)  # engines, model and dataset paths: before anything is written or warm-started
-    with open_run_dir(cfg, resume=resume, overwrite=overwrite) as run:  # one writer; resume checked first
+    with open_run_dir(cfg, resume=resume, overwrite=overwrite, command=command) as run:  # one writer; resume checked first
         return _train(cfg, run, progress, on_step)
 
 

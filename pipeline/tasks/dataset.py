@@ -6,7 +6,10 @@ rendered with the model's chat template). An answer may have any JSON type: the 
 rewards grade its text (a string as is, anything else as JSON: ``42`` -> ``"42"``), and a
 user's reward function (``reward="module:function"``, ``pipeline.tasks.rewards.user``) gets the value
 itself, with every other field of the row. A row is *bad* when a needed field is missing,
-empty or of the wrong kind, or when its prompt is longer than ``max_prompt_chars``.
+empty or of the wrong kind, holds text that is not valid Unicode (a lone surrogate such as
+``"\\ud800"``), or when its prompt is longer than ``max_prompt_chars`` or than the model's
+context can hold (``context_chars``, which railgate derives from the model: one 10 MB line is
+a bad row at once, not minutes of tokenizing).
 ``on_bad_row="skip"`` skips and counts bad rows (``task.load_report``); ``"error"`` raises at
 the first one, naming the file, the row and the fix. A file whose columns lack a needed field
 always raises. With a user's reward function the answer field is optional.
@@ -18,16 +21,17 @@ a share ``eval_share`` of the rows in the eval split.
 
 from __future__ import annotations
 
-import codecs
 import json
 import logging
 import random
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from pipeline.policy.hf_tokenizer import is_messages
+from pipeline.tasks.dataset_rows import (JSONL_SUFFIXES, PARQUET_SUFFIXES, DatasetError, Invalid,  # noqa: F401
+                                         not_unicode, read_records)
 from pipeline.tasks.rewards.isolation import IsolatedScore
 from pipeline.tasks.rewards.user import DatasetRow, UserReward, is_user_reward
 from pipeline.tasks.rewards.base import TextReward
@@ -36,12 +40,6 @@ from pipeline.types import Prompt
 
 log = logging.getLogger(__name__)
 
-JSONL_SUFFIXES = (".jsonl", ".ndjson")
-PARQUET_SUFFIXES = (".parquet", ".pq")
-
-
-class DatasetError(ValueError):
-    """A dataset file cannot be used as asked; the message names the file, the row and the fix."""
 
 
 @dataclass(frozen=True)
@@ -52,58 +50,6 @@ class LoadReport:
     rows: int
     skipped: int
     reasons: dict[str, int] = field(default_factory=dict)
-
-
-def read_records(path: Path, fields: list[str]) -> Iterator[tuple[str, Any]]:
-    """``(where, record)`` for each row of a JSONL or Parquet file; ``where`` reads "line 7"."""
-    suffix = path.suffix.lower()
-    if not path.is_file():
-        raise DatasetError(f"dataset file {path} does not exist; check the path (relative paths start at the working directory)")
-    if suffix in JSONL_SUFFIXES:
-        with path.open("rb") as fh:
-            for number, raw in enumerate(fh, start=1):
-                if number == 1 and raw.startswith(codecs.BOM_UTF8):
-                    raw = raw[len(codecs.BOM_UTF8):]  # a byte-order mark (some editors write one) is not row data
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    yield f"line {number}", _Invalid(f"not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1}); "
-                                                     "save the file as UTF-8")
-                    continue
-                if not line.strip():
-                    continue  # blank lines (a trailing newline) are not rows
-                try:
-                    yield f"line {number}", json.loads(line)
-                except json.JSONDecodeError as exc:
-                    yield f"line {number}", _Invalid(f"invalid JSON ({exc.msg})")
-                except (ValueError, RecursionError) as exc:  # a number of 5000 digits, arrays nested 10^5 deep
-                    yield f"line {number}", _Invalid(f"invalid JSON ({str(exc)[:80]})")
-    elif suffix in PARQUET_SUFFIXES:
-        import pyarrow.parquet as pq
-
-        try:
-            schema = pq.read_schema(path)
-        except Exception as exc:  # pyarrow raises several types for unreadable files
-            raise DatasetError(f"{path} is not a readable Parquet file ({exc}); re-export it") from None
-        missing = [f for f in fields if f not in schema.names]
-        if missing:
-            raise DatasetError(
-                f"{path} has no column {missing[0]!r} (columns: {', '.join(schema.names)}); "
-                "set the task's field names to the file's columns"
-            )
-        table = pq.read_table(path)  # every column: a user's reward function gets the other fields too
-        for number, record in enumerate(table.to_pylist(), start=1):
-            yield f"row {number}", record
-    else:
-        raise DatasetError(
-            f"{path}: unknown file type {suffix!r}; use JSONL ({', '.join(JSONL_SUFFIXES)}) or Parquet "
-            f"({', '.join(PARQUET_SUFFIXES)})"
-        )
-
-
-@dataclass(frozen=True)
-class _Invalid:
-    reason: str
 
 
 def load_problems(
@@ -135,8 +81,10 @@ def load_rows(
     on_bad_row: Literal["skip", "error"] = "skip",
     max_prompt_chars: int = 0,
     answer_required: bool = True,
+    context_chars: int = 0,
 ) -> tuple[list[Problem], list[dict[str, Any]], LoadReport]:
-    """``load_problems`` plus each kept problem's whole row (same order)."""
+    """``load_problems`` plus each kept problem's whole row (same order); ``context_chars`` > 0:
+    prompts longer than that cannot fit the model and are bad rows."""
     if on_bad_row not in ("skip", "error"):
         raise ValueError(f"on_bad_row={on_bad_row!r} must be 'skip' or 'error'")
     p = Path(path)
@@ -144,7 +92,9 @@ def load_rows(
     problems: list[Problem] = []
     rows: list[dict[str, Any]] = []
     reasons: Counter[str] = Counter()
-    spec = _Fields(prompt_field, answer_field, solution_field, difficulty_field, max_prompt_chars, answer_required)
+    spec = _Fields(prompt_field, answer_field, solution_field, difficulty_field, max_prompt_chars, answer_required,
+                   context_chars)
+    first: dict[str, str] = {}
     for where, record in read_records(p, needed + ([difficulty_field] if difficulty_field else [])):
         problem, reason = _problem_of(record, spec)
         if problem is not None:
@@ -154,12 +104,14 @@ def load_rows(
         if on_bad_row == "error":
             raise DatasetError(f"{p}, {where}: {reason}; fix the row, or set on_bad_row='skip' to skip such rows")
         reasons[reason.split(" (")[0]] += 1
+        first.setdefault(reason.split(" (")[0], where)
     report = LoadReport(path=str(p), rows=len(problems), skipped=sum(reasons.values()), reasons=dict(reasons))
     if not problems:
         detail = "; ".join(f"{n} x {r}" for r, n in reasons.most_common(3)) or "the file is empty"
         raise DatasetError(f"{p}: no usable rows ({detail}); check the field names and the file")
     if report.skipped:
-        log.warning("%s: skipped %d bad rows of %d: %s", p, report.skipped, report.skipped + report.rows, report.reasons)
+        where = "; ".join(f"{n} x {r} (first: {first[r]})" for r, n in reasons.most_common())
+        log.warning("%s: skipped %d bad rows of %d: %s", p, report.skipped, report.skipped + report.rows, where)
     return problems, rows, report
 
 
@@ -171,6 +123,7 @@ class _Fields:
     difficulty: str
     max_chars: int
     answer_required: bool
+    context_chars: int = 0
 
 
 def prompt_key(prompt: str | list) -> str:
@@ -192,7 +145,7 @@ def answer_text(value: Any) -> str:
 
 
 def _problem_of(record: Any, f: _Fields) -> tuple[Problem | None, str]:
-    if isinstance(record, _Invalid):
+    if isinstance(record, Invalid):
         return None, record.reason
     if not isinstance(record, dict):
         return None, f"row is a JSON {type(record).__name__}, not an object"
@@ -218,8 +171,14 @@ def _problem_of(record: Any, f: _Fields) -> tuple[Problem | None, str]:
             return None, f"field {name!r} is empty"
         texts[name] = answer_text(value)
     length = len(prompt) if isinstance(prompt, str) else sum(len(str(m["content"])) for m in prompt)
+    if f.context_chars and length > f.context_chars:
+        return None, (f"prompt is longer than the model's context can hold ({length} characters; at most "
+                      f"{f.context_chars} fit)")
     if f.max_chars and length > f.max_chars:
         return None, f"prompt is longer than max_prompt_chars={f.max_chars} ({length} characters); raise the limit"
+    bad = not_unicode(record, (f.prompt, f.answer, f.solution))
+    if bad:
+        return None, bad
     difficulty = 0.0
     if f.difficulty:
         d = record.get(f.difficulty)
@@ -258,6 +217,9 @@ class DatasetTask(Task):
         ``"skip"`` (count them in ``load_report``) or ``"error"``.
     max_prompt_chars
         Rows whose prompt is longer are bad rows (0: no limit).
+    context_chars
+        The most prompt characters the model's context can hold (0: unknown); longer rows are
+        bad rows, found as the file is read (``railgate.build`` derives it from the model).
 
     Examples
     --------
@@ -283,6 +245,10 @@ class DatasetTask(Task):
     """
 
     reward = "math_verify"
+    reward_timeout_s = 5.0
+    """``score`` with a user's function: its timeout (``railgate.build`` sets the run's)."""
+    reward_check_first = 32
+    """``score`` with a user's function: stop when each of its first this many failed (the run's)."""
 
     def __init__(
         self,
@@ -298,6 +264,7 @@ class DatasetTask(Task):
         on_bad_row: Literal["skip", "error"] = "skip",
         max_prompt_chars: int = 0,
         name: str = "dataset",
+        context_chars: int = 0,
     ) -> None:
         super().__init__(eval_share)
         if "{prompt}" not in template:
@@ -308,7 +275,6 @@ class DatasetTask(Task):
         # railgate's preflight checks the name before anything is built.
         self._reward_spec = reward if user else None
         self._isolated: IsolatedScore | None = None
-        self.reward_timeout_s = 5.0  # of ``score`` with a user's function (railgate.build sets the run's)
         kwargs = dict(
             prompt_field=prompt_field,
             answer_field=answer_field,
@@ -317,6 +283,7 @@ class DatasetTask(Task):
             on_bad_row=on_bad_row,
             max_prompt_chars=max_prompt_chars,
             answer_required=not user,
+            context_chars=context_chars,
         )
         train, train_rows, self.load_report = load_rows(train_path, **kwargs)
         records = dict(zip((p.key for p in train), train_rows))
@@ -358,7 +325,8 @@ class DatasetTask(Task):
         if self._reward_spec is None:
             return super().score(prompt, response_text)
         if self._isolated is None:
-            self._isolated = IsolatedScore(self._reward_spec, self._rows, timeout_s=self.reward_timeout_s)
+            self._isolated = IsolatedScore(self._reward_spec, self._rows, timeout_s=self.reward_timeout_s,
+                                           check_first=self.reward_check_first)
         return self._isolated(prompt, response_text)
 
     def prompt_source(self, problem: Problem) -> str | list[dict[str, Any]]:

@@ -91,20 +91,23 @@ class RewardHealth:
         if trip:
             raise RewardsFailing(self.message(self.check_first))
 
-    def message(self, n: int) -> str:
-        """Why a run stops after ``n`` failed rewards, and the fix."""
-        return (f"reward {self.name} failed on each of its first {n} samples ({self.errors} raised, {self.timeouts} timed "
-                f"out, {self.none} returned None); the first: {self.first_failure[:300]}; {self._fix()}")
+    def message(self, n: int, counts: dict[str, int] | None = None, which: str = "its first", regardless: bool = True) -> str:
+        """Why ``n`` failed rewards stop the work (``counts``: of those, default all so far), and the fix."""
+        c = counts or self.counts()
+        fix = self._fix(c)
+        if regardless:
+            fix += ", or set orchestrator.reward_check_first=0 to train on regardless"
+        return (f"reward {self.name} failed on each of {which} {n} samples ({c['errors']} raised, {c['timeouts']} timed "
+                f"out, {c['none']} returned None); the first: {self.first_failure[:300]}; {fix}")
 
-    def _fix(self) -> str:
-        if self.none == self.failures:
-            return ("return a number for the samples it can grade (None means no reward: not trained on), or set "
-                    "orchestrator.reward_check_first=0 to train on regardless")
-        if self.timeouts == self.failures:
-            return ("make it faster, or raise orchestrator.reward_timeout_s (a call past it scores 0), or set "
-                    "orchestrator.reward_check_first=0 to train on regardless")
-        return ("fix the function (call it on a few dataset rows to see), or set orchestrator.reward_check_first=0 to "
-                "train on regardless")
+    @staticmethod
+    def _fix(c: dict[str, int]) -> str:
+        failures = sum(c.values())
+        if c["none"] == failures:
+            return "return a number for the samples it can grade (None means no reward: not trained on)"
+        if c["timeouts"] == failures:
+            return "make it faster, or raise orchestrator.reward_timeout_s (a call past it scores 0)"
+        return "fix the function (call it on a few dataset rows to see)"
 
     def counts(self) -> dict[str, int]:
         """``errors``, ``timeouts`` and ``none`` so far."""
