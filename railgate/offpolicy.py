@@ -64,7 +64,7 @@ def replay_traces(paths: Sequence[Path], rail: RailConfig, out: Path, run_id: st
         if not segments:
             continue  # every file of this input was given already
         kinds = {p.name.split("-")[0] for p in found}
-        if "outcomes" not in kinds:
+        if "decisions" in kinds and "outcomes" not in kinds:
             raise ConfigError(f"replay {label}: decisions without their outcomes (outcomes-NNNNN.arrows, beside them); "
                               f"pass the trace directory, which holds both: railgate replay {place}")
         try:

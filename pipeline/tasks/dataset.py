@@ -61,14 +61,15 @@ def load_problems(
     on_bad_row: Literal["skip", "error"] = "skip",
     max_prompt_chars: int = 0,
     answer_required: bool = True,
+    context_chars: int = 0,
 ) -> tuple[list[Problem], LoadReport]:
     """The problems of one file and a report of what was skipped (``load_rows`` also returns the rows).
 
     The SFT target is ``solution_field`` when given, else the answer; ``max_prompt_chars=0``
-    means no limit.
+    means no limit; ``context_chars`` > 0: prompts longer than the model's context can hold are bad rows.
     """
     problems, _, report = load_rows(path, prompt_field, answer_field, solution_field, difficulty_field, on_bad_row,
-                                    max_prompt_chars, answer_required)
+                                    max_prompt_chars, answer_required, context_chars)
     return problems, report
 
 

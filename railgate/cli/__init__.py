@@ -48,22 +48,22 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Errors caused by input (files, directories, traces, datasets): one clear line, exit 2."""
-    from controller.rail.replay import ReplayError
-    from pipeline.engines.base import EngineError
-    from pipeline.policy.models import ModelDirError
-    from pipeline.policy.tokenizer import TokenizerError
-    from pipeline.store.arrowio import SegmentFormatError
-    from pipeline.tasks.dataset import DatasetError
-    from pipeline.protocols import GateStalled
-    from pipeline.tasks.rewards.health import RewardsFailing
-    from railgate.checkpoint import CheckpointError
-    from railgate.import_model import ModelImportError
-    from railgate.rundir import RunDirError
+USER_ERRORS: frozenset[tuple[str, str]] = frozenset({
+    ("controller.rail.replay", "ReplayError"), ("pipeline.engines.base", "EngineError"),
+    ("pipeline.policy.models", "ModelDirError"), ("pipeline.policy.tokenizer", "TokenizerError"),
+    ("pipeline.store.arrowio", "SegmentFormatError"), ("pipeline.tasks.dataset_rows", "DatasetError"),
+    ("pipeline.tasks.rewards.health", "RewardsFailing"), ("pipeline.protocols", "GateStalled"),
+    ("railgate.checkpoint", "CheckpointError"), ("railgate.import_model", "ModelImportError"),
+    ("railgate.rundir", "RunDirError"), ("railgate.runid", "RunIdError"),
+})
+"""Errors caused by input (files, directories, traces, datasets, reward functions): one clear
+line, exit 2. Named, not imported: matching an error must not import anything (torch, say,
+half-imported when a Ctrl-C landed in it)."""
 
-    return (SegmentFormatError, ModelDirError, DatasetError, TokenizerError, CheckpointError, ReplayError, GateStalled,
-            EngineError, ModelImportError, RunDirError, RewardsFailing)
+
+def is_user_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is (a subclass of) one of ``USER_ERRORS``."""
+    return any((cls.__module__, cls.__qualname__) in USER_ERRORS for cls in type(exc).__mro__)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,10 +107,10 @@ def _main(argv: list[str] | None) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
-    except _user_errors() as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except Exception as exc:
+        if is_user_error(exc):
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         from railgate.rundir import disk_error
 
         message = disk_error(exc)  # a full disk or a read-only directory, however deep in the chain

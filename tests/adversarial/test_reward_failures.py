@@ -160,7 +160,8 @@ def _train(root: Path, run: Path, reward: str, *sets: str):
 
 @pytest.mark.parametrize("reward, first", [("my_rewards:boom", "ValueError: no field 'answr' in this row"),
                                            ("my_rewards:none", "returned None"),
-                                           ("my_rewards:exits", "worker process ended with exit status 3")])
+                                           pytest.param("my_rewards:exits", "worker process ended with exit status 3",
+                                                        marks=pytest.mark.slow)])  # a new worker process per reward
 def test_a_reward_that_never_works_stops_the_run_with_the_reason(dataset_dir, tmp_path, reward, first):
     """With a skipping gate (SARA) this used to end with rc 0, no learner step, the whole budget
     spent and "errors 0" in the summary."""
@@ -181,17 +182,21 @@ def test_without_the_stop_the_summary_counts_failures_even_with_no_step(dataset_
     assert f"| reward errors / timeouts / none | {int(summary['budget']['pipeline/reward_errors'])} / 0 / 0 |" in report
 
 
-def test_reward_code_that_exits_never_takes_the_run_down(dataset_dir, tmp_path):
-    """os._exit in a call ends a worker process, not the run; at import it is one clear line
-    before anything is written."""
-    called = _train(dataset_dir, tmp_path / "called", "my_rewards:exits", "orchestrator.reward_check_first=0")
-    assert called.returncode == 0, called.stderr[-3000:]
-    budget = json.loads((tmp_path / "called" / "summary.json").read_text())["budget"]
-    assert budget["pipeline/reward_errors"] == budget["pipeline/rollouts_finished"] > 0
+def test_reward_code_that_exits_on_import_is_one_line_before_anything_is_written(dataset_dir, tmp_path):
     imported = _train(dataset_dir, tmp_path / "imported", "leaves:f")
     lines = imported.stderr.strip().splitlines()
     assert imported.returncode == 2 and len(lines) == 1 and "exit status 4" in lines[0], imported.stderr[-2000:]
     assert not (tmp_path / "imported").exists()
+
+
+@pytest.mark.slow  # every reward starts a new worker process (the last one ended itself)
+def test_reward_code_that_exits_in_a_call_never_takes_the_run_down(dataset_dir, tmp_path):
+    """os._exit in a call ends a worker process, not the run."""
+    called = _train(dataset_dir, tmp_path / "called", "my_rewards:exits", "orchestrator.reward_check_first=0",
+                    "orchestrator.max_rollouts=16")
+    assert called.returncode == 0, called.stderr[-3000:]
+    budget = json.loads((tmp_path / "called" / "summary.json").read_text())["budget"]
+    assert budget["pipeline/reward_errors"] == budget["pipeline/rollouts_finished"] > 0
 
 
 def test_a_timeout_that_never_ends_is_refused_before_the_run(dataset_dir, tmp_path):
