@@ -17,7 +17,7 @@ from controller.rail.vw_backend import VWLearner
 from pipeline.config.build import ConfigError
 from railgate.checkpoint import CheckpointWriter, latest_checkpoint, load_checkpoint
 from railgate.config import load_config
-from run_helpers import SMALL, cli, sim_run, tree_digest
+from run_helpers import cli, sim_run, tree_digest
 from vw_craft import with_options
 
 FILE_OPTIONS = ["-d data.txt", "-f model.vw", "--final_regressor model.vw", "-i model.vw", "--cache_file c",
