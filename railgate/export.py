@@ -146,7 +146,9 @@ def export_model(cfg: RunConfig, run_dir: Path, out: Path, step: int | None = No
     try:
         base.model.save_pretrained(str(tmp))
         tok.save(tmp)
-        if out.exists():
+        if out.is_symlink() or out.is_file():
+            out.unlink()  # a link is replaced, never followed
+        elif out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
     except BaseException:

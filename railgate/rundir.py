@@ -53,6 +53,7 @@ from pipeline.store.arrowio import mark_superseded, next_segment_number
 from pipeline.store.atomic import atomic_write
 from railgate.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from railgate.config import RunConfig, dump_config, load_config
+from railgate.diskerrors import close_all, disk_error  # noqa: F401  (re-exported: train, the CLI)
 from railgate.runid import RUN_ID_FILE, RunIdError, new_run_id, resolve_run_id, write_run_id
 
 LOCK_FILE = ".railgate.lock"
@@ -124,6 +125,7 @@ def open_run_dir(cfg: RunConfig, resume: bool = False, overwrite: bool = False, 
         run = RunDir(cfg, path, None, None)
         try:
             if resume:
+                refuse_links(path)
                 run.checkpoint = latest_checkpoint(path)
                 run.state = load_checkpoint(run.checkpoint)
                 check_resumable(cfg, path)
@@ -157,6 +159,22 @@ def run_entries(path: Path) -> list[Path]:
     for pattern in RUN_GLOBS:
         found.extend(sorted(path.glob(pattern)))
     return found
+
+
+def refuse_links(path: Path) -> None:
+    """``RunDirError`` when a file a run reads or writes in ``path`` is a link: a shared run
+    directory could otherwise lead ``--resume`` or ``eval`` to append to, or replace, any file the
+    link names (the lock file is opened without following links, the small files are replaced
+    by a rename, but segments, ``metrics.jsonl`` and the rules beside them are appended to)."""
+    entries = run_entries(path) + [path / LOCK_FILE]
+    for sub in ("trace", "buffer", "checkpoints"):
+        folder = path / sub
+        if folder.is_dir() and not folder.is_symlink():
+            entries.extend(sorted(folder.iterdir()))
+    for entry in entries:
+        if entry.is_symlink():
+            raise RunDirError(f"{entry} is a link (to {os.readlink(entry)}); a run directory's files are plain files "
+                              "inside it, so railgate writes through no link: replace it with the file it points to")
 
 
 def resume_run_id(cfg: RunConfig, path: Path, state: dict[str, Any], checkpoint: Path) -> tuple[str, bool]:
@@ -263,63 +281,6 @@ class TraceSlot:
         return getattr(sink, name)
 
 
-_DISK_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
-                errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
-                errno.EPERM: "permission denied", errno.EFBIG: "the file would pass the file-size limit (ulimit -f)"}
-_RESUME_FIX = "free space (or pass another --run-dir), then continue with --resume"
-_FIXES = {errno.ENOSPC: _RESUME_FIX, errno.EDQUOT: _RESUME_FIX,
-          errno.EFBIG: "raise the limit (ulimit -f unlimited), then continue with --resume"}
-
-
-def disk_error(exc: BaseException, where: Path | str | None = None) -> str | None:
-    """One line for a failed write a user can fix (full disk, read-only or forbidden path),
-    found anywhere in ``exc``'s cause/context chain or exception group; None for anything else.
-    ``where`` names the place when the error does not (a failed ``write`` has no file name).
-
-    >>> disk_error(RuntimeError("x")) is None
-    True
-    >>> try:
-    ...     try:
-    ...         raise OSError(errno.ENOSPC, "No space left on device", "runs/x/trace/decisions-00000.arrows")
-    ...     except OSError:
-    ...         raise ValueError("closing the trace failed")
-    ... except ValueError as e:
-    ...     disk_error(e)
-    'cannot write runs/x/trace/decisions-00000.arrows: the disk is full; free space (or pass another --run-dir), then continue with --resume'
-    """
-    seen: set[int] = set()
-    stack = [exc]
-    while stack:
-        e = stack.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in _DISK_ERRNOS:
-            place = e.filename or where or "the run directory"
-            fix = _FIXES.get(e.errno, "make it writable or pass another --run-dir")
-            return f"cannot write {place}: {_DISK_ERRNOS[e.errno]}; {fix}"
-        if isinstance(e, BaseExceptionGroup):
-            stack.extend(e.exceptions)
-        stack.extend([e.__context__, e.__cause__])
-    return None
-
-
-def close_all(*closables: Any) -> None:
-    """``close()`` every one that has it, even when one fails (a full disk fails them all); then
-    raise the first failure."""
-    first: BaseException | None = None
-    for closable in closables:
-        close = getattr(closable, "close", None)
-        if close is None:
-            continue
-        try:
-            close()
-        except BaseException as exc:
-            first = first or exc
-    if first is not None:
-        raise first
-
-
 def check_writable(path: Path) -> None:
     """``RunDirError`` unless a file can be created in ``path`` (checked before long work whose
     result goes there, such as an evaluation)."""
@@ -369,9 +330,14 @@ class _Lock:
         try:
             self._made_dir = not self.run_dir.exists()
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._created = not self.path.exists()
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._created = not self.path.exists() and not self.path.is_symlink()
+            # O_NOFOLLOW: a lock "file" that is a link (a shared run directory's) must not lead
+            # this process to truncate and write whatever file it names.
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise RunDirError(f"{self.path} is a link (to {os.readlink(self.path)}), not the run's lock file; a run "
+                                  f"directory's files are plain files inside it: delete the link") from None
             raise RunDirError(f"cannot create the run directory's lock file {self.path}: {exc.strerror}; "
                               "train into a directory you can write to (--run-dir)") from None
         try:

@@ -141,3 +141,24 @@ def test_a_run_of_an_older_release_keeps_its_name_as_its_id(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert (run / "run_id").read_text().strip() == "old"
     assert load_checkpoint(latest_checkpoint(run))["run_id"] == "old"
+
+
+@pytest.mark.parametrize("command", ["resume", "eval"])
+@pytest.mark.parametrize("entry", [".railgate.lock", "metrics.jsonl", "trace/superseded.jsonl", "eval_step2.json"])
+def test_links_in_a_run_directory_lead_no_write_outside_it(entry, command, tmp_path):
+    """A shared run directory whose files are links must not make railgate truncate, append to or
+    replace the files they name (the lock file once truncated its link's target)."""
+    run = sim_run(tmp_path / "run", 2)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    link = run / entry
+    if link.exists():
+        link.unlink()
+    link.symlink_to(victim)
+    args = ["eval", str(run)] if command == "eval" else ["train", "--resume", str(run), "--no-progress",
+                                                          "--set", "orchestrator.steps=3"]
+    result = cli(*args)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
+    assert f"{link} is a link" in lines[0]
+    assert victim.read_text() == "precious\n" and link.is_symlink()
