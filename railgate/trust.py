@@ -35,6 +35,7 @@ from railgate.config import RunConfig, load_config
 UNTRUSTED: dict[str, str] = {
     "controller.rail.vw_extra_args": "reaches vowpalwabbit's command line",
     "task.dataset.reward": "names Python code to import and run",
+    "task.env.class": "names Python code to import and run",
     "engine.ray.address": "connects to a Ray cluster",
 }
 """Keys a run directory's ``config.yaml`` may not set (to a non-default value), and why."""
@@ -67,6 +68,8 @@ def check_run_dir_settings(path: Path, overrides: list[str], command: str) -> No
 def _untrusted_value(key: str, value: Any) -> bool:
     if key == "task.dataset.reward":  # the built-in rewards are railgate's own code
         return isinstance(value, str) and is_user_reward(value)
+    if key == "task.env.class":  # railgate's own environments are its own code
+        return not (isinstance(value, str) and value.startswith("pipeline.envs."))
     return True
 
 

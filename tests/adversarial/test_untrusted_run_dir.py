@@ -93,6 +93,7 @@ def test_a_run_dirs_vw_args_reach_vw_only_when_the_user_passes_them(command, rai
 @pytest.mark.parametrize("key, value, why", [
     ("task.dataset.reward", "my_rewards:score", "names Python code to import and run"),
     ("engine.ray.address", "10.0.0.1:6379", "connects to a Ray cluster"),
+    ("task.env.class", "my_envs:Env", "names Python code to import and run"),
 ])
 def test_a_run_dirs_code_and_hosts_are_not_taken_from_it(key, value, why, tmp_path):
     run = tmp_path / "run"
