@@ -30,8 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
 from pipeline.policy.hf_tokenizer import is_messages
-from pipeline.tasks.dataset_rows import (JSONL_SUFFIXES, PARQUET_SUFFIXES, DatasetError, Invalid,  # noqa: F401
-                                         not_unicode, read_records)
+from pipeline.tasks.dataset_rows import JSONL_SUFFIXES, PARQUET_SUFFIXES, Invalid, not_unicode, read_records  # noqa: F401
 from pipeline.tasks.rewards.isolation import IsolatedScore
 from pipeline.tasks.rewards.user import DatasetRow, UserReward, is_user_reward
 from pipeline.tasks.rewards.base import TextReward
@@ -39,6 +38,10 @@ from pipeline.tasks.base import Problem, Split, Task
 from pipeline.types import Prompt
 
 log = logging.getLogger(__name__)
+
+
+class DatasetError(ValueError):
+    """A dataset file cannot be used as asked; the message names the file, the row and the fix."""
 
 
 

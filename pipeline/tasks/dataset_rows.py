@@ -22,10 +22,6 @@ JSONL_SUFFIXES = (".jsonl", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 
 
-class DatasetError(ValueError):
-    """A dataset file cannot be used as asked; the message names the file, the row and the fix."""
-
-
 @dataclass(frozen=True)
 class Invalid:
     """A row that could not be read: why."""
@@ -34,7 +30,10 @@ class Invalid:
 
 
 def read_records(path: Path, fields: list[str]) -> Iterator[tuple[str, Any]]:
-    """``(where, record)`` for each row of a JSONL or Parquet file; ``where`` reads "line 7"."""
+    """``(where, record)`` for each row of a JSONL or Parquet file; ``where`` reads "line 7";
+    ``pipeline.tasks.dataset.DatasetError`` for a file that cannot be read at all."""
+    from pipeline.tasks.dataset import DatasetError  # its public home; that module imports this one
+
     suffix = path.suffix.lower()
     if not path.is_file():
         raise DatasetError(f"dataset file {path} does not exist; check the path (relative paths start at the working directory)")

@@ -51,7 +51,7 @@ def parser() -> argparse.ArgumentParser:
 USER_ERRORS: frozenset[tuple[str, str]] = frozenset({
     ("controller.rail.replay", "ReplayError"), ("pipeline.engines.base", "EngineError"),
     ("pipeline.policy.models", "ModelDirError"), ("pipeline.policy.tokenizer", "TokenizerError"),
-    ("pipeline.store.arrowio", "SegmentFormatError"), ("pipeline.tasks.dataset_rows", "DatasetError"),
+    ("pipeline.store.arrowio", "SegmentFormatError"), ("pipeline.tasks.dataset", "DatasetError"),
     ("pipeline.tasks.rewards.health", "RewardsFailing"), ("pipeline.protocols", "GateStalled"),
     ("railgate.checkpoint", "CheckpointError"), ("railgate.import_model", "ModelImportError"),
     ("railgate.rundir", "RunDirError"), ("railgate.runid", "RunIdError"),
