@@ -82,3 +82,30 @@ def read_records(path: Path, fields: list[str]) -> Iterator[tuple[str, Any]]:
 @dataclass(frozen=True)
 class Invalid:
     reason: str
+
+
+def not_unicode(record: dict[str, Any], names: tuple[str, ...]) -> str:
+    """Why a field of ``record`` is not valid Unicode text (a lone surrogate, which JSON's
+    ``\\ud800`` escape can spell and no encoder can write), or ``""``."""
+    for name in names:
+        if not name or name not in record:
+            continue
+        for text in strings(record[name]):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return (f"field {name!r} holds a lone surrogate ({text[exc.start]!r} at character {exc.start + 1}), which "
+                        "is not valid Unicode text; fix the row's escape (a surrogate pair, or the character itself)")
+    return ""
+
+
+def strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from strings(k)
+            yield from strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from strings(v)

@@ -5,7 +5,10 @@ their prompt's ``success_threshold``: the expected pass@1 at the sampling temper
 ``eval/pass@k`` (the fraction of prompts with at least one success among
 ``samples_per_prompt``), and accuracy per difficulty level (``eval/accuracy/d=<level>``), so
 that what GRPO leaves near zero on the hardest levels is visible. Samples the reward function
-gives no reward (None) are left out.
+gives no reward (None) are left out. Each evaluation also reports how many of its rewards raised,
+timed out or gave None (``eval/reward_errors``, ``eval/reward_timeouts``, ``eval/rewards_none``),
+and raises ``RewardsFailing`` when every one of them failed: an accuracy of 0 from a broken
+reward would otherwise read as a policy that solves nothing.
 
 >>> import anyio
 >>> from pipeline.config.sections import SimConfig
@@ -28,6 +31,7 @@ from typing import Any, Sequence
 import anyio
 
 from pipeline.protocols import Scorer
+from pipeline.tasks.rewards.health import RewardsFailing
 from pipeline.tasks.rewards.scoring import ScoringService
 from pipeline.seeding import sample_seed
 from pipeline.types import Prompt, SampleFinished, SampleRequest, SamplingParams
@@ -51,6 +55,7 @@ class SamplingEvaluator:
         seed: int = 0,
         reward_timeout_s: float | None = None,
         reward_threads: int = 2,
+        check_rewards: bool = True,
     ):
         if not prompts:
             raise ValueError("the evaluator needs at least one held-out prompt; raise eval.num_prompts")
@@ -65,12 +70,14 @@ class SamplingEvaluator:
         self.concurrency = concurrency
         self.seed = seed
         self.reward_timeout_s = reward_timeout_s  # a reward past it counts as wrong, as in training
+        self.check_rewards = check_rewards  # an evaluation whose rewards all failed raises RewardsFailing
         # The training run's reward service, timeout and worker processes included (None: its default).
         self.scoring = ScoringService(scorer, reward_timeout_s or _DEFAULT_REWARD_TIMEOUT_S, reward_threads)
 
     async def evaluate(self, step: int) -> dict[str, float]:
         rewards: dict[int, list[float]] = defaultdict(list)
         limiter = anyio.Semaphore(self.concurrency)
+        health, before, scored = self.scoring.health, self.scoring.health.counts(), [0]
 
         async def one(i: int, j: int) -> None:
             prompt = self.prompts[i]
@@ -91,6 +98,7 @@ class SamplingEvaluator:
             reward = 0.0
             if final is not None and final.finish_reason.is_success:
                 # raising or timing out counts as wrong, as in training (counted on self.scoring)
+                scored[0] += 1
                 reward, _ = await self.scoring.score(prompt, final.token_ids)
                 if math.isnan(reward):  # NO_REWARD: left out, as in training
                     return
@@ -100,7 +108,13 @@ class SamplingEvaluator:
             for i in range(len(self.prompts)):
                 for j in range(self.k):
                     tg.start_soon(one, i, j)
-        return self._summarise(rewards)
+        failed = health.since(before)
+        if self.check_rewards and scored[0] and sum(failed.values()) == scored[0]:
+            raise RewardsFailing(f"held-out evaluation at step {step}: "
+                                 f"{health.message(scored[0], failed, which='all', regardless=False)}")
+        counts = {"eval/reward_errors": failed["errors"], "eval/reward_timeouts": failed["timeouts"],
+                  "eval/rewards_none": failed["none"]}
+        return {**self._summarise(rewards), **{k: float(v) for k, v in counts.items()}}
 
     def _summarise(self, rewards: dict[int, list[float]]) -> dict[str, float]:
         # a success: a reward above the prompt's success_threshold

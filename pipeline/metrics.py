@@ -113,12 +113,59 @@ class NullMetricsWriter:
         return None
 
 
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Every complete line of a ``metrics.jsonl`` (a torn last line is ignored)."""
-    out = []
-    for line in Path(path).read_text().splitlines():
+SUPERSEDED = "superseded"
+"""The key ``mark_superseded_steps`` adds (true) to the lines a resumed run writes again."""
+
+
+def mark_superseded_steps(path: str | Path, after_step: int) -> int:
+    """Mark the lines of steps above ``after_step`` (written by a run killed after the checkpoint
+    of that step, which the resumed run does again) with ``"superseded": true``, and drop a torn
+    last line; the file is rewritten whole (``pipeline.store.atomic``). Returns the lines marked.
+
+    ``metrics.jsonl`` stays append-only otherwise: a reader skips the marked lines
+    (``read_metrics`` does), and then holds each step once, as the run that counted it wrote it.
+
+    >>> import pathlib, tempfile
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "metrics.jsonl"
+    >>> _ = path.write_text('{"step": 1, "x": 1}\\n{"step": 2, "x": 2}\\n{"step": 3, "x": 3}\\n{"step": 4')
+    >>> mark_superseded_steps(path, 1)
+    2
+    >>> _ = path.open("a").write('{"step": 2, "x": 20}\\n')
+    >>> [(m["step"], m["x"]) for m in read_metrics(path)]
+    [(1, 1), (2, 20)]
+    """
+    from pipeline.store.atomic import atomic_write
+
+    path = Path(path)
+    lines, marked = [], 0
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            out.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
-            break
+            continue  # a torn line (a kill mid-write): nothing of it is usable
+        if isinstance(record, dict) and not record.get(SUPERSEDED) and _step(record) > after_step:
+            record[SUPERSEDED] = True
+            marked += 1
+            line = json.dumps(record)
+        lines.append(line)
+    atomic_write(path, "".join(f"{line}\n" for line in lines))
+    return marked
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Every complete line of a ``metrics.jsonl`` except those a resumed run superseded
+    (``mark_superseded_steps``); a torn line is skipped."""
+    out = []
+    for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and not record.get(SUPERSEDED):
+            out.append(record)
     return out
+
+
+def _step(record: dict[str, Any]) -> float:
+    step = record.get("step")
+    return float(step) if isinstance(step, (int, float)) else float("-inf")

@@ -111,6 +111,7 @@ class Orchestrator:
         tracker's part (gate and controller included), then the learner's and the engine's weights."""
         self.tracker.load_state_dict(state)
         self.learn.restore(state["learner"])
+        self.parts.scoring.health.carry(self.tracker.budget)  # reward counts go on from the checkpoint's
 
     def request_stop(self) -> None:
         """Stop at the next point where the learner is idle (the step in training, if any, is
@@ -143,6 +144,7 @@ class Orchestrator:
             raise
         inbox_send.close()
         tracker = self.tracker
+        self.parts.scoring.health.record(tracker.budget)  # live counts: right even when no learner step ran
         return RunSummary(
             steps=tracker.steps_done, budget=tracker.budget, evals=tracker.evals, stop_reason=tracker.stop_reason,
             wall_s=time.monotonic() - started, controller_metrics=dict(tracker.controller.metrics()),

@@ -20,6 +20,7 @@ from pipeline.sim.engine import SimEngine
 from pipeline.orchestrator import Orchestrator
 from pipeline.parts import RunOutputs, RunParts
 from pipeline.protocols import Controller, DecisionSink, Evaluator, Gate, Learner, Scorer
+from pipeline.tasks.rewards.health import RewardsFailing
 from pipeline.tasks.rewards.scoring import ScoringService
 from pipeline.seeding import derive_seed
 from pipeline.sim.world import SimAnswerScorer, SimEvaluator, SimWorld
@@ -43,8 +44,10 @@ class Components:
     reference: ReferenceScreen | None = None  # gate.sara.reference_prior: the gate's reference scores
 
 
-def build_components(cfg: RunConfig, progress: bool = True, sink: DecisionSink | None = None) -> Components:
-    """``sink`` receives the controller's decisions (the run's TraceLog; none: not logged)."""
+def build_components(cfg: RunConfig, progress: bool = True, sink: DecisionSink | None = None,
+                     run_id: str | None = None) -> Components:
+    """``sink`` receives the controller's decisions (the run's TraceLog; none: not logged), which
+    carry ``run_id`` (default ``cfg.name``; a training run passes its own, ``railgate.runid``)."""
     preflight(cfg)  # before any warm start or model load
     if cfg.engine.kind == "sim":
         components = _build_sim(cfg)
@@ -52,7 +55,7 @@ def build_components(cfg: RunConfig, progress: bool = True, sink: DecisionSink |
         components = _build_torch(cfg, progress)
     else:
         raise ConfigError(f"engine.kind={cfg.engine.kind!r} must be one of sim, torch, vllm, ray")
-    components.controller = build_controller(cfg, sink, components.clock)
+    components.controller = build_controller(cfg, sink, components.clock, run_id)
     return components
 
 
@@ -77,13 +80,13 @@ def build_orchestrator(
         outputs.checkpoint_every = cfg.log.checkpoint_every
     run_parts = RunParts(
         engine=parts.engine, gate=parts.gate, controller=parts.controller,
-        scoring=ScoringService(parts.scorer, o.reward_timeout_s, o.reward_threads), learner=parts.learner,
-        clock=parts.clock, evaluator=parts.evaluator, reference=parts.reference,
+        scoring=ScoringService(parts.scorer, o.reward_timeout_s, o.reward_threads, o.reward_check_first),
+        learner=parts.learner, clock=parts.clock, evaluator=parts.evaluator, reference=parts.reference,
     )
     return Orchestrator(run_parts, o, outputs, seed=cfg.seed, run_id=run_id if run_id is not None else cfg.name)
 
 
-def build_controller(cfg: RunConfig, sink: DecisionSink | None, clock: Any) -> Controller:
+def build_controller(cfg: RunConfig, sink: DecisionSink | None, clock: Any, run_id: str | None = None) -> Controller:
     if cfg.controller.kind == "none":
         return NoopController()
     from controller.rail.controller import RailController
@@ -95,7 +98,7 @@ def build_controller(cfg: RunConfig, sink: DecisionSink | None, clock: Any) -> C
         sink=sink if sink is not None else NullSink(),
         default_params=SamplingParams(temperature=o.temperature, top_p=o.top_p, max_tokens=o.max_tokens),
         seed=derive_seed(cfg.seed, "controller"),
-        run_id=cfg.name,
+        run_id=run_id if run_id is not None else cfg.name,
         clock=clock.now,
     )
 
@@ -114,12 +117,14 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
     from pipeline.policy.models import ensure_base_model
     from pipeline.tasks import build_task
 
-    task = build_task(cfg.task)
+    task = build_task(cfg.task, context_chars=_prompt_char_limit(cfg))
+    # the task's own scoring (warm start, reference checks) follows the run's reward settings
+    task.reward_timeout_s, task.reward_check_first = cfg.orchestrator.reward_timeout_s, cfg.orchestrator.reward_check_first
     if not cfg.model.path:  # fail before a warm start, with the tokenizer it would build
         from pipeline.policy.tokenizer import CharTokenizer
 
         _prompts(cfg, task, CharTokenizer.for_tasks(task).encode_prompt)
-    base = ensure_base_model(cfg.run_dir, cfg.task, cfg.model, progress=progress)
+    base = ensure_base_model(cfg.run_dir, cfg.task, cfg.model, progress=progress, task=task)
     tokenizer = base.tokenizer
     context = base.context_length if cfg.model.path else None  # a user's model: its config decides
     train_problems, train_prompts, eval_prompts = _prompts(cfg, task, tokenizer.encode_prompt, context)
@@ -139,13 +144,31 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
     evaluator = SamplingEvaluator(
         engine, eval_prompts, scorer, samples_per_prompt=cfg.data.eval_samples,
         temperature=cfg.data.eval_temperature, max_tokens=cfg.orchestrator.max_tokens, seed=derive_seed(cfg.seed, "eval"),
-        reward_timeout_s=cfg.orchestrator.reward_timeout_s,
+        reward_timeout_s=cfg.orchestrator.reward_timeout_s, check_rewards=cfg.orchestrator.reward_check_first > 0,
     )
     learner = TorchLearner(base.model, cfg.learner, pad_id=tokenizer.pad_id)
     return Components(
         engine=engine, clock=WallClock(), gate=gate, controller=NoopController(), scorer=scorer,
         learner=learner, evaluator=evaluator, pool=pool, reference=_reference_screen(cfg, task, tokenizer, gate, train_problems),
     )
+
+
+CHARS_PER_TOKEN_MAX = 64
+"""No tokenizer spells a token of more characters than this (BPE vocabularies top out around 16-32,
+a run of spaces in a code model's at 64): a prompt longer than the context times this cannot fit."""
+
+
+def _prompt_char_limit(cfg: RunConfig) -> int:
+    """The most prompt characters the model's context can hold, known before any model is loaded
+    or any prompt tokenized (a dataset row above it is a bad row at once): the project's character
+    model reads one token per character; a user's model at most ``CHARS_PER_TOKEN_MAX``."""
+    from pipeline.policy.models import model_context, read_model_config
+
+    room = cfg.model.max_len - cfg.orchestrator.max_tokens
+    if not cfg.model.path:
+        return max(1, room)
+    context = model_context(read_model_config(cfg.model.path))
+    return max(1, context - cfg.orchestrator.max_tokens) * CHARS_PER_TOKEN_MAX if context else 0
 
 
 def _reference_screen(cfg: RunConfig, task: Any, tokenizer: Any, gate: Any, problems: list) -> ReferenceScreen | None:
@@ -176,9 +199,12 @@ def _earns_reward(task: Any, problem: Any) -> bool:
     that does not earn it would bound nothing); a reward that raises on it counts as no."""
     prompt = task.to_prompt(problem)
     try:
-        return bool(problem.solution) and task.score(prompt, problem.solution) > prompt.success_threshold
-    except Exception:  # noqa: BLE001 - a user's reward function; that problem just gets no reference
+        score = task.score(prompt, problem.solution) if problem.solution else None
+    except RewardsFailing:
+        raise  # a reward that fails on every solution: the run stops with its reason
+    except Exception:  # noqa: BLE001 - a built-in reward on an odd solution; that problem just gets no reference
         return False
+    return score is not None and score > prompt.success_threshold
 
 
 def _torch_kwargs(cfg: RunConfig, context: int | None = None) -> dict[str, Any]:

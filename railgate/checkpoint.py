@@ -36,13 +36,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import struct
 from pathlib import Path
 from typing import Any
 
 from pipeline.config.build import ConfigError
+from pipeline.store.atomic import atomic_write  # noqa: F401  (re-exported: checkpoint_convert, older imports)
 from railgate.state_codec import StateFormatError, decode_state, encode_state
 
 MAGIC = b"RAILGATE-CHECKPOINT\n"
@@ -67,13 +67,16 @@ class LegacyCheckpointError(CheckpointError):
 class CheckpointWriter:
     """Called by the orchestrator with its state at checkpoint steps."""
 
-    def __init__(self, run_dir: str | Path, keep: int = 2):
+    def __init__(self, run_dir: str | Path, keep: int = 2, run_id: str | None = None):
         self.directory = Path(run_dir) / "checkpoints"
         self.directory.mkdir(parents=True, exist_ok=True)
         self.keep = keep
+        self.run_id = run_id  # stamped into every checkpoint: a resume refuses another run's (railgate.runid)
         self.written: list[Path] = []
 
     def __call__(self, state: dict[str, Any]) -> None:
+        if self.run_id is not None:
+            state = {**state, "run_id": self.run_id}
         # Serialised now: the state holds live references that the pipeline keeps mutating.
         data = dump_checkpoint(state)
         path = self.directory / f"step-{int(state['step']):06d}{SUFFIX}"
@@ -113,7 +116,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             raise LegacyCheckpointError(
                 f"checkpoint {path} is in the pickle format of older railgate releases, which can run code when "
                 f"it is read, so it is not opened; if you trust where it came from, convert it once with "
-                f"'railgate convert-checkpoint {path.parent.parent}' and run the command again"
+                f"'railgate convert-checkpoint {path.parent.parent} --trust-pickle' and run the command again"
             )
         raise CheckpointError(f"{path} is not a railgate checkpoint (it does not start with {MAGIC[:-1].decode()}); "
                               "delete it to resume from the one before")
@@ -222,23 +225,3 @@ def _load_tensors(blob: bytes) -> dict[str, Any]:
     import safetensors.torch
 
     return safetensors.torch.load(blob)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename; on any failure (a full
-    disk) the temporary file is removed and ``path`` is left as it was."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
-        if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
-            raise OSError(exc.errno, exc.strerror, str(path)) from exc  # a failed write names no file: name it
-        raise

@@ -27,17 +27,24 @@ from railgate.checkpoint import (
 )
 
 
-def convert_checkpoints(target: str | Path) -> list[Path]:
-    """Convert every legacy checkpoint of a run directory (or one ``.pt`` file); the new files."""
+def legacy_sources(target: str | Path) -> tuple[list[Path], Path]:
+    """The legacy checkpoints ``convert_checkpoints(target)`` would read, and the directory its
+    ``latest`` pointer is in; nothing is opened."""
     target = Path(target)
     if target.is_file():
-        sources = [target]
-        directory = target.parent
-    else:
-        directory = target / "checkpoints"
-        sources = sorted(p for p in directory.glob("step-*") if _LEGACY_NAME.fullmatch(p.name)) if directory.is_dir() else []
+        return [target], target.parent
+    directory = target / "checkpoints"
+    sources = sorted(p for p in directory.glob("step-*") if _LEGACY_NAME.fullmatch(p.name)) if directory.is_dir() else []
     if not sources:
         raise CheckpointError(f"{target}: no old-format checkpoint (checkpoints/step-NNNNNN.pt) to convert")
+    return sources, directory
+
+
+def convert_checkpoints(target: str | Path) -> list[Path]:
+    """Convert every legacy checkpoint of a run directory (or one ``.pt`` file); the new files.
+    Reading them runs any code they hold: call it only for files whose origin you trust (the
+    command asks for ``--trust-pickle``)."""
+    sources, directory = legacy_sources(target)
     written = []
     for source in sources:
         match = _LEGACY_NAME.fullmatch(source.name)

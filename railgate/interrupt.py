@@ -31,10 +31,18 @@ def run_orchestrator(orchestrator: Any) -> Any:
 
 
 async def _run_until_interrupted(orchestrator: Any) -> Any:
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_first_sigint_stops, orchestrator)
-        summary = await orchestrator.run()
-        tg.cancel_scope.cancel()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_first_sigint_stops, orchestrator)
+            summary = await orchestrator.run()
+            tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # The run's own error (a reward that never works, a stalled gate), as itself: the
+        # command line turns it into one line, which it cannot do for a group.
+        errors = [e for e in group.exceptions if not isinstance(e, anyio.get_cancelled_exc_class())]
+        if len(errors) == 1:
+            raise errors[0] from None
+        raise
     return summary
 
 

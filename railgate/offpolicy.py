@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from controller.rail.config import RailConfig
-from controller.rail.replay import LoggedSet, ReplayError, ReplayReport, load_logged, replay
+from controller.rail.replay import LoggedSet, MixedRunsError, ReplayError, ReplayReport, load_logged, replay
 from pipeline.config.build import ConfigError
+from pipeline.store.atomic import atomic_savefig, atomic_write
 from pipeline.store.tracelog import segment_digest, trace_segment_paths
 from railgate.config import RunConfig
 from railgate.report import markdown_table
@@ -32,22 +33,28 @@ def shadow(cfg: RunConfig, progress: bool | None = None, overwrite: bool = False
     cfg = dataclasses.replace(cfg, controller=dataclasses.replace(cfg.controller, kind="rail", rail=rail))
     if not cfg.log.trace:
         raise ConfigError("shadow mode needs the trace log; remove log.trace=false")
-    result = train(cfg, progress=progress, overwrite=overwrite)
-    report = replay(load_logged(result.run_dir / "trace", run_id=cfg.name), rail, seed=cfg.seed)
+    result = train(cfg, progress=progress, overwrite=overwrite, command="shadow")
+    report = replay(load_logged(result.run_dir / "trace", run_id=result.run_id), rail, seed=cfg.seed)
     write_report(report, result.run_dir, title=f"Shadow evaluation of run {cfg.name}")
     return report
 
 
 def replay_traces(paths: Sequence[Path], rail: RailConfig, out: Path, run_id: str | None = None, seed: int = 0) -> ReplayReport:
-    """Train and evaluate a controller offline from one or more trace directories.
+    """Train and evaluate a controller offline from one or more traces (a run directory, its
+    ``trace/`` directory, or segment files).
 
-    Each input is read as one trace (outcomes joined to decisions of their own run); a segment
-    file that an earlier input already holds -- the same path, or a copy with the same bytes --
-    is read once, not counted as more evidence (``LoggedSet.duplicates`` lists it)."""
-    sets, seen, duplicates = [], set(), []
-    for path in paths:
+    Each input is read as one trace (outcomes joined to decisions of their own run); segment
+    files named one by one are one input per directory, so ``decisions-00000.arrows
+    outcomes-00000.arrows`` is read as the pair it is. A segment file that an earlier input
+    already holds -- the same path, or a copy with the same bytes -- is read once, not counted
+    as more evidence (``LoggedSet.duplicates`` lists it). Runs are told apart by their run ids
+    (``railgate.runid``): one run id found in two places that are not the same files is
+    refused, as is an ``out`` that holds another run's files."""
+    check_report_dir(out)
+    sets, seen, duplicates, places = [], set(), [], {}
+    for place, label, found in _inputs(paths):
         segments = []
-        for segment in trace_segment_paths(Path(path)):
+        for segment in found:
             keys = {segment.resolve(), segment_digest(segment)}
             if keys & seen:
                 duplicates.append(segment)
@@ -56,15 +63,87 @@ def replay_traces(paths: Sequence[Path], rail: RailConfig, out: Path, run_id: st
             segments.append(segment)
         if not segments:
             continue  # every file of this input was given already
+        kinds = {p.name.split("-")[0] for p in found}
+        if "decisions" in kinds and "outcomes" not in kinds:
+            raise ConfigError(f"replay {label}: decisions without their outcomes (outcomes-NNNNN.arrows, beside them); "
+                              f"pass the trace directory, which holds both: railgate replay {place}")
         try:
-            sets.append(load_logged(segments, run_id=run_id))
+            logged = load_logged(segments, run_id=run_id)
+        except MixedRunsError as exc:
+            raise ConfigError(f"replay {label}: it holds decisions of {len(exc.run_ids)} runs ({', '.join(exc.run_ids)}); "
+                              f"pick one with --run-id, e.g. --run-id {exc.run_ids[0]}") from None
         except ReplayError as exc:
-            raise ConfigError(f"replay {path}: {exc}") from None
+            raise ConfigError(f"replay {label}: {exc}") from None
+        _check_unique_runs(places, (run_id,) if run_id else logged.run_ids, place, label)
+        sets.append(logged)
     logged = _concat(sets)
     logged = dataclasses.replace(logged, duplicates=tuple(duplicates) + logged.duplicates)
     report = replay(logged, rail, seed=seed)
     write_report(report, out, title=f"Offline replay of {', '.join(map(str, paths))}")
     return report
+
+
+def _inputs(paths: Sequence[Path]) -> list[tuple[Path, str, list[Path]]]:
+    """``(directory, label, segment files)`` per input: each directory given, and the files
+    given one by one grouped by the directory they are in (in the order first named)."""
+    inputs: dict[Path, tuple[Path, str, list[Path]]] = {}
+    for given in map(Path, paths):
+        path = trace_input(given)
+        if path.is_dir():
+            inputs[path.resolve()] = (path.resolve(), str(given), trace_segment_paths(path))
+            continue
+        files = trace_segment_paths(path)  # a missing path is reported here
+        place = path.resolve().parent
+        key = place / "\0files"  # files given one by one: one input per directory, apart from the directory itself
+        _, label, held = inputs.setdefault(key, (place, str(given), []))
+        held.extend(files)
+    return list(inputs.values())
+
+
+def trace_input(path: Path) -> Path:
+    """What a replay input names: a trace directory or segment file as it is, a run directory
+    as its ``trace/``; ``ConfigError`` for a directory holding no trace segment."""
+    if not path.is_dir():
+        return path  # a segment file (a missing path is reported by the reader)
+    if trace_segment_paths(path):
+        return path
+    if (path / "trace").is_dir() and trace_segment_paths(path / "trace"):
+        return path / "trace"
+    raise ConfigError(f"replay {path}: no trace there (decisions-NNNNN.arrows and outcomes-NNNNN.arrows files); pass a "
+                      "run directory or its trace directory, e.g. railgate replay runs/NAME/trace")
+
+
+def check_report_dir(out: Path) -> None:
+    """``ConfigError`` unless ``out`` may take a replay report: not a file, and holding no
+    files of a run (a shadow run's own ``offpolicy.*`` would be overwritten)."""
+    from railgate.rundir import run_entries
+    from railgate.runid import read_run_id
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"replay --out {out}: it is a file, not a directory; pass a directory for the report")
+    report_files = {"offpolicy.md", "offpolicy.json", "offpolicy.png"}
+    held = [p.name for p in run_entries(out) if p.name not in report_files]
+    held += [p.name for p in sorted(out.glob("*.arrows"))[:2]] if out.is_dir() else []
+    if held:
+        try:
+            owner = f"run {read_run_id(out) or out.name}"
+        except Exception:  # noqa: BLE001 - an unreadable run_id file: still another run's directory
+            owner = "a run"
+        raise ConfigError(f"replay --out {out}: it holds {owner}'s files ({', '.join(held[:4])}), and the report would "
+                          "overwrite its offpolicy.* files; pass another --out, e.g. --out runs/replay")
+
+
+def _check_unique_runs(places: dict[str, Path], run_ids: Sequence[str], place: Path, given: str) -> None:
+    """One run id in two places (not the same files) is two runs under one name, or two copies
+    of one run that each went on: refused, since replaying them as one run would mix them."""
+    for rid in run_ids:
+        other = places.setdefault(rid, place)
+        if other != place:
+            raise ConfigError(
+                f"replay: {other} and {given} both hold decisions of run {rid!r} but are not the same files: copies of one "
+                f"run that each went on, or runs of a railgate release before unique run ids (named by their directory); "
+                "replay them one at a time"
+            )
 
 
 def _concat(sets: list[LoggedSet]) -> LoggedSet:
@@ -91,6 +170,7 @@ def report_rows(report: ReplayReport) -> list[list[Any]]:
 
 
 def write_report(report: ReplayReport, out: Path, title: str) -> None:
+    """``offpolicy.md``, ``offpolicy.json`` and ``offpolicy.png`` in ``out``, each written whole."""
     out.mkdir(parents=True, exist_ok=True)
     logged = report.logged
     notes = (
@@ -102,8 +182,8 @@ def write_report(report: ReplayReport, out: Path, title: str) -> None:
     )
     table = markdown_table(["policy", "estimator", "value", "lower", "upper"], report_rows(report))
     text = f"# {title}\n\n{notes}\n\nValue = mean reward per decision (variance gain minus cost_lambda x rollout-equivalents spent).\n\n{table}\n"
-    (out / "offpolicy.md").write_text(text)
-    (out / "offpolicy.json").write_text(json.dumps({"n": report.n, "rows": report_rows(report)}, default=float))
+    atomic_write(out / "offpolicy.md", text)
+    atomic_write(out / "offpolicy.json", json.dumps({"n": report.n, "rows": report_rows(report)}, default=float))
     _plot(report, out / "offpolicy.png", title)
     print(text)
 
@@ -112,7 +192,7 @@ def _plot(report: ReplayReport, path: Path, title: str = "Off-policy evaluation"
     import matplotlib.pyplot as plt
 
     fig = offpolicy_figure(report, title)
-    fig.savefig(path, dpi=110)
+    atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
 
 

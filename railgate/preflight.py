@@ -18,6 +18,8 @@ import importlib.util
 from pathlib import Path
 
 from pipeline.config.build import ConfigError
+from pipeline.tasks.rewards.isolation import check_reward_function
+from pipeline.tasks.rewards.user import is_user_reward
 from railgate.config import RunConfig
 
 _ENGINE_PACKAGES = {
@@ -44,6 +46,8 @@ def preflight(cfg: RunConfig) -> None:
             for key, value in (("train_path", d.train_path), ("eval_path", d.eval_path)):
                 if value and not Path(value).is_file():
                     raise ConfigError(f"task.dataset.{key}={value} is not a file; point it at a JSONL or Parquet file")
+            if is_user_reward(d.reward):  # imported in a fresh interpreter, never in this one
+                check_reward_function(d.reward)
 
 
 def _check_model_path(path: str) -> None:

@@ -1,8 +1,11 @@
-"""A progress bar over learner steps that shows the metrics people watch."""
+"""A progress bar over learner steps that shows the metrics people watch, and the reward
+function's failures as they happen (``reward_failed``: raised / timed out / None)."""
 
 from __future__ import annotations
 
 import sys
+import time
+from typing import Any
 
 from tqdm import tqdm
 
@@ -23,6 +26,7 @@ class ProgressBar:
             if enabled else None
         )
         self._postfix: dict[str, str] = {}
+        self._shown_at = 0.0
 
     def update(self, step: int, metrics: dict[str, float]) -> None:
         if self._bar is None:
@@ -33,6 +37,18 @@ class ProgressBar:
                 self._postfix[short] = f"{value:.0f}" if abs(value) >= 100 else f"{value:.3f}"
         self._bar.set_postfix(self._postfix, refresh=False)
         self._bar.update(step - self._bar.n)
+
+    def reward_failed(self, health: Any) -> None:
+        """A ``RewardHealth`` listener: show its counts now (at most twice a second), even when no
+        learner step has ended yet."""
+        if self._bar is None:
+            return
+        self._postfix["reward fail"] = f"{health.errors}/{health.timeouts}/{health.none}"
+        now = time.monotonic()
+        refresh = now - self._shown_at >= 0.5
+        if refresh:
+            self._shown_at = now
+        self._bar.set_postfix(self._postfix, refresh=refresh)
 
     def close(self) -> None:
         if self._bar is not None:

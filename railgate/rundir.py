@@ -14,8 +14,12 @@ run. In order, before anything in the directory changes:
    checked against the one the run was started with: only ``RESUMABLE_KEYS`` may differ.
 
 ``RunDir.commit(components)`` then restores the checkpoint into the built components and only
-after that writes ``config.yaml`` and the supersede rules (``pipeline.store.arrowio.mark_superseded``):
-a resume that fails leaves the directory exactly as it was.
+after that writes the supersede rules (``pipeline.store.arrowio.mark_superseded``, and the
+``superseded`` marks of ``metrics.jsonl``): a resume that fails there leaves the directory as it
+was. A fresh run writes its run id (``railgate.runid``) and ``config.yaml`` at commit; a resumed
+run rewrites ``config.yaml`` only once its new settings have run (``record_config``: at its first
+checkpoint, or at its end), so a resume that fails records no settings that never ran. A
+checkpoint of another run (its run id differs) is refused, naming both ids.
 
 >>> import tempfile
 >>> from railgate.config import load_config
@@ -43,20 +47,25 @@ from typing import Any, Iterator
 
 import yaml
 
-from pipeline.store.arrowio import mark_superseded, next_segment_number
 from pipeline.config.build import ConfigError, shorten, to_dict
+from pipeline.metrics import mark_superseded_steps
+from pipeline.store.arrowio import mark_superseded, next_segment_number
+from pipeline.store.atomic import atomic_write
 from railgate.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from railgate.config import RunConfig, dump_config, load_config
+from railgate.diskerrors import close_all, disk_error  # noqa: F401  (re-exported: train, the CLI)
+from railgate.runid import RUN_ID_FILE, RunIdError, new_run_id, resolve_run_id, write_run_id
 
 LOCK_FILE = ".railgate.lock"
-RUN_FILES = ("config.yaml", "checkpoints", "trace", "buffer", "metrics.jsonl", "summary.json", "report.md",
+RUN_FILES = ("run_id", "config.yaml", "checkpoints", "trace", "buffer", "metrics.jsonl", "summary.json", "report.md",
              "accuracy.png", "tensorboard", "offpolicy.md", "offpolicy.json", "offpolicy.png")
 """What a run writes into its directory; any of them means the directory holds a run."""
 RUN_GLOBS = ("eval_*.json",)
 
 RESUMABLE_KEYS = (
     "orchestrator.steps", "orchestrator.eval_every", "orchestrator.target_accuracy", "orchestrator.max_rollouts",
-    "orchestrator.reward_timeout_s", "orchestrator.reward_threads", "orchestrator.max_concurrent_samples",
+    "orchestrator.reward_timeout_s", "orchestrator.reward_threads", "orchestrator.reward_check_first",
+    "orchestrator.max_concurrent_samples",
     "orchestrator.max_open_groups", "orchestrator.stream_buffer", "log.", "engine.fail_every", "engine.ray.",
     "torch_engine.max_batch", "torch_engine.threads", "torch_engine.delta_tokens", "learner.num_threads",
     "sim.realtime",
@@ -78,21 +87,35 @@ class RunDir:
         self.state = state
         self.checkpoint = checkpoint
         self.committed = False
+        self.run_id = new_run_id(cfg.name)  # a resume replaces it with the run's own
+        self._write_run_id = True
+        self._config_pending = False
 
     def commit(self, orchestrator: Any) -> None:
-        """Restore ``state`` into ``orchestrator`` (resume), then write ``config.yaml`` and the
-        supersede rules. Nothing is written unless the restore succeeded."""
+        """Restore ``state`` into ``orchestrator`` (resume), then write the run id, ``config.yaml``
+        (a fresh run) and the supersede rules. Nothing is written unless the restore succeeded."""
         if self.state is not None:
             restore_run(orchestrator, self.state, self.checkpoint)
-        write_config(self.path, self.cfg)
-        if self.state is not None:
+        if self._write_run_id:
+            write_run_id(self.path, self.run_id)
+        if self.state is None:
+            write_config(self.path, self.cfg)
+        else:
             supersede(self.path, self.state)  # before the trace opens its new segments
+            self._config_pending = True
         self.committed = True
+
+    def record_config(self) -> None:
+        """Write a resumed run's ``config.yaml`` once its settings have run (no-op otherwise)."""
+        if self._config_pending:
+            write_config(self.path, self.cfg)
+            self._config_pending = False
 
 
 @contextmanager
-def open_run_dir(cfg: RunConfig, resume: bool = False, overwrite: bool = False) -> Iterator[RunDir]:
-    """Lock ``cfg.run_dir`` for one writer and check it (see the module docstring)."""
+def open_run_dir(cfg: RunConfig, resume: bool = False, overwrite: bool = False, command: str = "train") -> Iterator[RunDir]:
+    """Lock ``cfg.run_dir`` for one writer and check it (see the module docstring). ``command``
+    names the command in messages (``shadow`` has no ``--resume`` to suggest)."""
     path = Path(cfg.run_dir)
     if resume and overwrite:
         raise ConfigError("--resume continues a run and --overwrite deletes it; pass one of them")
@@ -102,16 +125,19 @@ def open_run_dir(cfg: RunConfig, resume: bool = False, overwrite: bool = False) 
         run = RunDir(cfg, path, None, None)
         try:
             if resume:
+                refuse_links(path)
                 run.checkpoint = latest_checkpoint(path)
                 run.state = load_checkpoint(run.checkpoint)
                 check_resumable(cfg, path)
+                run.run_id, run._write_run_id = resume_run_id(cfg, path, run.state, run.checkpoint)
             else:
                 used = run_entries(path)
                 if used and not overwrite:
                     names = ", ".join(p.name + ("/" if p.is_dir() else "") for p in used[:4])
+                    go_on = f"continue it with railgate train --resume {path}, " if command == "train" else ""
                     raise RunDirError(
-                        f"{path} already holds a run ({names}); continue it with --resume {path}, replace it with "
-                        "--overwrite, or train into another --run-dir"
+                        f"{path} already holds a run ({names}); {go_on}replace it with {command} --overwrite, or "
+                        f"{command} into another --run-dir"
                     )
                 for entry in used:
                     _remove(entry)
@@ -133,6 +159,44 @@ def run_entries(path: Path) -> list[Path]:
     for pattern in RUN_GLOBS:
         found.extend(sorted(path.glob(pattern)))
     return found
+
+
+def refuse_links(path: Path) -> None:
+    """``RunDirError`` when a file a run reads or writes in ``path`` is a link: a shared run
+    directory could otherwise lead ``--resume`` or ``eval`` to append to, or replace, any file the
+    link names (the lock file is opened without following links, the small files are replaced
+    by a rename, but segments, ``metrics.jsonl`` and the rules beside them are appended to)."""
+    entries = run_entries(path) + [path / LOCK_FILE]
+    for sub in ("trace", "buffer", "checkpoints"):
+        folder = path / sub
+        if folder.is_dir() and not folder.is_symlink():
+            entries.extend(sorted(folder.iterdir()))
+    for entry in entries:
+        if entry.is_symlink():
+            raise RunDirError(f"{entry} is a link (to {os.readlink(entry)}); a run directory's files are plain files "
+                              "inside it, so railgate writes through no link: replace it with the file it points to")
+
+
+def resume_run_id(cfg: RunConfig, path: Path, state: dict[str, Any], checkpoint: Path) -> tuple[str, bool]:
+    """The id of the run being resumed, and whether its ``run_id`` file is still to be written
+    (a run of an older release); ``RunDirError`` when the checkpoint belongs to another run."""
+    try:
+        ours, legacy = resolve_run_id(path, cfg.name)
+    except RunIdError as exc:
+        raise RunDirError(str(exc)) from None
+    theirs = state.get("run_id")
+    if theirs is None or theirs == ours:
+        return ours, legacy
+    if legacy:
+        raise RunDirError(
+            f"--resume {path}: its checkpoint {checkpoint.name} belongs to run {theirs}, but the directory has no "
+            f"{RUN_ID_FILE} file saying it is that run; if it is, write the id into it: echo {theirs} > {path / RUN_ID_FILE}"
+        )
+    raise RunDirError(
+        f"--resume {path}: its newest checkpoint {checkpoint.name} belongs to run {theirs}, not to this directory's run "
+        f"{ours} (copied in from another run?); resuming would mix two runs: remove {checkpoint} (the newest "
+        f"checkpoint of {ours} is then used)"
+    )
 
 
 def check_resumable(cfg: RunConfig, path: Path) -> None:
@@ -170,7 +234,8 @@ def restore_run(orchestrator: Any, state: dict[str, Any], checkpoint: Path | Non
 
 
 def write_config(path: Path, cfg: RunConfig) -> None:
-    (path / "config.yaml").write_text(yaml.safe_dump(dump_config(cfg), sort_keys=False))
+    """``config.yaml``, written whole or not at all (a full disk leaves the previous one)."""
+    atomic_write(path / "config.yaml", yaml.safe_dump(dump_config(cfg), sort_keys=False))
 
 
 def supersede(run_dir: Path, state: dict[str, Any]) -> None:
@@ -182,6 +247,9 @@ def supersede(run_dir: Path, state: dict[str, Any]) -> None:
             mark_superseded(trace_dir, prefix, number, "decision_id", int(state["decision_watermark"]))
     if buffer_dir.is_dir():
         mark_superseded(buffer_dir, "steps", next_segment_number(buffer_dir, ("steps",)), "step", int(state["step"]))
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        mark_superseded_steps(metrics, int(state["step"]))
 
 
 class TraceSlot:
@@ -211,61 +279,6 @@ class TraceSlot:
         if sink is None:
             raise RuntimeError(f"the trace is not open yet (TraceSlot.{name} called before attach)")
         return getattr(sink, name)
-
-
-_DISK_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
-                errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
-                errno.EPERM: "permission denied"}
-
-
-def disk_error(exc: BaseException, where: Path | str | None = None) -> str | None:
-    """One line for a failed write a user can fix (full disk, read-only or forbidden path),
-    found anywhere in ``exc``'s cause/context chain or exception group; None for anything else.
-    ``where`` names the place when the error does not (a failed ``write`` has no file name).
-
-    >>> disk_error(RuntimeError("x")) is None
-    True
-    >>> try:
-    ...     try:
-    ...         raise OSError(errno.ENOSPC, "No space left on device", "runs/x/trace/decisions-00000.arrows")
-    ...     except OSError:
-    ...         raise ValueError("closing the trace failed")
-    ... except ValueError as e:
-    ...     disk_error(e)
-    'cannot write runs/x/trace/decisions-00000.arrows: the disk is full; free space (or pass another --run-dir), then continue with --resume'
-    """
-    seen: set[int] = set()
-    stack = [exc]
-    while stack:
-        e = stack.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in _DISK_ERRNOS:
-            place = e.filename or where or "the run directory"
-            fix = ("free space (or pass another --run-dir), then continue with --resume" if e.errno in (errno.ENOSPC, errno.EDQUOT)
-                   else "make it writable or pass another --run-dir")
-            return f"cannot write {place}: {_DISK_ERRNOS[e.errno]}; {fix}"
-        if isinstance(e, BaseExceptionGroup):
-            stack.extend(e.exceptions)
-        stack.extend([e.__context__, e.__cause__])
-    return None
-
-
-def close_all(*closables: Any) -> None:
-    """``close()`` every one that has it, even when one fails (a full disk fails them all); then
-    raise the first failure."""
-    first: BaseException | None = None
-    for closable in closables:
-        close = getattr(closable, "close", None)
-        if close is None:
-            continue
-        try:
-            close()
-        except BaseException as exc:
-            first = first or exc
-    if first is not None:
-        raise first
 
 
 def check_writable(path: Path) -> None:
@@ -317,9 +330,14 @@ class _Lock:
         try:
             self._made_dir = not self.run_dir.exists()
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._created = not self.path.exists()
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._created = not self.path.exists() and not self.path.is_symlink()
+            # O_NOFOLLOW: a lock "file" that is a link (a shared run directory's) must not lead
+            # this process to truncate and write whatever file it names.
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise RunDirError(f"{self.path} is a link (to {os.readlink(self.path)}), not the run's lock file; a run "
+                                  f"directory's files are plain files inside it: delete the link") from None
             raise RunDirError(f"cannot create the run directory's lock file {self.path}: {exc.strerror}; "
                               "train into a directory you can write to (--run-dir)") from None
         try:

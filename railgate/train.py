@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import anyio
 
+from pipeline.store.atomic import atomic_write
 from pipeline.store.buffer import ArrowBuffer
 from pipeline.metrics import MetricsWriter
 from pipeline.decisions import NullSink
@@ -43,6 +44,8 @@ class TrainResult:
     run_dir: Path
     summary: RunSummary
     components: Components
+    run_id: str = ""
+    """The run's id (``railgate.runid``): its trace and buffer segments carry it."""
 
 
 def tune_gc() -> None:
@@ -58,6 +61,7 @@ def train(
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     resume: bool = False,
     overwrite: bool = False,
+    command: str = "train",
 ) -> TrainResult:
     """Run one training job; ``on_step(step, metrics)`` is called after every learner step.
 
@@ -68,7 +72,7 @@ def train(
     directory that already holds a run is refused unless ``overwrite`` (``railgate.rundir``).
     """
     preflight(cfg)  # engines, model and dataset paths: before anything is written or warm-started
-    with open_run_dir(cfg, resume=resume, overwrite=overwrite) as run:  # one writer; resume checked first
+    with open_run_dir(cfg, resume=resume, overwrite=overwrite, command=command) as run:  # one writer; resume checked first
         return _train(cfg, run, progress, on_step)
 
 
@@ -76,22 +80,21 @@ def _train(cfg: RunConfig, run: RunDir, progress: bool | None, on_step: Callable
     run_dir, state = run.path, run.state
     show = cfg.log.progress if progress is None else progress
     sink = TraceSlot() if cfg.log.trace else NullSink()  # the trace opens once the resume has succeeded
-    components = build_components(cfg, progress=show, sink=sink)
+    components = build_components(cfg, progress=show, sink=sink, run_id=run.run_id)
     start = int(state["step"]) if state else 0
     bar = ProgressBar(total=cfg.orchestrator.steps, enabled=show, desc=f"train {cfg.name}", initial=start)
-    outputs = RunOutputs(
-        trace=sink, on_step=_chain(bar.update, on_step),
-        checkpoint=CheckpointWriter(run_dir, keep=cfg.log.keep_checkpoints) if cfg.log.checkpoint_every else None,
-    )
-    orchestrator = build_orchestrator(cfg, components, outputs)
-    run.commit(orchestrator)  # resume: restore the checkpoint; then config.yaml and the supersede rules
-    trace = sink.attach(TraceLog(run_dir / "trace", cfg.name, flush_every=cfg.log.trace_flush_every)) \
+    writer = CheckpointWriter(run_dir, keep=cfg.log.keep_checkpoints, run_id=run.run_id) if cfg.log.checkpoint_every else None
+    outputs = RunOutputs(trace=sink, on_step=_chain(bar.update, on_step), checkpoint=_chain_checkpoint(writer, run.record_config))
+    orchestrator = build_orchestrator(cfg, components, outputs, run_id=run.run_id)
+    run.commit(orchestrator)  # resume: restore the checkpoint; then the run id, config.yaml and the supersede rules
+    trace = sink.attach(TraceLog(run_dir / "trace", run.run_id, flush_every=cfg.log.trace_flush_every)) \
         if cfg.log.trace else sink
     if isinstance(trace, TraceLog):
         trace.clock = components.clock.now  # outcomes on the decisions' time base
     outputs.trace = trace
-    buffer = outputs.buffer = ArrowBuffer(run_dir / "buffer", persist=True, run_id=cfg.name) if cfg.log.buffer else None
+    buffer = outputs.buffer = ArrowBuffer(run_dir / "buffer", persist=True, run_id=run.run_id) if cfg.log.buffer else None
     metrics = outputs.metrics = MetricsWriter(run_dir, tensorboard=cfg.log.tensorboard)
+    orchestrator.parts.scoring.health.listeners.append(bar.reward_failed)  # failures on the progress line as they happen
     try:
         summary = run_orchestrator(orchestrator)  # Ctrl-C: stop at a step boundary with a checkpoint
     finally:
@@ -100,8 +103,21 @@ def _train(cfg: RunConfig, run: RunDir, progress: bool | None, on_step: Callable
             close_all(trace, buffer, metrics)  # each one, even when another fails (a full disk)
         finally:
             anyio.run(components.engine.aclose)
-    write_summary(run_dir, cfg, summary)
-    return TrainResult(run_dir, summary, components)
+    run.record_config()  # a resumed run's settings, once they ran
+    write_summary(run_dir, cfg, summary, run_id=run.run_id)
+    return TrainResult(run_dir, summary, components, run.run_id)
+
+
+def _chain_checkpoint(writer: CheckpointWriter | None, after: Callable[[], None]) -> Callable | None:
+    """The checkpoint callback: write the checkpoint, then ``after`` (a resumed run's config.yaml)."""
+    if writer is None:
+        return None
+
+    def checkpoint(state: dict[str, Any]) -> None:
+        writer(state)
+        after()
+
+    return checkpoint
 
 
 def _chain(*callbacks):
@@ -114,9 +130,10 @@ def _chain(*callbacks):
     return call
 
 
-def write_summary(run_dir: Path, cfg: RunConfig, summary: RunSummary) -> None:
+def write_summary(run_dir: Path, cfg: RunConfig, summary: RunSummary, run_id: str | None = None) -> None:
+    """``summary.json``, ``report.md`` and ``accuracy.png``, each written whole or not at all."""
     record: dict[str, Any] = {
-        "run_id": cfg.name,
+        "run_id": run_id or cfg.name,
         "steps": summary.steps,
         "stop_reason": summary.stop_reason,
         "wall_s": summary.wall_s,
@@ -124,11 +141,11 @@ def write_summary(run_dir: Path, cfg: RunConfig, summary: RunSummary) -> None:
         "evals": summary.evals,
         "controller": summary.controller_metrics,
     }
-    (run_dir / "summary.json").write_text(json.dumps(_finite(record), indent=2))
+    atomic_write(run_dir / "summary.json", json.dumps(_finite(record), indent=2))
     report = summary_table(cfg, summary) + "\n"
     if accuracy_plot(summary.evals, run_dir / "accuracy.png", title=f"{cfg.name}: {cfg.gate.kind}"):
         report += "\n![held-out accuracy against cumulative rollouts](accuracy.png)\n"
-    (run_dir / "report.md").write_text(report)
+    atomic_write(run_dir / "report.md", report)
 
 
 def _finite(value: Any) -> Any:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
+from pipeline.metrics import read_metrics
 from pipeline.store.buffer import read_all
 from pipeline.store.tracelog import read_trace
 
@@ -76,6 +77,8 @@ def test_sigkill_mid_run_then_resume_loses_and_duplicates_nothing(tmp_path):
     assert set(trained) <= set(committed_groups)
     outcome_ids = trace.outcomes.column("decision_id").to_pylist()
     assert set(outcome_ids) <= set(ids), "an outcome refers to a decision that is not in the trace"
+    # metrics.jsonl: each step once for a reader (the killed run's lines after its checkpoint are marked)
+    assert [m["step"] for m in read_metrics(metrics)] == list(range(1, STEPS + 1))
 
 
 def _batch(step: int):

@@ -21,7 +21,7 @@ from collections import Counter
 
 import pyarrow.compute as pc
 
-import railgate.checkpoint
+import pipeline.store.atomic
 from pipeline.store.buffer import read_all
 from pipeline.store.tracelog import read_trace
 from railgate.checkpoint import latest_checkpoint, load_checkpoint
@@ -113,22 +113,22 @@ def test_a_full_disk_keeps_the_last_checkpoint(tmp_path, monkeypatch, capsys):
 
     def fsync(fd):  # the third checkpoint meets a full disk
         path = os.readlink(f"/proc/self/fd/{fd}")
-        if path.endswith(".ckpt.tmp"):
+        if path.endswith(".tmp") and ".ckpt." in path:
             written.append(path)
             if len(written) >= 3:
                 raise OSError(errno.ENOSPC, "No space left on device")
         return real_fsync(fd)
 
-    monkeypatch.setattr(railgate.checkpoint.os, "fsync", fsync)
+    monkeypatch.setattr(pipeline.store.atomic.os, "fsync", fsync)
     code = main(["train", "--config", "configs/sim.yaml", "--run-dir", str(run_dir), "--set", "orchestrator.steps=6",
                  "--set", "log.checkpoint_every=1", *SMALL])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert "step-000003.ckpt: the disk is full" in err[0] and "--resume" in err[0]
-    assert not list((run_dir / "checkpoints").glob("*.tmp"))
+    assert not list((run_dir / "checkpoints").glob("*.tmp")) and not list((run_dir / "checkpoints").glob(".*"))
     assert load_checkpoint(latest_checkpoint(run_dir))["step"] == 2
 
-    monkeypatch.setattr(railgate.checkpoint.os, "fsync", real_fsync)  # space freed
+    monkeypatch.setattr(pipeline.store.atomic.os, "fsync", real_fsync)  # space freed
     assert main(["train", "--resume", str(run_dir), "--no-progress"]) == 0
     assert sorted(_steps(run_dir)) == list(range(6))
     commits = read_trace(run_dir / "trace").decisions

@@ -103,12 +103,21 @@ def run_digest(run_dir: Path) -> str:
         "budget": _nonzero([summary["budget"]])[0],
         "steps": summary["steps"],
         "stop_reason": summary["stop_reason"],
-        "decisions": _rows(trace.decisions),
+        "decisions": [_named(d, run_dir) for d in _rows(trace.decisions)],
         "outcomes": _rows(trace.outcomes),
         "buffer": _rows(read_all(run_dir / "buffer")),
     }
     text = json.dumps(_canonical(content), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _named(decision: dict, run_dir: Path) -> dict:
+    """A decision with the run's own id (its name and random digits, ``railgate.runid``) read as
+    the run's name, as recorded: the digits differ from run to run by design."""
+    run_id = (run_dir / "run_id").read_text().strip()
+    if decision["run_id"] == run_id:
+        decision = {**decision, "run_id": run_id.rsplit("-", 1)[0]}
+    return decision
 
 
 def _train(tmp_path: Path, name: str) -> str:

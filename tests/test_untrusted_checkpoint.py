@@ -28,7 +28,7 @@ from controller.rail.learners import build_learner, learner_from_state
 from pipeline.types import CommittedGroup, FinishReason, Rollout
 from railgate.checkpoint import MAGIC, CheckpointError, dump_checkpoint, latest_checkpoint, load_checkpoint
 from railgate.state_codec import decode_state, encode_state
-from run_helpers import cli, sim_run
+from run_helpers import cli, sim_run, tree_digest
 
 
 class RunsCode:
@@ -200,13 +200,26 @@ def test_old_checkpoints_convert_when_the_user_asks(finished_run, tmp_path):
     state = load_checkpoint(latest_checkpoint(run))
     _plant_legacy(run, pickle.dumps(state))
     refused = cli("train", "--resume", str(run), "--no-progress")
-    assert refused.returncode == 2 and "convert-checkpoint" in refused.stderr
-    converted = cli("convert-checkpoint", str(run))
+    assert refused.returncode == 2 and "convert-checkpoint" in refused.stderr and "--trust-pickle" in refused.stderr
+    converted = cli("convert-checkpoint", str(run), "--trust-pickle")
     assert converted.returncode == 0, converted.stderr
     assert (run / "checkpoints" / "latest").read_text() == "step-000003.ckpt"
     resumed = cli("train", "--resume", str(run), "--no-progress", "--set", "orchestrator.steps=5")
     assert resumed.returncode == 0, resumed.stderr
     assert load_checkpoint(latest_checkpoint(run))["step"] == 5
+
+
+def test_convert_checkpoint_says_it_runs_code_and_reads_nothing_without_trust_pickle(finished_run, tmp_path):
+    run = _copy(finished_run, tmp_path)
+    _plant_legacy(run, pickle.dumps({"step": 3, "learner": RunsCode(tmp_path / "pwned")}))
+    before = tree_digest(run)
+    refused = cli("convert-checkpoint", str(run))
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+    assert "unpickles step-000003.pt" in lines[0] and "runs any code" in lines[0] and "--trust-pickle" in lines[0]
+    assert not (tmp_path / "pwned").exists() and tree_digest(run) == before
+    cli("convert-checkpoint", str(run), "--trust-pickle")
+    assert (tmp_path / "pwned").exists()  # the flag is what lets the file's code run: it did
 
 
 def test_an_old_pickled_river_state_is_refused_without_running_it(tmp_path):

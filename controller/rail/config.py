@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from controller.rail.vw_args import VWArgsError, check_extra_args
 from pipeline.config.build import require
 
 KEY = "controller.rail"
@@ -125,7 +126,9 @@ class RailConfig:
     huber_epsilon: float = 0.1
     """river backend: Huber loss threshold, in reward units (gains are at most 0.25)."""
     vw_extra_args: str = ""
-    """Extra vowpalwabbit arguments, appended as they are (e.g. ``--l2 1e-6``)."""
+    """Extra vowpalwabbit arguments (e.g. ``--l2 1e-6``): learning options only, from the allow-list
+    of ``controller.rail.vw_args`` (none that names a file). Never read from a run directory's
+    config.yaml: on ``eval`` and ``train --resume`` pass it again with ``--set`` (docs/reliability.md)."""
     vw_snapshot_every: int = 64
     """vw backend: decisions are scored by a numpy copy of VW's linear model, read out of VW
     anew every this many learned examples (a matrix product instead of a VW parse and predict
@@ -215,6 +218,10 @@ class RailConfig:
             0 <= self.vw_snapshot_growth <= 1,
             f"{KEY}.vw_snapshot_growth={self.vw_snapshot_growth} must be in [0, 1] (0 = every vw_snapshot_every examples)",
         )
+        try:  # options that name files (-f, --readable_model, ...) never reach vowpalwabbit
+            check_extra_args(self.vw_extra_args, f"{KEY}.vw_extra_args")
+        except VWArgsError as exc:
+            require(False, str(exc))
         require(self.river_lr_scale > 0, f"{KEY}.river_lr_scale={self.river_lr_scale} must be > 0")
         require(self.huber_epsilon > 0, f"{KEY}.huber_epsilon={self.huber_epsilon} must be > 0")
         require(self.evaluate_every >= 1, f"{KEY}.evaluate_every={self.evaluate_every} must be >= 1")

@@ -66,6 +66,14 @@ class ReplayError(ValueError):
     """A trace cannot be replayed as asked (mixed runs, an unknown run id, nothing usable)."""
 
 
+class MixedRunsError(ReplayError):
+    """A trace holds decisions of several runs and no ``run_id`` picks one (``run_ids`` lists them)."""
+
+    def __init__(self, message: str, run_ids: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.run_ids = run_ids
+
+
 @dataclass(frozen=True)
 class LoggedDecision:
     """One RAIL decision with its outcome, ready for a learner."""
@@ -99,9 +107,9 @@ def load_logged(path: str | os.PathLike | Sequence[str | os.PathLike], run_id: s
     read as one trace); see the module docstring."""
     trace = read_trace(path)  # TraceFormatError (missing, foreign, other version) surfaces as is
     if run_id is None and len(trace.run_ids) > 1:
-        raise ReplayError(
+        raise MixedRunsError(
             f"trace {path} holds decisions of {len(trace.run_ids)} runs ({', '.join(trace.run_ids)}); pass "
-            "run_id= one of them"
+            "run_id= one of them", trace.run_ids
         )
     if run_id is not None and run_id not in trace.run_ids:
         raise ReplayError(

@@ -29,9 +29,11 @@ import pylibvw  # vowpalwabbit's native module; its wheel installs it next to th
 import vowpalwabbit
 
 from controller.rail.arms import Arm
-from controller.rail.bandit import BanditLearner, Decision, inverse_gap_weighting, inverse_gap_weighting_rows
+from controller.rail.bandit import (BanditLearner, ControllerStateError, Decision, inverse_gap_weighting,
+                                    inverse_gap_weighting_rows)
 from controller.rail.features import Context
 from controller.rail.state import pack_blob, unpack_blob
+from controller.rail.vw_args import VWArgsError, check_extra_args, check_model_options
 from controller.rail.vw_snapshot import LinearSnapshot
 
 _BAD = re.compile(r"[\s:|]")
@@ -86,11 +88,11 @@ class VWLearner(BanditLearner):
         self.snapshot: LinearSnapshot | None = None
         self.learning_rate = learning_rate
         self.power_t = power_t
-        self.extra_args = extra_args
+        self.extra_args = " ".join(check_extra_args(extra_args, "extra_args"))  # nothing that names a file
         self._args = (
             f"--cb_explore_adf --squarecb -q sa --quiet --random_seed {seed % (2**31)} "
             f"-l {learning_rate} --power_t {power_t} --gamma_scale {gamma_scale} "
-            f"--gamma_exponent {gamma_exponent} {extra_args}"
+            f"--gamma_exponent {gamma_exponent} {self.extra_args}"
         ).strip()
         self._vw = vowpalwabbit.Workspace(self._args)
         self._names: dict[str, str] = {}
@@ -285,6 +287,10 @@ class VWLearner(BanditLearner):
 
     def _load(self, state: dict[str, Any]) -> None:
         blob = unpack_blob(state["model"], state["sha256"], "the vw learner state's model")
+        try:  # VW applies the options a model's header holds: none may name a file
+            check_model_options(blob, "vw learner state: the model")
+        except VWArgsError as exc:
+            raise ControllerStateError(str(exc)) from None
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "model.vw")
             with open(path, "wb") as f:

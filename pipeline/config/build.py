@@ -146,8 +146,15 @@ class _LimitedLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
+MAX_YAML_NODES = 100_000
+"""Values (mappings, lists, scalars) one YAML document may expand to. A config holds a few
+hundred; aliases that nest (``b: [*a, *a]``, ``c: [*b, *b]``, ...) double the expanded size with
+each level, so 30 levels and 60 aliases make a billion values that copying never finishes."""
+
+
 def parse_yaml(text: str) -> Any:
-    """``yaml.safe_load`` with the alias limit of ``_LimitedLoader``.
+    """``yaml.safe_load`` with the alias limit of ``_LimitedLoader`` and a bound on the size the
+    document expands to (``MAX_YAML_NODES``), both checked before anything is expanded.
 
     >>> parse_yaml("a: &x [1, 2]\\nb: *x")
     {'a': [1, 2], 'b': [1, 2]}
@@ -160,9 +167,56 @@ def parse_yaml(text: str) -> Any:
     """
     loader = _LimitedLoader(text)
     try:
-        return loader.get_single_data()
+        data = loader.get_single_data()
     finally:
         loader.dispose()
+    size = expanded_size(data)
+    if size < 0:
+        raise ConfigError("the YAML holds an alias inside the value it names (&name ... *name): it never ends; write "
+                          "the values out")
+    if size > MAX_YAML_NODES:
+        raise ConfigError(f"the YAML expands to {size:.3g} values through nested aliases (*name), above the limit of "
+                          f"{MAX_YAML_NODES}: an alias bomb? write the values out")
+    return data
+
+
+def expanded_size(value: Any, limit: int = MAX_YAML_NODES) -> int:
+    """How many values ``value`` holds once every shared (aliased) part is copied out, counted
+    once per distinct object (so in time linear in the document, however large the result);
+    -1 for a structure that holds itself, ``limit + 1`` for one nested too deep to count.
+
+    >>> a = [1, 2]
+    >>> expanded_size({"x": a, "y": [a, a]})  # the dict, its 2 keys, a (3 values), [a, a] (7)
+    13
+    """
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: Any) -> int:
+        if not isinstance(node, (dict, list)):
+            return 1
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in active:  # an alias of an enclosing node: it never ends
+            raise _Endless
+        active.add(key)
+        children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+        total = 1 + sum(size(child) for child in children)
+        active.discard(key)
+        sizes[key] = total
+        return total
+
+    try:
+        return size(value)
+    except _Endless:
+        return -1
+    except RecursionError:  # nested deeper than Python recurses: no config is
+        return limit + 1
+
+
+class _Endless(Exception):
+    """A structure that holds itself (``expanded_size``)."""
 
 
 def merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,10 @@ from typing import Literal
 from pipeline.config.build import at_most, require
 
 
+MAX_TIMEOUT_S = 3600.0
+"""Every timeout of the settings is at most an hour: beyond it a timeout is a typo (``1e300``)
+that waits forever, or overflows the waits it is passed to."""
+
 @dataclass(frozen=True)
 class DifficultyComponent:
     """One normal component of the simulator's difficulty mixture (on the logit scale)."""
@@ -112,7 +116,8 @@ class RayEngineConfig:
         require(self.replicas >= 1, f"engine.ray.replicas={self.replicas} must be >= 1")
         require(self.num_cpus > 0, f"engine.ray.num_cpus={self.num_cpus} must be > 0")
         require(self.num_gpus >= 0, f"engine.ray.num_gpus={self.num_gpus} must be >= 0")
-        require(self.connect_timeout_s > 0, f"engine.ray.connect_timeout_s={self.connect_timeout_s} must be > 0")
+        require(0 < self.connect_timeout_s <= MAX_TIMEOUT_S,
+                f"engine.ray.connect_timeout_s={self.connect_timeout_s} must be in (0, {MAX_TIMEOUT_S:g}] seconds, e.g. 10")
 
 
 @dataclass(frozen=True)
@@ -169,9 +174,13 @@ class OrchestratorConfig:
     (``pipeline.engines.mux``; the sim engine can): no task, coroutine and cancel scope per
     sample. False, or an engine without it: a task per sample (``Engine.stream``)."""
     reward_timeout_s: float = 5.0
-    """A reward call past this gives reward 0, is counted, and the run goes on."""
+    """A reward call past this gives reward 0, is counted, and the run goes on (at most 3600)."""
     reward_threads: int = 2
     """Worker threads for reward functions."""
+    reward_check_first: int = 32
+    """Stop the run (``RewardsFailing``, naming the reward function and its first failure) when
+    each of its first this many rewards raised, timed out or returned None: a reward that never
+    works would spend the whole budget on samples that cannot train. 0: never stop."""
     steps: int = 200
     """Learner steps to run."""
     eval_every: int = 10
@@ -194,7 +203,11 @@ class OrchestratorConfig:
         require(self.max_open_groups >= 1, f"orchestrator.max_open_groups={self.max_open_groups} must be >= 1")
         require(self.max_async_steps >= 0, f"orchestrator.max_async_steps={self.max_async_steps} must be >= 0")
         require(self.stream_buffer >= 1, f"orchestrator.stream_buffer={self.stream_buffer} must be >= 1")
-        require(self.reward_timeout_s > 0, f"orchestrator.reward_timeout_s={self.reward_timeout_s} must be > 0")
+        require(0 < self.reward_timeout_s <= MAX_TIMEOUT_S,
+                f"orchestrator.reward_timeout_s={self.reward_timeout_s} must be in (0, {MAX_TIMEOUT_S:g}] seconds; a "
+                "reward call slower than an hour is a hang: give it seconds, e.g. 5")
+        require(self.reward_check_first >= 0,
+                f"orchestrator.reward_check_first={self.reward_check_first} must be >= 0 (0: never stop)")
         require(self.reward_threads >= 1, f"orchestrator.reward_threads={self.reward_threads} must be >= 1")
         require(self.steps >= 1, f"orchestrator.steps={self.steps} must be >= 1")
         require(0 <= self.target_accuracy <= 1, f"orchestrator.target_accuracy={self.target_accuracy} must be in [0, 1]")

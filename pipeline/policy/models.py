@@ -147,6 +147,7 @@ def load_model(directory: str | Path, chat_template: bool = False) -> BaseModel:
         raise ModelDirError(
             f"model directory {d} lacks {', '.join(missing)}; save the model into it with save_pretrained"
         )
+    read_model_config(d)  # a broken config.json is named as such, not as the tokenizer that reads it first
     own = (d / VOCAB_FILE).is_file()  # the project's model: the character tokenizer
     if own and chat_template:
         raise ModelDirError(
@@ -162,8 +163,8 @@ def load_model(directory: str | Path, chat_template: bool = False) -> BaseModel:
         model = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32)
     except Exception as exc:  # transformers/safetensors raise many types for corrupt files
         raise ModelDirError(
-            f"model directory {d} holds a corrupt or incompatible model ({type(exc).__name__}: {exc}); "
-            "delete it and build it again"
+            f"model directory {d} holds a corrupt or incompatible model ({type(exc).__name__}: {str(exc)[:300]}); "
+            f"{_repair(d)}"
         ) from None
     # A Hugging Face model's embedding table may be padded beyond its tokenizer (never below it).
     vocab = model.config.get_text_config(decoder=True).vocab_size
@@ -177,9 +178,53 @@ def load_model(directory: str | Path, chat_template: bool = False) -> BaseModel:
         try:
             meta = json.loads((d / META_FILE).read_text())
         except json.JSONDecodeError as exc:
-            raise ModelDirError(f"{d / META_FILE} is not valid JSON ({exc}); delete the directory to rebuild it") from None
+            raise ModelDirError(f"{d / META_FILE} is not valid JSON ({exc}); {_repair(d)}") from None
     model.eval()
     return BaseModel(model=model, tokenizer=tokenizer, path=d, meta=meta)
+
+
+def read_model_config(directory: str | Path) -> dict[str, Any]:
+    """A model directory's ``config.json`` as a mapping; ``ModelDirError`` naming the file when it
+    is not a JSON object.
+
+    >>> import pathlib, tempfile
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (d / "config.json").write_text('{"model_type": "llama", "max_position_embeddings": 2048}')
+    >>> model_context(read_model_config(d))
+    2048
+    """
+    d = Path(directory)
+    path = d / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelDirError(f"{path} is not valid JSON ({str(exc)[:120]}): the model's configuration is damaged; "
+                            f"{_repair(d)}") from None
+    except OSError as exc:
+        raise ModelDirError(f"{path} cannot be read ({exc.strerror}); {_repair(d)}") from None
+    if not isinstance(data, dict):
+        raise ModelDirError(f"{path} holds a JSON {type(data).__name__}, not the model's configuration (an object); "
+                            f"{_repair(d)}")
+    return data
+
+
+def model_context(config: dict[str, Any]) -> int | None:
+    """The context length a model's ``config.json`` states (None: none stated)."""
+    for tree in (config, config.get("text_config")):
+        if isinstance(tree, dict):
+            for name in ("max_position_embeddings", "n_positions"):
+                value = tree.get(name)
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    return value
+    return None
+
+
+def _repair(d: Path) -> str:
+    """The fix for a damaged model directory: railgate's own cache is rebuilt; a user's is theirs."""
+    if d.name == BASE_DIR_NAME and (d / META_FILE).is_file():
+        return f"delete {d}: railgate builds and warm-starts it again"
+    return (f"{d} is your model directory: save the model into it again (save_pretrained), or point model.path at an "
+            "intact copy")
 
 
 def base_settings(task_cfg, model_cfg: BaseModelConfig) -> dict[str, Any]:
@@ -204,13 +249,15 @@ def base_settings(task_cfg, model_cfg: BaseModelConfig) -> dict[str, Any]:
     return {"task": task_settings, "model": model_settings}
 
 
-def ensure_base_model(run_dir: str | Path, task_cfg, model_cfg: BaseModelConfig | None = None, progress: bool = True) -> BaseModel:
+def ensure_base_model(run_dir: str | Path, task_cfg, model_cfg: BaseModelConfig | None = None, progress: bool = True,
+                      task: Any = None) -> BaseModel:
     """The base policy of a run: ``model_cfg.path`` if set, else ``run_dir/base_model``,
     built and warm-started on the first call and loaded from there afterwards.
 
     A cached model built for other task or model settings is an error, not silently reused.
     The directory appears atomically (built in a temporary sibling, then renamed), so an
-    interrupted warm start leaves no half-written model behind.
+    interrupted warm start leaves no half-written model behind. ``task``: the task ``task_cfg``
+    describes, when the caller has built it already.
     """
     from pipeline.tasks import build_task
     from pipeline.policy.warmstart import warm_start
@@ -218,13 +265,13 @@ def ensure_base_model(run_dir: str | Path, task_cfg, model_cfg: BaseModelConfig 
     model_cfg = model_cfg or BaseModelConfig()
     chat = bool(getattr(task_cfg, "chat_template", False))
     if model_cfg.path:  # a user's model is used as it is: no warm start
-        return _check_alphabet(load_model(model_cfg.path, chat_template=chat), build_task(task_cfg))
+        return _check_alphabet(load_model(model_cfg.path, chat_template=chat), task or build_task(task_cfg))
     if chat:
         raise ModelDirError(
             "task.chat_template=true needs a chat model; the project's model (model.path empty) has no chat template: "
             "set model.path to a Hugging Face chat model directory, or task.chat_template=false"
         )
-    task = build_task(task_cfg)
+    task = task or build_task(task_cfg)
     target = Path(run_dir) / BASE_DIR_NAME
     wanted = base_settings(task_cfg, model_cfg)
     if target.exists():

@@ -20,6 +20,7 @@ import torch
 
 from pipeline.tasks.base import Task
 from pipeline.policy.tokenizer import CharTokenizer
+from pipeline.types import Prompt
 
 IGNORE = -100
 
@@ -241,15 +242,19 @@ def measure_policy(task: Task, tokenizer: CharTokenizer, model, n_prompts: int =
     problems = task.problems(split, n_prompts, seed=seed)
     prompts = [task.to_prompt(p, tokenizer.encode_prompt) for p in problems]
     rates: list[float] = []
+    graded: list[Prompt] = []
     for lo in range(0, n_prompts, batch_prompts):
         chunk = prompts[lo: lo + batch_prompts]
         groups = sample_groups(model, tokenizer, [p.token_ids for p in chunk], group_size, temperature,
                                max_new_tokens, seed=seed * 7919 + lo)
         for prompt, group in zip(chunk, groups):
             rewards = [task.score(prompt, tokenizer.decode(r)) for r in group]
-            rates.append(sum(rewards) / len(rewards))
+            rewards = [r for r in rewards if r is not None]  # None: no reward for that response (a user's function)
+            if rewards:
+                rates.append(sum(rewards) / len(rewards))
+                graded.append(prompt)
     by_d: dict[float, list[float]] = {}
-    for prompt, rate in zip(prompts, rates):
+    for prompt, rate in zip(graded, rates):
         by_d.setdefault(prompt.difficulty, []).append(rate)
     n = max(1, len(rates))
     return PolicyStats(

@@ -234,9 +234,10 @@ def _check_schema(path: Path, schema: pa.Schema, kind: SegmentKind, error: type[
     version = meta[VERSION_KEY].decode()
     older = {str(v): columns for v, (columns, _) in kind.older.items()}
     if version != str(kind.version) and version not in older:
-        known = ", ".join(sorted([str(kind.version), *older]))
+        known = sorted([str(kind.version), *older])
+        supported = f"version {known[0]}" if len(known) == 1 else f"versions {', '.join(known)}"
         raise error(
-            f"{path} has {kind.prefix} schema version {version}; this reader supports versions {known}; "
+            f"{path} has {kind.prefix} schema version {version}; this reader supports {supported}; "
             f"read it with the railgate release that wrote it"
         )
     expected = kind.schema if version == str(kind.version) else older[version]

@@ -57,8 +57,10 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-def build_task(cfg: TaskConfig) -> Task:
-    """The task ``cfg`` describes."""
+def build_task(cfg: TaskConfig, context_chars: int = 0) -> Task:
+    """The task ``cfg`` describes. ``context_chars`` > 0: dataset rows whose prompt has more
+    characters than that cannot fit the model's context, and are bad rows (checked as the file
+    is read, before any is tokenized)."""
     from pipeline.tasks.arithmetic import ArithmeticTask
     from pipeline.tasks.countdown import CountdownTask
     from pipeline.tasks.dataset import DatasetTask
@@ -69,7 +71,7 @@ def build_task(cfg: TaskConfig) -> Task:
     elif cfg.name == "countdown":
         task = CountdownTask(**asdict(cfg.countdown), eval_share=cfg.eval_share)
     elif cfg.name == "dataset":
-        task = DatasetTask(**asdict(cfg.dataset), eval_share=cfg.eval_share)
+        task = DatasetTask(**asdict(cfg.dataset), eval_share=cfg.eval_share, context_chars=context_chars)
     elif cfg.name == "env":
         from pipeline.tasks.env import EnvTask
 

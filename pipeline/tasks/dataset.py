@@ -6,7 +6,10 @@ rendered with the model's chat template). An answer may have any JSON type: the 
 rewards grade its text (a string as is, anything else as JSON: ``42`` -> ``"42"``), and a
 user's reward function (``reward="module:function"``, ``pipeline.tasks.rewards.user``) gets the value
 itself, with every other field of the row. A row is *bad* when a needed field is missing,
-empty or of the wrong kind, or when its prompt is longer than ``max_prompt_chars``.
+empty or of the wrong kind, holds text that is not valid Unicode (a lone surrogate such as
+``"\\ud800"``), or when its prompt is longer than ``max_prompt_chars`` or than the model's
+context can hold (``context_chars``, which railgate derives from the model: one 10 MB line is
+a bad row at once, not minutes of tokenizing).
 ``on_bad_row="skip"`` skips and counts bad rows (``task.load_report``); ``"error"`` raises at
 the first one, naming the file, the row and the fix. A file whose columns lack a needed field
 always raises. With a user's reward function the answer field is optional.
@@ -26,8 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
-from pipeline.datafiles import DatasetError, Invalid, LoadReport, read_records  # noqa: F401  (re-exported)
-from pipeline.tasks.rewards.user import DatasetRow, UserReward, is_user_reward, load_reward_function
+from pipeline.datafiles import (JSONL_SUFFIXES, PARQUET_SUFFIXES, DatasetError, Invalid, LoadReport,  # noqa: F401
+                                 not_unicode, read_records)
+from pipeline.tasks.rewards.isolation import IsolatedScore
+from pipeline.tasks.rewards.user import DatasetRow, UserReward, is_user_reward
 from pipeline.tasks.rewards.base import TextReward
 from pipeline.tasks.base import Problem, Split, Task, is_messages
 from pipeline.types import Prompt
@@ -43,14 +48,15 @@ def load_problems(
     on_bad_row: Literal["skip", "error"] = "skip",
     max_prompt_chars: int = 0,
     answer_required: bool = True,
+    context_chars: int = 0,
 ) -> tuple[list[Problem], LoadReport]:
     """The problems of one file and a report of what was skipped (``load_rows`` also returns the rows).
 
     The SFT target is ``solution_field`` when given, else the answer; ``max_prompt_chars=0``
-    means no limit.
+    means no limit; ``context_chars`` > 0: prompts longer than the model's context can hold are bad rows.
     """
     problems, _, report = load_rows(path, prompt_field, answer_field, solution_field, difficulty_field, on_bad_row,
-                                    max_prompt_chars, answer_required)
+                                    max_prompt_chars, answer_required, context_chars)
     return problems, report
 
 
@@ -63,8 +69,10 @@ def load_rows(
     on_bad_row: Literal["skip", "error"] = "skip",
     max_prompt_chars: int = 0,
     answer_required: bool = True,
+    context_chars: int = 0,
 ) -> tuple[list[Problem], list[dict[str, Any]], LoadReport]:
-    """``load_problems`` plus each kept problem's whole row (same order)."""
+    """``load_problems`` plus each kept problem's whole row (same order); ``context_chars`` > 0:
+    prompts longer than that cannot fit the model and are bad rows."""
     if on_bad_row not in ("skip", "error"):
         raise ValueError(f"on_bad_row={on_bad_row!r} must be 'skip' or 'error'")
     p = Path(path)
@@ -72,7 +80,9 @@ def load_rows(
     problems: list[Problem] = []
     rows: list[dict[str, Any]] = []
     reasons: Counter[str] = Counter()
-    spec = _Fields(prompt_field, answer_field, solution_field, difficulty_field, max_prompt_chars, answer_required)
+    spec = _Fields(prompt_field, answer_field, solution_field, difficulty_field, max_prompt_chars, answer_required,
+                   context_chars)
+    first: dict[str, str] = {}
     for where, record in read_records(p, needed + ([difficulty_field] if difficulty_field else [])):
         problem, reason = _problem_of(record, spec)
         if problem is not None:
@@ -82,12 +92,14 @@ def load_rows(
         if on_bad_row == "error":
             raise DatasetError(f"{p}, {where}: {reason}; fix the row, or set on_bad_row='skip' to skip such rows")
         reasons[reason.split(" (")[0]] += 1
+        first.setdefault(reason.split(" (")[0], where)
     report = LoadReport(path=str(p), rows=len(problems), skipped=sum(reasons.values()), reasons=dict(reasons))
     if not problems:
         detail = "; ".join(f"{n} x {r}" for r, n in reasons.most_common(3)) or "the file is empty"
         raise DatasetError(f"{p}: no usable rows ({detail}); check the field names and the file")
     if report.skipped:
-        log.warning("%s: skipped %d bad rows of %d: %s", p, report.skipped, report.skipped + report.rows, report.reasons)
+        where = "; ".join(f"{n} x {r} (first: {first[r]})" for r, n in reasons.most_common())
+        log.warning("%s: skipped %d bad rows of %d: %s", p, report.skipped, report.skipped + report.rows, where)
     return problems, rows, report
 
 
@@ -99,6 +111,7 @@ class _Fields:
     difficulty: str
     max_chars: int
     answer_required: bool
+    context_chars: int = 0
 
 
 def prompt_key(prompt: str | list) -> str:
@@ -146,8 +159,14 @@ def _problem_of(record: Any, f: _Fields) -> tuple[Problem | None, str]:
             return None, f"field {name!r} is empty"
         texts[name] = answer_text(value)
     length = len(prompt) if isinstance(prompt, str) else sum(len(str(m["content"])) for m in prompt)
+    if f.context_chars and length > f.context_chars:
+        return None, (f"prompt is longer than the model's context can hold ({length} characters; at most "
+                      f"{f.context_chars} fit)")
     if f.max_chars and length > f.max_chars:
         return None, f"prompt is longer than max_prompt_chars={f.max_chars} ({length} characters); raise the limit"
+    bad = not_unicode(record, (f.prompt, f.answer, f.solution))
+    if bad:
+        return None, bad
     difficulty = 0.0
     if f.difficulty:
         d = record.get(f.difficulty)
@@ -186,6 +205,9 @@ class DatasetTask(Task):
         ``"skip"`` (count them in ``load_report``) or ``"error"``.
     max_prompt_chars
         Rows whose prompt is longer are bad rows (0: no limit).
+    context_chars
+        The most prompt characters the model's context can hold (0: unknown); longer rows are
+        bad rows, found as the file is read (``railgate.build`` derives it from the model).
 
     Examples
     --------
@@ -211,6 +233,10 @@ class DatasetTask(Task):
     """
 
     reward = "math_verify"
+    reward_timeout_s = 5.0
+    """``score`` with a user's function: its timeout (``railgate.build`` sets the run's)."""
+    reward_check_first = 32
+    """``score`` with a user's function: stop when each of its first this many failed (the run's)."""
 
     def __init__(
         self,
@@ -226,14 +252,17 @@ class DatasetTask(Task):
         on_bad_row: Literal["skip", "error"] = "skip",
         max_prompt_chars: int = 0,
         name: str = "dataset",
+        context_chars: int = 0,
     ) -> None:
         super().__init__(eval_share)
         if "{prompt}" not in template:
             raise ValueError(f"template={template!r} must contain '{{prompt}}' where the row's prompt goes")
         self.name, self.template, self.reward = name, template, reward
         user = is_user_reward(reward)
-        # a user's function is imported now, so that a wrong name fails before any model is loaded
-        self._reward_function = load_reward_function(reward) if user else None
+        # A user's function is never imported in this process (pipeline.tasks.rewards.isolation);
+        # railgate's preflight checks the name before anything is built.
+        self._reward_spec = reward if user else None
+        self._isolated: IsolatedScore | None = None
         kwargs = dict(
             prompt_field=prompt_field,
             answer_field=answer_field,
@@ -242,6 +271,7 @@ class DatasetTask(Task):
             on_bad_row=on_bad_row,
             max_prompt_chars=max_prompt_chars,
             answer_required=not user,
+            context_chars=context_chars,
         )
         train, train_rows, self.load_report = load_rows(train_path, **kwargs)
         records = dict(zip((p.key for p in train), train_rows))
@@ -273,14 +303,19 @@ class DatasetTask(Task):
 
     def scorer(self, decode: Callable[[Sequence[int]], str]) -> TextReward | UserReward:
         """The built-in reward, or the user's function with the rows' fields (``pipeline.tasks.rewards.user``)."""
-        if self._reward_function is None:
+        if self._reward_spec is None:
             return super().scorer(decode)
-        return UserReward(self._reward_function, decode, self._rows, name=self.reward)
+        return UserReward(self._reward_spec, decode, self._rows, name=self.reward)
 
     def score(self, prompt: Prompt, response_text: str) -> float | None:
-        if self._reward_function is None:
+        """The reward of a response; a user's function runs in a worker process (``IsolatedScore``:
+        a failure scores 0 and is counted, and every one of the first failing stops the run)."""
+        if self._reward_spec is None:
             return super().score(prompt, response_text)
-        return UserReward(self._reward_function, str, self._rows, name=self.reward).score_text(prompt, response_text)
+        if self._isolated is None:
+            self._isolated = IsolatedScore(self._reward_spec, self._rows, timeout_s=self.reward_timeout_s,
+                                           check_first=self.reward_check_first)
+        return self._isolated(prompt, response_text)
 
     def prompt_source(self, problem: Problem) -> str | list[dict[str, Any]]:
         """The row's chat messages as they are, or its text in the template."""

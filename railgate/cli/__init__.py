@@ -48,24 +48,43 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Errors caused by input (files, directories, traces, datasets): one clear line, exit 2."""
-    from controller.rail.replay import ReplayError
-    from pipeline.engines.base import EngineError
-    from pipeline.policy.models import ModelDirError
-    from pipeline.policy.tokenizer import TokenizerError
-    from pipeline.store.arrowio import SegmentFormatError
-    from pipeline.tasks.dataset import DatasetError
-    from pipeline.protocols import GateStalled
-    from railgate.checkpoint import CheckpointError
-    from railgate.import_model import ModelImportError
-    from railgate.rundir import RunDirError
+USER_ERRORS: frozenset[tuple[str, str]] = frozenset({
+    ("controller.rail.replay", "ReplayError"), ("pipeline.engines.base", "EngineError"),
+    ("pipeline.policy.models", "ModelDirError"), ("pipeline.policy.tokenizer", "TokenizerError"),
+    ("pipeline.store.arrowio", "SegmentFormatError"), ("pipeline.tasks.dataset", "DatasetError"),
+    ("pipeline.tasks.rewards.health", "RewardsFailing"), ("pipeline.protocols", "GateStalled"),
+    ("railgate.checkpoint", "CheckpointError"), ("railgate.import_model", "ModelImportError"),
+    ("railgate.rundir", "RunDirError"), ("railgate.runid", "RunIdError"),
+})
+"""Errors caused by input (files, directories, traces, datasets, reward functions): one clear
+line, exit 2. Named, not imported: matching an error must not import anything (torch, say,
+half-imported when a Ctrl-C landed in it)."""
 
-    return (SegmentFormatError, ModelDirError, DatasetError, TokenizerError, CheckpointError, ReplayError, GateStalled,
-            EngineError, ModelImportError, RunDirError)
+
+def is_user_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is (a subclass of) one of ``USER_ERRORS``."""
+    return any((cls.__module__, cls.__qualname__) in USER_ERRORS for cls in type(exc).__mro__)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; every way it can end is an exit status and at most one line on stderr:
+    Ctrl-C (even while the packages are still being imported) and a reader that closed the
+    output pipe (``| head``) included."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # a second Ctrl-C during a run, or one outside it (imports included)
+        print(INTERRUPTED, file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `railgate ... | head`: the reader has what it wanted
+        _silence_stdout()
+        return 141
+
+
+INTERRUPTED = ("interrupted: stopped at once; a run directory keeps its newest checkpoint (train --resume RUN_DIR "
+               "continues from it)")
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv.insert(0, "train")  # `python run.py [--set ...]` means train
@@ -88,14 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
-    except _user_errors() as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # a second Ctrl-C during a run, or one outside it
-        print("interrupted: stopped at once; a run directory keeps its newest checkpoint (train --resume RUN_DIR "
-              "continues from it)", file=sys.stderr)
-        return 130
     except Exception as exc:
+        if is_user_error(exc):
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         from railgate.rundir import disk_error
 
         message = disk_error(exc)  # a full disk or a read-only directory, however deep in the chain
@@ -103,6 +118,17 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {message}", file=sys.stderr)
         return 2
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush at exit cannot fail again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 def entry() -> None:

@@ -17,10 +17,10 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from railgate.config import load_config
     from railgate.evaluate import evaluate_run
+    from railgate.trust import run_dir_config
 
-    cfg = load_config(args.run_dir / "config.yaml", list(args.overrides) + [f"run_dir={args.run_dir}"])
+    cfg = run_dir_config(args.run_dir, list(args.overrides) + [f"run_dir={args.run_dir}"], f"railgate eval {args.run_dir}")
     evaluate_run(cfg, base=args.base, samples=args.samples)
     return 0
 

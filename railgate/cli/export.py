@@ -13,6 +13,8 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="where the export goes")
     parser.add_argument("--step", type=int, default=None, metavar="N",
                         help="the policy after learner step N (a kept checkpoint; 0: the base policy); default: the newest")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an earlier export in DIR (model/, buffer.parquet, trace.parquet, export.json)")
     overrides(parser, "override the run's config.yaml, e.g. --set model.path=DIR when the base model moved")
 
 
@@ -24,7 +26,7 @@ def _run(args: argparse.Namespace) -> int:
     if not (args.run_dir / "config.yaml").is_file():
         raise ConfigError(f"export {args.run_dir}: no config.yaml there; pass the run_dir of an earlier train run")
     cfg = load_config(args.run_dir / "config.yaml", list(args.overrides) + [f"run_dir={args.run_dir}"])
-    report = export_run(cfg, args.run_dir, args.out, step=args.step)
+    report = export_run(cfg, args.run_dir, args.out, step=args.step, force=args.force)
     for name, size in report.files.items():
         print(f"{size / 2**20:10.2f} MiB  {report.out / name}")
     print(f"exported {args.run_dir} (policy after learner step {report.step}) to {report.out}"

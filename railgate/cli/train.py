@@ -28,6 +28,10 @@ def _run(args: argparse.Namespace) -> int:
         overrides.append(f"run_dir={args.resume}")
     if args.run_dir:
         overrides.append(f"run_dir={args.run_dir}")
+    if args.resume is not None:  # a run directory's settings that run code or programs are not taken from it
+        from railgate.trust import check_run_dir_settings
+
+        check_run_dir_settings(config_path, list(args.overrides), f"railgate train --resume {args.resume}")
     cfg = load_config(config_path, overrides)
     result = train(cfg, progress=progress_flag(args), resume=args.resume is not None, overwrite=args.overwrite)
     if result.summary.stop_reason == "interrupted":  # Ctrl-C (railgate.interrupt)

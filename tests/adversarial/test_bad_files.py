@@ -89,7 +89,7 @@ def test_dataset_problems_through_the_cli(tmp_path, problem):
         sets, expect = ["task.dataset.on_bad_row=error"], "line 3: not UTF-8 text (byte 0xff"
     else:
         data = _jsonl(tmp_path / "data.jsonl", ROWS * 4 + [{"prompt": "7" * 1_000_000, "answer": "1"}])
-        sets, expect = ["task.eval_share=0.5"], "prompts are longer than"
+        sets, expect = ["task.dataset.on_bad_row=error"], "line 21: prompt is longer than the model's context can hold"
     run = tmp_path / "fresh"
     result = cli("train", "--run-dir", str(run), "--no-progress", "--set", "task.name=dataset",
                  "--set", f"task.dataset.train_path={data}", "--set", "task.dataset.reward=exact",

@@ -147,6 +147,9 @@ def not_arrow(run: Path, tmp: Path) -> None:
 ALIAS_BOMB = "a: &a [x, x]\n" + "".join(f"{c}: &{c} [*{p}, *{p}]\n" for p, c in zip("abcdefghijklmnopqrstuvw", "bcdefghijklmnopqrstuvwx"))
 ALIAS_BOMB += "y: [" + ", ".join(["*x"] * 200) + "]\n"
 
+NESTED_BOMB = "a: &a [x, x]\n" + "".join(f"l{i}: &l{i} [*{p}, *{p}]\n" for i, p in enumerate(["a"] + [f"l{j}" for j in range(29)]))
+assert NESTED_BOMB.count("*") == 60  # far under the alias limit; 2^30 values once expanded
+
 CASES = [
     # configuration values
     Case("unknown key", fresh_train("orchestrator.group_sise=8"), "did you mean 'group_size'", fresh=True),
@@ -181,6 +184,16 @@ CASES = [
          fresh=True),
     Case("config alias bomb", with_config, "aliases", setup=config_file(ALIAS_BOMB), fresh=True),
     Case("config not a mapping", with_config, "must hold a mapping", setup=config_file("- 1\n- 2\n"), fresh=True),
+    Case("config alias bomb of 60 aliases", with_config, "expands to 8.59e+09 values", setup=config_file(NESTED_BOMB),
+         fresh=True),
+    Case("config alias inside itself", with_config, "it never ends", setup=config_file("a: &a [1, *a]\n"), fresh=True),
+    Case("--set alias bomb of 60 aliases", fresh_train("x=[&a [1, 1], " + ", ".join(
+        f"&b{i} [{'*a' if i == 0 else f'*b{i - 1}'}, {'*a' if i == 0 else f'*b{i - 1}'}]" for i in range(29)) + "]"),
+         "expands to", fresh=True),
+    Case("vw option that writes a file", fresh_train("controller.rail.vw_extra_args=--l2 1e-6 -f /tmp/model.vw"),
+         "'-f' is not an option railgate passes to vowpalwabbit", fresh=True),
+    Case("reward timeout of 1e300", fresh_train("orchestrator.reward_timeout_s=1e300"), "must be in (0, 3600] seconds",
+         fresh=True),
     Case("config not UTF-8", with_config, "not UTF-8", setup=config_file(b"seed: 1\nrun_id: caf\xe9\n"), fresh=True),
     # run directories
     Case("train into a used directory", lambda run, tmp: ["train", *SIM, "--run-dir", str(run), *SMALL], "already holds a run"),
@@ -205,6 +218,14 @@ CASES = [
     Case("eval with zero samples", lambda run, tmp: ["eval", str(run), "--samples", "0"], "eval_samples=0 must be >= 1"),
     Case("eval a directory without config", lambda run, tmp: ["eval", str(tmp / "nope")], "does not exist", fresh=True),
     Case("convert-checkpoint with nothing to convert", lambda run, tmp: ["convert-checkpoint", str(run)], "no old-format"),
+    Case("convert-checkpoint without --trust-pickle", lambda run, tmp: ["convert-checkpoint", str(run)],
+         "unpickling runs any code a file holds", setup=plant_pickle),
+    Case("shadow into a used directory", lambda run, tmp: ["shadow", *SIM, "--run-dir", str(run), *SMALL],
+         "replace it with shadow --overwrite, or shadow into another --run-dir"),
+    Case("replay into a run's directory", lambda run, tmp: ["replay", str(run / "trace"), "--out", str(run)],
+         "pass another --out"),
+    Case("export into a run's directory", lambda run, tmp: ["export", str(run), "--out", str(run), "--force"],
+         "it holds a run"),
     # traces
     Case("replay a missing path", lambda run, tmp: ["replay", str(tmp / "nope"), "--out", str(tmp / "out")], "does not exist"),
     Case("replay a file that is not Arrow", lambda run, tmp: ["replay", str(tmp / "notes.arrows"), "--out", str(tmp / "out")],
@@ -212,7 +233,7 @@ CASES = [
     Case("replay a malformed superseded.jsonl", lambda run, tmp: ["replay", str(run / "trace"), "--out", str(tmp / "out")],
          "superseded.jsonl line 1 is not a supersede rule", setup=malformed_superseded),
     Case("replay two runs without --run-id", lambda run, tmp: ["replay", str(run / "trace"), "--out", str(tmp / "out")],
-         "pass run_id", setup=two_runs_in_one_trace),
+         "pick one with --run-id, e.g. --run-id run-", setup=two_runs_in_one_trace),
     Case("replay an unknown --run-id", lambda run, tmp: ["replay", str(run / "trace"), "--run-id", "nope", "--out", str(tmp / "out")],
          "holds no run 'nope'"),
     Case("replay a trace without RAIL decisions", lambda run, tmp: ["replay", str(run / "trace"), "--out", str(tmp / "out")],

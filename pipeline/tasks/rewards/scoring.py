@@ -12,6 +12,10 @@ will pile up threads -- the ``pipeline/reward_timeouts`` counter tells you to fi
 A scorer may return None for "no reward": the sample gets ``NO_REWARD`` (NaN), is counted in
 ``no_reward`` and is not trained on (``ScoredSample.is_valid``).
 
+Every outcome is counted as it happens in ``health`` (``pipeline.tasks.rewards.health``): with
+``check_first`` N > 0 the service raises ``RewardsFailing`` -- the run stops with the function's
+name and its first failure -- when each of the first N rewards raised, timed out or returned None.
+
 Scorers that declare ``runs_inline = True`` (the simulator's one-token check) are called on
 the event loop directly: a thread hop would cost more than the reward.
 
@@ -37,7 +41,9 @@ from typing import Sequence
 import anyio
 import anyio.to_thread
 
+from pipeline.config.sections import MAX_TIMEOUT_S
 from pipeline.protocols import Scorer
+from pipeline.tasks.rewards.health import RewardHealth, RewardsFailing, scorer_name
 from pipeline.tasks.rewards.workers import RewardFailed, RewardTimeout, RewardWorkers
 from pipeline.types import NO_REWARD, Prompt
 
@@ -45,9 +51,9 @@ from pipeline.types import NO_REWARD, Prompt
 class ScoringService:
     """Runs a ``Scorer`` with a timeout and error capture; counts errors and timeouts."""
 
-    def __init__(self, scorer: Scorer, timeout_s: float, threads: int):
-        if timeout_s <= 0:
-            raise ValueError(f"reward timeout_s={timeout_s} must be > 0")
+    def __init__(self, scorer: Scorer, timeout_s: float, threads: int, check_first: int = 0):
+        if not 0 < timeout_s <= MAX_TIMEOUT_S:
+            raise ValueError(f"reward timeout_s={timeout_s} must be in (0, {MAX_TIMEOUT_S:g}] seconds")
         self.scorer = scorer
         self.timeout_s = timeout_s
         self._limiter = anyio.CapacityLimiter(threads)
@@ -58,9 +64,21 @@ class ScoringService:
                 self._workers = RewardWorkers(scorer, threads)
             except TypeError as exc:  # cannot be pickled: threads, whose timeout a GIL-holding call outlasts
                 warnings.warn(f"{exc}; it runs in threads instead", RuntimeWarning, stacklevel=2)
-        self.errors = 0
-        self.timeouts = 0
-        self.no_reward = 0  # the scorer returned None: counted, not trained on (``NO_REWARD``)
+        self.health = RewardHealth(scorer_name(scorer), check_first)
+
+    @property
+    def errors(self) -> int:
+        """Rewards that raised, over the run (a resumed run's earlier ones included)."""
+        return self.health.totals()["errors"]
+
+    @property
+    def timeouts(self) -> int:
+        return self.health.totals()["timeouts"]
+
+    @property
+    def no_reward(self) -> int:
+        """The scorer returned None: counted, not trained on (``NO_REWARD``)."""
+        return self.health.totals()["none"]
 
     @property
     def runs_inline(self) -> bool:
@@ -83,29 +101,35 @@ class ScoringService:
                 limiter=self._limiter, abandon_on_cancel=True,
             )
         if result is None:
-            self.timeouts += 1
-            return 0.0, f"reward timed out after {self.timeout_s}s"
+            message = f"reward timed out after {self.timeout_s}s"
+            self.health.failed("timeout", message)
+            return 0.0, message
         return result
 
     def _checked(self, call) -> tuple[float, str]:
+        health = self.health
         try:
             value = call()
             if value is None:  # "no reward for this sample"
-                self.no_reward += 1
+                health.failed("none")
                 return NO_REWARD, "no reward"
             value = float(value)
+        except RewardsFailing:
+            raise
         except RewardTimeout as exc:
-            self.timeouts += 1
+            health.failed("timeout", str(exc))
             return 0.0, str(exc)
         except RewardFailed as exc:
-            self.errors += 1
-            return 0.0, f"reward raised {exc.kind}: {exc}"
+            message = f"reward raised {exc.kind}: {exc}"
+            health.failed("error", f"{exc.kind}: {exc}")
+            return 0.0, message
         except Exception as exc:  # a user's reward function: any failure is that sample's
-            self.errors += 1
+            health.failed("error", f"{type(exc).__name__}: {exc}")
             return 0.0, f"reward raised {type(exc).__name__}: {exc}"
         if not math.isfinite(value):
-            self.errors += 1
+            health.failed("error", f"returned a non-finite value {value!r}")
             return 0.0, f"reward returned a non-finite value {value!r}"
+        health.succeeded()
         return value, ""
 
     def close(self) -> None:

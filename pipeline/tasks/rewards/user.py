@@ -13,9 +13,14 @@ reward-function signature::
   (``pipeline/rewards_none``) and not trained on.
 
 The function may be called with any batch size (the pipeline scores each sample as it ends,
-so mostly one at a time). It runs in the pipeline's reward threads with their timeout: one
-that raises, returns the wrong number of values or hangs costs that sample's reward (counted
-as ``pipeline/reward_errors`` / ``reward_timeouts``), and the run goes on.
+so mostly one at a time). It runs in reward worker processes with the run's timeout
+(``pipeline.tasks.rewards.workers``): one that raises, returns the wrong number of values,
+hangs or ends its process (``os._exit``, a crash) costs that sample's reward (counted as
+``pipeline/reward_errors`` / ``reward_timeouts``), and the run goes on -- unless every one of
+the first rewards fails (``pipeline.tasks.rewards.health``). Given as ``"module:function"``, the
+module is imported only in those worker processes, never in the run's own
+(``pipeline.tasks.rewards.isolation``): reward code is the user's code, trusted to be what they
+chose, but a failure of it, at import or in a call, cannot take the run down.
 
 The module is imported from ``sys.path`` with the working directory first, so a ``my_rewards.py``
 next to the config works.
@@ -97,7 +102,9 @@ class UserReward:
     Parameters
     ----------
     function
-        ``f(prompts, completions, **columns) -> list[float | None]``.
+        ``f(prompts, completions, **columns) -> list[float | None]``, or its ``"module:function"``
+        name: then it is imported on first use, in the process that calls it, and a pickled
+        copy carries the name only.
     decode
         Token ids -> text.
     rows
@@ -109,14 +116,36 @@ class UserReward:
     runs_inline = False
     runs_in_process = True  # user code may hold the GIL past any timeout: pipeline.tasks.rewards.workers
 
-    def __init__(self, function: Callable[..., Sequence[Any]], decode: Decode, rows: Mapping[int, DatasetRow],
+    def __init__(self, function: Callable[..., Sequence[Any]] | str, decode: Decode, rows: Mapping[int, DatasetRow],
                  name: str = "") -> None:
-        if not callable(function):
+        if isinstance(function, str):
+            if not is_user_reward(function):
+                raise ValueError(f"reward function {function!r} is not of the form 'module:function'")
+            self.spec, self._function = function, None
+        elif callable(function):
+            self.spec, self._function = "", function
+        else:
             raise TypeError(f"reward function {function!r} is not callable")
-        self.function = function
         self.decode = decode
         self.rows = rows
-        self.name = name or getattr(function, "__name__", repr(function))
+        self.name = name or self.spec or getattr(function, "__name__", repr(function))
+
+    @property
+    def function(self) -> Callable[..., Sequence[Any]]:
+        """The function; a ``"module:function"`` is imported here, on first use."""
+        if self._function is None:
+            self._function = load_reward_function(self.spec)
+        return self._function
+
+    def warm_up(self) -> None:
+        """Import the function now (a reward worker calls this before its first reward)."""
+        self.function  # noqa: B018 - the property imports it
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        if self.spec:
+            state["_function"] = None  # the worker imports it itself: nothing of it crosses by pickle
+        return state
 
     def __call__(self, prompt: Prompt, token_ids: Sequence[int]) -> float | None:
         return self.score_batch([prompt], [token_ids])[0]

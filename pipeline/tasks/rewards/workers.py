@@ -83,10 +83,13 @@ class RewardWorkers:
                     raise RewardTimeout(f"reward timed out after {timeout_s}s (its worker process was stopped)")
                 ok, value = worker.conn.recv()
             except (EOFError, OSError, BrokenPipeError) as exc:
+                ended = ""
                 if worker is not None:
+                    ended = worker.exit_text()
                     worker.kill()
                     worker = None
-                raise RewardFailed("WorkerDied", f"the reward's worker process ended ({type(exc).__name__})") from None
+                raise RewardFailed("WorkerDied", f"the reward's worker process ended{ended} during the call "
+                                   f"({type(exc).__name__}): os._exit, a crash or a kill in the reward code") from None
             finally:
                 if worker is not None:
                     with self._lock:
@@ -122,12 +125,10 @@ class _Worker:
 
     def __init__(self, payload: bytes) -> None:
         parent_sock, child_sock = socket.socketpair()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "pipeline.tasks.rewards.workers", str(child_sock.fileno())],
-                pass_fds=(child_sock.fileno(),), env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+                pass_fds=(child_sock.fileno(),), env=worker_env(), stdin=subprocess.DEVNULL, start_new_session=True,
             )
         finally:
             child_sock.close()
@@ -138,9 +139,17 @@ class _Worker:
         except (EOFError, OSError):
             ready = None
         if ready != ("ready", None):
+            detail = ready[1] if isinstance(ready, tuple) and len(ready) == 2 else f"it did not start{self.exit_text()}"
             self.kill()
-            detail = ready[1] if isinstance(ready, tuple) and len(ready) == 2 else "it did not start"
             raise RewardFailed("WorkerStartError", f"the reward's worker process failed to start: {detail}")
+
+    def exit_text(self) -> str:
+        """`` with exit status N`` once the process has ended (waiting a moment for it), else ``""``."""
+        try:
+            status = self.process.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            return ""
+        return f" with exit status {status}"
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -150,6 +159,14 @@ class _Worker:
         except subprocess.TimeoutExpired:
             pass
         self.conn.close()
+
+
+def worker_env() -> dict[str, str]:
+    """The environment of a worker process: this one's, with this process's ``sys.path`` on
+    ``PYTHONPATH`` (so a worker imports the same packages, and a module of the working directory)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
 
 
 def _serve(conn: Connection) -> None:
