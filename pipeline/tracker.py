@@ -171,6 +171,8 @@ class GroupTracker:
                 out.append(Evaluate(0))
         elif kind is Evaluated:
             self._on_evaluated(msg.step, msg.evaluation, msg.timing)
+            if msg.step == 0:  # the evaluation before training: step 0 of the metrics, where a curve starts
+                self._out.append(Record(0, {**self.budget.as_metrics(), **msg.evaluation}))
         elif kind is StopRequested:
             self._stop_requested = True
         elif kind is not DecideQueued:  # a DecideQueued only wakes the loop
@@ -245,12 +247,19 @@ class GroupTracker:
         b = cfg.step_groups
         # Every open group may still commit, so open groups count against the step-ahead limit.
         committed_ahead = (self.batches.batches_sent - self._steps_done) * b + len(self.pending) + len(self._groups)
-        still_needed = cfg.steps * b - (self.batches.batches_sent * b + len(self.pending) + self._sealed_open)
+        # The groups on their way to a batch: sealed ones, or every open one for a gate that
+        # never abandons (no group opens that no step trains on). A gate that abandons may
+        # open more than the remaining steps need; the report counts the rollouts no step used.
+        abandons = getattr(self.gate, "abandons", True)
+        shipping = self._sealed_open if abandons else len(self._groups)
+        still_needed = cfg.steps * b - (self.batches.batches_sent * b + len(self.pending) + shipping)
         if committed_ahead >= (cfg.max_async_steps + 1) * b or still_needed <= 0 or self.stop_reason or self.budget_spent():
             return
         free = cfg.max_concurrent_samples - self.launches.in_flight - len(self.launches)
         room = (cfg.max_async_steps + 1) * b - committed_ahead
         slots = min(cfg.max_open_groups - len(self._groups), free // cfg.group_size, room)
+        if not abandons:
+            slots = min(slots, still_needed)
         if slots <= 0:
             return
         offered = range(self._next_group_id, self._next_group_id + slots)

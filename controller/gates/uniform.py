@@ -21,6 +21,8 @@ class UniformGate(Gate):
     [(0, 8, 8), (1, 8, 8)]
     """
 
+    abandons = False  # every group commits: admission opens only what the remaining steps train on
+
     def __init__(self, pool: PromptPool, group_size: int):
         if group_size < 2:
             raise ValueError(f"group_size={group_size} must be >= 2 for a group-relative advantage")
