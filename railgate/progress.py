@@ -1,7 +1,15 @@
-"""A progress bar over learner steps that shows the metrics people watch."""
+"""Progress bars: railgate's own, one per long phase, and none of any library's.
+
+``ProgressBar`` is the bar over learner steps that shows the metrics people watch; the warm
+start and the benchmarks have theirs. ``quiet_libraries`` keeps libraries' bars off the
+terminal (transformers' "Loading weights" and "Writing model shards", the Hub's downloads)
+and, for ``--no-progress``, every bar at all (``TQDM_DISABLE``: vLLM's, Ray's, and those of
+worker processes, which inherit the environment).
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 
 from tqdm import tqdm
@@ -37,3 +45,19 @@ class ProgressBar:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+
+
+def quiet_libraries(no_progress: bool) -> None:
+    """No library's progress bar from here on (and in child processes); with ``no_progress``
+    no bar at all, railgate's included.
+
+    >>> quiet_libraries(False); os.environ["HF_HUB_DISABLE_PROGRESS_BARS"]
+    '1'
+    """
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read by transformers when it is imported
+    if "transformers" in sys.modules:  # imported already: switch its bars off directly
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()
+    if no_progress:
+        os.environ["TQDM_DISABLE"] = "1"  # tqdm's default for every bar not told otherwise
