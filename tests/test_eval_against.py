@@ -7,12 +7,9 @@ import json
 
 import pytest
 
-from run_helpers import SMALL, cli, sim_run
+from run_helpers import SMALL, TINY_REAL as TINY, cli, sim_run, tiny_base
 
 KEYS = {"accuracy_a", "accuracy_b", "difference", "difference_lo", "difference_hi", "prompts", "samples"}
-# A small real model that solves some one-digit sums: the comparison has something to compare.
-TINY = ["--set", "model.d_model=64", "--set", "task.arithmetic.max_digits=1", "--set", "model.warm_start_steps=100",
-        "--set", "model.warm_start_batch=32", "--set", "data.num_eval_prompts=64", "--set", "data.num_train_prompts=128"]
 
 
 def one_json(result) -> dict:
@@ -41,8 +38,7 @@ def test_eval_says_what_it_needs(tmp_path):
 @pytest.fixture(scope="module")
 def torch_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("against")
-    made = cli("warm-start", "--out", str(root / "base"), "--no-progress", *TINY, timeout=900)
-    assert made.returncode == 0, made.stderr[-3000:]
+    tiny_base(root / "base")
     trained = cli("train", "--no-progress", "--run-dir", str(root / "run"), "--set", f"model.path={root / 'base'}", *TINY,
                   "--set", "orchestrator.steps=2", "--set", "orchestrator.batch_groups=8", "--set", "log.checkpoint_every=2",
                   "--set", "gate.kind=uniform", timeout=900)
