@@ -22,10 +22,10 @@ of it. The stream side (token deltas, final events, aborts) is counted by its
 >>> from pipeline.messages import SampleDone, Started, Tick
 >>> from pipeline.types import FinishReason, Prompt, SampleFinished, ScoredSample
 >>> pool = PromptPool([Prompt(i, "", (1,)) for i in range(8)], seed=0)
->>> cfg = OrchestratorConfig(batch_groups=1, group_size=2, steps=1, max_concurrent_samples=4, max_open_groups=2)
+>>> cfg = OrchestratorConfig(batch_groups=1, group_size=2, steps=2, max_concurrent_samples=4, max_open_groups=2)
 >>> tracker = GroupTracker(UniformGate(pool, 2), NoopController(), cfg)
 >>> starts = [*tracker.handle(Started()), *tracker.handle(Tick())]
->>> [a.request.request_id for a in starts]                        # two groups of two
+>>> [a.request.request_id for a in starts]                        # two groups of two, one per step
 ['g0-s0', 'g0-s1', 'g1-s0', 'g1-s1']
 >>> for a in starts[:2]:                                          # group 0's samples end and are scored
 ...     [score] = tracker.handle(SampleFinished(a.request.request_id, (7,), (0.0,), FinishReason.STOP, 0))
