@@ -31,7 +31,16 @@ REFERENCE = "uniform"
 
 class RateLog:
     """Wraps an evaluator (``pipeline.evaluation.SamplingEvaluator`` or the simulator's) and
-    keeps the per-prompt success rates of every evaluation, by step."""
+    keeps the per-prompt success rates of every evaluation, by step.
+
+    >>> import anyio
+    >>> class Fixed:
+    ...     last_rates = (0.5, 1.0)
+    ...     async def evaluate(self, step): return {"eval/accuracy": 0.75}
+    >>> log = RateLog(Fixed())
+    >>> anyio.run(log.evaluate, 0), log.record()
+    ({'eval/accuracy': 0.75}, {'rates_start': [0.5, 1.0], 'rates_final': [0.5, 1.0]})
+    """
 
     def __init__(self, evaluator: Any):
         self.evaluator = evaluator
