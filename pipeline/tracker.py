@@ -247,9 +247,8 @@ class GroupTracker:
         b = cfg.step_groups
         # Every open group may still commit, so open groups count against the step-ahead limit.
         committed_ahead = (self.batches.batches_sent - self._steps_done) * b + len(self.pending) + len(self._groups)
-        # The groups on their way to a batch: sealed ones, or every open one for a gate that
-        # never abandons (no group opens that no step trains on). A gate that abandons may
-        # open more than the remaining steps need; the report counts the rollouts no step used.
+        # Open groups on their way to a batch: the sealed ones, or all for a gate that never abandons
+        # (it opens no group no step trains on; the report counts what the others start unused).
         abandons = getattr(self.gate, "abandons", True)
         shipping = self._sealed_open if abandons else len(self._groups)
         still_needed = cfg.steps * b - (self.batches.batches_sent * b + len(self.pending) + shipping)
@@ -257,9 +256,7 @@ class GroupTracker:
             return
         free = cfg.max_concurrent_samples - self.launches.in_flight - len(self.launches)
         room = (cfg.max_async_steps + 1) * b - committed_ahead
-        slots = min(cfg.max_open_groups - len(self._groups), free // cfg.group_size, room)
-        if not abandons:
-            slots = min(slots, still_needed)
+        slots = min(cfg.max_open_groups - len(self._groups), free // cfg.group_size, room if abandons else min(room, still_needed))
         if slots <= 0:
             return
         offered = range(self._next_group_id, self._next_group_id + slots)
