@@ -59,6 +59,9 @@ class Policy:
 
         if self.is_run:
             return
+        if not self.path.is_dir():
+            raise ConfigError(f"eval {self.path}: the directory does not exist; pass a train run's run_dir or a "
+                              "Hugging Face model directory")
         if not (self.path / "config.json").is_file():
             raise ConfigError(f"eval {self.path}: neither a run directory ({RUN_CONFIG}) nor a model directory "
                               "(config.json); pass a train run's run_dir or a Hugging Face model directory")

@@ -74,10 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv.insert(0, "train")  # `python run.py [--set ...]` means train
     if argv[:2] == ["bench", "engine"]:  # its options belong to the engine benchmarks
-        quiet_libraries("--no-progress" in argv)
-        return bench.engine_passthrough([a for a in argv[2:] if a != "--no-progress"])
+        with quiet_libraries("--no-progress" in argv):
+            return bench.engine_passthrough([a for a in argv[2:] if a != "--no-progress"])
     args = parser().parse_args(argv)
-    quiet_libraries(getattr(args, "no_progress", False))
     if getattr(args, "handler", None) is None:
         parser().print_help(sys.stderr)
         return 2
@@ -90,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
 
     tune_gc()
     try:
-        return args.handler(args)
+        with quiet_libraries(getattr(args, "no_progress", False)):
+            return args.handler(args)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
