@@ -1,14 +1,25 @@
 """Held-out evaluation of a real policy: sample each held-out prompt through the engine.
 
-Reports ``eval/accuracy`` (the share of samples that succeed, i.e. whose reward is above
-their prompt's ``success_threshold``: the expected pass@1 at the sampling temperature),
-``eval/pass@k`` (the fraction of prompts with at least one success among
+Reports ``eval/accuracy`` (the mean over prompts of each prompt's share of samples that
+succeed, i.e. whose reward is above its ``success_threshold``: the expected pass@1 at the
+sampling temperature), its 95% interval over prompts ``eval/accuracy_lo`` and
+``eval/accuracy_hi`` (``pipeline.intervals.prompt_mean``: the samples of one prompt are not
+independent), ``eval/pass@k`` (the fraction of prompts with at least one success among
 ``samples_per_prompt``), and accuracy per difficulty level (``eval/accuracy/d=<level>``), so
 that what GRPO leaves near zero on the hardest levels is visible. Samples the reward function
 gives no reward (None) are left out. Each evaluation also reports how many of its rewards raised,
 timed out or gave None (``eval/reward_errors``, ``eval/reward_timeouts``, ``eval/rewards_none``),
 and raises ``RewardsFailing`` when every one of them failed: an accuracy of 0 from a broken
-reward would otherwise read as a policy that solves nothing.
+reward would otherwise read as a policy that solves nothing. ``last_rates`` keeps the latest evaluation's per-prompt
+rates, for paired comparisons (``pipeline.intervals.paired_difference``).
+
+**Common draws.** Sample j of held-out prompt i always has the seed
+``sample_seed(seed, i, j)``, group id ``-1 - i`` and index j, and the engines key their random
+numbers by those, never by the request's name (``torch_sampling.stream_key``). So the same
+policy evaluates to the same number at every step, in every run of a seed and under every gate,
+and two policies evaluated with one seed differ by what they do, not by luck of the draw. The
+torch engine is exact up to floating-point differences between batch shapes (see its
+docstring); vLLM likewise (see ``vllm_engine``); the simulator's evaluation is exact.
 
 >>> import anyio
 >>> from pipeline.config.sections import SimConfig
@@ -17,8 +28,14 @@ reward would otherwise read as a policy that solves nothing.
 >>> engine = SimEngine(SimWorld(SimConfig(num_prompts=16, num_eval_prompts=4)))
 >>> evaluator = SamplingEvaluator(engine, [engine.prompt(i) for i in range(16)], SimAnswerScorer(),
 ...                               samples_per_prompt=4, max_tokens=512)
->>> result = anyio.run(evaluator.evaluate, 0)
+>>> async def twice():
+...     return [await evaluator.evaluate(step) for step in (0, 7)]
+>>> result, later = anyio.run(twice)
 >>> 0.0 <= result["eval/accuracy"] <= result["eval/pass@4"] <= 1.0
+True
+>>> result["eval/accuracy_lo"] <= result["eval/accuracy"] <= result["eval/accuracy_hi"]
+True
+>>> later == result  # the same draws at any step: the same numbers
 True
 """
 
@@ -30,6 +47,7 @@ from typing import Any, Sequence
 
 import anyio
 
+from pipeline.intervals import prompt_mean
 from pipeline.protocols import Scorer
 from pipeline.tasks.rewards.health import RewardsFailing
 from pipeline.tasks.rewards.scoring import ScoringService
@@ -73,6 +91,7 @@ class SamplingEvaluator:
         self.check_rewards = check_rewards  # an evaluation whose rewards all failed raises RewardsFailing
         # The training run's reward service, timeout and worker processes included (None: its default).
         self.scoring = ScoringService(scorer, reward_timeout_s or _DEFAULT_REWARD_TIMEOUT_S, reward_threads)
+        self.last_rates: tuple[float, ...] = ()  # per prompt, of the latest evaluation (nan: no sample scored)
 
     async def evaluate(self, step: int) -> dict[str, float]:
         rewards: dict[int, list[float]] = defaultdict(list)
@@ -81,9 +100,10 @@ class SamplingEvaluator:
 
         async def one(i: int, j: int) -> None:
             prompt = self.prompts[i]
-            # Same seeds at every evaluation: differences between steps are the policy's.
+            # The same draws at every evaluation (seed, group id and index; the name is not part
+            # of the engines' random key): differences between steps are the policy's.
             request = SampleRequest(
-                request_id=f"eval{step}-p{i}-s{j}", group_id=-1 - i, sample_index=j, prompt=prompt,
+                request_id=f"eval-p{i}-s{j}", group_id=-1 - i, sample_index=j, prompt=prompt,
                 params=SamplingParams(self.temperature, 1.0, self.max_tokens, sample_seed(self.seed, i, j)),
             )
             async with limiter:
@@ -118,10 +138,13 @@ class SamplingEvaluator:
 
     def _summarise(self, rewards: dict[int, list[float]]) -> dict[str, float]:
         # a success: a reward above the prompt's success_threshold
-        hits = {i: [r > self.prompts[i].success_threshold for r in rs] for i, rs in rewards.items()}
-        all_hits = [h for hs in hits.values() for h in hs]
+        hits = {i: [r > self.prompts[i].success_threshold for r in rs] for i, rs in rewards.items() if rs}
+        self.last_rates = tuple(sum(hits[i]) / len(hits[i]) if i in hits else math.nan for i in range(len(self.prompts)))
+        accuracy = prompt_mean(self.last_rates)
         out = {
-            "eval/accuracy": sum(all_hits) / max(1, len(all_hits)),
+            "eval/accuracy": accuracy.mean if accuracy.n else 0.0,
+            "eval/accuracy_lo": accuracy.lo,
+            "eval/accuracy_hi": accuracy.hi,
             f"eval/pass@{self.k}": sum(any(hs) for hs in hits.values()) / max(1, len(hits)),
         }
         by_level: dict[float, list[bool]] = defaultdict(list)

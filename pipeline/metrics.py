@@ -50,9 +50,16 @@ class Budget:
     def tokens_wasted(self) -> int:
         return self.tokens_generated - self.tokens_trained
 
+    @property
+    def rollouts_untrained(self) -> int:
+        """Rollouts started that no step trained on: abandoned, failed, left without a reward,
+        or in groups still open when the run ended."""
+        return self.rollouts_started - self.rollouts_trained
+
     def as_metrics(self) -> dict[str, float]:
         out = {f"pipeline/{f.name}": float(getattr(self, f.name)) for f in fields(self)}
         out["pipeline/tokens_wasted"] = float(self.tokens_wasted)
+        out["pipeline/rollouts_untrained"] = float(self.rollouts_untrained)
         out["pipeline/effective_yield"] = self.groups_effective / max(1, self.groups_opened)
         out["pipeline/rollouts_per_effective_group"] = (
             self.rollouts_started / self.groups_effective if self.groups_effective else math.nan

@@ -216,7 +216,7 @@ class Orchestrator:
     def _record(self, step: int, metrics: dict[str, Any]) -> None:
         writer = self.outputs.metrics if self.outputs.metrics is not None else NullMetricsWriter()
         writer.write(step, metrics)
-        if self.outputs.on_step is not None:
+        if self.outputs.on_step is not None and step > 0:  # step 0: the evaluation before training, no step
             self.outputs.on_step(step, metrics)
 
     def _checkpoint(self, action: Checkpoint) -> None:

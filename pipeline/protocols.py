@@ -74,16 +74,20 @@ class GateStalled(RuntimeError):
 class Gate(Protocol):
     """Allocation policy: which prompts get groups, and when a group commits or is abandoned.
 
-    Two members have defaults here, which a gate inherits by subclassing ``Gate``:
-    ``metrics()`` (``gate/...`` values for the step log; none) and ``uncounted_rollouts``
+    Three members have defaults here, which a gate inherits by subclassing ``Gate``:
+    ``metrics()`` (``gate/...`` values for the step log; none), ``uncounted_rollouts``
     (rollouts a benchmark-only gate books outside ``orchestrator.max_rollouts``: the oracle's
-    dropped groups; 0).
+    dropped groups; 0) and ``abandons`` (True).
     """
 
     @property
     def uncounted_rollouts(self) -> int:
         """Rollouts this gate booked outside ``orchestrator.max_rollouts`` (read-only)."""
         return 0
+
+    abandons: bool = True
+    """False: every group the gate opens ships unless its samples fail in the engine (uniform
+    GRPO, DPS), so admission opens no group beyond those the remaining steps train on."""
 
     def admit(self, group_ids: range, step: int) -> list[GroupPlan]:
         """Open up to ``len(group_ids)`` new groups, the i-th plan under ``group_ids[i]``.

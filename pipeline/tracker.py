@@ -22,10 +22,10 @@ of it. The stream side (token deltas, final events, aborts) is counted by its
 >>> from pipeline.messages import SampleDone, Started, Tick
 >>> from pipeline.types import FinishReason, Prompt, SampleFinished, ScoredSample
 >>> pool = PromptPool([Prompt(i, "", (1,)) for i in range(8)], seed=0)
->>> cfg = OrchestratorConfig(batch_groups=1, group_size=2, steps=1, max_concurrent_samples=4, max_open_groups=2)
+>>> cfg = OrchestratorConfig(batch_groups=1, group_size=2, steps=2, max_concurrent_samples=4, max_open_groups=2)
 >>> tracker = GroupTracker(UniformGate(pool, 2), NoopController(), cfg)
 >>> starts = [*tracker.handle(Started()), *tracker.handle(Tick())]
->>> [a.request.request_id for a in starts]                        # two groups of two
+>>> [a.request.request_id for a in starts]                        # two groups of two, one per step
 ['g0-s0', 'g0-s1', 'g1-s0', 'g1-s1']
 >>> for a in starts[:2]:                                          # group 0's samples end and are scored
 ...     [score] = tracker.handle(SampleFinished(a.request.request_id, (7,), (0.0,), FinishReason.STOP, 0))
@@ -171,6 +171,8 @@ class GroupTracker:
                 out.append(Evaluate(0))
         elif kind is Evaluated:
             self._on_evaluated(msg.step, msg.evaluation, msg.timing)
+            if msg.step == 0:  # the evaluation before training: step 0 of the metrics, where a curve starts
+                self._out.append(Record(0, {**self.budget.as_metrics(), **msg.evaluation}))
         elif kind is StopRequested:
             self._stop_requested = True
         elif kind is not DecideQueued:  # a DecideQueued only wakes the loop
@@ -245,12 +247,16 @@ class GroupTracker:
         b = cfg.step_groups
         # Every open group may still commit, so open groups count against the step-ahead limit.
         committed_ahead = (self.batches.batches_sent - self._steps_done) * b + len(self.pending) + len(self._groups)
-        still_needed = cfg.steps * b - (self.batches.batches_sent * b + len(self.pending) + self._sealed_open)
+        # Open groups on their way to a batch: the sealed ones, or all for a gate that never abandons
+        # (it opens no group no step trains on; the report counts what the others start unused).
+        abandons = getattr(self.gate, "abandons", True)
+        shipping = self._sealed_open if abandons else len(self._groups)
+        still_needed = cfg.steps * b - (self.batches.batches_sent * b + len(self.pending) + shipping)
         if committed_ahead >= (cfg.max_async_steps + 1) * b or still_needed <= 0 or self.stop_reason or self.budget_spent():
             return
         free = cfg.max_concurrent_samples - self.launches.in_flight - len(self.launches)
         room = (cfg.max_async_steps + 1) * b - committed_ahead
-        slots = min(cfg.max_open_groups - len(self._groups), free // cfg.group_size, room)
+        slots = min(cfg.max_open_groups - len(self._groups), free // cfg.group_size, room if abandons else min(room, still_needed))
         if slots <= 0:
             return
         offered = range(self._next_group_id, self._next_group_id + slots)

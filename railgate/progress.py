@@ -1,11 +1,20 @@
-"""A progress bar over learner steps that shows the metrics people watch, and the reward
-function's failures as they happen (``reward_failed``: raised / timed out / None)."""
+"""Progress bars: railgate's own, one per long phase, and none of any library's.
+
+``ProgressBar`` is the bar over learner steps that shows the metrics people watch and the reward
+function's failures as they happen (``reward_failed``: raised / timed out / None); the warm
+start and the benchmarks have theirs. ``quiet_libraries`` keeps libraries' bars off the
+terminal while a command runs (transformers' "Loading weights" and "Writing model shards", the
+Hub's downloads) and, for ``--no-progress``, every bar at all (railgate's by its own switch;
+``TQDM_DISABLE`` for the processes the command starts: vLLM's engine core, benchmark workers).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from tqdm import tqdm
 
@@ -53,3 +62,39 @@ class ProgressBar:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+
+
+@contextlib.contextmanager
+def quiet_libraries(no_progress: bool) -> Iterator[None]:
+    """While a command runs (and in the processes it starts): no library's progress bar; with
+    ``no_progress`` no bar at all, railgate's included. The environment and transformers' switch
+    are put back afterwards, so a command run in-process (tests) leaves no trace.
+
+    >>> with quiet_libraries(True):
+    ...     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"], os.environ["TQDM_DISABLE"]
+    ('1', '1')
+    """
+    saved = {name: os.environ.get(name) for name in _SWITCHES}
+    logging = sys.modules.get("transformers.utils.logging")
+    was_active = logging.is_progress_bar_enabled() if logging is not None else saved["HF_HUB_DISABLE_PROGRESS_BARS"] is None
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read by transformers and the Hub when imported
+    if logging is not None:  # imported already: switch its bars off directly
+        logging.disable_progress_bar()
+    if no_progress:
+        # tqdm reads it when imported: every bar of a process this command starts (vLLM's engine
+        # core, a benchmark's workers) is off; in this process railgate passes its own switch.
+        os.environ["TQDM_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        logging = sys.modules.get("transformers.utils.logging")
+        if logging is not None and was_active:
+            logging.enable_progress_bar()
+
+
+_SWITCHES = ("HF_HUB_DISABLE_PROGRESS_BARS", "TQDM_DISABLE")

@@ -36,9 +36,10 @@ def summary_table(cfg: Any, summary: RunSummary) -> str:
         ["steps", summary.steps],
         ["stop reason", summary.stop_reason],
         ["wall clock (s)", float(summary.wall_s)],
-        ["held-out accuracy at start", float(first.get("eval/accuracy", math.nan))],
-        ["held-out accuracy at end", float(last.get("eval/accuracy", math.nan))],
+        ["held-out accuracy at start", accuracy_text(first)],
+        ["held-out accuracy at end", accuracy_text(last)],
         ["rollouts started", int(m["pipeline/rollouts_started"])],
+        ["rollouts started that no step trained on", _share(m["pipeline/rollouts_untrained"], m["pipeline/rollouts_started"])],
         ["rollouts aborted", int(m["pipeline/rollouts_aborted"])],
         ["rollouts failed (engine)", int(m["pipeline/rollouts_failed"])],
         ["tokens generated", int(m["pipeline/tokens_generated"])],
@@ -60,6 +61,32 @@ def summary_table(cfg: Any, summary: RunSummary) -> str:
         ]
     title = f"## Run {getattr(cfg, 'name', '')}\n\n"
     return title + markdown_table(["metric", "value"], rows) + regime_paragraph(cfg)
+
+
+def accuracy_text(evaluation: dict[str, float]) -> str:
+    """An evaluation's accuracy with its 95% interval over prompts, for tables.
+
+    >>> accuracy_text({"eval/accuracy": 0.41, "eval/accuracy_lo": 0.39, "eval/accuracy_hi": 0.43})
+    '0.410 (95% 0.390 to 0.430)'
+    >>> accuracy_text({"eval/accuracy": 0.41}), accuracy_text({})
+    ('0.410', 'nan')
+    """
+    accuracy = float(evaluation.get("eval/accuracy", math.nan))
+    lo, hi = float(evaluation.get("eval/accuracy_lo", math.nan)), float(evaluation.get("eval/accuracy_hi", math.nan))
+    if not math.isfinite(accuracy):
+        return "nan"
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return f"{accuracy:.3f}"
+    return f"{accuracy:.3f} (95% {lo:.3f} to {hi:.3f})"
+
+
+def _share(part: float, whole: float) -> str:
+    """``part (x% of whole)``.
+
+    >>> _share(64, 512), _share(0, 0)
+    ('64 (12.5%)', '0 (0.0%)')
+    """
+    return f"{int(part)} ({100 * part / whole if whole else 0.0:.1f}%)"
 
 
 def regime_paragraph(cfg: Any) -> str:

@@ -3,7 +3,7 @@
 Run directory layout (formats users rely on; see the README):
 
     config.yaml        the resolved configuration
-    metrics.jsonl      one line per learner step, namespaced metric names
+    metrics.jsonl      one line per learner step, namespaced metric names; step 0: the evaluation before training
     trace/             decisions-NNNNN.arrows, outcomes-NNNNN.arrows (pipeline.store.tracelog)
     buffer/            steps-NNNNN.arrows, one record batch per learner step (pipeline.store.buffer)
     summary.json       final budget, evaluations, stop reason

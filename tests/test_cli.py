@@ -14,7 +14,8 @@ def test_train_writes_the_run_directory(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "held-out accuracy at end" in result.stdout
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
+    assert [json.loads(line)["step"] for line in lines] == [0, 1, 2, 3]  # step 0: the evaluation before training
+    assert json.loads(lines[0])["eval/accuracy_lo"] <= json.loads(lines[0])["eval/accuracy"]
     assert "pipeline/rollouts_started" in json.loads(lines[-1])
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["stop_reason"] == "steps"

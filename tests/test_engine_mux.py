@@ -182,11 +182,15 @@ def test_both_orchestrator_drivers_run_the_same_samples_to_the_same_result(monke
     the same, which tests/test_orchestrator.py checks under both.)"""
     sys.path.insert(0, "tests")
     import test_orchestrator as orchestrator_tests
+    from controller.gates.uniform import UniformGate
+
+    class AheadUniform(UniformGate):
+        abandons = True  # admission may open the next step's groups, so the run's end cuts samples
 
     results = []
     for multiplex in (True, False):
         monkeypatch.setattr(orchestrator_tests, "MULTIPLEX", multiplex)
-        orch, engine = orchestrator_tests.make()
+        orch, engine = orchestrator_tests.make(gate=lambda pool: AheadUniform(pool, orchestrator_tests.SMALL.group_size))
         summary = anyio.run(orch.run)
         evals = [{k: v for k, v in e.items() if "wall_s" not in k} for e in summary.evals]
         metrics = {k: v for k, v in summary.budget.as_metrics().items() if "wall_s" not in k}

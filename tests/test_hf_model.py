@@ -66,7 +66,7 @@ def test_trains_two_steps_through_the_cli_with_chat_template(llama_dir, tmp_path
     code = main(["train", "--no-progress", "--run-dir", str(run), "--set", f"model.path={llama_dir}",
                  "--set", "task.chat_template=true", *ARGS])
     assert code == 0, capsys.readouterr().err[-2000:]
-    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][1:]  # after step 0's evaluation
     assert [s["step"] for s in steps] == [1, 2] and all("learner/loss" in s for s in steps)
     assert not (run / "base_model").exists()  # a user's model is used as it is: no warm start
     table: pa.Table = read_all(run / "buffer")
@@ -90,7 +90,7 @@ def test_the_vllm_engine_serves_a_users_model(llama_dir, tmp_path, capsys):
     code = main(["train", "--no-progress", "--run-dir", str(run), "--set", f"model.path={llama_dir}", "--set", "engine.kind=vllm",
                  "--set", "task.chat_template=true", *ARGS])
     assert code == 0, capsys.readouterr().err[-2000:]
-    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][1:]  # after step 0's evaluation
     assert [s["step"] for s in steps] == [1, 2] and steps[-1]["pipeline/rollouts_finished"] > 0
     prompt = load_model(llama_dir, chat_template=True).tokenizer.decode(
         read_all(run / "buffer").column("prompt_token_ids")[0].as_py(), skip_special=False)

@@ -33,7 +33,7 @@ def test_ctrl_c_checkpoints_the_last_finished_step_and_resume_continues(tmp_path
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 120
-    while not (metrics.exists() and metrics.read_text().count("\n") >= 3):
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 4):  # step 0's evaluation, then 3 steps
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
@@ -44,7 +44,7 @@ def test_ctrl_c_checkpoints_the_last_finished_step_and_resume_continues(tmp_path
     assert len(lines) == 1 and "Traceback" not in err and "--resume" in lines[0], err
     step = load_checkpoint(latest_checkpoint(run_dir))["step"]
     assert 3 <= step < 400 and f"after step {step}:" in lines[0]
-    assert metrics.read_text().count("\n") == step  # every finished step was logged, none after the checkpoint
+    assert metrics.read_text().count("\n") == step + 1  # step 0's evaluation and every finished step, none after
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert sorted(set(read_all(run_dir / "buffer").column("step").to_pylist())) == list(range(step))

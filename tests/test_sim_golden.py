@@ -46,19 +46,23 @@ CASES: dict[str, list[str]] = {
 # Recorded at the commit that added this test (before the tracker became a message handler),
 # recomputed when the digest began to leave out all-null columns and always-zero counters (the
 # same digests from that commit's code and from the code that added the turn columns and counters).
+# Recorded again for issue 36, whose changes a run writes: step 0's evaluation in metrics.jsonl,
+# eval/accuracy_lo and _hi, pipeline/rollouts_untrained (every case's digest without them equals
+# the recording before), and a uniform gate that no longer opens groups no step trains on (the
+# two uniform cases' trace and budget).
 GOLDEN: dict[str, str] = {
-    "ds": "1f5c4f29897799dc",
-    "hora": "520d8c28a9ba254d",
-    "pilot_commit": "fb728058d9327ed1",
-    "sara": "ef181ec80271a397",
-    "sara_dps": "6c7e9bd496980d6f",
-    "sara_eager": "c9781c755a17f91a",
-    "sara_rail": "bb68aa3352fa447b",
-    "sara_rail_shadow": "58b014d6fbfbe962",
-    "sara_rail_tasks": "75c1cfd1027374f3",
-    "sara_streaming_rollouts": "a6d55ac6df6ab8c9",
-    "uniform": "75e37e7c58798e45",
-    "uniform_tasks": "321bb7d88ba0b618",
+    "ds": "969ba4c22e5f6fe9",
+    "hora": "914fdcc382c98d04",
+    "pilot_commit": "1b9c9cc0c855fe3a",
+    "sara": "d3beba7623382630",
+    "sara_dps": "467b22b5f80fa009",
+    "sara_eager": "c9dc0fbf682e9ec1",
+    "sara_rail": "727b1e7aceb2570d",
+    "sara_rail_shadow": "a5785a7d27e20fc5",
+    "sara_rail_tasks": "7239dda8b6e3a80a",
+    "sara_streaming_rollouts": "6faca109e31ebcb0",
+    "uniform": "6a4e692d76c5f69c",
+    "uniform_tasks": "11f804111aeece66",
 }
 
 # Figures that measure the machine, not the run.

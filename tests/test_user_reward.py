@@ -90,7 +90,7 @@ def test_a_users_reward_trains_on_a_gsm8k_style_jsonl(user_run, tmp_path, monkey
     assert kinds == {(True, "list"), (False, "str")}  # chat prompts get TRL's conversational completions
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     last = steps[-1]
-    assert [s["step"] for s in steps] == [1, 2, 3]
+    assert [s["step"] for s in steps] == [0, 1, 2, 3]  # step 0: the evaluation before training
     assert last["pipeline/rewards_none"] > 0 and last["pipeline/reward_errors"] > 0 and last["pipeline/reward_timeouts"] > 0
     buffer = read_all(run / "buffer")
     rewards = buffer.column("reward").to_pylist()

@@ -31,9 +31,10 @@ def vllm_engine(model_dir):
 anyio_backend, model_dir, engine = module_engine_fixtures("vllm", VOCAB, vllm_engine)
 
 
-def request(rid: str, i: int, *, temperature: float = 1.0, max_tokens: int = 20, seed: int = 0, branch=None) -> SampleRequest:
+def request(rid: str, i: int, *, temperature: float = 1.0, max_tokens: int = 20, seed: int = 0, branch=None,
+            index: int = 0) -> SampleRequest:
     prompt = counting_prompt(i, VOCAB)
-    return SampleRequest(rid, group_id=i, sample_index=0, prompt=prompt,
+    return SampleRequest(rid, group_id=i, sample_index=index, prompt=prompt,
                          params=SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed), branch=branch)
 
 
@@ -64,11 +65,11 @@ async def test_logprobs_are_the_policy_at_temperature_1(engine, model_dir):
         assert entropies == pytest.approx(ref_ent, abs=LOGPROB_TOL)
 
 
-async def test_same_seed_same_sample_and_group_members_differ(engine):
-    a = await read_all(engine, [request("seed.a", 1, seed=7), request("seed.b", 1, seed=7)])
-    again = await read_all(engine, [request("seed.a", 1, seed=7)])
-    assert a["seed.a"][-1].token_ids == again["seed.a"][-1].token_ids
-    assert a["seed.a"][-1].token_ids != a["seed.b"][-1].token_ids  # the request id is part of the seed
+async def test_same_sample_same_draw_whatever_its_name_and_group_members_differ(engine):
+    a = await read_all(engine, [request("seed.a", 1, seed=7), request("seed.b", 1, seed=7, index=1)])
+    again = await read_all(engine, [request("eval200-renamed", 1, seed=7)])
+    assert a["seed.a"][-1].token_ids == again["eval200-renamed"][-1].token_ids  # the request's name plays no part
+    assert a["seed.a"][-1].token_ids != a["seed.b"][-1].token_ids  # another member of the group draws otherwise
 
 
 async def test_abort_leaves_vllm_with_no_running_requests(engine):

@@ -39,6 +39,7 @@ class DpsGate(BaseGate[SealedRecord]):
 
     name = "dps"
     Record = SealedRecord
+    abandons = False  # only groups whose samples failed in the engine: admission plans exactly
 
     def __init__(self, selector: DpsSelector, group_size: int):
         if not isinstance(selector, DpsSelector):

@@ -22,6 +22,8 @@ class UniformGate(Gate):
     [(0, 8, 8), (1, 8, 8)]
     """
 
+    abandons = False  # every group commits: admission opens only what the remaining steps train on
+
     def __init__(self, pool: PromptPool, group_size: int):
         self.pool = pool
         self.group_size = group_size

@@ -25,9 +25,10 @@ final event carries anyway; a slow reader simply gets bigger deltas.
 
 **Numbers.** Log-probs and entropies are those of the policy at temperature 1 (what the
 learner scores; see ``torch_sampling``). Sampling uses one counter-based uniform per row and
-token, keyed by (engine seed, ``params.seed``, request id): a sample is reproducible whatever
-else runs beside it, up to floating-point differences of the logits between batch shapes
-(a token can flip only when its uniform falls within ~1e-6 of a CDF boundary).
+token, keyed by (engine seed, ``params.seed``, group id, sample index) and never by the request's
+name: a sample is reproducible whatever else runs beside it and whatever it is called, up to
+floating-point differences of the logits between batch shapes (a token can flip only when its
+uniform falls within ~1e-6 of a CDF boundary).
 
 **Weights.** ``update_weights(state_dict)`` pauses the decode thread between two steps,
 loads the weights in place (``load_state_dict``, off the event loop) and bumps
@@ -233,7 +234,7 @@ class TorchEngine(EngineBase):
         return RowSpec(
             key=req.key, prompt=req.prompt, prefix=req.prefix, max_tokens=params.max_tokens,
             temperature=params.temperature, top_p=params.top_p,
-            seed_key=stream_key(self.seed, params.seed, req.request.request_id), source=source,
+            seed_key=stream_key(self.seed, params.seed, req.request.group_id, req.request.sample_index), source=source,
         )
 
     def _submit(self) -> None:

@@ -14,7 +14,7 @@ probability the token was actually drawn with differs when ``temperature != 1`` 
 ``top_p < 1``.
 
 >>> import numpy as np, torch
->>> key = stream_key(0, 7, "g0.s0")
+>>> key = stream_key(0, 7, group_id=0, sample_index=0)
 >>> u = uniforms(np.array([key, key], dtype=np.uint64), np.array([0, 0]))
 >>> bool(u[0] == u[1]) and 0.0 <= float(u[0]) < 1.0
 True
@@ -30,8 +30,6 @@ True
 """
 
 from __future__ import annotations
-
-import zlib
 
 import numpy as np
 import torch
@@ -50,15 +48,22 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def stream_key(engine_seed: int, sample_seed: int, request_id: str) -> int:
-    """The 64-bit key of one request's random stream: (engine seed, ``params.seed``, request id).
+def stream_key(engine_seed: int, sample_seed: int, group_id: int, sample_index: int) -> int:
+    """The 64-bit key of one request's random stream: (engine seed, ``params.seed``, group id,
+    sample index).
 
-    The request id is part of the key (as in the ``sim`` engine) so that members of a group
-    that share ``params.seed`` still draw different samples.
+    The request's *name* is not part of it: the same sample of the same prompt draws the same
+    tokens whatever its request is called (an evaluation at step 0 or 200, a Ray replica's
+    renamed request), so held-out evaluations of one policy agree exactly. The group id and
+    sample index are, so that members of a group that share ``params.seed`` (a caller that
+    leaves it at its default) still draw different samples.
+
+    >>> stream_key(0, 7, 3, 1) == stream_key(0, 7, 3, 1), stream_key(0, 7, 3, 1) == stream_key(0, 7, 3, 2)
+    (True, False)
     """
     h = 0
-    for w in (engine_seed & _MASK64, sample_seed & _MASK64, zlib.crc32(request_id.encode())):
-        h = _splitmix64_int(h ^ w)
+    for w in (engine_seed, sample_seed, group_id, sample_index):
+        h = _splitmix64_int(h ^ (w & _MASK64))
     return h
 
 

@@ -31,6 +31,13 @@ reload keeps the old head without it). Requests in
 flight continue under the new weights; a sample's ``policy_version`` is the version it
 started with.
 
+**Draws.** With an engine seed, each request's sampler is seeded from (engine seed,
+``params.seed``, group id, sample index) (``torch_sampling.stream_key``), never from the
+request's name, so an evaluation draws the same random numbers at every step and in every run
+of a seed. Where vLLM cannot make it exact: its kernels' floating-point results depend on the
+batch a request shares (batch size, chunked prefill, prefix-cache hits), so a token whose
+probability sits at a sampling boundary can flip between two evaluations of the same weights.
+
 **Limits.** asyncio only (anyio's asyncio backend), one event loop per engine (vLLM's client
 binds to the loop that first uses it); construct it before the pipeline starts: start-up
 blocks for 17 s (idle machine) to 90 s (loaded). Greedy below temperature 1e-5.
@@ -101,8 +108,9 @@ class VllmEngine(EngineBase):
         ``update_weights`` go (inside the run directory).
     eos_id : the token that ends a sample; ``"config"``: the model config's
         ``eos_token_id``; None: only ``max_tokens`` ends samples (benchmarks).
-    seed : engine seed; each request's sampler is seeded from (seed, ``params.seed``,
-        request id), as in the torch engine. None: unseeded (vLLM's shared generator).
+    seed : engine seed; each request's sampler is seeded from (seed, ``params.seed``, group
+        id, sample index), as in the torch engine, never from the request's name. None:
+        unseeded (vLLM's shared generator).
     max_batch : vLLM's ``max_num_seqs``.
     kv_cache_gib : memory of the KV cache.
     dtype : model dtype (``"float32"``, ``"bfloat16"``, ``"float16"``).
@@ -254,7 +262,7 @@ class VllmEngine(EngineBase):
 
     def _params(self, req: _Request):
         p = req.request.params
-        seed = None if self.seed is None else stream_key(self.seed, p.seed, req.request.request_id) & _SEED_MASK
+        seed = None if self.seed is None else stream_key(self.seed, p.seed, req.request.group_id, req.request.sample_index) & _SEED_MASK
         return self._sampling_params(
             n=1, temperature=p.temperature, top_p=p.top_p, max_tokens=p.max_tokens - len(req.prefix), seed=seed,
             logprobs=-1 if self.entropies else 0,

@@ -6,12 +6,23 @@ budget of steps chosen to stop at *partial* competence: a sampled accuracy aroun
 with pass rates spread across prompts, so that a good share of groups is mixed and RL has
 something to learn from (docs/design.md, "0. Wiring", has the measured figures).
 
+**Landing on the target.** Competence jumps steeply once the model starts to solve the task:
+on the CPU default about 0.15 of sampled accuracy per 25 steps near 0.4, and where a check every
+25 steps lands depended on the machine (0.38, 0.53 and 0.58 at step 0 on three machines of one
+config). So the warm start checks coarsely (``check_every`` steps, ``check_prompts`` prompts)
+until a check reaches the target, then goes back to the last checkpoint below it (model and
+optimizer state; the data of every step is seeded by its index, so the steps replay) and walks
+forward again, checking every ``fine_every`` steps on ``fine_prompts`` prompts, and keeps
+whichever of the two checks around the crossing is nearer the target. ``WarmStartReport.checks``
+lists every check, ``kept_step`` the checkpoint kept.
+
 ``measure_policy`` samples groups from held-out prompts and reports accuracy and the share
 of saturated groups (all right or all wrong), the quantity adaptive allocation lives on.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass
@@ -37,7 +48,9 @@ class WarmStartReport:
     first_loss: float
     final_loss: float  # mean over the last 10% of steps
     target_accuracy: float = 0.0  # 0: no target, all steps ran
-    checks: tuple[tuple[int, float], ...] = ()  # (steps done, sampled accuracy on training prompts)
+    checks: tuple[tuple[int, float], ...] = ()  # (steps done, sampled accuracy on training prompts), in order
+    kept_step: int = -1  # the checkpoint kept (steps done); -1: the last step
+    kept_accuracy: float = math.nan  # its check's accuracy (nan: not checked)
 
 
 @dataclass(frozen=True)
@@ -107,21 +120,25 @@ def warm_start(
     target_accuracy: float = 0.0,
     check_every: int = 25,
     check_prompts: int = 128,
+    fine_every: int = 5,
+    fine_prompts: int = 512,
 ) -> WarmStartReport:
     """Train ``model`` in place on up to ``steps`` batches of fresh training problems.
 
     AdamW, linear warm-up over the first 5% of steps, cosine decay to a tenth of ``lr``.
-    With ``target_accuracy`` > 0, every ``check_every`` steps the sampled accuracy (T = 1, 4
-    samples each) on ``check_prompts`` training prompts is measured, and training stops once
-    it reaches the target. Why a target and not a step count: competence can jump steeply
-    (arithmetic with ``padding="max"`` went from 0.11 to 0.76 between steps 200 and 400), so
-    a fixed step count lands at very different places for other seeds, tasks and models.
-    ``threads`` sets torch's thread count for the duration (None: leave it).
+    With ``target_accuracy`` > 0 the sampled accuracy (T = 1, 4 samples each) on training
+    prompts is checked on the way, and training stops at the checkpoint nearest the target (see
+    the module docstring: coarse checks every ``check_every`` steps on ``check_prompts``
+    prompts, then fine ones every ``fine_every`` steps on ``fine_prompts`` prompts from the
+    last coarse checkpoint below the target). Why a target and not a step count: competence can
+    jump steeply (arithmetic with ``padding="max"`` went from 0.11 to 0.76 between steps 200
+    and 400), so a fixed step count lands at very different places for other seeds, tasks and
+    models. ``threads`` sets torch's thread count for the duration (None: leave it).
     """
     if not 0 <= target_accuracy < 1:
         raise ValueError(f"target_accuracy={target_accuracy} must be in [0, 1); 0 runs all steps")
-    if check_every < 1:
-        raise ValueError(f"check_every={check_every} must be >= 1")
+    if check_every < 1 or fine_every < 1:
+        raise ValueError(f"check_every={check_every} and fine_every={fine_every} must be >= 1")
     from tqdm.auto import tqdm
 
     old_threads = torch.get_num_threads()
@@ -137,13 +154,29 @@ def warm_start(
         frac = (step - warmup) / max(1, steps - warmup)
         return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
+    def check(done: int, prompts: int) -> float:
+        # seed -1 - seed: a fixed check set that is not also the first training batch
+        stats = measure_policy(task, tokenizer, model, n_prompts=prompts, group_size=4, seed=-1 - seed, split="train")
+        model.train()
+        checks.append((done, stats.accuracy))
+        bar.set_postfix(loss=f"{losses[-1]:.3f}" if losses else "", acc=f"{stats.accuracy:.2f}")
+        return stats.accuracy
+
+    def snapshot(done: int, accuracy: float) -> tuple[int, float, dict, dict]:
+        return done, accuracy, copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
+
     losses: list[float] = []
     checks: list[tuple[int, float]] = []
+    kept_step, kept_accuracy = -1, math.nan
+    below = snapshot(0, math.nan)  # the last checkpoint whose check fell short of the target
+    every, prompts = check_every, check_prompts
+    refine = fine_every < check_every  # a second, finer pass once a coarse check crosses the target
     model.train()
     start, cpu_start = time.perf_counter(), time.process_time()
-    bar = tqdm(range(steps), desc=f"warm start ({task.name})", disable=not progress, leave=False)
+    bar = tqdm(total=steps, desc=f"warm start ({task.name})", disable=not progress, leave=False)
     try:
-        for step in bar:
+        step = 0
+        while step < steps:
             # a fresh seeded batch per step: the same seed replays the same data
             problems = task.train_problems(batch, seed=seed * 1_000_003 + step)
             ids, mask, labels = sft_batch(task, tokenizer, problems, max_len)
@@ -155,17 +188,35 @@ def warm_start(
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             losses.append(loss.item())
-            if step % 10 == 0:
+            step += 1
+            bar.update(step - bar.n)
+            if step % 10 == 1:
                 bar.set_postfix(loss=f"{losses[-1]:.3f}")
-            if target_accuracy and ((step + 1) % check_every == 0 or step + 1 == steps):
-                # seed -1 - seed: a fixed check set that is not also the first training batch
-                stats = measure_policy(task, tokenizer, model, n_prompts=check_prompts, group_size=4, seed=-1 - seed,
-                                       split="train")
-                model.train()
-                checks.append((step + 1, stats.accuracy))
-                bar.set_postfix(loss=f"{losses[-1]:.3f}", acc=f"{stats.accuracy:.2f}")
-                if stats.accuracy >= target_accuracy:
-                    break
+            if not target_accuracy or (step % every and step != steps):
+                continue
+            accuracy = check(step, prompts)
+            if accuracy < target_accuracy:
+                below = snapshot(step, accuracy)
+                continue
+            if refine:
+                # 1) crossed between two coarse checks: back to the last one below, then walk in fine steps
+                step, _, weights, optimizer = below
+                model.load_state_dict(weights)
+                opt.load_state_dict(optimizer)
+                del losses[step:]
+                every, prompts, refine = fine_every, fine_prompts, False
+                if step == 0 or check(step, prompts) < target_accuracy:
+                    below = snapshot(step, checks[-1][1] if step else math.nan)
+                    continue
+                kept_step, kept_accuracy = step, checks[-1][1]  # the coarse check there was low by noise
+                break
+            # 2) crossed between two checks of the same size: keep whichever is nearer the target
+            kept_step, kept_accuracy = step, accuracy
+            if below[0] > 0 and target_accuracy - below[1] < accuracy - target_accuracy:
+                kept_step, kept_accuracy = below[0], below[1]
+                model.load_state_dict(below[2])
+                del losses[kept_step:]
+            break
     finally:
         bar.close()
         model.eval()
@@ -181,6 +232,8 @@ def warm_start(
         final_loss=sum(tail) / len(tail),
         target_accuracy=target_accuracy,
         checks=tuple(checks),
+        kept_step=kept_step,
+        kept_accuracy=kept_accuracy,
     )
 
 

@@ -49,6 +49,7 @@ import numpy as np
 from scipy.special import expit, ndtr, ndtri
 
 from pipeline.config.sections import SimConfig
+from pipeline.intervals import prompt_mean
 
 KNOTS = 8
 CORRECT_TOKEN = 1
@@ -252,17 +253,28 @@ class SimAnswerScorer:
 
 
 class SimEvaluator:
-    """Exact held-out accuracy of the sim engine's current policy (no sampling noise)."""
+    """Exact held-out accuracy of the sim engine's current policy (no sampling noise).
+
+    Its interval (``eval/accuracy_lo``, ``eval/accuracy_hi``) is over prompts, from each
+    held-out prompt's exact success probability (``pipeline.intervals.prompt_mean``): what
+    another draw of held-out prompts could give, not sampling noise, which there is none of.
+    ``last_rates`` holds those probabilities, for paired comparisons.
+    """
 
     def __init__(self, world: SimWorld, engine):
         self.world = world
         self.engine = engine
+        self.last_rates: tuple[float, ...] = ()
 
     async def evaluate(self, step: int) -> dict[str, float]:
         state = self.engine.state
         train_p = self.world.success_probabilities(state)
+        self.last_rates = tuple(float(p) for p in expit(state.theta - self.world.eval_difficulty))
+        interval = prompt_mean(self.last_rates)
         return {
             "eval/accuracy": self.world.eval_accuracy(state),
+            "eval/accuracy_lo": interval.lo,
+            "eval/accuracy_hi": interval.hi,
             "eval/accuracy_hardest": self.world.eval_accuracy_hardest(state),
             "eval/train_accuracy": float(np.mean(train_p)),
             "eval/train_solved_fraction": float(np.mean(train_p > 0.95)),

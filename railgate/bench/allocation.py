@@ -6,14 +6,17 @@ On the simulator, for each scenario (configs/scenarios/), each training model of
 the same rollout budget is spent, with an exact held-out evaluation after every step. On a real
 model (``engine.kind: torch``, configs/bench_allocation_torch.yaml) one base model is
 warm-started once into ``OUT/base_model`` and every run starts from it; held-out accuracy is
-sampled every ``orchestrator.eval_every`` steps on the same prompts for every policy.
+sampled every ``orchestrator.eval_every`` steps on the same prompts with the same random draws
+for every policy of a seed (common draws: two policies' evaluations differ by what they learned).
 
 Reported per policy, mean and spread over seeds:
 
 * rollouts, tokens and seconds to the target accuracy (start accuracy + ``target_gain``,
   linearly interpolated between evaluations), and the rollout ratios to uniform GRPO, to DAPO
   dynamic sampling and to the oracle floor (ratios per seed);
-* final accuracy at the equal budget, overall and on the hardest difficulty level;
+* final accuracy at the equal budget, overall and on the hardest difficulty level; its mean
+  over seeds and held-out prompts with a 95% interval over both, and its paired difference
+  from GRPO's (same seed, same prompts, same random draws: ``railgate.bench.paired``);
   effective-group yield (effective groups trained / groups opened);
 * sim only: false abandonment, for each group abandoned before it was complete, the exact
   probability (from the sim's true success rate at that moment) that completing it would have
@@ -46,6 +49,8 @@ import numpy as np
 
 from configs import SCENARIO_DIR
 from railgate.bench.base_model import ensure_shared_base_model
+from railgate.bench.paired import RateLog, difference, final_accuracy, reference_of
+from railgate.bench.plots import plot
 from railgate.bench.policies import base_overrides, order, overrides
 from railgate.bench.probe import GateProbe
 
@@ -109,7 +114,8 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
     probe = GateProbe(comps.gate, comps.world, comps.engine) if sim else None
     gate = probe if probe is not None else comps.gate
     noise = NoiseScaleLog()  # the learner's noise-scale metrics of every step (none on the sim)
-    orch = build_orchestrator(cfg, dataclasses.replace(comps, gate=gate), RunOutputs(on_step=noise),
+    rates = RateLog(comps.evaluator)  # per-prompt rates: paired differences between policies
+    orch = build_orchestrator(cfg, dataclasses.replace(comps, gate=gate, evaluator=rates), RunOutputs(on_step=noise),
                               run_id=f"{spec.policy}-{spec.seed}")
     started = time.perf_counter()
     try:
@@ -129,6 +135,7 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
         "controller": {k: v for k, v in summary.controller_metrics.items() if math.isfinite(v)},
         "gate": {k: float(v) for k, v in gate_metrics.items() if math.isfinite(v)},  # its verdict counters
         **noise.summary(),  # noise_scale (null on the sim: no gradient), its interval, batch_rollouts
+        **rates.record(),  # rates_start, rates_final: per-prompt success rates of the first and last evaluation
     }
 
 
@@ -207,6 +214,9 @@ def summarise(results: list[dict[str, Any]], target_gain: float) -> list[dict[st
         return float(np.mean(start[(scenario, model, seed)])) + target_gain
 
     rows = []
+    panels: dict[tuple, list[dict[str, Any]]] = {}
+    for r in results:
+        panels.setdefault((r["scenario"], r["model"]), []).append(r)
     for (scenario, model, policy), per_seed in sorted(by_key.items(), key=lambda kv: (kv[0][0], kv[0][1], order(kv[0][2]))):
         def ref(name: str, seed: int) -> float:
             other = by_key.get((scenario, model, name), {}).get(seed)
@@ -230,6 +240,9 @@ def summarise(results: list[dict[str, Any]], target_gain: float) -> list[dict[st
             "rollouts to target": _ms(reach), "tokens to target": _ms(tokens), "seconds to target": _ms(seconds, digits=1),
             "vs GRPO": _ms(ratios["uniform"]), "vs DS": _ms(ratios["ds"]), "vs oracle": _ms(ratios["oracle"]),
             "final acc": _ms([r["curve"][-1][3] for r in runs], digits=3),
+            "final acc (95%, seeds x prompts)": final_accuracy(panels[(scenario, model)], policy),
+            "final acc - GRPO (95%, paired)": difference(panels[(scenario, model)], policy, reference)
+            if (reference := reference_of([r["policy"] for r in panels[(scenario, model)]])) else "n/a",
             "hardest acc": _ms([r["curve"][-1][5] if len(r["curve"][-1]) > 5 else math.nan for r in runs], digits=3),
             "yield": _ms([r["effective_yield"] for r in runs], digits=2),
             "false abandon": _ms([r["false_abandonment"] for r in runs], digits=3),
@@ -306,38 +319,6 @@ def _ms(values: Iterable[float], digits: int | None = None) -> str:
     return text + (f" ({missing} not reached)" if missing else "")
 
 
-def plot(results: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = sorted({(r["scenario"], r["model"]) for r in results})
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
-    for ax, (scenario, model) in zip(axes[0], panels):
-        rs = [r for r in results if r["scenario"] == scenario and r["model"] == model]
-        budget = max(r["budget"] for r in rs)
-        grid = np.linspace(0, budget, 200)
-        for policy in sorted({r["policy"] for r in rs}, key=order):
-            curves = []
-            for r in rs:
-                if r["policy"] != policy:
-                    continue
-                x = np.array([c[0] for c in r["curve"]])
-                y = np.array([c[3] for c in r["curve"]])
-                curves.append(np.interp(grid, x, y, right=np.nan))
-            # A plain mean: the line stops where any seed's run has ended (no survivor bias).
-            ax.plot(grid, np.mean(np.array(curves), axis=0), label=policy)
-        ax.set_title(f"{scenario}, {model} training model" if scenario else f"real model ({rs[0].get('engine', '')})")
-        ax.set_xlabel("cumulative rollouts")
-        ax.set_ylabel("held-out accuracy" + (" (exact)" if scenario else " (sampled)"))
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def is_sim_config(path: str | Path) -> bool:
     """Whether a benchmark's base config runs the simulator (``engine.kind``, default sim)."""
     from pipeline.config.build import load_yaml
@@ -389,9 +370,11 @@ def run_allocation_bench(
     title: str = "Allocation benchmark",
     extra: tuple[str, ...] = (),
     first_seed: int = 0,
+    progress: bool = True,
 ) -> list[dict[str, Any]]:
     out.mkdir(parents=True, exist_ok=True)
-    specs = grid(base_config, out, scenarios, policies, seeds, budget, models, extra=tuple(extra), first_seed=first_seed)
+    specs = grid(base_config, out, scenarios, policies, seeds, budget, models, progress=progress, extra=tuple(extra),
+                 first_seed=first_seed)
     from tqdm import tqdm
 
     results = []
@@ -399,7 +382,7 @@ def run_allocation_bench(
     # spawn, not fork: a parent that has run torch (the shared warm start) must not fork.
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        for result in tqdm(pool.map(run_one, specs), total=len(specs), desc=title.lower()):
+        for result in tqdm(pool.map(run_one, specs), total=len(specs), desc=title.lower(), disable=not progress):
             results.append(result)
             (out / "allocation.json").write_text(json.dumps(results))  # a crash keeps finished runs
     setup = f"config {base_config}" + (f" with {' '.join(extra)}" if extra else "") + f", budget {budget} rollouts per run, {seeds} seeds" + (f" ({first_seed} to {first_seed + seeds - 1})" if first_seed else "")
@@ -430,5 +413,9 @@ def report_text(results: list[dict[str, Any]], target_gain: float, title: str, s
         f"# {title}\n\n{setup}, target = start accuracy + "
         f"{target_gain}; ratios are per seed (rollouts to target / the reference's), mean ± std. "
         f"'gain error vs frozen' is the online controller's mean absolute gain-prediction error relative to a frozen "
-        f"copy's minus 1 (negative: the online one is better). Wall clock {wall_s:.0f} s.\n\n{table}\n{regime}"
+        f"copy's minus 1 (negative: the online one is better). 'final acc' is each run's last evaluation, mean ± std "
+        f"over seeds; '(95%, seeds x prompts)' its mean over seeds and held-out prompts with a 95% interval over both, "
+        f"and 'final acc - GRPO' the paired difference from GRPO's run of the same seed (same prompts, same random "
+        f"draws), with its 95% interval over seeds and prompts (railgate/bench/paired.py). "
+        f"Wall clock {wall_s:.0f} s.\n\n{table}\n{regime}"
     )

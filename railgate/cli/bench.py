@@ -93,7 +93,8 @@ def _allocation(args: argparse.Namespace) -> int:
     title = "RAIL benchmark" if args.bench == "rail" else "Allocation benchmark"
     run_allocation_bench(args.config, args.out, scenarios if sim else [""], policies, args.seeds, budget,
                          args.target_gain, args.models.split(",") if sim else [""], workers=args.workers,
-                         title=title, extra=tuple(args.overrides), first_seed=args.first_seed)
+                         title=title, extra=tuple(args.overrides), first_seed=args.first_seed,
+                         progress=not args.no_progress)
     return 0
 
 

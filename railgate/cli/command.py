@@ -38,9 +38,12 @@ class Command:
     """Longer text for ``railgate NAME --help``; defaults to ``help``."""
 
     def register(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+        """Add the command's parser; every command that has no subcommands takes ``--no-progress``."""
         parser = subparsers.add_parser(self.name, help=self.help, description=self.description or self.help,
                                        formatter_class=argparse.RawDescriptionHelpFormatter)
         self.configure(parser)
+        if parser._subparsers is None and not any(a.dest == "no_progress" for a in parser._actions):
+            no_progress(parser)
         parser.set_defaults(handler=self.run)
         return parser
 
