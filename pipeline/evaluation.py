@@ -47,6 +47,7 @@ from typing import Any, Sequence
 
 import anyio
 
+from pipeline.envs.play import play_episode
 from pipeline.intervals import prompt_mean
 from pipeline.protocols import Scorer
 from pipeline.tasks.rewards.health import RewardsFailing
@@ -74,6 +75,7 @@ class SamplingEvaluator:
         reward_timeout_s: float | None = None,
         reward_threads: int = 2,
         check_rewards: bool = True,
+        episodes: Any = None,
     ):
         if not prompts:
             raise ValueError("the evaluator needs at least one held-out prompt; raise eval.num_prompts")
@@ -92,6 +94,9 @@ class SamplingEvaluator:
         # The training run's reward service, timeout and worker processes included (None: its default).
         self.scoring = ScoringService(scorer, reward_timeout_s or _DEFAULT_REWARD_TIMEOUT_S, reward_threads)
         self.last_rates: tuple[float, ...] = ()  # per prompt, of the latest evaluation (nan: no sample scored)
+        # An environment task: each sample is an episode played through this EpisodeService
+        # (``pipeline.envs.play``); its reward is the environment's.
+        self.episodes = episodes
 
     async def evaluate(self, step: int) -> dict[str, float]:
         rewards: dict[int, list[float]] = defaultdict(list)
@@ -106,6 +111,11 @@ class SamplingEvaluator:
                 request_id=f"eval-p{i}-s{j}", group_id=-1 - i, sample_index=j, prompt=prompt,
                 params=SamplingParams(self.temperature, 1.0, self.max_tokens, sample_seed(self.seed, i, j)),
             )
+            if self.episodes is not None:
+                async with limiter:
+                    episode = await play_episode(self.engine, self.episodes, self.episodes.settings, request)
+                rewards[i].append(episode.reward if episode.is_valid else 0.0)
+                return
             async with limiter:
                 stream = self.engine.stream(request)
                 final: SampleFinished | None = None
@@ -128,6 +138,8 @@ class SamplingEvaluator:
             for i in range(len(self.prompts)):
                 for j in range(self.k):
                     tg.start_soon(one, i, j)
+        if self.episodes is not None:
+            return self._summarise(rewards)
         failed = health.since(before)
         if self.check_rewards and scored[0] and sum(failed.values()) == scored[0]:
             raise RewardsFailing(f"held-out evaluation at step {step}: "

@@ -24,7 +24,9 @@ from pipeline.tasks.rewards.health import RewardsFailing
 from pipeline.tasks.rewards.scoring import ScoringService
 from pipeline.seeding import derive_seed
 from pipeline.sim.world import SimAnswerScorer, SimEvaluator, SimWorld
+from pipeline.envs.render import renderer_for
 from railgate.config import RunConfig
+from railgate.episodic import EnvironmentReward, env_parts, is_episodic
 from railgate.preflight import preflight
 
 
@@ -42,6 +44,7 @@ class Components:
     pool: PromptPool
     world: SimWorld | None = None
     reference: ReferenceScreen | None = None  # gate.sara.reference_prior: the gate's reference scores
+    episodes: Any = None  # task.name=env: the environment service the shell steps episodes through
 
 
 def build_components(cfg: RunConfig, progress: bool = True, sink: DecisionSink | None = None,
@@ -82,6 +85,7 @@ def build_orchestrator(
         engine=parts.engine, gate=parts.gate, controller=parts.controller,
         scoring=ScoringService(parts.scorer, o.reward_timeout_s, o.reward_threads, o.reward_check_first),
         learner=parts.learner, clock=parts.clock, evaluator=parts.evaluator, reference=parts.reference,
+        episodes=parts.episodes,
     )
     return Orchestrator(run_parts, o, outputs, seed=cfg.seed, run_id=run_id if run_id is not None else cfg.name)
 
@@ -120,14 +124,18 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
     task = build_task(cfg.task, context_chars=_prompt_char_limit(cfg))
     # the task's own scoring (warm start, reference checks) follows the run's reward settings
     task.reward_timeout_s, task.reward_check_first = cfg.orchestrator.reward_timeout_s, cfg.orchestrator.reward_check_first
+    episodic = is_episodic(task)
     if not cfg.model.path:  # fail before a warm start, with the tokenizer it would build
         from pipeline.policy.tokenizer import CharTokenizer
 
-        _prompts(cfg, task, CharTokenizer.for_tasks(task).encode_prompt)
+        chars = CharTokenizer.for_tasks(task)
+        _prompts(cfg, task, renderer_for(chars).prompt_ids if episodic else chars.encode_prompt)
     base = ensure_base_model(cfg.run_dir, cfg.task, cfg.model, progress=progress, task=task)
     tokenizer = base.tokenizer
     context = base.context_length if cfg.model.path else None  # a user's model: its config decides
-    train_problems, train_prompts, eval_prompts = _prompts(cfg, task, tokenizer.encode_prompt, context)
+    env = env_parts(cfg, task, tokenizer) if episodic else None  # episodes: rendered, stepped, ended
+    encode = env.renderer.prompt_ids if env is not None else tokenizer.encode_prompt
+    train_problems, train_prompts, eval_prompts = _prompts(cfg, task, encode, context)
     torch.set_num_threads(max(cfg.torch_engine.threads, cfg.learner.num_threads or 1))
     if cfg.engine.kind == "vllm":
         from pipeline.engines.vllm_engine import VllmEngine
@@ -140,16 +148,19 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
     pool = PromptPool(train_prompts, seed=derive_seed(cfg.seed, "prompts"))
     gate = build_gate(cfg.gate, pool, group_size=cfg.orchestrator.group_size,
                       batch_groups=cfg.orchestrator.batch_groups, seed=derive_seed(cfg.seed, "gate"))
-    scorer = task.scorer(tokenizer.decode)
+    scorer = EnvironmentReward() if env is not None else task.scorer(tokenizer.decode)
     evaluator = SamplingEvaluator(
         engine, eval_prompts, scorer, samples_per_prompt=cfg.data.eval_samples,
         temperature=cfg.data.eval_temperature, max_tokens=cfg.orchestrator.max_tokens, seed=derive_seed(cfg.seed, "eval"),
         reward_timeout_s=cfg.orchestrator.reward_timeout_s, check_rewards=cfg.orchestrator.reward_check_first > 0,
+        episodes=env.service if env is not None else None,
     )
     learner = TorchLearner(base.model, cfg.learner, pad_id=tokenizer.pad_id)
+    reference = None if env is not None else _reference_screen(cfg, task, tokenizer, gate, train_problems)
     return Components(
         engine=engine, clock=WallClock(), gate=gate, controller=NoopController(), scorer=scorer,
-        learner=learner, evaluator=evaluator, pool=pool, reference=_reference_screen(cfg, task, tokenizer, gate, train_problems),
+        learner=learner, evaluator=evaluator, pool=pool, reference=reference,
+        episodes=env.service if env is not None else None,
     )
 
 

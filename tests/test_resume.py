@@ -78,7 +78,7 @@ def test_sigkill_mid_run_then_resume_loses_and_duplicates_nothing(tmp_path):
     outcome_ids = trace.outcomes.column("decision_id").to_pylist()
     assert set(outcome_ids) <= set(ids), "an outcome refers to a decision that is not in the trace"
     # metrics.jsonl: each step once for a reader (the killed run's lines after its checkpoint are marked)
-    assert [m["step"] for m in read_metrics(metrics)] == list(range(1, STEPS + 1))
+    assert [m["step"] for m in read_metrics(metrics)] == list(range(0, STEPS + 1))  # step 0: the evaluation before training
 
 
 def _batch(step: int):

@@ -1,5 +1,9 @@
 """Supervised warm start of the base policy, and a quick measure of how competent it is.
 
+An environment task (``task.name: env``) is warm-started on whole demonstration episodes and
+measured by playing episodes (``pipeline.policy.warm_episodes``); everything else below holds
+for it too, with episode success as the accuracy.
+
 RL from a random policy gets no reward signal: every group is all-wrong. ``warm_start``
 trains the model on the task's reference solutions (loss on the response tokens only) for a
 budget of steps chosen to stop at *partial* competence: a sampled accuracy around 0.3-0.5
@@ -29,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.policy.sampling import PolicyStats, sample_groups  # noqa: F401  (re-exported)
+from pipeline.policy.warm_episodes import episode_batch, measure_episodes
 from pipeline.tasks.base import Task
 from pipeline.policy.tokenizer import CharTokenizer
 from pipeline.types import Prompt
@@ -51,20 +57,6 @@ class WarmStartReport:
     checks: tuple[tuple[int, float], ...] = ()  # (steps done, sampled accuracy on training prompts), in order
     kept_step: int = -1  # the checkpoint kept (steps done); -1: the last step
     kept_accuracy: float = math.nan  # its check's accuracy (nan: not checked)
-
-
-@dataclass(frozen=True)
-class PolicyStats:
-    """Sampled competence of a policy on held-out prompts, in groups of ``group_size``."""
-
-    accuracy: float
-    saturated: float  # share of groups all right or all wrong
-    all_correct: float
-    all_wrong: float
-    n_prompts: int
-    group_size: int
-    by_difficulty: tuple[tuple[float, float], ...]  # (difficulty, accuracy), ascending
-    wall_s: float
 
 
 def sft_batch(task: Task, tokenizer: CharTokenizer, problems, max_len: int | None = None):
@@ -154,9 +146,12 @@ def warm_start(
         frac = (step - warmup) / max(1, steps - warmup)
         return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
+    episodic = callable(getattr(task, "sft_episodes", None))  # an environment: whole episodes (warm_episodes)
+    measure = measure_episodes if episodic else measure_policy
+
     def check(done: int, prompts: int) -> float:
         # seed -1 - seed: a fixed check set that is not also the first training batch
-        stats = measure_policy(task, tokenizer, model, n_prompts=prompts, group_size=4, seed=-1 - seed, split="train")
+        stats = measure(task, tokenizer, model, n_prompts=prompts, group_size=4, seed=-1 - seed, split="train")
         model.train()
         checks.append((done, stats.accuracy))
         bar.set_postfix(loss=f"{losses[-1]:.3f}" if losses else "", acc=f"{stats.accuracy:.2f}")
@@ -178,8 +173,11 @@ def warm_start(
         step = 0
         while step < steps:
             # a fresh seeded batch per step: the same seed replays the same data
-            problems = task.train_problems(batch, seed=seed * 1_000_003 + step)
-            ids, mask, labels = sft_batch(task, tokenizer, problems, max_len)
+            if episodic:
+                ids, mask, labels = episode_batch(task, tokenizer, batch, seed * 1_000_003 + step, max_len)
+            else:
+                problems = task.train_problems(batch, seed=seed * 1_000_003 + step)
+                ids, mask, labels = sft_batch(task, tokenizer, problems, max_len)
             for group in opt.param_groups:
                 group["lr"] = lr_at(step)
             loss = sequence_mean_loss(model(input_ids=ids, attention_mask=mask).logits, labels)
@@ -235,52 +233,6 @@ def warm_start(
         kept_step=kept_step,
         kept_accuracy=kept_accuracy,
     )
-
-
-@torch.no_grad()
-def sample_groups(model, tokenizer: CharTokenizer, prompt_ids, group_size: int, temperature: float = 1.0,
-                  max_new_tokens: int = 32, seed: int = 0) -> list[list[list[int]]]:
-    """``group_size`` sampled responses per prompt (token ids, without ``<eos>``).
-
-    A plain KV-cache loop rather than ``generate``: prompts are left-padded and every row
-    gets explicit position ids counted from its first real token (GPT-2's positions are
-    absolute), and sampling draws from its own seeded ``torch.Generator``. Responses are
-    cut at the model's position limit.
-    """
-    rows = [list(p) for p in prompt_ids for _ in range(group_size)]
-    width = max(len(r) for r in rows)
-    limit = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
-    if limit is not None:
-        if width >= limit:
-            raise ValueError(f"a prompt of {width} tokens leaves no room under the model's max_len={limit}; raise model.max_len")
-        max_new_tokens = min(max_new_tokens, limit - width)
-    n = len(rows)
-    ids = torch.full((n, width), tokenizer.pad_id, dtype=torch.long)
-    mask = torch.zeros((n, width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r)
-        mask[i, width - len(r):] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    gen = torch.Generator().manual_seed(seed)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
-    next_pos = positions[:, -1:] + 1
-    done = torch.zeros(n, dtype=torch.bool)
-    responses: list[list[int]] = [[] for _ in range(n)]
-    for _ in range(max_new_tokens):
-        probs = torch.softmax(out.logits[:, -1].float() / temperature, dim=-1)
-        token = torch.multinomial(probs, 1, generator=gen).squeeze(1)
-        finished = token == tokenizer.eos_id
-        for i, (t, was_done) in enumerate(zip(token.tolist(), done.tolist())):
-            if not was_done and t != tokenizer.eos_id:
-                responses[i].append(t)
-        done |= finished
-        if bool(done.all()):
-            break
-        mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long)], dim=1)
-        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_pos,
-                    past_key_values=out.past_key_values, use_cache=True)
-        next_pos = next_pos + 1
-    return [responses[i: i + group_size] for i in range(0, n, group_size)]
 
 
 def measure_policy(task: Task, tokenizer: CharTokenizer, model, n_prompts: int = 256, group_size: int = 8,

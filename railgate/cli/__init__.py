@@ -55,7 +55,8 @@ def parser() -> argparse.ArgumentParser:
 USER_ERRORS: frozenset[tuple[str, str]] = frozenset({
     ("controller.rail.replay", "ReplayError"), ("pipeline.engines.base", "EngineError"),
     ("pipeline.policy.models", "ModelDirError"), ("pipeline.policy.tokenizer", "TokenizerError"),
-    ("pipeline.store.arrowio", "SegmentFormatError"), ("pipeline.tasks.dataset", "DatasetError"),
+    ("pipeline.store.arrowio", "SegmentFormatError"), ("pipeline.datafiles", "DatasetError"),
+    ("pipeline.envs.loading", "EnvLoadError"), ("pipeline.envs.render", "RenderError"),
     ("pipeline.tasks.rewards.health", "RewardsFailing"), ("pipeline.protocols", "GateStalled"),
     ("railgate.checkpoint", "CheckpointError"), ("railgate.import_model", "ModelImportError"),
     ("railgate.rundir", "RunDirError"), ("railgate.runid", "RunIdError"),

@@ -65,7 +65,7 @@ def test_a_full_disk_during_resume_leaves_config_yaml_whole_and_records_nothing_
     resumed = cli("train", "--resume", str(run), "--no-progress", "--set", "orchestrator.steps=6")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert yaml.safe_load((run / "config.yaml").read_text())["orchestrator"]["steps"] == 6
-    assert [m["step"] for m in read_metrics(run / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
+    assert [m["step"] for m in read_metrics(run / "metrics.jsonl")] == [0, 1, 2, 3, 4, 5, 6]  # step 0: the evaluation before training
 
 
 def test_the_steps_a_resume_redoes_are_marked_superseded(finished, tmp_path):
@@ -77,9 +77,9 @@ def test_the_steps_a_resume_redoes_are_marked_superseded(finished, tmp_path):
     resumed = cli("train", "--resume", str(run), "--no-progress")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]  # every line parses
-    assert [(m["step"], m.get("superseded", False)) for m in lines] == [(1, False), (2, False), (3, True), (3, False)]
+    assert [(m["step"], m.get("superseded", False)) for m in lines] == [(0, False), (1, False), (2, False), (3, True), (3, False)]
     kept = read_metrics(run / "metrics.jsonl")
-    assert [m["step"] for m in kept] == [1, 2, 3] and kept[-1] == lines[-1]
+    assert [m["step"] for m in kept] == [0, 1, 2, 3] and kept[-1] == lines[-1]
 
 
 def test_two_runs_with_one_name_do_not_mix_in_replay(tmp_path):
