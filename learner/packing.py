@@ -60,7 +60,8 @@ class Chunk:
     ``ref_logprobs`` is filled once by a learner that keeps a reference model."""
 
     targets: torch.Tensor  # [b, L] int64: response tokens, pad_id after the end
-    loss_mask: torch.Tensor  # [b, L] bool
+    loss_mask: torch.Tensor  # [b, L] bool: the tokens trained on (an episode's observations are not)
+    token_mask: torch.Tensor  # [b, L] bool: every response token, what the model attends to
     old_logprobs: torch.Tensor  # [b, L] float32: the engine's log-probs, 0 after the end
     advantages: torch.Tensor  # [b] float32
     index: tuple[int, ...]
@@ -146,18 +147,21 @@ def _responses(rows: list[Rollout], advantages: list[float], index: tuple[int, .
     width = max(len(r.token_ids) for r in rows)
     targets = np.full((len(rows), width), pad_id, dtype=np.int64)
     mask = np.zeros((len(rows), width), dtype=bool)
+    tokens = np.zeros((len(rows), width), dtype=bool)
     old = np.zeros((len(rows), width), dtype=np.float32)
     for i, r in enumerate(rows):
         n = len(r.token_ids)
         targets[i, :n] = r.token_ids
         # An episode's observations are the environment's tokens: in the context, not in the loss.
         mask[i, :n] = r.turns.policy_mask if r.turns is not None else True
+        tokens[i, :n] = True  # observations are in the context all the same
         old[i, :n] = r.logprobs
     if not np.isfinite(old).all():
         culprit = next(r for r in rows if not np.isfinite(np.asarray(r.logprobs, dtype=np.float64)).all())
         raise BatchError(f"rollout {culprit.request_id!r} has a non-finite log-prob; the engine reported a token it could not sample")
     return Chunk(
-        targets=torch.from_numpy(targets), loss_mask=torch.from_numpy(mask), old_logprobs=torch.from_numpy(old),
+        targets=torch.from_numpy(targets), loss_mask=torch.from_numpy(mask), token_mask=torch.from_numpy(tokens),
+        old_logprobs=torch.from_numpy(old),
         advantages=torch.tensor(advantages, dtype=torch.float32), index=index,
     )
 

@@ -236,7 +236,7 @@ class TorchLearner:
         chunks = pack(rows, row_adv, self.pad_id, cfg.micro_batch, self.vocab_size, self.device, cfg.share_prompts)
         return _Plan(
             chunks=chunks,
-            num_tokens=float(sum(len(r.token_ids) for r in rows)),
+            num_tokens=float(sum(chunk.num_tokens for chunk in chunks)),  # trained tokens: not an episode's observations
             num_seqs=float(len(rows)),
             metrics=_batch_metrics(batch, advantages, saturated, row_adv, self._version),
         )
@@ -384,7 +384,8 @@ def _shared_logits(model: torch.nn.Module, chunk: Chunk) -> torch.Tensor:
             f"{type(model).__name__} returned no key/value cache to share prompts with; set learner.share_prompts=false"
         )
     cache.batch_select_indices(chunk.row_prompt)
-    attention = torch.cat([chunk.prompt_mask[chunk.row_prompt], chunk.loss_mask.to(chunk.prompt_mask.dtype)], dim=1)
+    # Every response token is attended to, an episode's observations too (they are only left out of the loss).
+    attention = torch.cat([chunk.prompt_mask[chunk.row_prompt], chunk.token_mask.to(chunk.prompt_mask.dtype)], dim=1)
     positions = chunk.prompt_lengths[chunk.row_prompt][:, None] + torch.arange(width, device=rows.device)
     # The last response token predicts nothing we score: leave it out of the forward pass.
     rest = model(

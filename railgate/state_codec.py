@@ -60,13 +60,14 @@ from pipeline.types import (
     Rollout,
     SamplingParams,
     TrainBatch,
+    Turns,
 )
 
 MARK = "__rg__"
 
 ALLOWED_TYPES: dict[str, type] = {
     f"{cls.__module__}.{cls.__qualname__}": cls
-    for cls in (BranchSpec, CommittedGroup, FinishReason, Prompt, Rollout, SamplingParams, TrainBatch)
+    for cls in (BranchSpec, CommittedGroup, FinishReason, Prompt, Rollout, SamplingParams, TrainBatch, Turns)
 }
 """The only classes a state may hold besides plain data, tensors and arrays (by full name)."""
 

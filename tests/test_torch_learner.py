@@ -296,3 +296,24 @@ def test_engine_logprobs_agree_with_the_learner():
                      for i, f in enumerate(finals))
     result = learner.step(TrainBatch(0, (CommittedGroup(0, 0, rollouts, 4, 0),)))
     assert result.metrics["learner/approx_kl"] < 1e-6 and result.metrics["learner/clip_frac"] == 0.0
+
+
+@pytest.mark.parametrize("share_prompts", [True, False])
+def test_an_episode_is_on_policy_with_its_observations_in_context_and_out_of_the_loss(share_prompts):
+    """The learner attends to an episode's observations (the engine's context held them) and
+    trains only on the policy's turns: on-policy, the first step's approx KL is 0 and the
+    tokens trained are the turns' alone."""
+    from pipeline.types import Turns
+
+    learner = make_learner(share_prompts=share_prompts)
+    tokens, mask = (5, 6, 2, 9, 9, 9, 7, 2), (True, True, True, False, False, False, True, True)
+    episodes = []
+    for i, reward in enumerate((0.0, 1.0)):
+        r = Rollout(f"e{i}", i, (1, 3, 4), tokens[:6] + ((7, 2) if i else (8, 2)), (0.0,) * 8, reward,
+                    FinishReason.STOP, 0, turns=Turns((3, 8), (0.0, reward), mask))
+        [lp] = learner.logprobs([r])  # every response token, observations included, as the engine scored them
+        episodes.append(Rollout(r.request_id, i, r.prompt_token_ids, r.token_ids, lp, reward, r.finish_reason, 0,
+                                turns=r.turns))
+    metrics = learner.step(TrainBatch(0, (CommittedGroup(0, 7, tuple(episodes), launched=2, tokens=16),))).metrics
+    assert abs(metrics["learner/approx_kl"]) < 1e-5
+    assert metrics["learner/tokens"] == 2 * sum(mask)
