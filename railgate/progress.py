@@ -14,6 +14,7 @@ import contextlib
 import os
 import sys
 import time
+import warnings
 from typing import Any, Iterator
 
 from tqdm import tqdm
@@ -94,7 +95,11 @@ def quiet_libraries(no_progress: bool) -> Iterator[None]:
                 os.environ[name] = value
         logging = sys.modules.get("transformers.utils.logging")
         if logging is not None and was_active:
-            logging.enable_progress_bar()
+            # The Hub read its switch when imported (while it was set) and warns that it wins;
+            # this process's bars stay off, which is what the command asked for.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                logging.enable_progress_bar()
 
 
 _SWITCHES = ("HF_HUB_DISABLE_PROGRESS_BARS", "TQDM_DISABLE")
