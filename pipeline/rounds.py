@@ -69,9 +69,11 @@ class RoundDriver:
         A ``GroupTracker`` over the gate and controller; its config must set ``max_async_steps=0``.
     step_rollouts
         Most rollouts one step may generate before admission stops (0: no cap).
+    before_admit
+        Called before every admission (e.g. to score the prompts next in the gate's line).
     """
 
-    def __init__(self, tracker: GroupTracker, step_rollouts: int = 0):
+    def __init__(self, tracker: GroupTracker, step_rollouts: int = 0, before_admit: Callable[[], None] | None = None):
         if tracker.config.max_async_steps != 0:
             raise ValueError(f"max_async_steps={tracker.config.max_async_steps}: a round driver trains every step on the "
                              "weights that generated it; set orchestrator max_async_steps=0")
@@ -79,6 +81,7 @@ class RoundDriver:
             raise ValueError(f"step_rollouts={step_rollouts} must be >= 0 (0: no cap)")
         self.tracker = tracker
         self.step_rollouts = step_rollouts
+        self.before_admit = before_admit or (lambda: None)
         self.rounds = 0  # every round of the run
         self.rounds_last_step = 0
         self.short_batches = 0  # steps cut short by step_rollouts
@@ -89,7 +92,7 @@ class RoundDriver:
         tracker = self.tracker
         start = tracker.budget.rollouts_started
         pending, self._pending = self._pending, []
-        pending += tracker.admit().launches
+        pending += self._admit()
         rounds = 0
         while (batch := tracker.next_batch()) is None:
             capped = bool(self.step_rollouts) and tracker.budget.rollouts_started - start >= self.step_rollouts
@@ -107,11 +110,15 @@ class RoundDriver:
                                    "the gate keeps groups open without ending them")
             pending = self._round(pending, sample)
             if not capped:
-                pending += tracker.admit().launches
+                pending += self._admit()
         tracker.batch_sent(batch)
         self.rounds += rounds
         self.rounds_last_step = rounds
         return batch
+
+    def _admit(self) -> list[Launch]:
+        self.before_admit()
+        return self.tracker.admit().launches
 
     def step_done(self, batch: TrainBatch) -> None:
         """The learner trained on ``batch``: the gate sees the step (it may launch on held groups)."""
