@@ -187,6 +187,13 @@ class SaraConfig:
     (0.45 = ``tau_abandon``'s default; at G = 8 a pilot written with q >= 0.918 settles its group,
     at 0.1 one with q >= 0.985)."""
 
+    whole_when_certain: bool = False
+    """Our extension: a group whose prior already settles the verdict -- even an all-same probe would
+    leave ``P_eff >= tau_commit`` (a strong reference prior near one half, say) -- is launched whole at
+    admission instead of probe first. The same samples, the same commit once its probe is in: a
+    caller that generates in batches (``railgate.trl``) makes one generation call for it instead of
+    two. ``probe_first`` and ``streaming`` only (``eager`` launches whole anyway)."""
+
     reference_prior: bool = False
     """Our extension: before a prompt gets any rollout, score the policy's log-likelihood of the
     task's reference response (teacher-forced, by the learner, right after each of its steps,

@@ -10,9 +10,10 @@ import pytest
 from controller.driver import GateDriver, LifecycleError
 
 
-def run(group, rewards):
-    """Feed ``rewards`` to ``group`` as the gate asks for them; the final verdict."""
-    verdict = group.start()
+def run(group, rewards, verdict=None):
+    """Feed ``rewards`` to ``group`` as the gate asks for them (from ``verdict``, the verdict of its
+    start, or from its start); the final verdict."""
+    verdict = verdict or group.start()
     it = iter(rewards)
     while verdict.kind == "sample":
         verdict = group.report([next(it) for _ in range(verdict.n)])
@@ -67,3 +68,29 @@ def test_a_score_without_the_reference_prior_is_refused():
     driver = GateDriver.sara(group_size=8, probe_size=4)
     with pytest.raises(ValueError, match="reference_prior=True"):
         driver.open("p", prompt_id=0, reference_logprob=-1.0)
+
+
+@pytest.mark.parametrize("q, rewards", [
+    (0.5, [0.0] * 4 + [1.0] * 4),   # Beta(32, 32): even an all-fail probe commits -- certain, launched whole
+    (0.3, [1.0] * 8),               # Beta(19.2, 44.8): an all-success probe still commits
+])
+def test_a_certain_commit_starts_whole_with_the_same_samples_and_verdict(q, rewards):
+    options = dict(group_size=8, probe_size=4, reference_prior=True, reference_exact=True)
+    probe_first = GateDriver.sara(**options)
+    whole = GateDriver.sara(**options, whole_when_certain=True)
+    a = probe_first.open("p", prompt_id=0, reference_logprob=math.log(q))
+    b = whole.open("p", prompt_id=0, reference_logprob=math.log(q))
+    first_a, first_b = a.start(), b.start()
+    assert first_a.n == 4 and first_b.n == 8
+    assert run(a, rewards, first_a).kind == run(b, rewards, first_b).kind == "train"
+    assert a.launched == b.launched == 8 and a.rewards == b.rewards
+    assert whole.metrics()["gate/launched_whole"] == 1.0 and "gate/launched_whole" not in probe_first.metrics()
+
+
+def test_an_uncertain_group_keeps_its_probe():
+    # The uniform prior (no score): an all-fail probe of 4 gives P_eff = 4/9 < 0.5 -- the probe decides.
+    driver = GateDriver.sara(group_size=8, probe_size=4, whole_when_certain=True)
+    group = driver.open("p", prompt_id=0)
+    first = group.start()
+    assert first.n == 4
+    assert run(group, [0.0] * 8, first).kind == "drop" and group.launched == 4

@@ -141,7 +141,8 @@ class GatedGRPOConfig(GRPOConfig):
             "sara": lambda: {"sara": SaraConfig(
                 probe_size=k, tau_commit=self.gate_tau_commit, tau_abandon=self.gate_tau_abandon,
                 reference_prior=use_reference, reference_skip=self.gate_reference_skip,
-                reference_strength=self.gate_reference_strength, reference_ahead=self.gate_reference_ahead)},
+                reference_strength=self.gate_reference_strength, reference_ahead=self.gate_reference_ahead,
+                whole_when_certain=True)},  # a batched generator: one call for a group its prior settles
             "hora": lambda: {"hora": HoraConfig(probe_size=k, budget=self.gate_hora_budget or b * (k + g) // 2,
                                                 max_group_size=g)},
             "ds": lambda: {"ds": DsConfig(oversample=self.gate_ds_oversample, max_rounds=self.gate_ds_max_rounds)},
