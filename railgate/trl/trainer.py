@@ -52,14 +52,34 @@ class GatedGRPOTrainer(GRPOTrainer):
 
     Examples
     --------
+    A character-level GPT-2 from scratch, a TRL reward function, two steps:
+
+    >>> import contextlib, io, tempfile, torch
     >>> from datasets import Dataset
+    >>> from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    >>> from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
     >>> from railgate.trl import GatedGRPOConfig
-    >>> def reward(completions, **kwargs):
-    ...     return [1.0] * len(completions)
-    >>> args = GatedGRPOConfig(output_dir="out", num_generations=4, per_device_train_batch_size=8,
-    ...                        use_cpu=True, report_to=[])
-    >>> GatedGRPOTrainer(model="MODEL_DIR", reward_funcs=reward, args=args,   # doctest: +SKIP
-    ...                  train_dataset=Dataset.from_list([{"prompt": "2+2=", "answer": "4"}])).train()
+    >>> vocab = {c: i for i, c in enumerate(["<pad>", "<eos>", *"0123456789+="])}
+    >>> core = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    >>> core.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
+    >>> tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>")
+    >>> _ = torch.manual_seed(0)
+    >>> model = GPT2LMHeadModel(GPT2Config(vocab_size=len(vocab), n_embd=32, n_layer=1, n_head=2, eos_token_id=1,
+    ...                                    pad_token_id=0, bos_token_id=None))
+    >>> def exact(completions, answer, **kwargs):
+    ...     return [float(c == a) for c, a in zip(completions, answer)]
+    >>> data = Dataset.from_list([{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(5) for b in range(5)])
+    >>> args = GatedGRPOConfig(output_dir=tempfile.mkdtemp(), num_generations=4, gate_probe_size=2,
+    ...                        per_device_train_batch_size=8, max_completion_length=3, max_steps=2, use_cpu=True,
+    ...                        report_to=[], disable_tqdm=True)
+    >>> trainer = GatedGRPOTrainer(model=model, reward_funcs=exact, args=args, train_dataset=data, processing_class=tok)
+    >>> with contextlib.redirect_stdout(io.StringIO()):   # TRL prints its logs
+    ...     result = trainer.train()
+    >>> result.global_step
+    2
+    >>> m = trainer.gate.metrics()       # what the gate generated, and how TRL's fixed batches were filled
+    >>> m["railgate/rollouts_trained"] + m["railgate/pad_rows"], m["railgate/rollouts_generated"] >= 8
+    (16.0, True)
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
