@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from railgate.bench.trl_eval import Curve, HeldOut, Point
+from railgate.bench.trl_report import Point
 from railgate.bench.trl_tasks import TrlTask
 
 TRAINERS = ("grpo", "gated")
@@ -150,6 +150,7 @@ def run_one(trainer: str, seed: int, spec: TrlBenchSpec, task: TrlTask, model_di
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
+    from railgate.bench.trl_eval import Curve, HeldOut
     from railgate.trl import GatedGRPOConfig, GatedGRPOTrainer
 
     step_rollouts = spec.prompts_per_step * spec.group_size

@@ -23,17 +23,7 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import TrainerCallback
 
-
-@dataclass(frozen=True)
-class Point:
-    """One evaluation: where the run was (rollouts, tokens, training CPU-seconds) and the accuracy."""
-
-    rollouts: int
-    tokens: int
-    cpu_s: float
-    accuracy: float
-    ci95: float
-    step: int
+from railgate.bench.trl_report import Point
 
 
 class HeldOut:

@@ -5,7 +5,6 @@ for both trainers of a seed) plus 0.1 and 0.2. Ratios are taken per seed (gated 
 then averaged; a target a run never reached is counted and left out of the means.
 
 >>> from railgate.bench.trl import RunRecord
->>> from railgate.bench.trl_eval import Point
 >>> def run(trainer, accs, cpu):
 ...     points = [Point(i * 100, 0, 0.0, a, 0.02, i) for i, a in enumerate(accs)]
 ...     return RunRecord(trainer, 0, points, 100 * (len(accs) - 1), 0, cpu, 0.0, 0.0, 1)
@@ -17,10 +16,24 @@ then averaged; a target a run never reached is counted and left out of the means
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 TARGETS = (0.1, 0.2)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One held-out evaluation: where the run was (rollouts generated, tokens, training
+    CPU-seconds, optimiser step) and the accuracy with the half-width of its 95% interval."""
+
+    rollouts: int
+    tokens: int
+    cpu_s: float
+    accuracy: float
+    ci95: float
+    step: int
 
 
 def summary(runs: Sequence[Any]) -> dict[str, Any]:
