@@ -28,13 +28,14 @@ def gated(tmp_path, rows, reward, **overrides):
     return GatedGRPOTrainer(model=model_dir(tmp_path), reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows))
 
 
-def test_a_gate_that_commits_everything_trains_exactly_like_grpo_trainer(tmp_path):
+@pytest.mark.parametrize("batching", [{}, {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2}])
+def test_a_gate_that_commits_everything_trains_exactly_like_grpo_trainer(tmp_path, batching):
     rows = arithmetic_rows(6)
-    settings = {**MATCHED, "shuffle_dataset": False}  # both trainers take prompts in dataset order
+    settings = {**MATCHED, "shuffle_dataset": False, **batching}  # both trainers take prompts in dataset order
     plain = trl.GRPOTrainer(model=model_dir(tmp_path), reward_funcs=length_reward, train_dataset=Dataset.from_list(rows),
                             args=trl.GRPOConfig(output_dir=str(tmp_path / "plain"), **settings))
     plain.train()
-    mine = gated(tmp_path, rows, length_reward, gate_kind="uniform", shuffle_dataset=False)
+    mine = gated(tmp_path, rows, length_reward, gate_kind="uniform", shuffle_dataset=False, **batching)
     mine.train()
     losses = [(a["loss"], b["loss"]) for a, b in zip(plain.state.log_history, mine.state.log_history) if "loss" in a]
     assert len(losses) == 3 and all(x == y for x, y in losses), losses
@@ -66,6 +67,16 @@ def test_sara_trains_only_mixed_groups_and_counts_every_rollout(tmp_path):
     trained = list(trainer._logs["prompt"])
     assert trained and all(kinds[p] == "coin" for p in trained)
     assert steps[-1]["railgate/rollouts_generated"] == m["railgate/rollouts_generated"]  # logged through TRL
+
+
+def test_dynamic_sampling_trains_full_mixed_groups_and_pays_for_the_dropped_ones(tmp_path):
+    trainer = gated(tmp_path, outcome_rows(60), by_kind, gate_kind="ds", max_steps=3, gate_step_rollouts=50)
+    trainer.train()
+    steps = [h for h in trainer.state.log_history if "loss" in h]
+    assert all(h["frac_reward_zero_std"] == 0.0 for h in steps)
+    m = trainer.gate.metrics()
+    assert m["railgate/groups_committed"] == 3 * 2 and m["railgate/groups_abandoned"] >= 3
+    assert m["railgate/rollouts_generated"] == 4 * (m["railgate/groups_committed"] + m["railgate/groups_abandoned"])
 
 
 def test_hora_pads_small_groups_with_rows_that_carry_no_advantage(tmp_path):
