@@ -37,7 +37,6 @@ from pipeline.decisions import NullSink
 from pipeline.rounds import RoundDriver
 from pipeline.seeding import derive_seed
 from pipeline.store.tracelog import TraceLog
-from pipeline.tracker import GroupTracker
 from pipeline.types import Prompt, SamplingParams, TrainBatch
 from railgate.trl.ranks import digest, gather_all
 from railgate.trl.reference import ReferenceScorer, reference_column
@@ -91,11 +90,11 @@ class GateSession:
         self._started = time.monotonic()
         self.trace = (TraceLog(Path(args.output_dir) / TRACE_DIR, run_id=run_id, clock=self._clock)
                       if args.gate_trace and acc.is_main_process else NullSink())
-        self.tracker = GroupTracker(
-            self.gate, self._controller(args, run_id), self._orchestrator(args), seed=args.seed, run_id=run_id,
+        self.driver = RoundDriver(
+            self.gate, self._controller(args, run_id), self._orchestrator(args), step_rollouts=args.step_rollouts(),
+            before_admit=self.reference.refresh if self.reference else None, seed=args.seed, run_id=run_id,
             trace=self.trace, now=self._clock, policy_version=lambda: int(trainer.state.global_step))
-        self.driver = RoundDriver(self.tracker, step_rollouts=args.step_rollouts(),
-                                  before_admit=self.reference.refresh if self.reference else None)
+        self.tracker = self.driver.tracker
         self.sampler = TrlSampler(trainer)
         self.rollouts_trained = 0
         self.pad_rows = 0
