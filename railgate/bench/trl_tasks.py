@@ -7,13 +7,15 @@
   character a token), so the reference likelihood is the pass rate (``reference_exact``), as in
   railgate's own CPU default.
 * ``word``: GSM8K-style word problems generated here from templates (no download): one or two
-  operations on small numbers, a chat prompt asking for the answer after ``####``; reward 1
-  when the last number of the completion is the answer. A reference ("#### 12") is one of many
+  operations on small numbers, a chat prompt asking for the final number only (SmolLM2-135M
+  writes an answer it is asked to reason for past 64 tokens two times in three, and is right
+  about 3% of the time; asked for the number, it answers in a few tokens); reward 1 when the
+  last number of the completion is the answer. The reference (the number) is one of many
   completions that earn it: a lower bound.
 
 >>> task = word_problems(4, 2, seed=0)
 >>> row = task.train_rows[0]
->>> sorted(row), task.reward([row["prompt"]], [f"so #### {row['answer']}"], answer=[row["answer"]])
+>>> sorted(row), task.reward([row["prompt"]], [f"It is {row['answer']}."], answer=[row["answer"]])
 (['answer', 'prompt', 'reference'], [1.0])
 >>> word_problems(4, 2, seed=0).train_rows == task.train_rows    # seeded
 True
@@ -94,10 +96,9 @@ def word_problems(n_train: int, n_eval: int, seed: int) -> TrlTask:
         if text in seen or answer < 0:
             continue
         seen.add(text)
-        question = f"{text} Think briefly, then give the final answer after '####'."
-        out.append({"prompt": [{"role": "user", "content": question}], "answer": str(answer),
-                    "reference": f"#### {answer}"})
-    return TrlTask("word", out[:n_train], out[n_train:], last_number_reward, max_completion_length=64,
+        question = f"{text} Reply with only the final number."
+        out.append({"prompt": [{"role": "user", "content": question}], "answer": str(answer), "reference": str(answer)})
+    return TrlTask("word", out[:n_train], out[n_train:], last_number_reward, max_completion_length=16,
                    reference_exact=False, reference_skip=0.45)
 
 
