@@ -52,6 +52,8 @@ class TrlBenchSpec:
     """Prompts (groups) per step."""
     group_size: int = 8
     """Completions per prompt (``num_generations``)."""
+    probe_size: int = 4
+    """The gate's probe (``gate_probe_size``), below ``group_size``."""
     eval_every: int = 2048
     """Generated rollouts between held-out evaluations."""
     eval_prompts: int = 512
@@ -174,6 +176,7 @@ def run_one(trainer: str, seed: int, spec: TrlBenchSpec, task: TrlTask, model_di
             return run.state.global_step * step_rollouts, int(run.state.num_input_tokens_seen)
     else:
         args = GatedGRPOConfig(max_steps=10 * spec.budget // step_rollouts, gate_max_rollouts=spec.budget,
+                               gate_probe_size=spec.probe_size,
                                gate_reference_column="reference", gate_reference_exact=task.reference_exact,
                                gate_reference_skip=task.reference_skip, **matched)
         run = GatedGRPOTrainer(model=str(model_dir), reward_funcs=task.reward, args=args, train_dataset=dataset,

@@ -7,10 +7,11 @@
   character a token), so the reference likelihood is the pass rate (``reference_exact``), as in
   railgate's own CPU default.
 * ``word``: GSM8K-style word problems generated here from templates (no download): one or two
-  operations on small numbers, a chat prompt asking for the final number only (SmolLM2-135M
-  writes an answer it is asked to reason for past 64 tokens two times in three, and is right
-  about 3% of the time; asked for the number, it answers in a few tokens); reward 1 when the
-  last number of the completion is the answer. The reference (the number) is one of many
+  operations on one-digit numbers, a chat prompt asking for the final number only, reward 1 when
+  the last number of the completion is the answer. Sized to SmolLM2-135M-Instruct (imported from
+  a Q4_1 GGUF): on two-digit, two-step problems and asked to reason it was right about 3% of
+  the time, its answers past 64 tokens two times in three; asked for the number of a one-step
+  problem with one-digit numbers, about 20%. The reference (the number) is one of many
   completions that earn it: a lower bound.
 
 >>> task = word_problems(4, 2, seed=0)
@@ -71,12 +72,10 @@ def arithmetic_task(cfg: Any, eval_prompts: int) -> TrlTask:
 NAMES = ("Ava", "Ben", "Chen", "Dara", "Eli", "Fatima", "Gus", "Hana", "Ivan", "Juno", "Kofi", "Lena")
 ITEMS = ("apples", "marbles", "stickers", "pencils", "cookies", "coins", "books", "shells")
 TEMPLATES = (
-    ("{n} has {a} {x}. {n} buys {b} more {x}. How many {x} does {n} have now?", lambda a, b, c: a + b),
+    ("{n} has {a} {x}. {n} gets {b} more {x}. How many {x} does {n} have now?", lambda a, b, c: a + b),
     ("{n} has {a} {x} and gives {b} of them to a friend. How many {x} does {n} have left?", lambda a, b, c: a - b),
     ("A bag holds {a} {x}. How many {x} are in {b} bags?", lambda a, b, c: a * b),
-    ("{n} has {a} {x}, buys {b} more, then gives away {c}. How many {x} does {n} have now?", lambda a, b, c: a + b - c),
-    ("There are {b} boxes with {a} {x} in each. {n} takes {c} {x} out. How many {x} are left in the boxes?",
-     lambda a, b, c: a * b - c),
+    ("{n} has {a} {x}, gets {b} more, then gives away {c}. How many {x} does {n} have now?", lambda a, b, c: a + b - c),
 )
 
 
@@ -87,10 +86,10 @@ def word_problems(n_train: int, n_eval: int, seed: int) -> TrlTask:
     out: list[dict[str, Any]] = []
     while len(out) < n_train + n_eval:
         template, solve = TEMPLATES[rng.randrange(len(TEMPLATES))]
-        a, b = rng.randint(2, 20), rng.randint(2, 9)
-        c = rng.randint(1, min(a, 9))
+        a, b = rng.randint(2, 9), rng.randint(2, 9)
+        c = rng.randint(1, a)
         if "gives {b}" in template:
-            a, b = max(a, b + 1), min(a, b)
+            a, b = max(a, b) + 1, min(a, b)
         text = template.format(n=rng.choice(NAMES), x=rng.choice(ITEMS), a=a, b=b, c=c)
         answer = solve(a, b, c)
         if text in seen or answer < 0:
@@ -98,7 +97,7 @@ def word_problems(n_train: int, n_eval: int, seed: int) -> TrlTask:
         seen.add(text)
         question = f"{text} Reply with only the final number."
         out.append({"prompt": [{"role": "user", "content": question}], "answer": str(answer), "reference": str(answer)})
-    return TrlTask("word", out[:n_train], out[n_train:], last_number_reward, max_completion_length=16,
+    return TrlTask("word", out[:n_train], out[n_train:], last_number_reward, max_completion_length=12,
                    reference_exact=False, reference_skip=0.45)
 
 

@@ -109,6 +109,7 @@ def _trl_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=int, default=d.budget, help="rollouts each run generates (default: %(default)s)")
     parser.add_argument("--prompts-per-step", type=int, default=d.prompts_per_step, help="default: %(default)s")
     parser.add_argument("--group-size", type=int, default=d.group_size, help="num_generations (default: %(default)s)")
+    parser.add_argument("--probe-size", type=int, default=d.probe_size, help="gate_probe_size (default: %(default)s)")
     parser.add_argument("--eval-every", type=int, default=d.eval_every, help="rollouts between evaluations (default: %(default)s)")
     parser.add_argument("--eval-prompts", type=int, default=d.eval_prompts, help="held-out prompts (default: %(default)s)")
     parser.add_argument("--eval-samples", type=int, default=d.eval_samples, help="samples per held-out prompt (default: %(default)s)")
@@ -124,7 +125,7 @@ def _trl(args: argparse.Namespace) -> int:
     from pipeline.config.build import ConfigError
     from railgate.bench.trl import TrlBenchSpec, run_trl_bench
 
-    numbers = {k: getattr(args, k) for k in ("seeds", "budget", "prompts_per_step", "group_size", "eval_every",
+    numbers = {k: getattr(args, k) for k in ("seeds", "budget", "prompts_per_step", "group_size", "probe_size", "eval_every",
                                               "eval_prompts", "eval_samples", "threads")}
     bad = {k: v for k, v in numbers.items() if v < (2 if k == "group_size" else 1)}
     if bad:
