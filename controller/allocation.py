@@ -12,6 +12,9 @@ The (l+1)-th extra rollout of prompt i adds
 
 which never grows with l: every U_i is concave, so handing out rollouts one at a time to the
 largest current D_i (a heap, O(R log n)) reaches the optimum. Ties go to the lowest prompt index.
+With a cap on each prompt's extra rollouts (a trainer whose groups have a fixed number of slots)
+the same greedy stays optimal: a prompt at its cap leaves the heap, and what no prompt can take
+is left unspent.
 D_i is kept in log space and advanced by one factor per rollout, which costs O(1) and keeps full
 precision for any count.
 
@@ -92,6 +95,7 @@ def hora_allocate(
     probes: int | Sequence[int],
     budget: int,
     prior: tuple[float, float] = UNIFORM_PRIOR,
+    cap: int | Sequence[int] | None = None,
 ) -> list[int]:
     """Split ``budget`` extra rollouts over a probed batch to maximise the total hit utility.
 
@@ -105,12 +109,16 @@ def hora_allocate(
         Extra rollouts ``R`` to hand out (compute-matched to GRPO: ``B*G - B*G0``).
     prior
         Beta prior ``(a0, b0)``; uniform by default, as the paper recommends.
+    cap
+        Most extra rollouts a prompt may get: one int for all prompts, or one per prompt; None:
+        no limit (the paper's rule).
 
     Returns
     -------
     list[int]
-        Extra rollouts ``m_i`` per prompt, summing to ``budget``. Equal prompts differ by at
-        most one rollout, the lower index getting the larger share.
+        Extra rollouts ``m_i`` per prompt, summing to ``budget`` (less only when the caps cannot
+        take it all). Equal prompts differ by at most one rollout, the lower index getting the
+        larger share.
 
     Examples
     --------
@@ -121,6 +129,10 @@ def hora_allocate(
     [6, 4, 2]
     >>> hora_allocate([1, 1], probes=[2, 8], budget=0)
     [0, 0]
+    >>> hora_allocate([0, 2, 4], probes=4, budget=12, cap=4)    # at most 4 + 4: the first prompt's 6 shrink
+    [4, 4, 4]
+    >>> hora_allocate([0, 4], probes=4, budget=12, cap=[4, 1])  # the caps leave 7 unspent
+    [4, 1]
     """
     posteriors = hora_posteriors(successes, probes, prior)
     if isinstance(budget, numbers.Real) and budget < 0:
@@ -129,17 +141,31 @@ def hora_allocate(
             f"(B*G - B*G0 when compute-matched to GRPO), so pass 0 or more"
         )
     budget = _count("budget", budget)
+    caps = _caps(cap, len(posteriors))
     extra = [0] * len(posteriors)
     # Max-heap of (-log D_i(current level), i); tuple order breaks gain ties by lowest index.
-    heap = [(-_log_first_gain(a, b), i) for i, (a, b) in enumerate(posteriors)]
+    heap = [(-_log_first_gain(a, b), i) for i, (a, b) in enumerate(posteriors) if caps[i] > 0]
     heapq.heapify(heap)
     for _ in range(budget):
+        if not heap:
+            break  # every prompt is at its cap
         neg_log_gain, i = heapq.heappop(heap)
         a, b = posteriors[i]
         level = extra[i]
         extra[i] = level + 1
-        heapq.heappush(heap, (neg_log_gain - _log_gain_step(a, b, level), i))
+        if level + 1 < caps[i]:
+            heapq.heappush(heap, (neg_log_gain - _log_gain_step(a, b, level), i))
     return extra
+
+
+def _caps(cap: int | Sequence[int] | None, n: int) -> list[float]:
+    """Per-prompt caps on extra rollouts (inf: none), validated."""
+    if cap is None:
+        return [math.inf] * n
+    caps = [cap] * n if isinstance(cap, numbers.Real) else list(cap)
+    if len(caps) != n:
+        raise ValueError(f"cap has {len(caps)} entries but successes has {n}; pass one cap per prompt, or a single int")
+    return [_count(f"cap[{i}]", c) for i, c in enumerate(caps)]
 
 
 def total_hit_utility(

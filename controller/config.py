@@ -122,10 +122,17 @@ class HoraConfig:
     matched to GRPO (batch_groups * group_size). The extra budget is budget - B * G0."""
     prior: tuple[float, float] = (1.0, 1.0)
     """Beta prior of every prompt's success rate (the paper: uniform is as good as learned)."""
+    max_group_size: int = 0
+    """0 (the paper's rule): a group may take any share of the extra budget. N > 0: no group grows
+    past N rollouts, probe included (a trainer whose groups have N fixed slots, such as TRL's
+    ``num_generations``); what the caps leave of the budget is not spent."""
 
     def __post_init__(self) -> None:
         require(self.probe_size >= 2, f"gate.hora.probe_size={self.probe_size} must be >= 2")
         require(self.budget >= 0, f"gate.hora.budget={self.budget} must be >= 0 (0 = compute-matched)")
+        require(self.max_group_size == 0 or self.max_group_size >= self.probe_size,
+                f"gate.hora.max_group_size={self.max_group_size} is below gate.hora.probe_size={self.probe_size}; "
+                "raise it, or set 0 for no limit")
         _prior_ok(self.prior, "gate.hora.prior")
 
     def total_budget(self, group_size: int, batch_groups: int) -> int:
@@ -179,6 +186,13 @@ class SaraConfig:
     """confident_pilot: abandon when the bound on P(the group turns out mixed) is at most this
     (0.45 = ``tau_abandon``'s default; at G = 8 a pilot written with q >= 0.918 settles its group,
     at 0.1 one with q >= 0.985)."""
+
+    whole_when_certain: bool = False
+    """Our extension: a group whose prior already settles the verdict -- even an all-same probe would
+    leave ``P_eff >= tau_commit`` (a strong reference prior near one half, say) -- is launched whole at
+    admission instead of probe first. The same samples, the same commit once its probe is in: a
+    caller that generates in batches (``railgate.trl``) makes one generation call for it instead of
+    two. ``probe_first`` and ``streaming`` only (``eager`` launches whole anyway)."""
 
     reference_prior: bool = False
     """Our extension: before a prompt gets any rollout, score the policy's log-likelihood of the

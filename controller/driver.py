@@ -30,6 +30,24 @@ Verdict(kind='train', n=0)
 Traceback (most recent call last):
 ...
 controller.driver.LifecycleError: group 0 (prompt 1) ended ('train') after 4 rewards; open a new group for more samples of this prompt
+
+The reference prior (SARA's default in railgate's own run, ``controller.reference``): pass
+``reference_prior=True`` and, at ``open``, the policy's log-likelihood of the prompt's reference
+response (teacher-forced, at temperature 1). The group starts from the prior it gives, and a
+prompt whose group that prior says will be mixed with chance at most ``reference_skip`` is
+skipped before any sample (verdict ``skip``). ``reference_exact``: the reference is the only
+response that earns the reward (an exact-match answer), so its likelihood is the pass rate;
+otherwise it is a lower bound, which only skips near-sure successes.
+
+>>> import math
+>>> driver = GateDriver.sara(group_size=8, probe_size=4, reference_prior=True, reference_exact=True,
+...                          reference_skip=0.8)
+>>> driver.open("2+2=", prompt_id=1, reference_logprob=math.log(0.98)).start()   # nearly always right
+Verdict(kind='skip', n=0)
+>>> driver.open("12+30=", prompt_id=2, reference_logprob=math.log(0.5)).start()  # a coin: worth a group
+Verdict(kind='sample', n=4)
+>>> driver.metrics()["gate/skip_reference"]
+1.0
 """
 
 from __future__ import annotations
@@ -39,6 +57,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from controller.config import SaraConfig
+from controller.reference import ReferenceScreen
 from controller.selectors import PromptSelector
 from pipeline.types import (
     ActionKind,
@@ -59,9 +79,10 @@ class LifecycleError(RuntimeError):
 @dataclass(frozen=True)
 class Verdict:
     """What to do next with a group: ``sample`` ``n`` more, ``wait`` for samples still out,
-    ``train`` on it, or ``drop`` it."""
+    ``train`` on it, or ``drop`` it; ``skip``: the reference prior passed over the prompt before
+    any sample."""
 
-    kind: Literal["sample", "wait", "train", "drop"]
+    kind: Literal["sample", "wait", "train", "drop", "skip"]
     n: int = 0
 
 
@@ -123,7 +144,9 @@ class DrivenGroup:
     ended: str = ""  # "train" or "drop" once the group is over
 
     def start(self) -> Verdict:
-        """The first samples to draw (the probe)."""
+        """The first samples to draw (the probe); ``skip`` when the gate passed over the prompt."""
+        if self.ended == "skip":
+            return Verdict("skip")
         if self.launched:
             raise LifecycleError(f"group {self.group_id} was started already; report its rewards")
         self.launched = self.handed = self.initial
@@ -202,34 +225,64 @@ class GateDriver:
         Called with the prompt source to build the gate, e.g. ``lambda source: SaraGate(source, 8)``.
     success_threshold
         A reward above it is a success (set it for shaped or summed rewards).
+    reference_exact
+        With a gate that uses the reference prior: the reference is the only response that earns
+        the reward, so its likelihood is the pass rate (False: a lower bound on it).
     """
 
-    def __init__(self, gate_factory: Any, success_threshold: float = 0.5) -> None:
+    def __init__(self, gate_factory: Any, success_threshold: float = 0.5, reference_exact: bool = False) -> None:
         self._source = _CallerChoice()
         self.gate = gate_factory(self._source)
         self.success_threshold = success_threshold
         self.step = 0
         self._next_id = 0
+        self.reference: ReferenceScreen | None = None
+        sara = getattr(self.gate, "config", None)
+        if isinstance(sara, SaraConfig) and sara.reference_prior:
+            # The caller scores each prompt it opens; the screen holds that one score until ``open``.
+            self.reference = ReferenceScreen({}, lambda n: [], exact=reference_exact,
+                                             strength=sara.reference_strength, ahead=1)
+            self.gate.attach_reference(self.reference)
 
     @classmethod
-    def sara(cls, group_size: int = 8, probe_size: int = 4, success_threshold: float = 0.5, **options: Any) -> GateDriver:
-        """A driver of ``controller.gates.sara.SaraGate`` (``options``: the other fields of ``SaraConfig``)."""
-        from controller.config import SaraConfig
+    def sara(cls, group_size: int = 8, probe_size: int = 4, success_threshold: float = 0.5, reference_exact: bool = False,
+             **options: Any) -> GateDriver:
+        """A driver of ``controller.gates.sara.SaraGate`` (``options``: the other fields of ``SaraConfig``,
+        e.g. ``reference_prior=True, reference_skip=0.8``)."""
         from controller.gates.sara import SaraGate
 
-        return cls(lambda source: SaraGate(source, group_size, config=SaraConfig(probe_size=probe_size, **options)), success_threshold)
+        config = SaraConfig(probe_size=probe_size, **options)
+        return cls(lambda source: SaraGate(source, group_size, config=config), success_threshold, reference_exact)
 
-    def open(self, text: str, prompt_id: int | None = None, token_ids: Sequence[int] = ()) -> DrivenGroup:
-        """A new group for the caller's prompt (``prompt_id``: a stable id of it, for the gate's per-prompt memory)."""
+    def open(self, text: str, prompt_id: int | None = None, token_ids: Sequence[int] = (),
+             reference_logprob: float | None = None, reference_tokens: int = 0) -> DrivenGroup:
+        """A new group for the caller's prompt (``prompt_id``: a stable id of it, for the gate's per-prompt memory).
+
+        ``reference_logprob``: with the reference prior, the policy's summed log-probability of the
+        prompt's reference response (``reference_tokens``: what scoring it cost, for the metrics);
+        None: the prompt is unscored and starts from the gate's own prior. A prompt the prior skips
+        comes back as a group whose ``start`` says ``skip``."""
         pid = self._next_id if prompt_id is None else int(prompt_id)
-        self._source.offered.append(Prompt(pid, text, tuple(token_ids), success_threshold=self.success_threshold))
-        plans = self.gate.admit(range(self._next_id, self._next_id + 1), self.step)
+        if reference_logprob is not None:
+            if self.reference is None:
+                raise ValueError("reference_logprob was given to a driver whose gate has no reference prior; build it with "
+                                 "GateDriver.sara(..., reference_prior=True) or drop reference_logprob")
+            self.reference.update({pid: float(reference_logprob)}, tokens=reference_tokens)
+        prompt = Prompt(pid, text, tuple(token_ids), success_threshold=self.success_threshold)
+        self._source.offered.append(prompt)
+        group_id = self._next_id
+        plans = self.gate.admit(range(group_id, group_id + 1), self.step)
+        self._next_id += 1
+        if not plans and self.reference is not None and not self._source.offered:
+            return DrivenGroup(self, group_id, prompt, 0, 0, ended="skip")  # the screen passed over it
         if len(plans) != 1:
             raise LifecycleError(f"{type(self.gate).__name__} opened {len(plans)} groups for one prompt; it needs a "
                                  "prompt source of its own, not the caller's choice")
-        group = DrivenGroup(self, plans[0].group_id, plans[0].prompt, plans[0].target_size, plans[0].initial)
-        self._next_id += 1
-        return group
+        return DrivenGroup(self, plans[0].group_id, plans[0].prompt, plans[0].target_size, plans[0].initial)
+
+    def metrics(self) -> dict[str, float]:
+        """The gate's counters (``gate/<reason>``, ``gate/reference_*``)."""
+        return self.gate.metrics()
 
     def step_done(self, trained: Sequence[DrivenGroup]) -> None:
         """Your optimizer step trained on ``trained`` (groups whose verdict was ``train``)."""

@@ -183,3 +183,40 @@ def test_huge_counts_do_not_overflow():
     # Half-solved prompt (p ~ 0.5) is nearly sure to hit with one rollout; the always-solved one
     # too; the never-solved one (p ~ 1e-6) has the largest marginal value for a long time.
     assert extra[1] == max(extra)
+
+
+def exhaustive_capped_optimum(successes, probes, budget, caps) -> tuple[float, int]:
+    """The best utility and the most rollouts any allocation within the caps spends."""
+    spend = min(budget, sum(caps))
+    posteriors = hora_posteriors(successes, probes)
+    best = max(
+        math.fsum(hit_utility(a, b, m) for (a, b), m in zip(posteriors, extra))
+        for extra in compositions(spend, len(posteriors))
+        if all(m <= c for m, c in zip(extra, caps))
+    )
+    return best, spend
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_capped_greedy_matches_exhaustive_optimum(seed):
+    rng = np.random.default_rng(100 + seed)
+    n = int(rng.integers(1, 5))
+    probes = [int(g) for g in rng.integers(1, 9, size=n)]
+    successes = [int(rng.integers(0, g + 1)) for g in probes]
+    caps = [int(c) for c in rng.integers(0, 6, size=n)]
+    budget = int(rng.integers(0, 16))
+    extra = hora_allocate(successes, probes, budget, cap=caps)
+    best, spend = exhaustive_capped_optimum(successes, probes, budget, caps)
+    assert all(m <= c for m, c in zip(extra, caps))
+    assert sum(extra) == spend  # the budget is spent unless every prompt is at its cap
+    assert total_hit_utility(successes, probes, extra) == pytest.approx(best, abs=1e-12)
+
+
+def test_a_cap_as_large_as_the_budget_changes_nothing():
+    successes = (0, 0, 1, 2, 2, 3, 4, 4)
+    assert hora_allocate(successes, 4, 96, cap=96) == hora_allocate(successes, 4, 96)
+
+
+def test_cap_count_must_match():
+    with pytest.raises(ValueError, match="cap has 1 entries but successes has 2"):
+        hora_allocate([0, 1], 4, 4, cap=[3])

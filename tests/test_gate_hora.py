@@ -86,3 +86,26 @@ def test_bad_settings_are_rejected(kwargs, match):
     batch_groups, fields = kwargs
     with pytest.raises(ValueError, match=match):
         HoraGate(pool_of(5), group_size=8, batch_groups=batch_groups, config=HoraConfig(**fields))
+
+
+def test_max_group_size_bounds_every_group_in_the_harness():
+    p = {i: (i % 7) / 6 for i in range(300)}
+    # Budget 48 over 8 probes of 4: 16 extra, each group taking at most 3 more.
+    gate = HoraGate(pool_of(300), group_size=8, batch_groups=8, config=HoraConfig(budget=48, max_group_size=7))
+    harness = GateHarness(gate, p, HarnessConfig(batch_groups=8, steps=5)).run()
+    harness.check_invariants()
+    sizes = [len(g.rollouts) for b in harness.batch_log for g in b.groups]
+    assert max(sizes) <= 7 and min(sizes) >= 4 and len(set(sizes)) > 1
+    assert all(b.num_rollouts == 48 for b in harness.batch_log)
+
+
+def test_caps_that_cannot_take_the_budget_leave_it_unspent():
+    p = {i: (i % 7) / 6 for i in range(300)}
+    gate = HoraGate(pool_of(300), group_size=8, batch_groups=8, config=HoraConfig(max_group_size=6))
+    harness = GateHarness(gate, p, HarnessConfig(batch_groups=8, steps=3)).run()
+    assert all(b.num_rollouts == 8 * 6 for b in harness.batch_log)  # 64 budgeted, 48 slots
+
+
+def test_max_group_size_below_the_probe_is_refused():
+    with pytest.raises(ValueError, match=r"gate.hora.max_group_size=3 is below gate.hora.probe_size=4"):
+        HoraConfig(max_group_size=3)

@@ -152,7 +152,9 @@ class HoraGate(BaseGate[HoraRecord]):
     def _allocate(self) -> list[GroupAction]:
         ready = self._batch.ready
         recs = [self._groups[g] for g in ready]
-        extra = hora_allocate([r.s for r in recs], [r.s + r.f for r in recs], self.extra_budget, prior=self.prior)
+        probes = [r.s + r.f for r in recs]
+        cap = [max(0, self.config.max_group_size - n) for n in probes] if self.config.max_group_size else None
+        extra = hora_allocate([r.s for r in recs], probes, self.extra_budget, prior=self.prior, cap=cap)
         actions = []
         for gid, rec, m in zip(ready, recs, extra):
             rec.phase = "commit"

@@ -38,7 +38,9 @@ fresh rollout with probability at least q, so a near-certain pilot settles the g
 rollout. With ``reference_prior`` (``attach_reference``, ``controller.reference``) a group starts
 from the policy's likelihood of the prompt's reference response, scored before any rollout, and
 ``admit`` skips prompts whose group that prior says will be effective with chance at most
-``reference_skip``. ``tau_commit`` is not published;
+``reference_skip``. With ``whole_when_certain`` a group whose prior commits it whatever its probe
+shows (``certain``) is launched whole at once: the same samples and verdict, one launch.
+``tau_commit`` is not published;
 0.5 is our default (with G = 8, k = 4 it commits exactly the mixed probes).
 """
 
@@ -145,8 +147,17 @@ class SaraGate(BaseGate[SaraRecord]):
         plans = []
         for group_id, (prompt, (a, b)) in zip(group_ids, chosen):
             self._open(group_id, prompt, a=a, b=b)
-            plans.append(GroupPlan(group_id, prompt, self.group_size, initial))
+            whole = initial == self.probe_size and self.config.whole_when_certain and self.certain((a, b))
+            if whole:
+                self._verdicts.add("launched_whole")
+            plans.append(GroupPlan(group_id, prompt, self.group_size, self.group_size if whole else initial))
         return plans
+
+    def certain(self, prior: tuple[float, float]) -> bool:
+        """Whether every probe outcome commits a group that starts from ``prior``: a mixed probe
+        has ``P_eff = 1``, so the all-success and the all-failure probes decide (``whole_when_certain``)."""
+        k = self.probe_size
+        return min(self.predict(k, 0, prior), self.predict(0, k, prior)) >= self.tau_commit
 
     def _base_prior(self, prompt: Prompt) -> tuple[float, float]:
         """The gate's prior, or with ``level_prior`` the prompt's level's (noting the level)."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from configs import CONFIG_DIR, SCENARIO_DIR
-from railgate.cli.command import Command, config_options, overrides
+from railgate.cli.command import Command, config_options, no_progress, overrides
 
 
 def _overhead_options(parser: argparse.ArgumentParser) -> None:
@@ -98,6 +98,46 @@ def _allocation(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trl_options(parser: argparse.ArgumentParser) -> None:
+    from railgate.bench.trl import TrlBenchSpec
+
+    d = TrlBenchSpec()
+    parser.add_argument("--model", choices=("cpu", "smollm"), default=d.model,
+                        help="cpu: the project's CPU model on arithmetic; smollm: SmolLM2-135M-Instruct on word problems")
+    parser.add_argument("--seeds", type=int, default=d.seeds, help="seeds, each running both trainers (default: %(default)s)")
+    parser.add_argument("--first-seed", type=int, default=d.first_seed, help="the first seed (default: %(default)s)")
+    parser.add_argument("--budget", type=int, default=d.budget, help="rollouts each run generates (default: %(default)s)")
+    parser.add_argument("--prompts-per-step", type=int, default=d.prompts_per_step, help="default: %(default)s")
+    parser.add_argument("--group-size", type=int, default=d.group_size, help="num_generations (default: %(default)s)")
+    parser.add_argument("--probe-size", type=int, default=d.probe_size, help="gate_probe_size (default: %(default)s)")
+    parser.add_argument("--eval-every", type=int, default=d.eval_every, help="rollouts between evaluations (default: %(default)s)")
+    parser.add_argument("--eval-prompts", type=int, default=d.eval_prompts, help="held-out prompts (default: %(default)s)")
+    parser.add_argument("--eval-samples", type=int, default=d.eval_samples, help="samples per held-out prompt (default: %(default)s)")
+    parser.add_argument("--learning-rate", type=float, default=d.learning_rate, help="default: %(default)s")
+    parser.add_argument("--threads", type=int, default=d.threads, help="torch threads (default: %(default)s)")
+    parser.add_argument("--train-prompts", type=int, default=d.train_prompts, help="smollm: word problems (default: %(default)s)")
+    parser.add_argument("--model-dir", default=d.model_dir, help="smollm: a SmolLM2-135M-Instruct directory (default: import it)")
+    parser.add_argument("--out", type=Path, default=Path("runs/bench_trl"), help="output directory (default: %(default)s)")
+    no_progress(parser)
+
+
+def _trl(args: argparse.Namespace) -> int:
+    from pipeline.config.build import ConfigError
+    from railgate.bench.trl import TrlBenchSpec, run_trl_bench
+
+    numbers = {k: getattr(args, k) for k in ("seeds", "budget", "prompts_per_step", "group_size", "probe_size", "eval_every",
+                                              "eval_prompts", "eval_samples", "threads")}
+    bad = {k: v for k, v in numbers.items() if v < (2 if k == "group_size" else 1)}
+    if bad:
+        raise ConfigError(", ".join(f"--{k.replace('_', '-')}={v}" for k, v in bad.items()) + " must be >= 1 "
+                          "(--group-size >= 2)")
+    spec = TrlBenchSpec(model=args.model, first_seed=args.first_seed, learning_rate=args.learning_rate,
+                        train_prompts=args.train_prompts, model_dir=args.model_dir, **numbers)
+    report = run_trl_bench(spec, args.out, progress=not args.no_progress)
+    print((args.out / args.model / "trl.md").read_text())
+    return 0 if report["summary"]["seeds"] else 1
+
+
 def _engine_placeholder(args: argparse.Namespace) -> int:  # reached only through engine_passthrough
     return engine_passthrough([])
 
@@ -110,6 +150,8 @@ BENCHES: tuple[Command, ...] = (
             _allocation_options("rail"), _allocation),
     Command("recover", "success of branches from failed responses' prefixes vs fresh samples (a fixed warm-started "
             "base model)", _recover_options, _recover),
+    Command("trl", "TRL's GRPOTrainer against GatedGRPOTrainer on the same model, data, reward and budget "
+            "(needs the trl extra)", _trl_options, _trl),
     Command("engine", "the torch engine's tokens/s against transformers generate and continuous batching, same run "
             "(options: python run.py bench engine --help); 'bench engine vllm|ray' for those engines",
             lambda parser: None, _engine_placeholder),

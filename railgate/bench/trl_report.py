@@ -1,0 +1,129 @@
+"""The figures of ``bench trl``: per seed, per trainer, and gated against plain GRPO.
+
+Targets are the start accuracy (the first evaluation, the same model and the same seeded draws
+for both trainers of a seed) plus 0.1 and 0.2. Ratios are taken per seed (gated / GRPO) and
+then averaged; a target a run never reached is counted and left out of the means.
+
+>>> from railgate.bench.trl import RunRecord
+>>> def run(trainer, accs, cpu):
+...     points = [Point(i * 100, 0, 0.0, a, 0.02, i) for i, a in enumerate(accs)]
+...     return RunRecord(trainer, 0, points, 100 * (len(accs) - 1), 0, cpu, 0.0, 0.0, 1)
+>>> s = summary([run("grpo", [0.3, 0.35, 0.4, 0.5], 3.0), run("gated", [0.3, 0.4, 0.5, 0.55], 3.0)])
+>>> s["gated"]["to_target"]["0.1"], s["ratio"]["to_target"]["0.1"], s["ratio"]["cpu_per_rollout"]
+([100.0], [0.5], [1.0])
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+TARGETS = (0.1, 0.2)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One held-out evaluation: where the run was (rollouts generated, tokens, training
+    CPU-seconds, optimiser step) and the accuracy with the half-width of its 95% interval."""
+
+    rollouts: int
+    tokens: int
+    cpu_s: float
+    accuracy: float
+    ci95: float
+    step: int
+
+
+def summary(runs: Sequence[Any]) -> dict[str, Any]:
+    """Per trainer: per-seed rollouts to each target, final accuracy and interval, CPU per rollout;
+    per seed with both trainers: the ratios gated / GRPO."""
+    by = {(r.trainer, r.seed): r for r in runs}
+    seeds = sorted({s for t, s in by if ("grpo", s) in by and ("gated", s) in by})
+    out: dict[str, Any] = {"seeds": seeds}
+    for trainer in ("grpo", "gated"):
+        rs = [by[(trainer, s)] for s in seeds]
+        starts = [by[("grpo", s)].points[0].accuracy for s in seeds]
+        out[trainer] = {
+            "start": [r.points[0].accuracy for r in rs],
+            "to_target": {str(t): [r.rollouts_to(a + t) for r, a in zip(rs, starts)] for t in TARGETS},
+            "final": [r.points[-1].accuracy for r in rs],
+            "final_ci95": [r.points[-1].ci95 for r in rs],
+            "cpu_per_rollout": [r.cpu_per_rollout for r in rs],
+            "rollouts": [r.rollouts for r in rs],
+            "steps": [r.steps for r in rs],
+        }
+    g, p = out["gated"], out["grpo"]
+    out["ratio"] = {
+        "to_target": {k: [a / b for a, b in zip(g["to_target"][k], p["to_target"][k]) if a is not None and b]
+                      for k in g["to_target"]},
+        "cpu_per_rollout": [a / b for a, b in zip(g["cpu_per_rollout"], p["cpu_per_rollout"])],
+        "final_difference": [a - b for a, b in zip(g["final"], p["final"])],
+    }
+    return out
+
+
+def _ms(values: Sequence[float | None], scale: float = 1.0, digits: int = 0) -> str:
+    """Mean ± std of the reached values, and how many were reached when not all."""
+    got = [v * scale for v in values if v is not None]
+    if not got:
+        return f"not reached (0 of {len(values)})"
+    mean = sum(got) / len(got)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in got) / (len(got) - 1)) if len(got) > 1 else 0.0
+    text = f"{mean:.{digits}f} ± {sd:.{digits}f}"
+    return text if len(got) == len(values) else f"{text} ({len(got)} of {len(values)} reached)"
+
+
+def markdown(spec: Any, runs: Sequence[Any], s: dict[str, Any]) -> str:
+    """The report: the table of means, the ratios, then every run."""
+    lines = [f"# bench trl: GRPOTrainer against GatedGRPOTrainer ({spec.model})", "",
+             f"Seeds {', '.join(map(str, s['seeds']))}; {spec.prompts_per_step} prompts x {spec.group_size} completions a "
+             f"step; budget {spec.budget} rollouts a run; held-out accuracy every {spec.eval_every} rollouts on "
+             f"{spec.eval_prompts} prompts x {spec.eval_samples} samples; {spec.threads} torch thread(s); "
+             f"learning rate {spec.learning_rate} (constant).", "",
+             "| trainer | start | rollouts to start + 0.1 | rollouts to start + 0.2 | final accuracy | CPU-ms / rollout | steps |",
+             "|---|---|---|---|---|---|---|"]
+    for trainer in ("grpo", "gated"):
+        t = s[trainer]
+        lines.append(f"| {trainer} | {_ms(t['start'], digits=3)} | {_ms(t['to_target']['0.1'])} | "
+                     f"{_ms(t['to_target']['0.2'])} | {_ms(t['final'], digits=3)} | {_ms(t['cpu_per_rollout'], 1000, 2)} | "
+                     f"{_ms(t['steps'])} |")
+    r = s["ratio"]
+    lines += ["", "Gated / GRPO, per seed: rollouts to start + 0.1 "
+              f"{_ms(r['to_target']['0.1'], digits=2)}, to start + 0.2 {_ms(r['to_target']['0.2'], digits=2)}; "
+              f"CPU-s per generated rollout {_ms(r['cpu_per_rollout'], digits=2)}; final accuracy difference "
+              f"{_ms(r['final_difference'], digits=3)}.", "",
+              "| trainer | seed | rollouts | steps | to + 0.1 | to + 0.2 | final (95% CI over prompts) | CPU-s | CPU-ms / rollout | skipped | abandoned |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for run in sorted(runs, key=lambda r: (r.seed, r.trainer != "grpo")):
+        start = next((x for x in runs if x.trainer == "grpo" and x.seed == run.seed), run).points[0].accuracy
+        to = [run.rollouts_to(start + t) for t in TARGETS]
+        last = run.points[-1]
+        lines.append(f"| {run.trainer} | {run.seed} | {run.rollouts} | {run.steps} | "
+                     + " | ".join("-" if x is None else f"{x:.0f}" for x in to)
+                     + f" | {last.accuracy:.3f} ± {last.ci95:.3f} | {run.cpu_s:.0f} | {1000 * run.cpu_per_rollout:.2f} | "
+                     f"{run.gate.get('railgate/prompts_skipped', 0):.0f} | {run.gate.get('railgate/groups_abandoned', 0):.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def figure(spec: Any, runs: Sequence[Any], path: Path) -> None:
+    """Held-out accuracy against generated rollouts, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    colours = {"grpo": "tab:grey", "gated": "tab:blue"}
+    for run in runs:
+        ax.plot([p.rollouts for p in run.points], [p.accuracy for p in run.points], color=colours[run.trainer],
+                linestyle="-" if run.trainer == "gated" else "--", alpha=0.8,
+                label=f"{'GatedGRPOTrainer' if run.trainer == 'gated' else 'GRPOTrainer'} seed {run.seed}")
+    ax.set_xlabel("rollouts generated")
+    ax.set_ylabel("held-out accuracy")
+    ax.set_title(f"bench trl ({spec.model}): {spec.prompts_per_step} prompts x {spec.group_size} a step", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

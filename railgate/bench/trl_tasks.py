@@ -1,0 +1,111 @@
+"""The tasks of ``python run.py bench trl``: TRL datasets, a TRL reward and a grader for each.
+
+* ``arithmetic``: the project's own task (``pipeline.tasks``, the CPU default's settings) as a TRL
+  dataset for the project's CPU model exported as a Hugging Face directory: prompts such as
+  ``00037+00415=``, the answer written backwards, reward 1 for the exact answer. The answer
+  column is the reference completion, and it is the only text that earns the reward (one
+  character a token), so the reference likelihood is the pass rate (``reference_exact``), as in
+  railgate's own CPU default.
+* ``word``: GSM8K-style word problems generated here from templates (no download): one or two
+  operations on one-digit numbers, a chat prompt asking for the final number only, reward 1 when
+  the last number of the completion is the answer. Sized to SmolLM2-135M-Instruct (imported from
+  a Q4_1 GGUF): on two-digit, two-step problems and asked to reason it was right about 3% of
+  the time, its answers past 64 tokens two times in three; asked for the number of a one-step
+  problem with one-digit numbers, about 20%. The reference (the number) is one of many
+  completions that earn it: a lower bound.
+
+>>> task = word_problems(4, 2, seed=0)
+>>> row = task.train_rows[0]
+>>> sorted(row), task.reward([row["prompt"]], [f"It is {row['answer']}."], answer=[row["answer"]])
+(['answer', 'prompt', 'reference'], [1.0])
+>>> word_problems(4, 2, seed=0).train_rows == task.train_rows    # seeded
+True
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+@dataclass(frozen=True)
+class TrlTask:
+    """A benchmark task: train rows (``prompt``, ``answer``, ``reference``), held-out rows, the
+    TRL reward function, the completion length, and what the reference prior may assume."""
+
+    name: str
+    train_rows: list[dict[str, Any]]
+    eval_rows: list[dict[str, Any]]
+    reward: Callable[..., list[float]]
+    """TRL's reward-function signature: ``reward(prompts, completions, answer, **kwargs)``."""
+    max_completion_length: int
+    reference_exact: bool
+    """The reference is the only completion that earns the reward (its likelihood is the pass rate)."""
+    reference_skip: float
+    """``gate_reference_skip`` for this task (railgate's CPU default uses 0.8 with an exact reference)."""
+
+
+def arithmetic_task(cfg: Any, eval_prompts: int) -> TrlTask:
+    """The project's task of ``cfg`` (a ``RunConfig``): its training problems and ``eval_prompts``
+    held-out ones, graded by the task's own reward."""
+    from pipeline.tasks import build_task
+    from pipeline.types import Prompt
+
+    task = build_task(cfg.task)
+    train = task.train_problems(cfg.data.num_train_prompts, cfg.data.seed)
+    held_out = task.eval_problems(eval_prompts, cfg.data.seed)
+
+    def rows(problems):
+        return [{"prompt": task.format_prompt(p), "answer": p.solution, "reference": p.solution} for p in problems]
+
+    def exact_answer(prompts, completions, answer, **kwargs):
+        return [task.score(Prompt(0, "", (), answer=a), c) for c, a in zip(completions, answer)]
+
+    return TrlTask("arithmetic", rows(train), rows(held_out), exact_answer, cfg.orchestrator.max_tokens,
+                   reference_exact=True, reference_skip=0.8)
+
+
+NAMES = ("Ava", "Ben", "Chen", "Dara", "Eli", "Fatima", "Gus", "Hana", "Ivan", "Juno", "Kofi", "Lena")
+ITEMS = ("apples", "marbles", "stickers", "pencils", "cookies", "coins", "books", "shells")
+TEMPLATES = (
+    ("{n} has {a} {x}. {n} gets {b} more {x}. How many {x} does {n} have now?", lambda a, b, c: a + b),
+    ("{n} has {a} {x} and gives {b} of them to a friend. How many {x} does {n} have left?", lambda a, b, c: a - b),
+    ("A bag holds {a} {x}. How many {x} are in {b} bags?", lambda a, b, c: a * b),
+    ("{n} has {a} {x}, gets {b} more, then gives away {c}. How many {x} does {n} have now?", lambda a, b, c: a + b - c),
+)
+
+
+def word_problems(n_train: int, n_eval: int, seed: int) -> TrlTask:
+    """``n_train`` and ``n_eval`` distinct synthetic word problems (seeded; see the module docstring)."""
+    rng = random.Random(f"word-problems:{seed}")
+    seen: set[str] = set()
+    out: list[dict[str, Any]] = []
+    while len(out) < n_train + n_eval:
+        template, solve = TEMPLATES[rng.randrange(len(TEMPLATES))]
+        a, b = rng.randint(2, 9), rng.randint(2, 9)
+        c = rng.randint(1, a)
+        if "gives {b}" in template:
+            a, b = max(a, b) + 1, min(a, b)
+        text = template.format(n=rng.choice(NAMES), x=rng.choice(ITEMS), a=a, b=b, c=c)
+        answer = solve(a, b, c)
+        if text in seen or answer < 0:
+            continue
+        seen.add(text)
+        question = f"{text} Reply with only the final number."
+        out.append({"prompt": [{"role": "user", "content": question}], "answer": str(answer), "reference": str(answer)})
+    return TrlTask("word", out[:n_train], out[n_train:], last_number_reward, max_completion_length=12,
+                   reference_exact=False, reference_skip=0.45)
+
+
+def last_number_reward(prompts: list, completions: list, answer: list, **kwargs: Any) -> list[float]:
+    """1 when the completion's last number equals ``answer`` (a chat completion: its text)."""
+    out = []
+    for completion, expected in zip(completions, answer):
+        text = completion[-1]["content"] if isinstance(completion, list) else completion
+        numbers = _NUMBER.findall(text.replace(",", ""))
+        out.append(float(bool(numbers) and float(numbers[-1]) == float(expected)))
+    return out
