@@ -28,6 +28,7 @@ import heapq
 import math
 import numbers
 from collections.abc import Sequence
+from typing import Any
 
 from controller.posterior import UNIFORM_PRIOR, _count, _prior, hit_utility
 
@@ -52,8 +53,7 @@ def hora_posteriors(
     counts = list(successes)
     if not counts:
         raise ValueError(
-            "successes is empty; HORA allocates over a batch of probed prompts, pass one "
-            "success count per prompt"
+            "successes is empty; HORA allocates over a batch of probed prompts, pass one success count per prompt"
         )
     if isinstance(probes, (int, numbers.Real)):  # one size for every prompt (numpy integers too)
         sizes = [probes] * len(counts)
@@ -70,8 +70,7 @@ def hora_posteriors(
         g = _count(f"probes[{i}]", given_g)
         if s > g:
             raise ValueError(
-                f"successes[{i}]={s} exceeds its probe size {g}; a probe of {g} rollouts has at "
-                f"most {g} successes"
+                f"successes[{i}]={s} exceeds its probe size {g}; a probe of {g} rollouts has at most {g} successes"
             )
         posteriors.append((a0 + s, b0 + (g - s)))
     return posteriors
@@ -162,7 +161,7 @@ def _caps(cap: int | Sequence[int] | None, n: int) -> list[float]:
     """Per-prompt caps on extra rollouts (inf: none), validated."""
     if cap is None:
         return [math.inf] * n
-    caps = [cap] * n if isinstance(cap, numbers.Real) else list(cap)
+    caps: list[Any] = [cap] * n if isinstance(cap, numbers.Real) else list(cap)  # type: ignore[arg-type]
     if len(caps) != n:
         raise ValueError(f"cap has {len(caps)} entries but successes has {n}; pass one cap per prompt, or a single int")
     return [_count(f"cap[{i}]", c) for i, c in enumerate(caps)]
@@ -183,10 +182,8 @@ def total_hit_utility(
     extra = list(extra)
     if len(extra) != len(posteriors):
         raise ValueError(
-            f"extra has {len(extra)} entries but successes has {len(posteriors)}; pass one "
-            f"allocation per prompt"
+            f"extra has {len(extra)} entries but successes has {len(posteriors)}; pass one allocation per prompt"
         )
     return math.fsum(
-        hit_utility(a, b, _count(f"extra[{i}]", m))
-        for i, ((a, b), m) in enumerate(zip(posteriors, extra))
+        hit_utility(a, b, _count(f"extra[{i}]", m)) for i, ((a, b), m) in enumerate(zip(posteriors, extra))
     )

@@ -107,8 +107,11 @@ class PilotCommitConfig:
     def check_sizes(self, group_size: int, batch_groups: int) -> None:
         """A pilot fits in its group."""
         n_p = self.pilot_size
-        require(n_p <= group_size, f"gate.pilot_commit.pilot_size={n_p} is above orchestrator.group_size={group_size}; "
-                "lower gate.pilot_commit.pilot_size or raise orchestrator.group_size")
+        require(
+            n_p <= group_size,
+            f"gate.pilot_commit.pilot_size={n_p} is above orchestrator.group_size={group_size}; "
+            "lower gate.pilot_commit.pilot_size or raise orchestrator.group_size",
+        )
 
 
 @dataclass(frozen=True)
@@ -130,9 +133,11 @@ class HoraConfig:
     def __post_init__(self) -> None:
         require(self.probe_size >= 2, f"gate.hora.probe_size={self.probe_size} must be >= 2")
         require(self.budget >= 0, f"gate.hora.budget={self.budget} must be >= 0 (0 = compute-matched)")
-        require(self.max_group_size == 0 or self.max_group_size >= self.probe_size,
-                f"gate.hora.max_group_size={self.max_group_size} is below gate.hora.probe_size={self.probe_size}; "
-                "raise it, or set 0 for no limit")
+        require(
+            self.max_group_size == 0 or self.max_group_size >= self.probe_size,
+            f"gate.hora.max_group_size={self.max_group_size} is below gate.hora.probe_size={self.probe_size}; "
+            "raise it, or set 0 for no limit",
+        )
         _prior_ok(self.prior, "gate.hora.prior")
 
     def total_budget(self, group_size: int, batch_groups: int) -> int:
@@ -143,9 +148,16 @@ class HoraConfig:
         """The batch budget covers one probe round (the extra budget R is not negative)."""
         total = self.total_budget(group_size, batch_groups)
         probes = batch_groups * self.probe_size
-        source = f"gate.hora.budget={self.budget}" if self.budget else f"the compute-matched budget batch_groups*group_size={total}"
-        require(total >= probes, f"{source} is below one probe round batch_groups*probe_size={probes} "
-                f"(extra budget R={total - probes} < 0); lower gate.hora.probe_size or raise gate.hora.budget")
+        source = (
+            f"gate.hora.budget={self.budget}"
+            if self.budget
+            else f"the compute-matched budget batch_groups*group_size={total}"
+        )
+        require(
+            total >= probes,
+            f"{source} is below one probe round batch_groups*probe_size={probes} "
+            f"(extra budget R={total - probes} < 0); lower gate.hora.probe_size or raise gate.hora.budget",
+        )
 
 
 @dataclass(frozen=True)
@@ -251,10 +263,17 @@ class SaraConfig:
             0 <= self.confident_max_mixed < 1,
             f"{key}.confident_max_mixed={self.confident_max_mixed} must be in [0, 1) (a bound on a probability)",
         )
-        require(self.reference_strength > 0, f"{key}.reference_strength={self.reference_strength} must be > 0 (rollouts)")
-        require(0 <= self.reference_skip < 1,
-                f"{key}.reference_skip={self.reference_skip} must be in [0, 1) (a chance; 1 would skip every prompt)")
-        require(self.reference_ahead >= 0, f"{key}.reference_ahead={self.reference_ahead} must be >= 0 (prompts per step; 0: auto)")
+        require(
+            self.reference_strength > 0, f"{key}.reference_strength={self.reference_strength} must be > 0 (rollouts)"
+        )
+        require(
+            0 <= self.reference_skip < 1,
+            f"{key}.reference_skip={self.reference_skip} must be in [0, 1) (a chance; 1 would skip every prompt)",
+        )
+        require(
+            self.reference_ahead >= 0,
+            f"{key}.reference_ahead={self.reference_ahead} must be >= 0 (prompts per step; 0: auto)",
+        )
         require(
             not (self.confident_pilot and self.launch == "eager"),
             f"{key}.confident_pilot=true launches a pilot before the probe, which {key}.launch='eager' (all G at once) "
@@ -272,17 +291,22 @@ class SaraConfig:
     def check_sizes(self, group_size: int, batch_groups: int) -> None:
         """A probe fits in its group."""
         k = self.probe_size
-        require(k <= group_size, f"gate.sara.probe_size={k} is above orchestrator.group_size={group_size}; "
-                "lower gate.sara.probe_size or raise orchestrator.group_size")
+        require(
+            k <= group_size,
+            f"gate.sara.probe_size={k} is above orchestrator.group_size={group_size}; "
+            "lower gate.sara.probe_size or raise orchestrator.group_size",
+        )
 
     def check_sampling(self, temperature: float, top_p: float) -> None:
         """``confident_pilot`` and ``reference_prior`` read a group's odds from the policy's own
         probabilities, which are the sampling probabilities only at temperature 1 and top_p 1."""
         for name, on in (("confident_pilot", self.confident_pilot), ("reference_prior", self.reference_prior)):
-            require(not on or (temperature == 1.0 and top_p == 1.0),
-                    f"gate.sara.{name}=true reads a group's odds from the policy's own probabilities, which are the "
-                    f"sampling probabilities only at temperature 1 and top_p 1, not orchestrator.temperature={temperature} "
-                    f"and top_p={top_p}; sample at temperature 1 and top_p 1 or set gate.sara.{name}=false")
+            require(
+                not on or (temperature == 1.0 and top_p == 1.0),
+                f"gate.sara.{name}=true reads a group's odds from the policy's own probabilities, which are the "
+                f"sampling probabilities only at temperature 1 and top_p 1, not orchestrator.temperature={temperature} "
+                f"and top_p={top_p}; sample at temperature 1 and top_p 1 or set gate.sara.{name}=false",
+            )
 
 
 @dataclass(frozen=True)
@@ -379,7 +403,11 @@ class GateConfig:
     def section(self) -> DsConfig | PilotCommitConfig | HoraConfig | SaraConfig | None:
         """The settings of ``kind`` (``sara`` for ``sara_dps`` too); None for a gate without any."""
         sections: dict[str, DsConfig | PilotCommitConfig | HoraConfig | SaraConfig] = {
-            "ds": self.ds, "pilot_commit": self.pilot_commit, "hora": self.hora, "sara": self.sara, "sara_dps": self.sara,
+            "ds": self.ds,
+            "pilot_commit": self.pilot_commit,
+            "hora": self.hora,
+            "sara": self.sara,
+            "sara_dps": self.sara,
         }
         return sections.get(self.kind)
 

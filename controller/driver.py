@@ -86,8 +86,17 @@ class Verdict:
     n: int = 0
 
 
-def snapshot_of(group_id: int, prompt: Prompt, rewards: Sequence[float], target_size: int, launched: int,
-                in_flight: int = 0, failed: int = 0, tokens: int = 0, policy_version: int = 0) -> GroupSnapshot:
+def snapshot_of(
+    group_id: int,
+    prompt: Prompt,
+    rewards: Sequence[float],
+    target_size: int,
+    launched: int,
+    in_flight: int = 0,
+    failed: int = 0,
+    tokens: int = 0,
+    policy_version: int = 0,
+) -> GroupSnapshot:
     """The ``GroupSnapshot`` a gate reads, from what a sampling loop knows: the rewards so far,
     how many samples were started (``launched``) and are still running (``in_flight``).
 
@@ -96,10 +105,21 @@ def snapshot_of(group_id: int, prompt: Prompt, rewards: Sequence[float], target_
     (2, 1, True)
     """
     if launched < len(rewards) + in_flight + failed:
-        raise ValueError(f"launched={launched} is below the {len(rewards)} rewards + {in_flight} running + {failed} failed "
-                         "samples; count every sample started")
-    return GroupSnapshot(group_id=group_id, prompt=prompt, target_size=target_size, rewards=tuple(float(r) for r in rewards),
-                         in_flight=in_flight, launched=launched, failed=failed, tokens=tokens, policy_version=policy_version)
+        raise ValueError(
+            f"launched={launched} is below the {len(rewards)} rewards + {in_flight} running + {failed} failed "
+            "samples; count every sample started"
+        )
+    return GroupSnapshot(
+        group_id=group_id,
+        prompt=prompt,
+        target_size=target_size,
+        rewards=tuple(float(r) for r in rewards),
+        in_flight=in_flight,
+        launched=launched,
+        failed=failed,
+        tokens=tokens,
+        policy_version=policy_version,
+    )
 
 
 class _CallerChoice(PromptSelector):
@@ -174,8 +194,17 @@ class DrivenGroup:
             if self.committed:
                 continue  # a committed group is not asked again; it collects its samples
             in_flight = self.launched - len(self.rewards) - self.failed
-            snapshot = snapshot_of(self.group_id, self.prompt, self.rewards, self.target_size, self.launched,
-                                   in_flight, self.failed, tokens, self.driver.step)
+            snapshot = snapshot_of(
+                self.group_id,
+                self.prompt,
+                self.rewards,
+                self.target_size,
+                self.launched,
+                in_flight,
+                self.failed,
+                tokens,
+                self.driver.step,
+            )
             if any(self._apply(action) for action in gate.update(snapshot)):
                 return self._end("drop")  # the rest of this report belongs to a dropped group: unread
         return self._next()
@@ -210,10 +239,18 @@ class DrivenGroup:
 
     def as_committed(self) -> CommittedGroup:
         """The group as the gate's ``on_step`` reads it (rewards only; no tokens)."""
-        rollouts = tuple(Rollout(f"g{self.group_id}-s{i}", i, (), (), (), r, FinishReason.STOP, self.driver.step)
-                         for i, r in enumerate(self.rewards))
-        return CommittedGroup(self.group_id, self.prompt.prompt_id, rollouts, self.launched, 0,
-                              success_threshold=self.prompt.success_threshold)
+        rollouts = tuple(
+            Rollout(f"g{self.group_id}-s{i}", i, (), (), (), r, FinishReason.STOP, self.driver.step)
+            for i, r in enumerate(self.rewards)
+        )
+        return CommittedGroup(
+            self.group_id,
+            self.prompt.prompt_id,
+            rollouts,
+            self.launched,
+            0,
+            success_threshold=self.prompt.success_threshold,
+        )
 
 
 class GateDriver:
@@ -240,13 +277,20 @@ class GateDriver:
         sara = getattr(self.gate, "config", None)
         if isinstance(sara, SaraConfig) and sara.reference_prior:
             # The caller scores each prompt it opens; the screen holds that one score until ``open``.
-            self.reference = ReferenceScreen({}, lambda n: [], exact=reference_exact,
-                                             strength=sara.reference_strength, ahead=1)
+            self.reference = ReferenceScreen(
+                {}, lambda n: [], exact=reference_exact, strength=sara.reference_strength, ahead=1
+            )
             self.gate.attach_reference(self.reference)
 
     @classmethod
-    def sara(cls, group_size: int = 8, probe_size: int = 4, success_threshold: float = 0.5, reference_exact: bool = False,
-             **options: Any) -> GateDriver:
+    def sara(
+        cls,
+        group_size: int = 8,
+        probe_size: int = 4,
+        success_threshold: float = 0.5,
+        reference_exact: bool = False,
+        **options: Any,
+    ) -> GateDriver:
         """A driver of ``controller.gates.sara.SaraGate`` (``options``: the other fields of ``SaraConfig``,
         e.g. ``reference_prior=True, reference_skip=0.8``)."""
         from controller.gates.sara import SaraGate
@@ -254,8 +298,14 @@ class GateDriver:
         config = SaraConfig(probe_size=probe_size, **options)
         return cls(lambda source: SaraGate(source, group_size, config=config), success_threshold, reference_exact)
 
-    def open(self, text: str, prompt_id: int | None = None, token_ids: Sequence[int] = (),
-             reference_logprob: float | None = None, reference_tokens: int = 0) -> DrivenGroup:
+    def open(
+        self,
+        text: str,
+        prompt_id: int | None = None,
+        token_ids: Sequence[int] = (),
+        reference_logprob: float | None = None,
+        reference_tokens: int = 0,
+    ) -> DrivenGroup:
         """A new group for the caller's prompt (``prompt_id``: a stable id of it, for the gate's per-prompt memory).
 
         ``reference_logprob``: with the reference prior, the policy's summed log-probability of the
@@ -265,8 +315,10 @@ class GateDriver:
         pid = self._next_id if prompt_id is None else int(prompt_id)
         if reference_logprob is not None:
             if self.reference is None:
-                raise ValueError("reference_logprob was given to a driver whose gate has no reference prior; build it with "
-                                 "GateDriver.sara(..., reference_prior=True) or drop reference_logprob")
+                raise ValueError(
+                    "reference_logprob was given to a driver whose gate has no reference prior; build it with "
+                    "GateDriver.sara(..., reference_prior=True) or drop reference_logprob"
+                )
             self.reference.update({pid: float(reference_logprob)}, tokens=reference_tokens)
         prompt = Prompt(pid, text, tuple(token_ids), success_threshold=self.success_threshold)
         self._source.offered.append(prompt)
@@ -276,8 +328,10 @@ class GateDriver:
         if not plans and self.reference is not None and not self._source.offered:
             return DrivenGroup(self, group_id, prompt, 0, 0, ended="skip")  # the screen passed over it
         if len(plans) != 1:
-            raise LifecycleError(f"{type(self.gate).__name__} opened {len(plans)} groups for one prompt; it needs a "
-                                 "prompt source of its own, not the caller's choice")
+            raise LifecycleError(
+                f"{type(self.gate).__name__} opened {len(plans)} groups for one prompt; it needs a "
+                "prompt source of its own, not the caller's choice"
+            )
         return DrivenGroup(self, plans[0].group_id, plans[0].prompt, plans[0].target_size, plans[0].initial)
 
     def metrics(self) -> dict[str, float]:

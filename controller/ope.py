@@ -68,9 +68,7 @@ class Estimate:
 def _vector(name: str, values: ArrayLike) -> np.ndarray:
     array = np.asarray(values, dtype=np.float64)
     if array.ndim != 1:
-        raise ValueError(
-            f"{name} must be one-dimensional (one entry per record), got shape {array.shape}"
-        )
+        raise ValueError(f"{name} must be one-dimensional (one entry per record), got shape {array.shape}")
     bad = np.flatnonzero(~np.isfinite(array))
     if bad.size:
         i = int(bad[0])
@@ -126,8 +124,7 @@ def _same_length(rewards: np.ndarray, **others: np.ndarray) -> None:
     for name, array in others.items():
         if array.size != rewards.size:
             raise ValueError(
-                f"{name} has {array.size} entries but rewards has {rewards.size}; pass "
-                f"one entry per logged record"
+                f"{name} has {array.size} entries but rewards has {rewards.size}; pass one entry per logged record"
             )
 
 

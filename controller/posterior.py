@@ -62,9 +62,7 @@ def _prior(prior: tuple[float, float]) -> tuple[float, float]:
     try:
         a0, b0 = prior
     except (TypeError, ValueError):
-        raise ValueError(
-            f"prior={prior!r} must be a pair (a0, b0) of Beta pseudo-counts, e.g. (1.0, 1.0)"
-        ) from None
+        raise ValueError(f"prior={prior!r} must be a pair (a0, b0) of Beta pseudo-counts, e.g. (1.0, 1.0)") from None
     return _beta_parameter("prior a0", a0), _beta_parameter("prior b0", b0)
 
 
@@ -101,9 +99,7 @@ def _probability(name: str, value: float) -> float:
 # -- posterior -----------------------------------------------------------------------------
 
 
-def posterior(
-    successes: float, failures: float, prior: tuple[float, float] = UNIFORM_PRIOR
-) -> tuple[float, float]:
+def posterior(successes: float, failures: float, prior: tuple[float, float] = UNIFORM_PRIOR) -> tuple[float, float]:
     """Beta posterior ``(a0 + successes, b0 + failures)`` of a prompt's success probability.
 
     Counts may be fractional (down-weighted or discounted observations) but not negative.
@@ -139,9 +135,7 @@ def discount_posterior(
     a0, b0 = _prior(prior)
     gamma = float(gamma)
     if not (0.0 <= gamma <= 1.0):
-        raise ValueError(
-            f"gamma={gamma!r} must lie in [0, 1]; 1 keeps the carried posterior, 0 resets it"
-        )
+        raise ValueError(f"gamma={gamma!r} must lie in [0, 1]; 1 keeps the carried posterior, 0 resets it")
     return a0 + gamma * (a - a0), b0 + gamma * (b - b0)
 
 
@@ -317,9 +311,7 @@ def _sara_arguments(p: float, probe_size: int, group_size: int) -> tuple[float, 
     if k < 1:
         raise ValueError(f"probe_size={k} must be at least 1; the rule needs a probe to judge")
     if size < k:
-        raise ValueError(
-            f"group_size={size} is below probe_size={k}; raise group_size or lower probe_size"
-        )
+        raise ValueError(f"group_size={size} is below probe_size={k}; raise group_size or lower probe_size")
     return p, k, size
 
 
@@ -353,4 +345,3 @@ def sara_false_abandonment(p: float, probe_size: int, group_size: int) -> float:
     rest = size - k
     q = 1.0 - p
     return p**k * (1.0 - p**rest) + q**k * (1.0 - q**rest)
-

@@ -120,7 +120,9 @@ class ReferenceScreen:
         bad = {k: v for k, v in logprobs.items() if math.isnan(v) or v > 1e-6}
         if bad:
             k, v = next(iter(bad.items()))
-            raise ValueError(f"reference log-prob {v} of prompt {k} is not the log of a probability; the learner's scoring is broken")
+            raise ValueError(
+                f"reference log-prob {v} of prompt {k} is not the log of a probability; the learner's scoring is broken"
+            )
         self._logprob.update((int(k), min(0.0, float(v))) for k, v in logprobs.items())
         self._counts["reference_scored"] += len(logprobs)
         self._counts["reference_scored_tokens"] += int(tokens)

@@ -22,7 +22,7 @@ def accuracy(prompts, completions, answer, **columns):  # TRL's reward-function 
 def sample(model, tok, text, n):  # plain transformers sampling, n completions of one prompt
     batch = {k: v.repeat(n, 1) for k, v in tok(text, return_tensors="pt").items()}
     out = model.generate(**batch, do_sample=True, max_new_tokens=6, pad_token_id=tok.pad_token_id or tok.eos_token_id)
-    return tok.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    return tok.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 def main(model_dir):

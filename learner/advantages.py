@@ -23,11 +23,11 @@ estimator (the same as a saturated group), never NaN.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence, Union
+from collections.abc import Callable, Sequence
 
 from pipeline.types import CommittedGroup
 
-GroupLike = Union[CommittedGroup, Sequence[float]]
+GroupLike = CommittedGroup | Sequence[float]
 Advantages = tuple[tuple[float, ...], ...]
 
 
@@ -36,7 +36,9 @@ def _rewards(group: GroupLike) -> tuple[float, ...]:
     out = tuple(float(r) for r in values)
     for r in out:
         if not math.isfinite(r):
-            raise ValueError(f"reward {r} is not finite; reward functions must return finite numbers (0/1 for verifiable tasks)")
+            raise ValueError(
+                f"reward {r} is not finite; reward functions must return finite numbers (0/1 for verifiable tasks)"
+            )
     return out
 
 
@@ -51,7 +53,9 @@ def _std(rewards: tuple[float, ...], mean: float, ddof: int) -> float:
     return math.sqrt(sum((r - mean) ** 2 for r in rewards) / (n - ddof))
 
 
-def _per_group(groups: Sequence[GroupLike], advantages_of: Callable[[tuple[float, ...]], tuple[float, ...]]) -> Advantages:
+def _per_group(
+    groups: Sequence[GroupLike], advantages_of: Callable[[tuple[float, ...]], tuple[float, ...]]
+) -> Advantages:
     """``advantages_of(rewards)`` for each group with a reward spread; a saturated group gets
     exactly 0 (not a rounding residue of ``mean(r) - r`` over eps, and never 0/0)."""
     out = []
@@ -134,7 +138,9 @@ def compute_advantages(groups: Sequence[GroupLike], algorithm: str, eps: float =
     if algorithm == "grpo":
         return grpo_advantages(groups, eps=eps, ddof=ddof)
     if algorithm not in ESTIMATORS:
-        raise ValueError(f"algorithm={algorithm!r} is not one of {', '.join(map(repr, ESTIMATORS))}; set learner.algorithm")
+        raise ValueError(
+            f"algorithm={algorithm!r} is not one of {', '.join(map(repr, ESTIMATORS))}; set learner.algorithm"
+        )
     return ESTIMATORS[algorithm](groups)
 
 

@@ -108,8 +108,10 @@ class LearnerConfig:
 
     def __post_init__(self) -> None:
         require(self.clip_low >= 0, f"learner.clip_low={self.clip_low} must be >= 0; 0.2 is the usual PPO value")
-        require(self.clip_low < 1,
-                f"learner.clip_low={self.clip_low} must be < 1, or the ratio's lower bound 1 - clip_low is not positive")
+        require(
+            self.clip_low < 1,
+            f"learner.clip_low={self.clip_low} must be < 1, or the ratio's lower bound 1 - clip_low is not positive",
+        )
         require(
             self.clip_high >= self.clip_low,
             f"learner.clip_high={self.clip_high} is below learner.clip_low={self.clip_low}; DAPO's clip-higher raises "
@@ -128,6 +130,10 @@ class LearnerConfig:
         require(self.grad_clip >= 0, f"learner.grad_clip={self.grad_clip} must be >= 0 (0 = no clipping)")
         require(self.micro_batch >= 1, f"learner.micro_batch={self.micro_batch} must be >= 1 rollout")
         require(self.ppo_epochs >= 1, f"learner.ppo_epochs={self.ppo_epochs} must be >= 1")
-        require(0 <= self.noise_scale_ema < 1,
-                f"learner.noise_scale_ema={self.noise_scale_ema} must lie in [0, 1); 0.99 averages about 100 steps")
-        require(self.num_threads >= 0, f"learner.num_threads={self.num_threads} must be >= 0 (0 = leave torch's setting)")
+        require(
+            0 <= self.noise_scale_ema < 1,
+            f"learner.noise_scale_ema={self.noise_scale_ema} must lie in [0, 1); 0.99 averages about 100 steps",
+        )
+        require(
+            self.num_threads >= 0, f"learner.num_threads={self.num_threads} must be >= 0 (0 = leave torch's setting)"
+        )

@@ -63,8 +63,9 @@ backward pass, both leaving the update bit-identical:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -99,7 +100,9 @@ def two_batch_estimate(small_sq: float, b_small: float, big_sq: float, b_big: fl
     return GradientNoise(grad_sq, trace, small_sq, big_sq, float(b_small), float(b_big))
 
 
-def partition_estimate(parts_sq: Sequence[float], shares: Sequence[float], sizes: Sequence[float], big_sq: float) -> GradientNoise:
+def partition_estimate(
+    parts_sq: Sequence[float], shares: Sequence[float], sizes: Sequence[float], big_sq: float
+) -> GradientNoise:
     """The estimates from a batch split into K >= 2 parts (see the module docstring).
 
     ``parts_sq[k]`` = |G_k|², part k's gradient rescaled to its own normaliser; ``shares[k]``
@@ -114,7 +117,9 @@ def partition_estimate(parts_sq: Sequence[float], shares: Sequence[float], sizes
     ((24.0, 0.5, 16.0), (24.0, 0.5))
     """
     if len(parts_sq) < 2 or not len(parts_sq) == len(shares) == len(sizes):
-        raise ValueError(f"need >= 2 parts with one share and one size each; got {len(parts_sq)}, {len(shares)}, {len(sizes)}")
+        raise ValueError(
+            f"need >= 2 parts with one share and one size each; got {len(parts_sq)}, {len(shares)}, {len(sizes)}"
+        )
     if any(f <= 0 for f in shares) or any(b <= 0 for b in sizes):
         raise ValueError(f"shares {list(shares)} and sizes {list(sizes)} must all be > 0")
     small_sq = sum(f * q for f, q in zip(shares, parts_sq))
@@ -194,8 +199,11 @@ class PreviousStepGradient:
         grads = [p.grad for p in params]
         dot = None
         if self._kept is not None and len(self._kept) == len(grads):
-            dot = sum(float(torch.vdot(g.flatten(), k.flatten())) for g, k in zip(grads, self._kept)
-                      if g is not None and k is not None)
+            dot = sum(
+                float(torch.vdot(g.flatten(), k.flatten()))
+                for g, k in zip(grads, self._kept)
+                if g is not None and k is not None
+            )
         self._kept = [g.detach().clone() if g is not None else None for g in grads]
         return dot
 

@@ -41,8 +41,8 @@ since the loss is a weighted sum over tokens with batch-wide normalisers.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -158,11 +158,16 @@ def _responses(rows: list[Rollout], advantages: list[float], index: tuple[int, .
         old[i, :n] = r.logprobs
     if not np.isfinite(old).all():
         culprit = next(r for r in rows if not np.isfinite(np.asarray(r.logprobs, dtype=np.float64)).all())
-        raise BatchError(f"rollout {culprit.request_id!r} has a non-finite log-prob; the engine reported a token it could not sample")
+        raise BatchError(
+            f"rollout {culprit.request_id!r} has a non-finite log-prob; the engine reported a token it could not sample"
+        )
     return Chunk(
-        targets=torch.from_numpy(targets), loss_mask=torch.from_numpy(mask), token_mask=torch.from_numpy(tokens),
+        targets=torch.from_numpy(targets),
+        loss_mask=torch.from_numpy(mask),
+        token_mask=torch.from_numpy(tokens),
         old_logprobs=torch.from_numpy(old),
-        advantages=torch.tensor(advantages, dtype=torch.float32), index=index,
+        advantages=torch.tensor(advantages, dtype=torch.float32),
+        index=index,
     )
 
 

@@ -44,8 +44,9 @@ import contextlib
 import copy
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -80,7 +81,9 @@ class TorchLearner:
         defaulting to a frozen copy of ``model`` as it is at construction.
     """
 
-    def __init__(self, model: torch.nn.Module, config: LearnerConfig, pad_id: int, ref_model: torch.nn.Module | None = None):
+    def __init__(
+        self, model: torch.nn.Module, config: LearnerConfig, pad_id: int, ref_model: torch.nn.Module | None = None
+    ):
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.model = model
@@ -92,7 +95,9 @@ class TorchLearner:
             self.ref_model.requires_grad_(False).eval()
         self._params = [p for p in model.parameters() if p.requires_grad]
         if not self._params:
-            raise ValueError("the model has no trainable parameters (all requires_grad=False); unfreeze it before training")
+            raise ValueError(
+                "the model has no trainable parameters (all requires_grad=False); unfreeze it before training"
+            )
         self.device = self._params[0].device
         self.optimizer = torch.optim.AdamW(
             self._params, lr=config.lr, betas=tuple(config.betas), eps=config.adam_eps, weight_decay=config.weight_decay
@@ -116,7 +121,9 @@ class TorchLearner:
 
     def advantages(self, batch: TrainBatch) -> tuple[tuple[float, ...], ...]:
         """Per-group advantages of ``batch`` under ``config.algorithm`` (what the buffer stores)."""
-        return compute_advantages(batch.groups, self.config.algorithm, eps=self.config.adv_eps, ddof=self.config.std_ddof)
+        return compute_advantages(
+            batch.groups, self.config.algorithm, eps=self.config.adv_eps, ddof=self.config.std_ddof
+        )
 
     def step(self, batch: TrainBatch) -> StepResult:
         """One optimisation step (``ppo_epochs`` of them) on ``batch``; see the module docstring."""
@@ -136,7 +143,9 @@ class TorchLearner:
                 self._backward(plan, totals, probe)
                 if probe is not None:  # before clipping scales the gradient in place
                     dot_prev = self._previous.dot_and_keep(self._params)
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf))
+                grad_norm = float(
+                    torch.nn.utils.clip_grad_norm_(self._params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+                )
                 if probe is not None:
                     noise, big_sq = probe.estimate(grad_norm**2), grad_norm**2
                     if not math.isfinite(grad_norm):
@@ -151,18 +160,20 @@ class TorchLearner:
         self._version += 1
         tok = totals["tokens"] or 1.0
         metrics = dict(plan.metrics)
-        metrics.update({
-            "learner/loss": totals["loss"] / max(epochs, 1),
-            "learner/grad_norm": totals["grad_norm"] / max(epochs, 1),
-            "learner/clip_frac": totals["clip"] / tok,
-            "learner/approx_kl": totals["kl"] / tok,
-            "learner/entropy": totals["ent"] / tok,
-            "learner/tokens": plan.num_tokens,
-            # an all-saturated batch under mask_saturated has nothing to train on: no update
-            "learner/skipped_steps": totals["skipped"] if plan.chunks else float(cfg.ppo_epochs),
-            "learner/lr": float(self.optimizer.param_groups[0]["lr"]),
-            "learner/step_s": time.perf_counter() - start,
-        })
+        metrics.update(
+            {
+                "learner/loss": totals["loss"] / max(epochs, 1),
+                "learner/grad_norm": totals["grad_norm"] / max(epochs, 1),
+                "learner/clip_frac": totals["clip"] / tok,
+                "learner/approx_kl": totals["kl"] / tok,
+                "learner/entropy": totals["ent"] / tok,
+                "learner/tokens": plan.num_tokens,
+                # an all-saturated batch under mask_saturated has nothing to train on: no update
+                "learner/skipped_steps": totals["skipped"] if plan.chunks else float(cfg.ppo_epochs),
+                "learner/lr": float(self.optimizer.param_groups[0]["lr"]),
+                "learner/step_s": time.perf_counter() - start,
+            }
+        )
         if self.ref_model is not None:
             metrics["learner/kl_ref"] = totals["kl_ref"] / tok
         metrics.update(self._noise_metrics(noise, plan, big_sq, dot_prev))
@@ -177,7 +188,8 @@ class TorchLearner:
             self._backward(plan, dict.fromkeys(("loss", "clip", "kl", "kl_ref", "ent", "tokens"), 0.0))
         grads = {
             name: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
-            for name, p in self.model.named_parameters() if p.requires_grad
+            for name, p in self.model.named_parameters()
+            if p.requires_grad
         }
         self.optimizer.zero_grad(set_to_none=True)
         return grads
@@ -195,8 +207,11 @@ class TorchLearner:
             "version": self._version,
         }
         if self.noise is not None:
-            state["noise_scale"] = {"steps": self.noise.state_dict(), "micro": self.noise_micro.state_dict(),
-                                    "previous": self._previous.state_dict()}
+            state["noise_scale"] = {
+                "steps": self.noise.state_dict(),
+                "micro": self.noise_micro.state_dict(),
+                "previous": self._previous.state_dict(),
+            }
         if self.ref_model is not None:
             state["ref_model"] = {k: v.detach().clone() for k, v in self.ref_model.state_dict().items()}
         return state
@@ -220,7 +235,7 @@ class TorchLearner:
 
     # --- one step's pieces -------------------------------------------------------------------
 
-    def _plan(self, batch: TrainBatch) -> "_Plan":
+    def _plan(self, batch: TrainBatch) -> _Plan:
         cfg = self.config
         _check_batch(batch)
         # 1) advantages, and the rollouts that enter the loss
@@ -236,12 +251,14 @@ class TorchLearner:
         chunks = pack(rows, row_adv, self.pad_id, cfg.micro_batch, self.vocab_size, self.device, cfg.share_prompts)
         return _Plan(
             chunks=chunks,
-            num_tokens=float(sum(chunk.num_tokens for chunk in chunks)),  # trained tokens: not an episode's observations
+            num_tokens=float(
+                sum(chunk.num_tokens for chunk in chunks)
+            ),  # trained tokens: not an episode's observations
             num_seqs=float(len(rows)),
             metrics=_batch_metrics(batch, advantages, saturated, row_adv, self._version),
         )
 
-    def _backward(self, plan: "_Plan", totals: dict[str, float], probe: MicroBatchGradients | None = None) -> None:
+    def _backward(self, plan: _Plan, totals: dict[str, float], probe: MicroBatchGradients | None = None) -> None:
         """Accumulate the gradient of the whole batch's loss, one micro-batch at a time
         (``probe`` reads each micro-batch's own gradient on the way)."""
         self.model.train(False)
@@ -254,18 +271,23 @@ class TorchLearner:
                 share = self._share(chunk, plan)
                 probe.after(share, share * plan.num_seqs)  # its effective size in rollouts
             totals["loss"] += float(out.loss.detach())
-            for key, value in (("clip", out.clip_frac), ("kl", out.approx_kl), ("kl_ref", out.kl_ref), ("ent", out.entropy)):
+            for key, value in (
+                ("clip", out.clip_frac),
+                ("kl", out.approx_kl),
+                ("kl_ref", out.kl_ref),
+                ("ent", out.entropy),
+            ):
                 totals[key] += value * out.tokens
             totals["tokens"] += out.tokens
 
-    def _share(self, chunk: Chunk, plan: "_Plan") -> float:
+    def _share(self, chunk: Chunk, plan: _Plan) -> float:
         """The chunk's share of the batch's loss normaliser (tokens for a token mean, else rollouts)."""
         if self.config.loss_agg == "token_mean":
             return chunk.num_tokens / max(plan.num_tokens, 1.0)
         return len(chunk.index) / max(plan.num_seqs, 1.0)
 
     def _noise_metrics(
-        self, micro: GradientNoise | None, plan: "_Plan", big_sq: float | None, dot_prev: float | None
+        self, micro: GradientNoise | None, plan: _Plan, big_sq: float | None, dot_prev: float | None
     ) -> dict[str, float]:
         """This step's gradient-noise estimates and the moving-average noise scales (when defined)."""
         if self.noise is None or self.noise_micro is None:
@@ -279,10 +301,14 @@ class TorchLearner:
                 out.update({"learner/grad_dot_prev": dot_prev, "learner/trace_sigma": est.trace})
         if micro is not None:
             self.noise_micro.update(micro)
-            out.update({
-                "learner/grad_sq_small": micro.small_sq, "learner/grad_sq_micro": micro.grad_sq,
-                "learner/trace_sigma_micro": micro.trace, "learner/noise_batch_small": micro.b_small,
-            })
+            out.update(
+                {
+                    "learner/grad_sq_small": micro.small_sq,
+                    "learner/grad_sq_micro": micro.grad_sq,
+                    "learner/trace_sigma_micro": micro.trace,
+                    "learner/noise_batch_small": micro.b_small,
+                }
+            )
         for key, ema in (("learner/noise_scale", self.noise), ("learner/noise_scale_micro", self.noise_micro)):
             if math.isfinite(ema.value):
                 out[key] = ema.value
@@ -304,12 +330,30 @@ class TorchLearner:
     def logprobs(self, rollouts: Sequence[Rollout]) -> list[tuple[float, ...]]:
         """Log-probs of each rollout's response tokens under the current policy (temperature 1),
         in the order given; the rollouts' own ``logprobs`` are not used."""
-        stub = [Rollout(r.request_id, r.sample_index, r.prompt_token_ids, r.token_ids, (0.0,) * len(r.token_ids),
-                        r.reward, r.finish_reason, r.policy_version) for r in rollouts]
+        stub = [
+            Rollout(
+                r.request_id,
+                r.sample_index,
+                r.prompt_token_ids,
+                r.token_ids,
+                (0.0,) * len(r.token_ids),
+                r.reward,
+                r.finish_reason,
+                r.policy_version,
+            )
+            for r in rollouts
+        ]
         out: list[tuple[float, ...]] = [()] * len(stub)
         self.model.train(False)
-        chunks = pack(stub, [0.0] * len(stub), self.pad_id, self.config.micro_batch, self.vocab_size, self.device,
-                      self.config.share_prompts)
+        chunks = pack(
+            stub,
+            [0.0] * len(stub),
+            self.pad_id,
+            self.config.micro_batch,
+            self.vocab_size,
+            self.device,
+            self.config.share_prompts,
+        )
         for chunk in chunks:
             lp, _ = self._response_logprobs(self.model, chunk, entropy=False)
             for row, i in enumerate(chunk.index):
@@ -321,7 +365,9 @@ class TorchLearner:
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _response_logprobs(self, model: torch.nn.Module, chunk: Chunk, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _response_logprobs(
+        self, model: torch.nn.Module, chunk: Chunk, entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``[b, L]`` log-probs of the response tokens (0 past each end) and, optionally, entropies."""
         with self._autocast():
             logits = _shared_logits(model, chunk) if chunk.shared else _full_logits(model, chunk)
@@ -345,10 +391,18 @@ class TorchLearner:
             with torch.no_grad():  # the reference is fixed: score it once per batch, not per epoch
                 chunk.ref_logprobs = self._response_logprobs(self.ref_model, chunk, entropy=False)[0]
         return ppo_clip_loss(
-            logprobs, chunk.old_logprobs, chunk.advantages, chunk.loss_mask,
-            clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.loss_agg,
-            num_tokens=num_tokens, num_seqs=num_seqs,
-            ref_logprobs=chunk.ref_logprobs, kl_coef=cfg.kl_coef, entropy=entropy,
+            logprobs,
+            chunk.old_logprobs,
+            chunk.advantages,
+            chunk.loss_mask,
+            clip_low=cfg.clip_low,
+            clip_high=cfg.clip_high,
+            agg=cfg.loss_agg,
+            num_tokens=num_tokens,
+            num_seqs=num_seqs,
+            ref_logprobs=chunk.ref_logprobs,
+            kl_coef=cfg.kl_coef,
+            entropy=entropy,
         )
 
 
@@ -389,8 +443,11 @@ def _shared_logits(model: torch.nn.Module, chunk: Chunk) -> torch.Tensor:
     positions = chunk.prompt_lengths[chunk.row_prompt][:, None] + torch.arange(width, device=rows.device)
     # The last response token predicts nothing we score: leave it out of the forward pass.
     rest = model(
-        input_ids=chunk.targets[:, :-1], attention_mask=attention[:, :-1], position_ids=positions[:, :-1],
-        past_key_values=cache, use_cache=True,
+        input_ids=chunk.targets[:, :-1],
+        attention_mask=attention[:, :-1],
+        position_ids=positions[:, :-1],
+        past_key_values=cache,
+        use_cache=True,
     ).logits
     return torch.cat([first[:, None], rest], dim=1)
 
@@ -406,7 +463,11 @@ def _check_batch(batch: TrainBatch) -> None:
 
 
 def _batch_metrics(
-    batch: TrainBatch, advantages: Sequence[Sequence[float]], saturated: Sequence[bool], trained_adv: Sequence[float], version: int
+    batch: TrainBatch,
+    advantages: Sequence[Sequence[float]],
+    saturated: Sequence[bool],
+    trained_adv: Sequence[float],
+    version: int,
 ) -> dict[str, float]:
     rewards = [r.reward for g in batch.groups for r in g.rollouts]
     versions = [r.policy_version for g in batch.groups for r in g.rollouts]

@@ -16,8 +16,9 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, NamedTuple, Union
+from typing import Any, NamedTuple
 
 from pipeline.config.sections import EpisodeSettings
 from pipeline.group import GroupRun
@@ -110,7 +111,9 @@ class Stop(NamedTuple):
     reason: str
 
 
-Action = Union[Start, Cancel, Score, EnvStep, ForkEpisode, CloseEpisode, Post, Evaluate, Train, Record, Checkpoint, Stop]
+Action = (
+    Start | Cancel | Score | EnvStep | ForkEpisode | CloseEpisode | Post | Evaluate | Train | Record | Checkpoint | Stop
+)
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,8 @@ class StepCutter:
             "pending_cost": [c for costs in self._untrained_costs for c in costs] + self._cost,
             "loose_cost": self._loose,
             "overshoot": self.overshoot - sum(sum(c) - self.batch_rollouts for c in self._untrained_costs)
-            if self.batch_rollouts else 0,
+            if self.batch_rollouts
+            else 0,
         }
 
     def load_state_dict(self, state: dict[str, Any], step: int) -> None:
@@ -122,6 +123,8 @@ class StepCutter:
         self.batches_sent = step
         self.pending = [g for groups in state["untrained_batches"] for g in groups] + list(state["pending"])
         cost = state.get("pending_cost")  # absent from checkpoints written before batch_rollouts
-        self._cost = list(cost) if cost is not None and len(cost) == len(self.pending) else [g.launched for g in self.pending]
+        self._cost = (
+            list(cost) if cost is not None and len(cost) == len(self.pending) else [g.launched for g in self.pending]
+        )
         self._loose = int(state.get("loose_cost", 0))
         self.overshoot = int(state.get("overshoot", 0))

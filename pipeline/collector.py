@@ -22,8 +22,8 @@ here changes what a run computes: only when unreachable cycles are freed.
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 
 @contextmanager

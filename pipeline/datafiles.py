@@ -36,17 +36,24 @@ def read_records(path: Path, fields: list[str]) -> Iterator[tuple[str, Any]]:
     """``(where, record)`` for each row of a JSONL or Parquet file; ``where`` reads "line 7"."""
     suffix = path.suffix.lower()
     if not path.is_file():
-        raise DatasetError(f"dataset file {path} does not exist; check the path (relative paths start at the working directory)")
+        raise DatasetError(
+            f"dataset file {path} does not exist; check the path (relative paths start at the working directory)"
+        )
     if suffix in JSONL_SUFFIXES:
         with path.open("rb") as fh:
             for number, raw in enumerate(fh, start=1):
                 if number == 1 and raw.startswith(codecs.BOM_UTF8):
-                    raw = raw[len(codecs.BOM_UTF8):]  # a byte-order mark (some editors write one) is not row data
+                    raw = raw[len(codecs.BOM_UTF8) :]  # a byte-order mark (some editors write one) is not row data
                 try:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as exc:
-                    yield f"line {number}", Invalid(f"not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1}); "
-                                                     "save the file as UTF-8")
+                    yield (
+                        f"line {number}",
+                        Invalid(
+                            f"not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1}); "
+                            "save the file as UTF-8"
+                        ),
+                    )
                     continue
                 if not line.strip():
                     continue  # blank lines (a trailing newline) are not rows
@@ -94,8 +101,10 @@ def not_unicode(record: dict[str, Any], names: tuple[str, ...]) -> str:
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError as exc:
-                return (f"field {name!r} holds a lone surrogate ({text[exc.start]!r} at character {exc.start + 1}), which "
-                        "is not valid Unicode text; fix the row's escape (a surrogate pair, or the character itself)")
+                return (
+                    f"field {name!r} holds a lone surrogate ({text[exc.start]!r} at character {exc.start + 1}), which "
+                    "is not valid Unicode text; fix the row's escape (a surrogate pair, or the character itself)"
+                )
     return ""
 
 

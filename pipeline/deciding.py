@@ -14,7 +14,7 @@ messages already waiting -- the points of one tick then share one batch -- but a
 from __future__ import annotations
 
 import time
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from pipeline.decisions import NullSink, gate_decision
 from pipeline.group import GroupRun
@@ -29,8 +29,16 @@ DECIDE_WITHIN_EVENTS = 64
 class Deciders:
     """One run's gate and controller, their held proposals and their trace records."""
 
-    def __init__(self, gate: Gate, controller: Controller, *, run_id: str, hook_timer: HookTimer | None,
-                 now: Callable[[], float], policy_version: Callable[[], int]):
+    def __init__(
+        self,
+        gate: Gate,
+        controller: Controller,
+        *,
+        run_id: str,
+        hook_timer: HookTimer | None,
+        now: Callable[[], float],
+        policy_version: Callable[[], int],
+    ):
         self.gate, self.controller = gate, controller
         self.run_id, self.hook_timer = run_id, hook_timer
         self.now, self.policy_version = now, policy_version
@@ -61,7 +69,9 @@ class Deciders:
             self.hook_timer.record(time.perf_counter_ns() - started)
         # A HOLD the gate did not propose: the controller queued a decision on this group and
         # holds the gate's proposal until its batch is decided (``decide_queued``).
-        deferred = () if final is proposed else {a.group_id for a in final if a.kind is ActionKind.HOLD and a not in proposed}
+        deferred = (
+            () if final is proposed else {a.group_id for a in final if a.kind is ActionKind.HOLD and a not in proposed}
+        )
         for action in proposed:
             if action.group_id in deferred and action not in final:
                 self._held.setdefault(action.group_id, []).append(action)
@@ -122,8 +132,18 @@ class Deciders:
         decision_id = self.trace.next_decision_id()
         group.decision_ids.append(decision_id)
         if self._records:  # a NullSink keeps none: do not build them
-            self.trace.log_decision(gate_decision(
-                decision_id, action, prompt=group.prompt, rewards=group.rewards, in_flight=len(group.in_flight),
-                launched=group.launched, target_size=group.target_size, executed=executed, time=self.now(),
-                run_id=self.run_id, policy_version=self.policy_version(),
-            ))
+            self.trace.log_decision(
+                gate_decision(
+                    decision_id,
+                    action,
+                    prompt=group.prompt,
+                    rewards=group.rewards,
+                    in_flight=len(group.in_flight),
+                    launched=group.launched,
+                    target_size=group.target_size,
+                    executed=executed,
+                    time=self.now(),
+                    run_id=self.run_id,
+                    policy_version=self.policy_version(),
+                )
+            )

@@ -32,14 +32,14 @@ new episode from another's context after its first ``turns`` turns.
 from __future__ import annotations
 
 import dataclasses
-from typing import Container
+from collections.abc import Container
 
 from pipeline.actions import CloseEpisode, ForkEpisode, Start
 from pipeline.config.sections import EpisodeSettings
 from pipeline.messages import TurnDone
 from pipeline.metrics import Budget
 from pipeline.seeding import derive_seed
-from pipeline.types import FinishReason, SampleFinished, SampleRequest, ScoredSample, Turns, TurnPoint
+from pipeline.types import FinishReason, SampleFinished, SampleRequest, ScoredSample, TurnPoint, Turns
 
 
 class Episode:
@@ -118,8 +118,15 @@ class EpisodeBook:
             params = dataclasses.replace(params, seed=derive_seed(params.seed, "turn", episode.turns))
         return dataclasses.replace(request, request_id=episode.current, prompt=prompt, params=params, branch=None)
 
-    def turn_done(self, request: SampleRequest, finished: SampleFinished, observation: tuple[int, ...], reward: float,
-                  done: bool, error: str = "") -> ScoredSample | None:
+    def turn_done(
+        self,
+        request: SampleRequest,
+        finished: SampleFinished,
+        observation: tuple[int, ...],
+        reward: float,
+        done: bool,
+        error: str = "",
+    ) -> ScoredSample | None:
         """A turn and the environment's answer: None while the episode goes on, else its sample."""
         episode = self._episodes[episode_key(request)]
         episode.tokens += finished.token_ids
@@ -145,10 +152,15 @@ class EpisodeBook:
     def _finish(self, episode: Episode, last: SampleFinished, error: str) -> ScoredSample:
         del self._episodes[episode_key(episode.request)]
         reason = last.finish_reason if not error else FinishReason.ERROR
-        result = SampleFinished(request_id=episode_key(episode.request), token_ids=tuple(episode.tokens),
-                                logprobs=tuple(episode.logprobs), finish_reason=reason,
-                                policy_version=episode.policy_version, error=error or last.error,
-                                engine_time=last.engine_time)
+        result = SampleFinished(
+            request_id=episode_key(episode.request),
+            token_ids=tuple(episode.tokens),
+            logprobs=tuple(episode.logprobs),
+            finish_reason=reason,
+            policy_version=episode.policy_version,
+            error=error or last.error,
+            engine_time=last.engine_time,
+        )
         turns = Turns(tuple(episode.ends), tuple(episode.rewards), tuple(episode.mask))
         reward = episode.rewards[-1] if self.settings.reward == "final" else sum(episode.rewards)
         request = dataclasses.replace(episode.request, request_id=episode_key(episode.request))
@@ -198,8 +210,9 @@ class Episodes:
         """The turn boundary ``msg`` just made of ``request``'s episode."""
         key = episode_key(request)
         episode = self.book.get(key)
-        return TurnPoint(key, episode.turns, len(episode.tokens), float(msg.reward), len(msg.observation),
-                         tuple(episode.rewards))
+        return TurnPoint(
+            key, episode.turns, len(episode.tokens), float(msg.reward), len(msg.observation), tuple(episode.rewards)
+        )
 
     def abandon(self, request_id: str, streaming: bool, out: list) -> bool:
         """The episode of ``request_id`` was abandoned with its group: its environment closes.

@@ -43,18 +43,18 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import anyio
 
 from pipeline.envs.play import play_episode
 from pipeline.intervals import prompt_mean
 from pipeline.protocols import Scorer
+from pipeline.seeding import sample_seed
 from pipeline.tasks.rewards.health import RewardsFailing
 from pipeline.tasks.rewards.scoring import ScoringService
-from pipeline.seeding import sample_seed
 from pipeline.types import Prompt, SampleFinished, SampleRequest, SamplingParams
-
 
 _DEFAULT_REWARD_TIMEOUT_S = 5.0  # orchestrator.reward_timeout_s's default
 
@@ -108,7 +108,10 @@ class SamplingEvaluator:
             # The same draws at every evaluation (seed, group id and index; the name is not part
             # of the engines' random key): differences between steps are the policy's.
             request = SampleRequest(
-                request_id=f"eval-p{i}-s{j}", group_id=-1 - i, sample_index=j, prompt=prompt,
+                request_id=f"eval-p{i}-s{j}",
+                group_id=-1 - i,
+                sample_index=j,
+                prompt=prompt,
                 params=SamplingParams(self.temperature, 1.0, self.max_tokens, sample_seed(self.seed, i, j)),
             )
             if self.episodes is not None:
@@ -142,16 +145,23 @@ class SamplingEvaluator:
             return self._summarise(rewards)
         failed = health.since(before)
         if self.check_rewards and scored[0] and sum(failed.values()) == scored[0]:
-            raise RewardsFailing(f"held-out evaluation at step {step}: "
-                                 f"{health.message(scored[0], failed, which='all', regardless=False)}")
-        counts = {"eval/reward_errors": failed["errors"], "eval/reward_timeouts": failed["timeouts"],
-                  "eval/rewards_none": failed["none"]}
+            raise RewardsFailing(
+                f"held-out evaluation at step {step}: "
+                f"{health.message(scored[0], failed, which='all', regardless=False)}"
+            )
+        counts = {
+            "eval/reward_errors": failed["errors"],
+            "eval/reward_timeouts": failed["timeouts"],
+            "eval/rewards_none": failed["none"],
+        }
         return {**self._summarise(rewards), **{k: float(v) for k, v in counts.items()}}
 
     def _summarise(self, rewards: dict[int, list[float]]) -> dict[str, float]:
         # a success: a reward above the prompt's success_threshold
         hits = {i: [r > self.prompts[i].success_threshold for r in rs] for i, rs in rewards.items() if rs}
-        self.last_rates = tuple(sum(hits[i]) / len(hits[i]) if i in hits else math.nan for i in range(len(self.prompts)))
+        self.last_rates = tuple(
+            sum(hits[i]) / len(hits[i]) if i in hits else math.nan for i in range(len(self.prompts))
+        )
         accuracy = prompt_mean(self.last_rates)
         out = {
             "eval/accuracy": accuracy.mean if accuracy.n else 0.0,

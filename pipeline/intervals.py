@@ -36,8 +36,8 @@ Interval(mean=0.0, lo=0.0, hi=0.0, n=3)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 from scipy.special import stdtrit

@@ -21,7 +21,7 @@ and the decision that caused it.
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from pipeline.actions import Start
 from pipeline.config.sections import OrchestratorConfig
@@ -44,8 +44,14 @@ class LaunchQueue:
     def __len__(self) -> int:
         return len(self._queue)
 
-    def enqueue(self, group: GroupRun, n: int, params: SamplingParams | None = None, branch: BranchSpec | None = None,
-                origin: int = -1) -> None:
+    def enqueue(
+        self,
+        group: GroupRun,
+        n: int,
+        params: SamplingParams | None = None,
+        branch: BranchSpec | None = None,
+        origin: int = -1,
+    ) -> None:
         for _ in range(n):
             self._queue.append((group, params, branch, origin))
         group.queued += n
@@ -63,10 +69,18 @@ class LaunchQueue:
     def _start(self, group: GroupRun, params: SamplingParams | None, branch: BranchSpec | None, origin: int) -> Start:
         index = group.launched
         base = params or self._default
-        params = SamplingParams(base.temperature, base.top_p, base.max_tokens, sample_seed(self.seed, group.group_id, index))
+        params = SamplingParams(
+            base.temperature, base.top_p, base.max_tokens, sample_seed(self.seed, group.group_id, index)
+        )
         request = SampleRequest(
-            request_id=f"g{group.group_id}-s{index}", group_id=group.group_id, sample_index=index,
-            prompt=group.prompt, params=params, branch=branch, launch_time=self.now(), origin=origin,
+            request_id=f"g{group.group_id}-s{index}",
+            group_id=group.group_id,
+            sample_index=index,
+            prompt=group.prompt,
+            params=params,
+            branch=branch,
+            launch_time=self.now(),
+            origin=origin,
         )
         group.in_flight[request.request_id] = request
         group.launched += 1

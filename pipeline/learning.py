@@ -34,8 +34,10 @@ class LearnerStep:
         self.learner = parts.learner
         self.outputs = outputs if outputs is not None else RunOutputs()
         if parts.reference is not None and not callable(getattr(parts.learner, "logprobs", None)):
-            raise TypeError(f"gate.sara.reference_prior needs a learner that scores log-probs (logprobs(rollouts)); "
-                            f"{type(parts.learner).__name__} has none: use the torch learner or set reference_prior=false")
+            raise TypeError(
+                f"gate.sara.reference_prior needs a learner that scores log-probs (logprobs(rollouts)); "
+                f"{type(parts.learner).__name__} has none: use the torch learner or set reference_prior=false"
+            )
         self._step_ended = self._run_started = time.monotonic()
         self._eval_wall_s = 0.0
 
@@ -52,10 +54,13 @@ class LearnerStep:
         evaluation = await self._evaluate(train.batch.step + 1) if train.evaluate else None
         scoring = parts.scoring
         return StepDone(
-            batch=train.batch, result=result, policy_version=parts.engine.policy_version,
+            batch=train.batch,
+            result=result,
+            policy_version=parts.engine.policy_version,
             rewards=RewardCounts(scoring.errors, scoring.timeouts, scoring.no_reward),
             timing={"pipeline/step_wall_s": step_wall_s, **self._timing()},
-            evaluation=evaluation, learner_state=learner_state,
+            evaluation=evaluation,
+            learner_state=learner_state,
         )
 
     async def evaluate(self, step: int) -> Evaluated:
@@ -104,6 +109,8 @@ class LearnerStep:
 
     def _reference_logprobs(self, prompts: list[Prompt]) -> dict[int, float]:
         refs = self.parts.reference.references
-        rollouts = [Rollout(f"reference-{p.prompt_id}", 0, p.token_ids, refs[p.prompt_id], (), 1.0, FinishReason.STOP, -1)
-                    for p in prompts]
+        rollouts = [
+            Rollout(f"reference-{p.prompt_id}", 0, p.token_ids, refs[p.prompt_id], (), 1.0, FinishReason.STOP, -1)
+            for p in prompts
+        ]
         return {p.prompt_id: float(sum(lps)) for p, lps in zip(prompts, self.learner.logprobs(rollouts))}

@@ -22,7 +22,8 @@ Counting rules (the same for a task per sample and for a multiplexer):
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from pipeline.actions import EnvStep, Post, Score
 from pipeline.group import GroupRun
@@ -46,8 +47,14 @@ class Running:
 
 def failed_final(request: SampleRequest, error: str, policy_version: int) -> SampleFinished:
     """The final event of a sample the engine failed on."""
-    return SampleFinished(request_id=request.request_id, token_ids=(), logprobs=(), finish_reason=FinishReason.ERROR,
-                          policy_version=policy_version, error=error)
+    return SampleFinished(
+        request_id=request.request_id,
+        token_ids=(),
+        logprobs=(),
+        finish_reason=FinishReason.ERROR,
+        policy_version=policy_version,
+        error=error,
+    )
 
 
 class SampleLedger:
@@ -56,8 +63,14 @@ class SampleLedger:
     ``on_gone`` is called when a cancelled sample's engine slot is free again.
     """
 
-    def __init__(self, budget: Budget, controller: Controller, policy_version: Callable[[], int],
-                 on_gone: Callable[[], None], episodic: bool = False):
+    def __init__(
+        self,
+        budget: Budget,
+        controller: Controller,
+        policy_version: Callable[[], int],
+        on_gone: Callable[[], None],
+        episodic: bool = False,
+    ):
         self.budget = budget
         self.episodic = episodic
         self._answer = EnvStep if episodic else Score  # an episode's turn goes to its environment
@@ -121,8 +134,9 @@ class SampleLedger:
             else:
                 self.failed(request_id, f"{type(event).__name__}: {event}", out)
 
-    def failed(self, request_id: str, error: str, out: list, tokens_after: int = 0,
-               final_after: SampleFinished | None = None) -> None:
+    def failed(
+        self, request_id: str, error: str, out: list, tokens_after: int = 0, final_after: SampleFinished | None = None
+    ) -> None:
         """The engine raised on a stream; what was drained while aborting it counts against the run."""
         run = self.running.pop(request_id, None)
         if run is None:
@@ -168,8 +182,9 @@ class SampleLedger:
 
     def _abort_tokens(self, run: Running, final: SampleFinished) -> None:
         request = run.request
-        self.budget.tokens_generated += max(0, final.num_tokens - (request.branch.prefix_len if request.branch else 0)
-                                            - run.streamed)
+        self.budget.tokens_generated += max(
+            0, final.num_tokens - (request.branch.prefix_len if request.branch else 0) - run.streamed
+        )
 
     def _count_abort(self, run: Running, final: SampleFinished | None) -> None:
         if final is not None:

@@ -22,8 +22,9 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence, Union
+from typing import Any
 
 from pipeline.types import GroupAction, SampleFinished, SampleRequest, ScoredSample, StepResult, TokenDelta, TrainBatch
 
@@ -48,7 +49,7 @@ class EngineEvents:
     may be the exception the engine failed that request with. The decision points they queue
     wake the tracking loop once, after the last of them."""
 
-    events: Sequence[tuple[str, Union[TokenDelta, SampleFinished, BaseException]]]
+    events: Sequence[tuple[str, TokenDelta | SampleFinished | BaseException]]
 
 
 @dataclass(frozen=True)
@@ -158,5 +159,20 @@ class StopRequested:
     """Stop at the next point where the learner is idle, with a checkpoint (Ctrl-C)."""
 
 
-Message = Union[TokenDelta, SampleFinished, EngineEvents, StreamFailed, StreamCut, StreamsClosed, SampleDone,
-                StepDone, Evaluated, ControllerActions, DecideQueued, Started, StopRequested, Tick, TurnDone]
+Message = (
+    TokenDelta
+    | SampleFinished
+    | EngineEvents
+    | StreamFailed
+    | StreamCut
+    | StreamsClosed
+    | SampleDone
+    | StepDone
+    | Evaluated
+    | ControllerActions
+    | DecideQueued
+    | Started
+    | StopRequested
+    | Tick
+    | TurnDone
+)

@@ -97,7 +97,10 @@ class MetricsWriter:
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         clean = {k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}
-        record = {"step": step, **{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in clean.items()}}
+        record = {
+            "step": step,
+            **{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in clean.items()},
+        }
         self._file.write(json.dumps(record) + "\n")
         if self._tb is not None:
             for k, v in clean.items():

@@ -34,15 +34,39 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from pipeline.actions import (LEARNER_SLOTS, Cancel, Checkpoint, CloseEpisode, EnvStep, Evaluate, ForkEpisode, Post, Record,
-                              Score, ShellSettings, Start, Stop, Train)
+from pipeline.actions import (
+    LEARNER_SLOTS,
+    Cancel,
+    Checkpoint,
+    CloseEpisode,
+    EnvStep,
+    Evaluate,
+    ForkEpisode,
+    Post,
+    Record,
+    Score,
+    ShellSettings,
+    Start,
+    Stop,
+    Train,
+)
 from pipeline.clock import VirtualClock
 from pipeline.collector import fewer_collections
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.engines.mux import StreamMux, multiplexer_of
 from pipeline.learning import LearnerStep
-from pipeline.messages import (EngineEvents, SampleDone, Started, StepDone, StopRequested, StreamCut, StreamFailed,
-                               StreamsClosed, Tick, TurnDone)
+from pipeline.messages import (
+    EngineEvents,
+    SampleDone,
+    Started,
+    StepDone,
+    StopRequested,
+    StreamCut,
+    StreamFailed,
+    StreamsClosed,
+    Tick,
+    TurnDone,
+)
 from pipeline.metrics import Budget, NullMetricsWriter
 from pipeline.parts import RunOutputs, RunParts
 from pipeline.tracker import GroupTracker
@@ -73,8 +97,15 @@ class Orchestrator:
     wires one from a run config.
     """
 
-    def __init__(self, parts: RunParts, config: OrchestratorConfig, outputs: RunOutputs | None = None, *,
-                 seed: int = 0, run_id: str = "run"):
+    def __init__(
+        self,
+        parts: RunParts,
+        config: OrchestratorConfig,
+        outputs: RunOutputs | None = None,
+        *,
+        seed: int = 0,
+        run_id: str = "run",
+    ):
         self.parts = parts
         self.engine = parts.engine
         self.config = config
@@ -83,10 +114,21 @@ class Orchestrator:
         self._inline_learner = isinstance(self.clock, VirtualClock)
         checkpoint_every = self.outputs.checkpoint_every if self.outputs.checkpoint is not None else 0
         self.tracker = GroupTracker(
-            parts.gate, parts.controller, config, seed=seed, run_id=run_id, trace=self.outputs.trace,
-            hook_timer=self.outputs.hook_timer, now=self.clock.now, policy_version=lambda: parts.engine.policy_version,
-            shell=ShellSettings(self._inline_learner, parts.evaluator is not None, checkpoint_every,
-                                parts.episodes.settings if parts.episodes is not None else None),
+            parts.gate,
+            parts.controller,
+            config,
+            seed=seed,
+            run_id=run_id,
+            trace=self.outputs.trace,
+            hook_timer=self.outputs.hook_timer,
+            now=self.clock.now,
+            policy_version=lambda: parts.engine.policy_version,
+            shell=ShellSettings(
+                self._inline_learner,
+                parts.evaluator is not None,
+                checkpoint_every,
+                parts.episodes.settings if parts.episodes is not None else None,
+            ),
         )
         self.learn = LearnerStep(parts, self.outputs)
         self._scopes: dict[str, anyio.CancelScope] = {}  # running sample tasks by request id
@@ -146,8 +188,12 @@ class Orchestrator:
         tracker = self.tracker
         self.parts.scoring.health.record(tracker.budget)  # live counts: right even when no learner step ran
         return RunSummary(
-            steps=tracker.steps_done, budget=tracker.budget, evals=tracker.evals, stop_reason=tracker.stop_reason,
-            wall_s=time.monotonic() - started, controller_metrics=dict(tracker.controller.metrics()),
+            steps=tracker.steps_done,
+            budget=tracker.budget,
+            evals=tracker.evals,
+            stop_reason=tracker.stop_reason,
+            wall_s=time.monotonic() - started,
+            controller_metrics=dict(tracker.controller.metrics()),
         )
 
     async def _run_tasks(self, inbox_send, inbox_recv, batch_send, batch_recv) -> None:
@@ -222,7 +268,9 @@ class Orchestrator:
     def _checkpoint(self, action: Checkpoint) -> None:
         """Everything needed to resume after the step just finished: the tracker's state at that
         moment and the learner's (taken after the step, or now when the learner is idle)."""
-        learner = action.learner_state if action.learner_state is not None else copy.deepcopy(self.learn.learner.state_dict())
+        learner = (
+            action.learner_state if action.learner_state is not None else copy.deepcopy(self.learn.learner.state_dict())
+        )
         self.outputs.checkpoint({**action.state, "learner": learner})
 
     def _start(self, start: Start) -> None:

@@ -6,15 +6,24 @@ benchmarks that build parts by hand pass them the same way.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from pipeline.clock import VirtualClock, WallClock
 from pipeline.engines.base import Engine
 from pipeline.hooktimer import HookTimer
 from pipeline.metrics import MetricsWriter, NullMetricsWriter
-from pipeline.protocols import (Buffer, Controller, DecisionSink, EpisodeService, Evaluator, Gate, Learner,
-                                ReferenceScores)
+from pipeline.protocols import (
+    Buffer,
+    Controller,
+    DecisionSink,
+    EpisodeService,
+    Evaluator,
+    Gate,
+    Learner,
+    ReferenceScores,
+)
 from pipeline.tasks.rewards.scoring import ScoringService
 
 

@@ -106,11 +106,9 @@ class Gate(Protocol):
         """A learner step finished on ``batch``; may act on open (held) groups."""
         ...
 
-    def state_dict(self) -> dict[str, Any]:
-        ...
+    def state_dict(self) -> dict[str, Any]: ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
     def metrics(self) -> dict[str, float]:
         """``gate/...`` values for the step log and the evaluation records."""
@@ -155,11 +153,9 @@ class Controller(Protocol):
         orchestrator calls it once the points that arose in the same tick are in."""
         return []
 
-    def state_dict(self) -> dict[str, Any]:
-        ...
+    def state_dict(self) -> dict[str, Any]: ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
     def metrics(self) -> dict[str, float]:
         """``controller/...`` values for the step log and the run summary."""
@@ -173,16 +169,14 @@ class Scorer(Protocol):
 
     runs_inline: bool
 
-    def __call__(self, prompt: Prompt, token_ids: Sequence[int]) -> float:
-        ...
+    def __call__(self, prompt: Prompt, token_ids: Sequence[int]) -> float: ...
 
 
 @runtime_checkable
 class Learner(Protocol):
     """Consumes train batches, produces weights for the engine. ``step`` runs in a worker thread."""
 
-    def step(self, batch: TrainBatch) -> StepResult:
-        ...
+    def step(self, batch: TrainBatch) -> StepResult: ...
 
     def weights(self) -> Any:
         """What ``Engine.update_weights`` takes."""
@@ -193,11 +187,9 @@ class Learner(Protocol):
         (the buffer records them); None (the default) when it has none, as the simulator's."""
         return None
 
-    def state_dict(self) -> dict[str, Any]:
-        ...
+    def state_dict(self) -> dict[str, Any]: ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 class ReferenceScores(Protocol):
@@ -223,8 +215,7 @@ class Buffer(Protocol):
         """Record one step's batch, with the learner's per-rollout advantages when it has them."""
         ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 class EpisodeService(Protocol):
@@ -252,8 +243,7 @@ class EpisodeService(Protocol):
 class Evaluator(Protocol):
     """Held-out evaluation of the current policy; returns namespaced metrics (``eval/accuracy``)."""
 
-    async def evaluate(self, step: int) -> dict[str, float]:
-        ...
+    async def evaluate(self, step: int) -> dict[str, float]: ...
 
 
 class DecisionSink(Protocol):
@@ -263,11 +253,9 @@ class DecisionSink(Protocol):
         """A fresh id, unique within the trace (continuing after a resumed run's records)."""
         ...
 
-    def log_decision(self, record: DecisionRecord) -> None:
-        ...
+    def log_decision(self, record: DecisionRecord) -> None: ...
 
-    def log_outcome(self, decision_id: int, reward: float, tokens: int) -> None:
-        ...
+    def log_outcome(self, decision_id: int, reward: float, tokens: int) -> None: ...
 
     def watermark(self) -> int:
         """Every decision id handed out so far is below this."""

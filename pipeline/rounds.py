@@ -37,8 +37,9 @@ group saturates cannot loop forever.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from pipeline.actions import Post, Score, ShellSettings, Start, Stop, Train
 from pipeline.config.sections import OrchestratorConfig
@@ -96,16 +97,27 @@ class RoundDriver:
         The tracker's other keyword arguments (``seed``, ``run_id``, ``trace``, ``now``, ``policy_version``).
     """
 
-    def __init__(self, gate: Gate, controller: Controller, config: OrchestratorConfig, *, step_rollouts: int = 0,
-                 before_admit: Callable[[], None] | None = None, **tracker_options: Any):
+    def __init__(
+        self,
+        gate: Gate,
+        controller: Controller,
+        config: OrchestratorConfig,
+        *,
+        step_rollouts: int = 0,
+        before_admit: Callable[[], None] | None = None,
+        **tracker_options: Any,
+    ):
         if config.max_async_steps != 0:
-            raise ValueError(f"max_async_steps={config.max_async_steps}: a round driver trains every step on the "
-                             "weights that generated it; set orchestrator max_async_steps=0")
+            raise ValueError(
+                f"max_async_steps={config.max_async_steps}: a round driver trains every step on the "
+                "weights that generated it; set orchestrator max_async_steps=0"
+            )
         if step_rollouts < 0:
             raise ValueError(f"step_rollouts={step_rollouts} must be >= 0 (0: no cap)")
         self.admission = AdmissionSwitch(gate)
-        self.tracker = GroupTracker(self.admission, controller, config, shell=ShellSettings(inline_learner=True),
-                                    **tracker_options)
+        self.tracker = GroupTracker(
+            self.admission, controller, config, shell=ShellSettings(inline_learner=True), **tracker_options
+        )
         self.step_rollouts = step_rollouts
         self.before_admit = before_admit or (lambda: None)
         self.rounds = 0  # every round of the run
@@ -128,12 +140,16 @@ class RoundDriver:
                 if self.admission.closed:
                     self._cut_short()
                     break
-                raise RuntimeError(f"no batch and nothing to generate after {rounds} rounds (open groups: "
-                                   f"{sorted(tracker.groups)}); the gate held its groups without acting")
+                raise RuntimeError(
+                    f"no batch and nothing to generate after {rounds} rounds (open groups: "
+                    f"{sorted(tracker.groups)}); the gate held its groups without acting"
+                )
             rounds += 1
             if rounds > MAX_ROUNDS:
-                raise RuntimeError(f"step {tracker.batches.batches_sent} took more than {MAX_ROUNDS} rounds of generation; "
-                                   "the gate keeps groups open without ending them")
+                raise RuntimeError(
+                    f"step {tracker.batches.batches_sent} took more than {MAX_ROUNDS} rounds of generation; "
+                    "the gate keeps groups open without ending them"
+                )
             starts, self._starts = self._starts, []
             self._round(starts, sample)
             if self.step_rollouts and tracker.budget.rollouts_started - self._step_start >= self.step_rollouts:
@@ -158,14 +174,19 @@ class RoundDriver:
         tracker = self.tracker
         results = sample([s.request for s in starts])
         if len(results) != len(starts):
-            raise ValueError(f"the sampler returned {len(results)} samples for {len(starts)} requests; return one per request")
+            raise ValueError(
+                f"the sampler returned {len(results)} samples for {len(starts)} requests; return one per request"
+            )
         version = tracker.policy_version()
         for start, result in zip(starts, results):
-            finished = SampleFinished(start.request.request_id, tuple(result.token_ids), tuple(result.logprobs),
-                                      result.finish_reason, version)
+            finished = SampleFinished(
+                start.request.request_id, tuple(result.token_ids), tuple(result.logprobs), result.finish_reason, version
+            )
             for action in tracker.handle(finished):
                 if isinstance(action, Score):  # an abandoned group's straggler is scored too: the tracker drops it
-                    self._do(tracker.handle(SampleDone(ScoredSample(action.request, action.finished, float(result.reward)))))
+                    self._do(
+                        tracker.handle(SampleDone(ScoredSample(action.request, action.finished, float(result.reward))))
+                    )
 
     def _tick(self) -> None:
         """Ship, hand out a full batch, admit; a closed admission with nothing left to run ends
@@ -191,7 +212,9 @@ class RoundDriver:
             elif isinstance(action, Post):
                 queue.extend(self.tracker.handle(action.message))
             elif isinstance(action, Stop):
-                raise RuntimeError(f"the tracker stopped the run ({action.reason}); a round driver runs until the trainer stops")
+                raise RuntimeError(
+                    f"the tracker stopped the run ({action.reason}); a round driver runs until the trainer stops"
+                )
 
     def _cut_short(self) -> None:
         """The step's cap was reached and every open group has ended: the committed groups so far

@@ -21,5 +21,5 @@ def derive_seed(run_seed: int, *names: object) -> int:
 
 def sample_seed(run_seed: int, group_id: int, sample_index: int) -> int:
     """Seed of one sample; a cheap arithmetic mix, since it is called for every rollout."""
-    x = (int(run_seed) * 0x9E3779B97F4A7C15 + group_id * 0xBF58476D1CE4E5B9 + sample_index * 0x94D049BB133111EB)
+    x = int(run_seed) * 0x9E3779B97F4A7C15 + group_id * 0xBF58476D1CE4E5B9 + sample_index * 0x94D049BB133111EB
     return (x ^ (x >> 31)) & 0x7FFFFFFFFFFFFFFF

@@ -21,7 +21,8 @@ the costs so far, and one at ``orchestrator.target_accuracy`` ends the run.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.messages import StepDone
@@ -50,8 +51,9 @@ class StepLog:
         b.rewards_none = done.rewards.no_reward
         return stale
 
-    def metrics(self, done: StepDone, stale: list[int], context: Mapping[str, float],
-                parts: Mapping[str, float]) -> dict[str, Any]:
+    def metrics(
+        self, done: StepDone, stale: list[int], context: Mapping[str, float], parts: Mapping[str, float]
+    ) -> dict[str, Any]:
         """The step's metrics line: the budget, the learner's result, the batch, ``context`` (the
         tracker's: open groups, engine time) and ``parts`` (the gate's and the controller's)."""
         batch = done.batch
@@ -68,19 +70,29 @@ class StepLog:
         metrics.update(parts)
         return metrics
 
-    def evaluated(self, step: int, evaluation: Mapping[str, float], gate_metrics: Mapping[str, float],
-                  costs: Mapping[str, float], timing: Mapping[str, float] | None = None) -> str:
+    def evaluated(
+        self,
+        step: int,
+        evaluation: Mapping[str, float],
+        gate_metrics: Mapping[str, float],
+        costs: Mapping[str, float],
+        timing: Mapping[str, float] | None = None,
+    ) -> str:
         """Keep one evaluation record with the costs so far; the stop reason when it reaches
         ``target_accuracy`` (else "")."""
         b = self.budget
         timing = timing or {}
-        record = {"step": float(step), "pipeline/rollouts_started": float(b.rollouts_started),
-                  "pipeline/tokens_generated": float(b.tokens_generated),
-                  "pipeline/engine_time": float(costs.get("engine_time", 0.0)),
-                  # of this process (a resume restarts it); eval/wall_s_total: evaluation's share
-                  "pipeline/wall_s": float(timing.get("pipeline/wall_s", 0.0)),
-                  "eval/wall_s_total": float(timing.get("eval/wall_s_total", 0.0)),
-                  **gate_metrics, **evaluation}
+        record = {
+            "step": float(step),
+            "pipeline/rollouts_started": float(b.rollouts_started),
+            "pipeline/tokens_generated": float(b.tokens_generated),
+            "pipeline/engine_time": float(costs.get("engine_time", 0.0)),
+            # of this process (a resume restarts it); eval/wall_s_total: evaluation's share
+            "pipeline/wall_s": float(timing.get("pipeline/wall_s", 0.0)),
+            "eval/wall_s_total": float(timing.get("eval/wall_s_total", 0.0)),
+            **gate_metrics,
+            **evaluation,
+        }
         self.evals.append(record)
         target = self.config.target_accuracy
         accuracy = evaluation.get("eval/accuracy", math.nan)

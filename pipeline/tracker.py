@@ -37,11 +37,23 @@ of it. The stream side (token deltas, final events, aborts) is counted by its
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
-from pipeline.actions import (LEARNER_SLOTS, Action, Cancel, Checkpoint, Evaluate, Post, Record, ShellSettings, Start, Stop,
-                              Train)
+from pipeline.actions import (
+    LEARNER_SLOTS,
+    Action,
+    Cancel,
+    Checkpoint,
+    Evaluate,
+    Post,
+    Record,
+    ShellSettings,
+    Start,
+    Stop,
+    Train,
+)
 from pipeline.batches import StepCutter
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.deciding import Deciders
@@ -50,12 +62,33 @@ from pipeline.group import GroupRun
 from pipeline.hooktimer import HookTimer
 from pipeline.launches import LaunchQueue
 from pipeline.ledger import SampleLedger
-from pipeline.messages import (ControllerActions, DecideQueued, EngineEvents, Evaluated, SampleDone, Started,
-                               StepDone, StopRequested, StreamCut, StreamFailed, StreamsClosed, Tick, TurnDone)
+from pipeline.messages import (
+    ControllerActions,
+    DecideQueued,
+    EngineEvents,
+    Evaluated,
+    SampleDone,
+    Started,
+    StepDone,
+    StopRequested,
+    StreamCut,
+    StreamFailed,
+    StreamsClosed,
+    Tick,
+    TurnDone,
+)
 from pipeline.metrics import Budget
 from pipeline.protocols import Controller, DecisionSink, Gate, GateProtocolError, GateStalled
 from pipeline.steplog import StepLog
-from pipeline.types import ActionKind, CommittedGroup, FinishReason, GroupAction, SampleFinished, ScoredSample, TokenDelta
+from pipeline.types import (
+    ActionKind,
+    CommittedGroup,
+    FinishReason,
+    GroupAction,
+    SampleFinished,
+    ScoredSample,
+    TokenDelta,
+)
 
 _NONE: tuple = ()  # what most calls return: no allocation
 
@@ -65,22 +98,34 @@ class GroupTracker:
     module docstring. ``now`` and ``policy_version`` read the engine's clock and weights version
     (launch times, snapshots, trace records); both default to constants for engine-free use."""
 
-    def __init__(self, gate: Gate, controller: Controller, config: OrchestratorConfig, *, seed: int = 0,
-                 run_id: str = "run", trace: DecisionSink | None = None, hook_timer: HookTimer | None = None,
-                 now: Callable[[], float] = lambda: 0.0, policy_version: Callable[[], int] = lambda: 0,
-                 shell: ShellSettings = ShellSettings()):
+    def __init__(
+        self,
+        gate: Gate,
+        controller: Controller,
+        config: OrchestratorConfig,
+        *,
+        seed: int = 0,
+        run_id: str = "run",
+        trace: DecisionSink | None = None,
+        hook_timer: HookTimer | None = None,
+        now: Callable[[], float] = lambda: 0.0,
+        policy_version: Callable[[], int] = lambda: 0,
+        shell: ShellSettings = ShellSettings(),
+    ):
         self.gate, self.controller, self.config, self.shell = gate, controller, config, shell
         self.seed, self.run_id = seed, run_id
         self.now, self.policy_version = now, policy_version
-        self.deciders = Deciders(gate, controller, run_id=run_id, hook_timer=hook_timer, now=now,
-                                 policy_version=policy_version)
+        self.deciders = Deciders(
+            gate, controller, run_id=run_id, hook_timer=hook_timer, now=now, policy_version=policy_version
+        )
         self.attach_trace(trace)
         self.budget = Budget()
         self.stop_reason = ""
         self.batches = StepCutter(config.batch_groups, config.batch_rollouts)  # committed groups -> batches
         self.steplog = StepLog(self.budget, config)
-        self.ledger = SampleLedger(self.budget, controller, policy_version, on_gone=self._sample_gone,
-                                   episodic=shell.episodes is not None)
+        self.ledger = SampleLedger(
+            self.budget, controller, policy_version, on_gone=self._sample_gone, episodic=shell.episodes is not None
+        )
         self.episodes = Episodes(shell.episodes, self.budget) if shell.episodes is not None else None
         self._groups: dict[int, GroupRun] = {}
         self._next_group_id = 0
@@ -252,11 +297,20 @@ class GroupTracker:
         abandons = getattr(self.gate, "abandons", True)
         shipping = self._sealed_open if abandons else len(self._groups)
         still_needed = cfg.steps * b - (self.batches.batches_sent * b + len(self.pending) + shipping)
-        if committed_ahead >= (cfg.max_async_steps + 1) * b or still_needed <= 0 or self.stop_reason or self.budget_spent():
+        if (
+            committed_ahead >= (cfg.max_async_steps + 1) * b
+            or still_needed <= 0
+            or self.stop_reason
+            or self.budget_spent()
+        ):
             return
         free = cfg.max_concurrent_samples - self.launches.in_flight - len(self.launches)
         room = (cfg.max_async_steps + 1) * b - committed_ahead
-        slots = min(cfg.max_open_groups - len(self._groups), free // cfg.group_size, room if abandons else min(room, still_needed))
+        slots = min(
+            cfg.max_open_groups - len(self._groups),
+            free // cfg.group_size,
+            room if abandons else min(room, still_needed),
+        )
         if slots <= 0:
             return
         offered = range(self._next_group_id, self._next_group_id + slots)
@@ -375,8 +429,9 @@ class GroupTracker:
         for request_id in group.in_flight:
             self.ledger.cancelled(request_id)
             self._out.append(Cancel(request_id))
-            if self.episodes is not None and self.episodes.abandon(request_id, request_id in self.ledger.running,
-                                                                     self._out):
+            if self.episodes is not None and self.episodes.abandon(
+                request_id, request_id in self.ledger.running, self._out
+            ):
                 self.launches.in_flight -= 1
         effective = False
         if committed:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Union
 
 NO_REWARD = math.nan
 """The reward of a sample whose reward function returned None ("no reward"): the sample is
@@ -138,7 +137,7 @@ class SampleFinished:
         return len(self.token_ids)
 
 
-RolloutEvent = Union[TokenDelta, SampleFinished]
+RolloutEvent = TokenDelta | SampleFinished
 
 
 @dataclass(frozen=True)

@@ -12,19 +12,19 @@ from controller.gates.registry import build_gate
 from controller.noop import NoopController
 from controller.prompts import PromptPool
 from controller.reference import ReferenceScreen
-from pipeline.sim.learner import SimLearner
 from pipeline.clock import VirtualClock, WallClock
 from pipeline.config.build import ConfigError
 from pipeline.decisions import NullSink
-from pipeline.sim.engine import SimEngine
+from pipeline.envs.render import renderer_for
 from pipeline.orchestrator import Orchestrator
 from pipeline.parts import RunOutputs, RunParts
 from pipeline.protocols import Controller, DecisionSink, Evaluator, Gate, Learner, Scorer
+from pipeline.seeding import derive_seed
+from pipeline.sim.engine import SimEngine
+from pipeline.sim.learner import SimLearner
+from pipeline.sim.world import SimAnswerScorer, SimEvaluator, SimWorld
 from pipeline.tasks.rewards.health import RewardsFailing
 from pipeline.tasks.rewards.scoring import ScoringService
-from pipeline.seeding import derive_seed
-from pipeline.sim.world import SimAnswerScorer, SimEvaluator, SimWorld
-from pipeline.envs.render import renderer_for
 from railgate.config import RunConfig
 from railgate.episodic import EnvironmentReward, env_parts, is_episodic
 from railgate.preflight import preflight
@@ -47,8 +47,9 @@ class Components:
     episodes: Any = None  # task.name=env: the environment service the shell steps episodes through
 
 
-def build_components(cfg: RunConfig, progress: bool = True, sink: DecisionSink | None = None,
-                     run_id: str | None = None) -> Components:
+def build_components(
+    cfg: RunConfig, progress: bool = True, sink: DecisionSink | None = None, run_id: str | None = None
+) -> Components:
     """``sink`` receives the controller's decisions (the run's TraceLog; none: not logged), which
     carry ``run_id`` (default ``cfg.name``; a training run passes its own, ``railgate.runid``)."""
     preflight(cfg)  # before any warm start or model load
@@ -82,9 +83,14 @@ def build_orchestrator(
     if outputs.checkpoint is not None and not outputs.checkpoint_every:
         outputs.checkpoint_every = cfg.log.checkpoint_every
     run_parts = RunParts(
-        engine=parts.engine, gate=parts.gate, controller=parts.controller,
+        engine=parts.engine,
+        gate=parts.gate,
+        controller=parts.controller,
         scoring=ScoringService(parts.scorer, o.reward_timeout_s, o.reward_threads, o.reward_check_first),
-        learner=parts.learner, clock=parts.clock, evaluator=parts.evaluator, reference=parts.reference,
+        learner=parts.learner,
+        clock=parts.clock,
+        evaluator=parts.evaluator,
+        reference=parts.reference,
         episodes=parts.episodes,
     )
     return Orchestrator(run_parts, o, outputs, seed=cfg.seed, run_id=run_id if run_id is not None else cfg.name)
@@ -123,7 +129,10 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
 
     task = build_task(cfg.task, context_chars=_prompt_char_limit(cfg))
     # the task's own scoring (warm start, reference checks) follows the run's reward settings
-    task.reward_timeout_s, task.reward_check_first = cfg.orchestrator.reward_timeout_s, cfg.orchestrator.reward_check_first
+    task.reward_timeout_s, task.reward_check_first = (
+        cfg.orchestrator.reward_timeout_s,
+        cfg.orchestrator.reward_check_first,
+    )
     episodic = is_episodic(task)
     if not cfg.model.path:  # fail before a warm start, with the tokenizer it would build
         from pipeline.policy.tokenizer import CharTokenizer
@@ -146,20 +155,38 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
     else:
         engine = TorchEngine(copy.deepcopy(base.model), tokenizer.eos_id, **_torch_kwargs(cfg, context))
     pool = PromptPool(train_prompts, seed=derive_seed(cfg.seed, "prompts"))
-    gate = build_gate(cfg.gate, pool, group_size=cfg.orchestrator.group_size,
-                      batch_groups=cfg.orchestrator.batch_groups, seed=derive_seed(cfg.seed, "gate"))
+    gate = build_gate(
+        cfg.gate,
+        pool,
+        group_size=cfg.orchestrator.group_size,
+        batch_groups=cfg.orchestrator.batch_groups,
+        seed=derive_seed(cfg.seed, "gate"),
+    )
     scorer = EnvironmentReward() if env is not None else task.scorer(tokenizer.decode)
     evaluator = SamplingEvaluator(
-        engine, eval_prompts, scorer, samples_per_prompt=cfg.data.eval_samples,
-        temperature=cfg.data.eval_temperature, max_tokens=cfg.orchestrator.max_tokens, seed=derive_seed(cfg.seed, "eval"),
-        reward_timeout_s=cfg.orchestrator.reward_timeout_s, check_rewards=cfg.orchestrator.reward_check_first > 0,
+        engine,
+        eval_prompts,
+        scorer,
+        samples_per_prompt=cfg.data.eval_samples,
+        temperature=cfg.data.eval_temperature,
+        max_tokens=cfg.orchestrator.max_tokens,
+        seed=derive_seed(cfg.seed, "eval"),
+        reward_timeout_s=cfg.orchestrator.reward_timeout_s,
+        check_rewards=cfg.orchestrator.reward_check_first > 0,
         episodes=env.service if env is not None else None,
     )
     learner = TorchLearner(base.model, cfg.learner, pad_id=tokenizer.pad_id)
     reference = None if env is not None else _reference_screen(cfg, task, tokenizer, gate, train_problems)
     return Components(
-        engine=engine, clock=WallClock(), gate=gate, controller=NoopController(), scorer=scorer,
-        learner=learner, evaluator=evaluator, pool=pool, reference=reference,
+        engine=engine,
+        clock=WallClock(),
+        gate=gate,
+        controller=NoopController(),
+        scorer=scorer,
+        learner=learner,
+        evaluator=evaluator,
+        pool=pool,
+        reference=reference,
         episodes=env.service if env is not None else None,
     )
 
@@ -192,15 +219,25 @@ def _reference_screen(cfg: RunConfig, task: Any, tokenizer: Any, gate: Any, prob
         return None
     from pipeline.policy.tokenizer import CharTokenizer
 
-    references = {task.prompt_id(p): tuple(tokenizer.encode(p.solution)) + (tokenizer.eos_id,)
-                  for p in problems if _earns_reward(task, p)}
+    references = {
+        task.prompt_id(p): tuple(tokenizer.encode(p.solution)) + (tokenizer.eos_id,)
+        for p in problems
+        if _earns_reward(task, p)
+    }
     if not references:
-        raise ConfigError(f"gate.sara.reference_prior=true needs reference solutions the task's reward accepts; none of "
-                          f"{len(problems)} training problems of task {task.name!r} has one (e.g. {problems[0].solution!r}); "
-                          "give the data a solution column or set gate.sara.reference_prior=false")
+        raise ConfigError(
+            f"gate.sara.reference_prior=true needs reference solutions the task's reward accepts; none of "
+            f"{len(problems)} training problems of task {task.name!r} has one (e.g. {problems[0].solution!r}); "
+            "give the data a solution column or set gate.sara.reference_prior=false"
+        )
     exact = task.unique_response and isinstance(tokenizer, CharTokenizer)
-    screen = ReferenceScreen(references, gate.source.peek, exact=exact, strength=sara.reference_strength,
-                             ahead=sara.scored_ahead(cfg.orchestrator.batch_groups))
+    screen = ReferenceScreen(
+        references,
+        gate.source.peek,
+        exact=exact,
+        strength=sara.reference_strength,
+        ahead=sara.scored_ahead(cfg.orchestrator.batch_groups),
+    )
     gate.attach_reference(screen)
     return screen
 
@@ -221,14 +258,23 @@ def _earns_reward(task: Any, problem: Any) -> bool:
 def _torch_kwargs(cfg: RunConfig, context: int | None = None) -> dict[str, Any]:
     """``context``: the model's context length (None: ``model.max_len``, the project's model)."""
     t = cfg.torch_engine
-    return dict(max_batch=t.max_batch, dtype=t.dtype, seed=derive_seed(cfg.seed, "engine"),
-                max_context=context or cfg.model.max_len, delta_tokens=t.delta_tokens)
+    return dict(
+        max_batch=t.max_batch,
+        dtype=t.dtype,
+        seed=derive_seed(cfg.seed, "engine"),
+        max_context=context or cfg.model.max_len,
+        delta_tokens=t.delta_tokens,
+    )
 
 
 def _vllm_kwargs(cfg: RunConfig, eos_id: int | None, context: int | None = None) -> dict[str, Any]:
     # vLLM seeds numpy's legacy generator, which takes 32-bit seeds only.
-    return dict(eos_id=eos_id, seed=derive_seed(cfg.seed, "engine") % 2**31,
-                max_batch=cfg.torch_engine.max_batch, max_context=context or cfg.model.max_len)
+    return dict(
+        eos_id=eos_id,
+        seed=derive_seed(cfg.seed, "engine") % 2**31,
+        max_batch=cfg.torch_engine.max_batch,
+        max_context=context or cfg.model.max_len,
+    )
 
 
 def _ray_engine(cfg: RunConfig, model_dir: Path, eos_id: int | None, context: int | None = None) -> Any:
@@ -238,13 +284,27 @@ def _ray_engine(cfg: RunConfig, model_dir: Path, eos_id: int | None, context: in
 
     r = cfg.engine.ray
     if r.inner == "vllm":
-        factory: Any = VllmEngineFactory(str(Path(model_dir).resolve()), str((Path(cfg.run_dir) / "vllm_cache").resolve()),
-                                         tuple(_vllm_kwargs(cfg, eos_id, context).items()))
+        factory: Any = VllmEngineFactory(
+            str(Path(model_dir).resolve()),
+            str((Path(cfg.run_dir) / "vllm_cache").resolve()),
+            tuple(_vllm_kwargs(cfg, eos_id, context).items()),
+        )
     else:
-        factory = TorchEngineFactory(str(Path(model_dir).resolve()), eos_id, threads=cfg.torch_engine.threads,
-                                     engine_kwargs=tuple(_torch_kwargs(cfg, context).items()))
-    return RayEngine(factory, replicas=r.replicas, address=r.address or None, connect_timeout_s=r.connect_timeout_s,
-                     num_cpus=r.num_cpus, num_gpus=r.num_gpus, torch_threads=cfg.torch_engine.threads)
+        factory = TorchEngineFactory(
+            str(Path(model_dir).resolve()),
+            eos_id,
+            threads=cfg.torch_engine.threads,
+            engine_kwargs=tuple(_torch_kwargs(cfg, context).items()),
+        )
+    return RayEngine(
+        factory,
+        replicas=r.replicas,
+        address=r.address or None,
+        connect_timeout_s=r.connect_timeout_s,
+        num_cpus=r.num_cpus,
+        num_gpus=r.num_gpus,
+        torch_threads=cfg.torch_engine.threads,
+    )
 
 
 def _prompts(cfg: RunConfig, task: Any, encode: Any, context: int | None = None) -> tuple[list, list, list]:
@@ -258,7 +318,11 @@ def _prompts(cfg: RunConfig, task: Any, encode: Any, context: int | None = None)
     eval_prompts = task.eval_prompts(cfg.data.num_eval_prompts, derive_seed(cfg.data.seed, "eval"), encode)
     too_long = [p for p in train_prompts + eval_prompts if len(p.token_ids) > max_prompt]
     if too_long:
-        what = f"model.max_len={limit}" if context is None else f"the context of model.path={cfg.model.path} ({limit} tokens)"
+        what = (
+            f"model.max_len={limit}"
+            if context is None
+            else f"the context of model.path={cfg.model.path} ({limit} tokens)"
+        )
         fix = "raise model.max_len (a new base model) or lower" if context is None else "shorten the prompts or lower"
         raise ConfigError(
             f"{len(too_long)} prompts are longer than {what} minus "
@@ -270,9 +334,11 @@ def _prompts(cfg: RunConfig, task: Any, encode: Any, context: int | None = None)
 
 def _build_sim(cfg: RunConfig) -> Components:
     if cfg.gate.kind == "sara" and cfg.gate.sara.reference_prior:
-        raise ConfigError("gate.sara.reference_prior=true scores the policy's likelihood of each prompt's reference "
-                          "response, which engine.kind=sim has neither of; use engine.kind=torch (or vllm, ray) or "
-                          "set gate.sara.reference_prior=false")
+        raise ConfigError(
+            "gate.sara.reference_prior=true scores the policy's likelihood of each prompt's reference "
+            "response, which engine.kind=sim has neither of; use engine.kind=torch (or vllm, ray) or "
+            "set gate.sara.reference_prior=false"
+        )
     world = SimWorld(cfg.sim)
     clock: VirtualClock | WallClock = WallClock() if cfg.sim.realtime else VirtualClock()
     engine = SimEngine(world, clock=clock, fail_every=cfg.engine.fail_every)

@@ -118,9 +118,11 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
                 f"it is read, so it is not opened; if you trust where it came from, convert it once with "
                 f"'railgate convert-checkpoint {path.parent.parent} --trust-pickle' and run the command again"
             )
-        raise CheckpointError(f"{path} is not a railgate checkpoint (it does not start with {MAGIC[:-1].decode()}); "
-                              "delete it to resume from the one before")
-    digest, body = data[len(MAGIC):len(MAGIC) + _DIGEST_LINE], data[len(MAGIC) + _DIGEST_LINE:]
+        raise CheckpointError(
+            f"{path} is not a railgate checkpoint (it does not start with {MAGIC[:-1].decode()}); "
+            "delete it to resume from the one before"
+        )
+    digest, body = data[len(MAGIC) : len(MAGIC) + _DIGEST_LINE], data[len(MAGIC) + _DIGEST_LINE :]
     if digest[-1:] != b"\n" or hashlib.sha256(body).hexdigest().encode() != digest[:-1]:
         raise CheckpointError(
             f"checkpoint {path} is damaged (its SHA-256 checksum does not match: a truncated or altered copy); "
@@ -131,15 +133,19 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         header = json.loads(document.decode("utf-8"))
         if not isinstance(header, dict) or header.get("format") != FORMAT_VERSION or "state" not in header:
             found = header.get("format") if isinstance(header, dict) else None
-            raise StateFormatError(f"format {str(found)[:20]} is not {FORMAT_VERSION}; read it with the release that wrote it")
+            raise StateFormatError(
+                f"format {str(found)[:20]} is not {FORMAT_VERSION}; read it with the release that wrote it"
+            )
         arrays = _load_arrays(array_blob)
         tensors = _load_tensors(tensor_blob)
         state = decode_state(header["state"], tensors, arrays)
     except CheckpointError:
         raise
     except Exception as exc:  # malformed content behind a valid checksum: hand-made, or another writer
-        raise CheckpointError(f"checkpoint {path} cannot be read ({type(exc).__name__}: {str(exc)[:200]}); "
-                              "delete it to resume from the one before") from None
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read ({type(exc).__name__}: {str(exc)[:200]}); "
+            "delete it to resume from the one before"
+        ) from None
     if not isinstance(state, dict) or "step" not in state:
         raise CheckpointError(f"checkpoint {path} holds no run state; delete it to resume from the one before")
     return state
@@ -204,7 +210,7 @@ def _split(body: bytes) -> list[bytes]:
         offset += _LENGTH.size
         if length > len(body) - offset:
             raise StateFormatError(f"a section claims {length} bytes; only {len(body) - offset} remain")
-        parts.append(body[offset:offset + length])
+        parts.append(body[offset : offset + length])
         offset += length
     if offset != len(body):
         raise StateFormatError(f"{len(body) - offset} bytes after the last section")

@@ -34,7 +34,9 @@ def legacy_sources(target: str | Path) -> tuple[list[Path], Path]:
     if target.is_file():
         return [target], target.parent
     directory = target / "checkpoints"
-    sources = sorted(p for p in directory.glob("step-*") if _LEGACY_NAME.fullmatch(p.name)) if directory.is_dir() else []
+    sources = (
+        sorted(p for p in directory.glob("step-*") if _LEGACY_NAME.fullmatch(p.name)) if directory.is_dir() else []
+    )
     if not sources:
         raise CheckpointError(f"{target}: no old-format checkpoint (checkpoints/step-NNNNNN.pt) to convert")
     return sources, directory
@@ -69,8 +71,9 @@ def _unpickle(path: Path) -> dict:
 
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:
-        raise CheckpointError(f"{path} cannot be read as an old-format checkpoint ({type(exc).__name__}: "
-                              f"{str(exc)[:200]})") from None
+        raise CheckpointError(
+            f"{path} cannot be read as an old-format checkpoint ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from None
 
 
 def _convert_river(node: Any) -> Any:

@@ -24,11 +24,17 @@ from typing import Any
 
 from controller.config import ControllerConfig, GateConfig
 from learner.config import LearnerConfig
-from pipeline.config.sections import DataConfig, EngineConfig, LogConfig, OrchestratorConfig, SimConfig, TorchEngineConfig
+from pipeline.config.build import ConfigError, apply_overrides, build, load_yaml, merge, require, shorten, to_dict
+from pipeline.config.sections import (
+    DataConfig,
+    EngineConfig,
+    LogConfig,
+    OrchestratorConfig,
+    SimConfig,
+    TorchEngineConfig,
+)
 from pipeline.policy.config import BaseModelConfig
 from pipeline.tasks.config import TaskConfig
-from pipeline.config.build import ConfigError, apply_overrides, build, load_yaml, merge, require, shorten, to_dict
-
 
 ROLLOUT_STEP_GATES = ("uniform", "sara", "dps", "sara_dps")
 """The gates that commit group by group with no per-step quota of their own, so a learner
@@ -64,33 +70,43 @@ class RunConfig:
         require(bool(self.run_dir), "run_dir must not be empty; set run_dir: runs/NAME")
         o = self.orchestrator
         self.gate.check_sizes(o.group_size, o.batch_groups)
-        require(not o.batch_rollouts or self.gate.kind in ROLLOUT_STEP_GATES,
-                f"orchestrator.batch_rollouts={o.batch_rollouts} (a learner step of that many rollouts) needs a gate that "
-                f"commits group by group ({', '.join(ROLLOUT_STEP_GATES)}), not gate.kind={self.gate.kind!r}; "
-                "change gate.kind or set orchestrator.batch_rollouts=0")
+        require(
+            not o.batch_rollouts or self.gate.kind in ROLLOUT_STEP_GATES,
+            f"orchestrator.batch_rollouts={o.batch_rollouts} (a learner step of that many rollouts) needs a gate that "
+            f"commits group by group ({', '.join(ROLLOUT_STEP_GATES)}), not gate.kind={self.gate.kind!r}; "
+            "change gate.kind or set orchestrator.batch_rollouts=0",
+        )
         self.gate.check_sampling(o.temperature, o.top_p)
         if self.engine.kind != "sim" and not self.model.path:
-            require(o.max_tokens < self.model.max_len,
-                    f"orchestrator.max_tokens={o.max_tokens} leaves no room for a prompt in model.max_len={self.model.max_len}; "
-                    "lower orchestrator.max_tokens or raise model.max_len (a new base model)")
+            require(
+                o.max_tokens < self.model.max_len,
+                f"orchestrator.max_tokens={o.max_tokens} leaves no room for a prompt in model.max_len={self.model.max_len}; "
+                "lower orchestrator.max_tokens or raise model.max_len (a new base model)",
+            )
             arith = self.task.arithmetic
             if self.task.name == "arithmetic" and arith.scratchpad:
                 need = arith.response_tokens
                 fit_tokens, fit_len = self.task.lengths(self.model.max_len) or (need, self.model.max_len)
-                require(o.max_tokens >= need,
-                        f"task.arithmetic.scratchpad=true writes responses of up to {need} tokens, but orchestrator.max_tokens="
-                        f"{o.max_tokens}; set orchestrator.max_tokens={fit_tokens} and model.max_len={fit_len} or more, "
-                        "or leave both out of the config: they then follow from the task")
-            require(not self.task.chat_template,
-                    "task.chat_template=true needs a chat model, and the project's model (model.path empty) has no chat "
-                    "template; set model.path to a Hugging Face chat model directory, or task.chat_template=false")
+                require(
+                    o.max_tokens >= need,
+                    f"task.arithmetic.scratchpad=true writes responses of up to {need} tokens, but orchestrator.max_tokens="
+                    f"{o.max_tokens}; set orchestrator.max_tokens={fit_tokens} and model.max_len={fit_len} or more, "
+                    "or leave both out of the config: they then follow from the task",
+                )
+            require(
+                not self.task.chat_template,
+                "task.chat_template=true needs a chat model, and the project's model (model.path empty) has no chat "
+                "template; set model.path to a Hugging Face chat model directory, or task.chat_template=false",
+            )
 
     @property
     def name(self) -> str:
         return self.run_id or Path(self.run_dir).name
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None, base: dict[str, Any] | None = None) -> RunConfig:
+def load_config(
+    path: str | Path | None, overrides: list[str] | None = None, base: dict[str, Any] | None = None
+) -> RunConfig:
     """Read ``path`` (or the defaults), apply ``overrides``, validate."""
     data = merge(base or {}, load_yaml(path) if path else {})
     data = apply_overrides(data, overrides or [])
@@ -162,8 +178,10 @@ def fill_step(data: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(value, str) or value.strip().lstrip("+-").isdigit():
         return data
     if value.strip().lower() != STEP_AUTO:
-        raise ConfigError(f"orchestrator.batch_rollouts={shorten(value)} must be an integer (0 = a step of batch_groups "
-                          f"groups) or {STEP_AUTO!r} (batch_groups * group_size rollouts)")
+        raise ConfigError(
+            f"orchestrator.batch_rollouts={shorten(value)} must be an integer (0 = a step of batch_groups "
+            f"groups) or {STEP_AUTO!r} (batch_groups * group_size rollouts)"
+        )
     gate = data.get("gate") if isinstance(data.get("gate"), dict) else {}
     kind = gate.get("kind", GateConfig.__dataclass_fields__["kind"].default)
     fields = OrchestratorConfig.__dataclass_fields__

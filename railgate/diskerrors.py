@@ -12,12 +12,20 @@ import errno
 from pathlib import Path
 from typing import Any
 
-_DISK_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
-                errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
-                errno.EPERM: "permission denied", errno.EFBIG: "the file would pass the file-size limit (ulimit -f)"}
+_DISK_ERRNOS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.EFBIG: "the file would pass the file-size limit (ulimit -f)",
+}
 _RESUME_FIX = "free space (or pass another --run-dir), then continue with --resume"
-_FIXES = {errno.ENOSPC: _RESUME_FIX, errno.EDQUOT: _RESUME_FIX,
-          errno.EFBIG: "raise the limit (ulimit -f unlimited), then continue with --resume"}
+_FIXES = {
+    errno.ENOSPC: _RESUME_FIX,
+    errno.EDQUOT: _RESUME_FIX,
+    errno.EFBIG: "raise the limit (ulimit -f unlimited), then continue with --resume",
+}
 
 
 def disk_error(exc: BaseException, where: Path | str | None = None) -> str | None:

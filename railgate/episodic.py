@@ -8,8 +8,9 @@ reference prior (one reference response per prompt) has nothing to score here an
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from pipeline.config.build import ConfigError
 from pipeline.config.sections import EpisodeSettings
@@ -31,8 +32,10 @@ class EnvironmentReward:
     runs_inline = True
 
     def __call__(self, prompt: Prompt, token_ids: Sequence[int]) -> float:
-        raise RuntimeError(f"prompt {prompt.prompt_id} was scored as a single response, but task.name=env rewards come "
-                           "from its environment, turn by turn (pipeline.episodes); this is a bug in the wiring")
+        raise RuntimeError(
+            f"prompt {prompt.prompt_id} was scored as a single response, but task.name=env rewards come "
+            "from its environment, turn by turn (pipeline.episodes); this is a bug in the wiring"
+        )
 
 
 @dataclass
@@ -46,10 +49,13 @@ def env_parts(cfg: RunConfig, task: Any, tokenizer: Any) -> EnvParts:
     """The renderer, the environment service and the episode rules of ``cfg``'s environment task."""
     env = cfg.task.env
     if cfg.gate.kind in ("sara", "sara_dps") and cfg.gate.sara.reference_prior:
-        raise ConfigError("gate.sara.reference_prior=true scores one reference response per prompt; task.name=env runs "
-                          "episodes of turns, which have none: set gate.sara.reference_prior=false")
+        raise ConfigError(
+            "gate.sara.reference_prior=true scores one reference response per prompt; task.name=env runs "
+            "episodes of turns, which have none: set gate.sara.reference_prior=false"
+        )
     o = cfg.orchestrator
-    settings = EpisodeSettings(max_turns=env.max_turns, max_episode_tokens=env.max_episode_tokens,
-                               turn_tokens=o.max_tokens, reward=env.reward)
+    settings = EpisodeSettings(
+        max_turns=env.max_turns, max_episode_tokens=env.max_episode_tokens, turn_tokens=o.max_tokens, reward=env.reward
+    )
     renderer = renderer_for(tokenizer)
     return EnvParts(renderer, EnvService(task, renderer, settings, threads=max(1, o.reward_threads)), settings)

@@ -22,9 +22,10 @@ import dataclasses
 import json
 import math
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import anyio
 
@@ -62,14 +63,20 @@ class Policy:
         if self.is_run:
             return
         if not self.path.is_dir():
-            raise ConfigError(f"eval {self.path}: the directory does not exist; pass a train run's run_dir or a "
-                              "Hugging Face model directory")
+            raise ConfigError(
+                f"eval {self.path}: the directory does not exist; pass a train run's run_dir or a "
+                "Hugging Face model directory"
+            )
         if not (self.path / "config.json").is_file():
-            raise ConfigError(f"eval {self.path}: neither a run directory ({RUN_CONFIG}) nor a model directory "
-                              "(config.json); pass a train run's run_dir or a Hugging Face model directory")
+            raise ConfigError(
+                f"eval {self.path}: neither a run directory ({RUN_CONFIG}) nor a model directory "
+                "(config.json); pass a train run's run_dir or a Hugging Face model directory"
+            )
         if self.base:
-            raise ConfigError(f"eval {self.path} --base: --base picks a run directory's base policy; {self.path} is a "
-                              "model directory, which is evaluated as it is: drop --base")
+            raise ConfigError(
+                f"eval {self.path} --base: --base picks a run directory's base policy; {self.path} is a "
+                "model directory, which is evaluated as it is: drop --base"
+            )
 
 
 @dataclass(frozen=True)
@@ -81,8 +88,9 @@ class Evaluation:
     step: int
 
 
-def settings(a: Policy, b: Policy | None, config: Path | None, overrides: Sequence[str],
-             samples: int | None = None) -> RunConfig:
+def settings(
+    a: Policy, b: Policy | None, config: Path | None, overrides: Sequence[str], samples: int | None = None
+) -> RunConfig:
     """The evaluation's settings: A's run config, else B's, else ``config``, with ``overrides``."""
     from configs import DEFAULT_CONFIG
 
@@ -98,10 +106,14 @@ def evaluate_policy(cfg: RunConfig, policy: Policy, overrides: Sequence[str] = (
     policy.check()
     with tempfile.TemporaryDirectory(prefix="railgate-eval-") as scratch:
         if policy.is_run:
-            own = run_dir_config(policy.path, list(overrides) + [f"run_dir={policy.path}"], f"railgate eval {policy.path}")
+            own = run_dir_config(
+                policy.path, list(overrides) + [f"run_dir={policy.path}"], f"railgate eval {policy.path}"
+            )
             side = dataclasses.replace(cfg, model=own.model, learner=own.learner, run_dir=str(policy.path))
         else:  # a model directory is loaded as it is: no warm start, nothing written beside it
-            side = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(policy.path)), run_dir=scratch)
+            side = dataclasses.replace(
+                cfg, model=dataclasses.replace(cfg.model, path=str(policy.path)), run_dir=scratch
+            )
         return _evaluate(side, policy)
 
 
@@ -116,8 +128,10 @@ def _evaluate(cfg: RunConfig, policy: Policy) -> Evaluation:
             try:
                 components.learner.load_state_dict(state["learner"])
             except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
-                raise CheckpointError(f"checkpoint {checkpoint} does not fit this run's model ({type(exc).__name__}: "
-                                      f"{str(exc)[:160]}); evaluate with the config the run was trained with") from None
+                raise CheckpointError(
+                    f"checkpoint {checkpoint} does not fit this run's model ({type(exc).__name__}: "
+                    f"{str(exc)[:160]}); evaluate with the config the run was trained with"
+                ) from None
             anyio.run(components.engine.update_weights, components.learner.weights())
             step = int(state["step"])
         metrics = anyio.run(components.evaluator.evaluate, step)
@@ -134,9 +148,13 @@ def compare(cfg: RunConfig, a: Policy, b: Policy, overrides: Sequence[str] = ())
         raise RuntimeError(f"the two evaluations scored {len(ea.rates)} and {len(eb.rates)} prompts")
     d = paired_difference(ea.rates, eb.rates)
     return {
-        "accuracy_a": prompt_mean(ea.rates).mean, "accuracy_b": prompt_mean(eb.rates).mean,
-        "difference": d.mean, "difference_lo": d.lo, "difference_hi": d.hi,
-        "prompts": d.n, "samples": cfg.data.eval_samples,
+        "accuracy_a": prompt_mean(ea.rates).mean,
+        "accuracy_b": prompt_mean(eb.rates).mean,
+        "difference": d.mean,
+        "difference_lo": d.lo,
+        "difference_hi": d.hi,
+        "prompts": d.n,
+        "samples": cfg.data.eval_samples,
     }
 
 
@@ -148,15 +166,21 @@ def comparison_table(a: Policy, b: Policy, result: dict[str, Any]) -> str:
     >>> print(comparison_table(Policy(Path("a")), Policy(Path("b")), r).splitlines()[-1])
     | A - B (paired, same draws) | 0.100 (95% 0.050 to 0.150) |
     """
-    rows = [["A: " + a.label(), f"{result['accuracy_a']:.3f}"], ["B: " + b.label(), f"{result['accuracy_b']:.3f}"],
-            ["prompts x samples", f"{result['prompts']} x {result['samples']}"],
-            ["A - B (paired, same draws)", f"{result['difference']:.3f} (95% {result['difference_lo']:.3f} to "
-                                           f"{result['difference_hi']:.3f})"]]
+    rows = [
+        ["A: " + a.label(), f"{result['accuracy_a']:.3f}"],
+        ["B: " + b.label(), f"{result['accuracy_b']:.3f}"],
+        ["prompts x samples", f"{result['prompts']} x {result['samples']}"],
+        [
+            "A - B (paired, same draws)",
+            f"{result['difference']:.3f} (95% {result['difference_lo']:.3f} to {result['difference_hi']:.3f})",
+        ],
+    ]
     return markdown_table(["held-out accuracy", "value"], rows)
 
 
-def run_eval(a: Policy, b: Policy | None, config: Path | None, overrides: Sequence[str], samples: int | None,
-             as_json: bool) -> dict[str, Any]:
+def run_eval(
+    a: Policy, b: Policy | None, config: Path | None, overrides: Sequence[str], samples: int | None, as_json: bool
+) -> dict[str, Any]:
     """What ``railgate eval`` does: evaluate (and compare), print, and for a run directory
     evaluated alone write ``eval_base.json`` or ``eval_stepN.json`` into it."""
     a.check()
@@ -176,7 +200,9 @@ def run_eval(a: Policy, b: Policy | None, config: Path | None, overrides: Sequen
         print(json.dumps(_finite(result)))
     else:
         print(markdown_table(["metric", "value"], [[k, v] for k, v in result.items()]))
-        print(f"held-out accuracy: {accuracy_text(result)} over {sum(math.isfinite(r) for r in evaluation.rates)} prompts")
+        print(
+            f"held-out accuracy: {accuracy_text(result)} over {sum(math.isfinite(r) for r in evaluation.rates)} prompts"
+        )
     if a.is_run:
         out = a.path / ("eval_base.json" if a.base else f"eval_step{evaluation.step}.json")
         atomic_write(out, json.dumps(_finite(result), indent=2))

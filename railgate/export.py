@@ -49,8 +49,9 @@ class ExportReport:
     files: dict[str, int] = field(default_factory=dict)  # path relative to out -> bytes
 
 
-def export_run(cfg: RunConfig, run_dir: str | Path, out: str | Path, step: int | None = None,
-               force: bool = False) -> ExportReport:
+def export_run(
+    cfg: RunConfig, run_dir: str | Path, out: str | Path, step: int | None = None, force: bool = False
+) -> ExportReport:
     """Export ``run_dir`` (whose resolved configuration is ``cfg``) into ``out``; see the module docstring."""
     from railgate.tables import export_tables
 
@@ -61,15 +62,22 @@ def export_run(cfg: RunConfig, run_dir: str | Path, out: str | Path, step: int |
     try:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # a file on the way, a read-only place
-        raise ConfigError(f"export --out {target}: cannot create it ({exc.strerror}); pass a directory you can write to") from None
+        raise ConfigError(
+            f"export --out {target}: cannot create it ({exc.strerror}); pass a directory you can write to"
+        ) from None
     exported_step, tokenizer = None, None  # the simulator's tokens are not text
     if cfg.engine.kind != "sim":
         exported_step, tokenizer = export_model(cfg, run, target / MODEL_DIR, step)
     elif step is not None:
-        raise ConfigError(f"--step {step}: {run} is a simulator run (engine.kind=sim), which has no model; leave --step out")
+        raise ConfigError(
+            f"--step {step}: {run} is a simulator run (engine.kind=sim), which has no model; leave --step out"
+        )
     export_tables(run, target, tokenizer=tokenizer)
-    files = {str(p.relative_to(target)): p.stat().st_size for p in sorted(target.rglob("*")) if p.is_file()
-             and p.name != "export.json"}
+    files = {
+        str(p.relative_to(target)): p.stat().st_size
+        for p in sorted(target.rglob("*"))
+        if p.is_file() and p.name != "export.json"
+    }
     record = {"run_dir": str(run), "run_id": _run_id(run, cfg.name), "step": exported_step, "files": files}
     atomic_write(target / "export.json", json.dumps(record, indent=1) + "\n")
     return ExportReport(target, exported_step, files)
@@ -93,12 +101,16 @@ def check_out(out: Path, force: bool) -> None:
         return
     run = [p.name for p in run_entries(out)]
     if run:
-        raise ConfigError(f"export --out {out}: it holds a run ({', '.join(run[:4])}), which an export would mix "
-                          "with; pass a new directory")
+        raise ConfigError(
+            f"export --out {out}: it holds a run ({', '.join(run[:4])}), which an export would mix "
+            "with; pass a new directory"
+        )
     if not force:
         shown = ", ".join(entries[:4]) + (f" and {len(entries) - 4} more" if len(entries) > 4 else "")
-        raise ConfigError(f"export --out {out}: it is not empty ({shown}); pass a new or empty directory, or --force to "
-                          f"replace an earlier export's {', '.join(EXPORT_FILES)} there")
+        raise ConfigError(
+            f"export --out {out}: it is not empty ({shown}); pass a new or empty directory, or --force to "
+            f"replace an earlier export's {', '.join(EXPORT_FILES)} there"
+        )
 
 
 def _run_id(run: Path, name: str) -> str:
@@ -174,15 +186,17 @@ def _checkpoint_state(run_dir: Path, step: int | None) -> tuple[dict[str, Any], 
         path = latest_checkpoint(run_dir)
         return load_checkpoint(path), path
     directory = run_dir / "checkpoints"
-    found = sorted((p for p in directory.glob(f"step-{step:06d}.*") if not p.name.endswith(".tmp")),
-                   key=lambda p: p.suffix == ".ckpt")  # a converted .pt's .ckpt, when both are there
+    found = sorted(
+        (p for p in directory.glob(f"step-{step:06d}.*") if not p.name.endswith(".tmp")),
+        key=lambda p: p.suffix == ".ckpt",
+    )  # a converted .pt's .ckpt, when both are there
     if not found:
-        steps = sorted({int(m.group(1)) for p in directory.glob("step-*")
-                        if (m := re.fullmatch(r"step-(\d+)\.\w+", p.name))})
+        steps = sorted(
+            {int(m.group(1)) for p in directory.glob("step-*") if (m := re.fullmatch(r"step-(\d+)\.\w+", p.name))}
+        )
         kept = ", ".join(map(str, steps)) or "none"
         raise ConfigError(
             f"--step {step}: {run_dir} has no checkpoint of learner step {step} (kept: {kept}; log.keep_checkpoints "
             "bounds how many are kept); choose one of those, 0 for the base policy, or leave --step out for the newest"
         )
     return load_checkpoint(found[-1]), found[-1]
-

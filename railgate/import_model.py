@@ -79,9 +79,11 @@ class ImportReport:
         >>> ImportReport("p", "p.gguf", "out", "LlamaForCausalLM", 134_515_008, "float32", 49152, 8192, True, 24.6).summary()
         'out: LlamaForCausalLM, 134.5M parameters (float32), vocabulary 49152, context 8192, chat template yes; from p.gguf in 24.6 s'
         """
-        return (f"{self.out}: {self.architecture}, {self.parameters / 1e6:.1f}M parameters ({self.dtype}), "
-                f"vocabulary {self.vocab_size}, context {self.context_length}, "
-                f"chat template {'yes' if self.chat_template else 'no'}; from {self.gguf} in {self.seconds:.1f} s")
+        return (
+            f"{self.out}: {self.architecture}, {self.parameters / 1e6:.1f}M parameters ({self.dtype}), "
+            f"vocabulary {self.vocab_size}, context {self.context_length}, "
+            f"chat template {'yes' if self.chat_template else 'no'}; from {self.gguf} in {self.seconds:.1f} s"
+        )
 
 
 def _short(text: str, limit: int = 120) -> str:
@@ -119,7 +121,9 @@ def find_gguf(source: str | Path) -> Path:
     if path.is_dir():
         inside = sorted(path.glob("*.gguf"))
         if len(inside) != 1:
-            raise ModelImportError(f"{path} is a directory holding {len(inside)} .gguf files; pass the path of the one to import")
+            raise ModelImportError(
+                f"{path} is a directory holding {len(inside)} .gguf files; pass the path of the one to import"
+            )
         path = inside[0]
     if path.is_file():
         return _check_magic(path)
@@ -140,7 +144,9 @@ def find_gguf(source: str | Path) -> Path:
         )
     if len(found) > 1:
         names = ", ".join(p.name for p in found)
-        raise ModelImportError(f"package {text} ships {len(found)} GGUF files ({_short(names)}); pass the path of the one to import")
+        raise ModelImportError(
+            f"package {text} ships {len(found)} GGUF files ({_short(names)}); pass the path of the one to import"
+        )
     if not found[0].is_file():
         raise ModelImportError(f"package {text} lists {found[0]}, which is missing; reinstall the package")
     return _check_magic(found[0])
@@ -211,10 +217,16 @@ def import_gguf(source: str | Path, out: str | Path, dtype: str = "float32") -> 
         plain.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         report = ImportReport(
-            source=str(source), gguf=str(gguf), out=str(out), architecture=type(plain).__name__,
-            parameters=parameters, dtype=dtype, vocab_size=len(tokenizer),
+            source=str(source),
+            gguf=str(gguf),
+            out=str(out),
+            architecture=type(plain).__name__,
+            parameters=parameters,
+            dtype=dtype,
+            vocab_size=len(tokenizer),
             context_length=int(getattr(plain.config, "max_position_embeddings", 0) or 0),
-            chat_template=bool(getattr(tokenizer, "chat_template", None)), seconds=0.0,
+            chat_template=bool(getattr(tokenizer, "chat_template", None)),
+            seconds=0.0,
         )
         report = ImportReport(**{**asdict(report), "seconds": round(time.perf_counter() - t0, 1)})
         (tmp / PROVENANCE_FILE).write_text(json.dumps(asdict(report), indent=1) + "\n")

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from controller.rail.config import RailConfig
 from controller.rail.replay import LoggedSet, MixedRunsError, ReplayError, ReplayReport, load_logged, replay
@@ -39,7 +40,9 @@ def shadow(cfg: RunConfig, progress: bool | None = None, overwrite: bool = False
     return report
 
 
-def replay_traces(paths: Sequence[Path], rail: RailConfig, out: Path, run_id: str | None = None, seed: int = 0) -> ReplayReport:
+def replay_traces(
+    paths: Sequence[Path], rail: RailConfig, out: Path, run_id: str | None = None, seed: int = 0
+) -> ReplayReport:
     """Train and evaluate a controller offline from one or more traces (a run directory, its
     ``trace/`` directory, or segment files).
 
@@ -65,13 +68,17 @@ def replay_traces(paths: Sequence[Path], rail: RailConfig, out: Path, run_id: st
             continue  # every file of this input was given already
         kinds = {p.name.split("-")[0] for p in found}
         if "decisions" in kinds and "outcomes" not in kinds:
-            raise ConfigError(f"replay {label}: decisions without their outcomes (outcomes-NNNNN.arrows, beside them); "
-                              f"pass the trace directory, which holds both: railgate replay {place}")
+            raise ConfigError(
+                f"replay {label}: decisions without their outcomes (outcomes-NNNNN.arrows, beside them); "
+                f"pass the trace directory, which holds both: railgate replay {place}"
+            )
         try:
             logged = load_logged(segments, run_id=run_id)
         except MixedRunsError as exc:
-            raise ConfigError(f"replay {label}: it holds decisions of {len(exc.run_ids)} runs ({', '.join(exc.run_ids)}); "
-                              f"pick one with --run-id, e.g. --run-id {exc.run_ids[0]}") from None
+            raise ConfigError(
+                f"replay {label}: it holds decisions of {len(exc.run_ids)} runs ({', '.join(exc.run_ids)}); "
+                f"pick one with --run-id, e.g. --run-id {exc.run_ids[0]}"
+            ) from None
         except ReplayError as exc:
             raise ConfigError(f"replay {label}: {exc}") from None
         _check_unique_runs(places, (run_id,) if run_id else logged.run_ids, place, label)
@@ -109,8 +116,10 @@ def trace_input(path: Path) -> Path:
         return path
     if (path / "trace").is_dir() and trace_segment_paths(path / "trace"):
         return path / "trace"
-    raise ConfigError(f"replay {path}: no trace there (decisions-NNNNN.arrows and outcomes-NNNNN.arrows files); pass a "
-                      "run directory or its trace directory, e.g. railgate replay runs/NAME/trace")
+    raise ConfigError(
+        f"replay {path}: no trace there (decisions-NNNNN.arrows and outcomes-NNNNN.arrows files); pass a "
+        "run directory or its trace directory, e.g. railgate replay runs/NAME/trace"
+    )
 
 
 def check_report_dir(out: Path) -> None:
@@ -129,8 +138,10 @@ def check_report_dir(out: Path) -> None:
             owner = f"run {read_run_id(out) or out.name}"
         except Exception:  # noqa: BLE001 - an unreadable run_id file: still another run's directory
             owner = "a run"
-        raise ConfigError(f"replay --out {out}: it holds {owner}'s files ({', '.join(held[:4])}), and the report would "
-                          "overwrite its offpolicy.* files; pass another --out, e.g. --out runs/replay")
+        raise ConfigError(
+            f"replay --out {out}: it holds {owner}'s files ({', '.join(held[:4])}), and the report would "
+            "overwrite its offpolicy.* files; pass another --out, e.g. --out runs/replay"
+        )
 
 
 def _check_unique_runs(places: dict[str, Path], run_ids: Sequence[str], place: Path, given: str) -> None:
@@ -161,7 +172,9 @@ def _concat(sets: list[LoggedSet]) -> LoggedSet:
 
 
 def report_rows(report: ReplayReport) -> list[list[Any]]:
-    rows = [["logged (on-policy)", "mean", report.logged_value.value, report.logged_value.lower, report.logged_value.upper]]
+    rows = [
+        ["logged (on-policy)", "mean", report.logged_value.value, report.logged_value.lower, report.logged_value.upper]
+    ]
     for policy in report.policies:
         for name in ("ips", "snips", "dr"):
             e = getattr(policy, name)
@@ -214,9 +227,17 @@ def offpolicy_figure(report: ReplayReport, title: str = "Off-policy evaluation")
             lows.append(e.value - e.lower)
             highs.append(e.upper - e.value)
             confidence = e.confidence
-    ax.errorbar(range(len(values)), values, yerr=[lows, highs], fmt="o", capsize=3,
-                label=f"estimate; bars: {confidence:.0%} confidence interval")
-    ax.axhline(report.logged_value.value, color="grey", linestyle="--", label="logged (behaviour) policy, on-policy mean")
+    ax.errorbar(
+        range(len(values)),
+        values,
+        yerr=[lows, highs],
+        fmt="o",
+        capsize=3,
+        label=f"estimate; bars: {confidence:.0%} confidence interval",
+    )
+    ax.axhline(
+        report.logged_value.value, color="grey", linestyle="--", label="logged (behaviour) policy, on-policy mean"
+    )
     ax.set_xticks(range(len(values)), labels, fontsize=7)
     ax.set_xlabel("candidate policy and off-policy estimator")
     ax.set_ylabel("value per decision\n(variance gain - rollout cost)", fontsize=8)

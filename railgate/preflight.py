@@ -61,6 +61,10 @@ def _check_model_path(path: str) -> None:
             "the project's model"
         )
     if not p.is_dir():
-        raise ConfigError(f"model.path={path} is a file, not a directory; point it at the directory that holds config.json")
+        raise ConfigError(
+            f"model.path={path} is a file, not a directory; point it at the directory that holds config.json"
+        )
     if not (p / "config.json").is_file():
-        raise ConfigError(f"model.path={path} has no config.json; point it at a model directory saved with save_pretrained")
+        raise ConfigError(
+            f"model.path={path} has no config.json; point it at a model directory saved with save_pretrained"
+        )

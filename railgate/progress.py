@@ -15,7 +15,8 @@ import os
 import sys
 import time
 import warnings
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from tqdm import tqdm
 
@@ -33,7 +34,8 @@ class ProgressBar:
     def __init__(self, total: int, enabled: bool = True, desc: str = "", initial: int = 0):
         self._bar = (
             tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, mininterval=0.5, initial=initial)
-            if enabled else None
+            if enabled
+            else None
         )
         self._postfix: dict[str, str] = {}
         self._shown_at = 0.0
@@ -77,7 +79,9 @@ def quiet_libraries(no_progress: bool) -> Iterator[None]:
     """
     saved = {name: os.environ.get(name) for name in _SWITCHES}
     logging = sys.modules.get("transformers.utils.logging")
-    was_active = logging.is_progress_bar_enabled() if logging is not None else saved["HF_HUB_DISABLE_PROGRESS_BARS"] is None
+    was_active = (
+        logging.is_progress_bar_enabled() if logging is not None else saved["HF_HUB_DISABLE_PROGRESS_BARS"] is None
+    )
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read by transformers and the Hub when imported
     if logging is not None:  # imported already: switch its bars off directly
         logging.disable_progress_bar()

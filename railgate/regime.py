@@ -34,15 +34,25 @@ the batch (256 rollouts) is 8.0 times the noise scale (32 rollouts): progress is
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 STEP_LIMITED = 2.0
 """B / B_simple at or above this: step-limited; at or below 1 / STEP_LIMITED: noise-limited."""
-KEYS = ("learner/rollouts_trained", "learner/noise_scale", "learner/trace_sigma", "learner/grad_dot_prev",
-        "learner/noise_scale_micro", "learner/trace_sigma_micro", "learner/grad_sq_micro")
-ESTIMATES = {"noise_scale": ("learner/trace_sigma", "learner/grad_dot_prev"),
-             "noise_scale_micro": ("learner/trace_sigma_micro", "learner/grad_sq_micro")}
+KEYS = (
+    "learner/rollouts_trained",
+    "learner/noise_scale",
+    "learner/trace_sigma",
+    "learner/grad_dot_prev",
+    "learner/noise_scale_micro",
+    "learner/trace_sigma_micro",
+    "learner/grad_sq_micro",
+)
+ESTIMATES = {
+    "noise_scale": ("learner/trace_sigma", "learner/grad_dot_prev"),
+    "noise_scale_micro": ("learner/trace_sigma_micro", "learner/grad_sq_micro"),
+}
 """Run-summary prefix: the per-step metrics of tr(Σ) and |G|² it is the ratio of."""
 
 
@@ -55,10 +65,12 @@ class NoiseScaleLog:
 
     def __call__(self, step: int, metrics: dict[str, Any]) -> None:
         values = {k: metrics.get(k) for k in KEYS}
-        self._steps[int(step)] = {k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+        self._steps[int(step)] = {
+            k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and math.isfinite(v)
+        }
 
     @classmethod
-    def from_records(cls, records: Iterable[dict[str, Any]]) -> "NoiseScaleLog":
+    def from_records(cls, records: Iterable[dict[str, Any]]) -> NoiseScaleLog:
         """From ``metrics.jsonl`` records (``pipeline.metrics.read_metrics``)."""
         log = cls()
         for record in records:
@@ -67,7 +79,7 @@ class NoiseScaleLog:
         return log
 
     @classmethod
-    def from_run_dir(cls, run_dir: str | Path) -> "NoiseScaleLog":
+    def from_run_dir(cls, run_dir: str | Path) -> NoiseScaleLog:
         """From a run directory's ``metrics.jsonl`` (empty when there is none)."""
         from pipeline.metrics import read_metrics
 
@@ -86,11 +98,18 @@ class NoiseScaleLog:
         for prefix, (trace_key, grad_key) in ESTIMATES.items():
             measured = [m for m in steps if trace_key in m and grad_key in m]
             r = _ratio([m[trace_key] for m in measured], [m[grad_key] for m in measured])
-            out.update({
-                prefix: r["point"], f"{prefix}_low": r["low"], f"{prefix}_high": r["high"],
-                f"{prefix}_steps": len(measured), f"{prefix}_step_mean": _mean(m.get(f"learner/{prefix}") for m in steps),
-                f"{prefix}_trace": r["trace"], f"{prefix}_grad_sq": r["grad_sq"], f"{prefix}_grad_sq_se": r["se"],
-            })
+            out.update(
+                {
+                    prefix: r["point"],
+                    f"{prefix}_low": r["low"],
+                    f"{prefix}_high": r["high"],
+                    f"{prefix}_steps": len(measured),
+                    f"{prefix}_step_mean": _mean(m.get(f"learner/{prefix}") for m in steps),
+                    f"{prefix}_trace": r["trace"],
+                    f"{prefix}_grad_sq": r["grad_sq"],
+                    f"{prefix}_grad_sq_se": r["se"],
+                }
+            )
         out["batch_rollouts"] = _mean(m.get("learner/rollouts_trained") for m in steps)
         return out
 
@@ -155,8 +174,9 @@ def regime(batch: float | None, noise_scale: float | None, low: float | None = N
     return "near the noise scale"
 
 
-def regime_sentence(batch: float | None, noise_scale: float | None, low: float | None = None,
-                    high: float | None = None, steps: int = 0) -> str:
+def regime_sentence(
+    batch: float | None, noise_scale: float | None, low: float | None = None, high: float | None = None, steps: int = 0
+) -> str:
     """What the noise scale means for a run whose steps train ``batch`` rollouts, in words;
     with an interval (``low``, ``high``; ``high`` None: unbounded) when one is given, and
     ``steps`` the steps measured (to tell an unresolved gradient from no measurement).
@@ -167,14 +187,20 @@ def regime_sentence(batch: float | None, noise_scale: float | None, low: float |
     kind = regime(batch, noise_scale, low)
     if kind == "not measured":
         if batch and low is not None:
-            return (f"the gradient is not resolved over the run: the noise scale is at least {low:.0f} rollouts "
-                    f"(95% lower bound) against a batch of {batch:.0f}, too close to say which way progress is limited")
+            return (
+                f"the gradient is not resolved over the run: the noise scale is at least {low:.0f} rollouts "
+                f"(95% lower bound) against a batch of {batch:.0f}, too close to say which way progress is limited"
+            )
         if batch and steps:
-            return (f"the gradient is not resolved over the run's {steps} measured steps (the run mean of |G|² is within "
-                    f"its noise of 0): the noise scale is too far above the batch ({batch:.0f} rollouts) for the run to "
-                    "bound it; more steps are needed to say which way progress is limited")
-        return ("the gradient noise scale was not measured (the simulator has no gradient; on a real model it needs "
-                "learner.noise_scale on and at least two steps)")
+            return (
+                f"the gradient is not resolved over the run's {steps} measured steps (the run mean of |G|² is within "
+                f"its noise of 0): the noise scale is too far above the batch ({batch:.0f} rollouts) for the run to "
+                "bound it; more steps are needed to say which way progress is limited"
+            )
+        return (
+            "the gradient noise scale was not measured (the simulator has no gradient; on a real model it needs "
+            "learner.noise_scale on and at least two steps)"
+        )
     assert batch is not None
     interval = ""
     if low is not None or high is not None:
@@ -182,25 +208,34 @@ def regime_sentence(batch: float | None, noise_scale: float | None, low: float |
     if noise_scale is not None and noise_scale <= 0:
         head = f"the micro-batches' gradients agree exactly (noise scale 0) at a batch of {batch:.0f} rollouts"
     elif noise_scale is None:  # resolved only as a lower bound
-        head = (f"the gradient is not resolved over the run: the noise scale is at least {low:.0f} rollouts (95% lower "
-                f"bound), {low / batch:.1f} times the batch ({batch:.0f} rollouts)")
+        head = (
+            f"the gradient is not resolved over the run: the noise scale is at least {low:.0f} rollouts (95% lower "
+            f"bound), {low / batch:.1f} times the batch ({batch:.0f} rollouts)"
+        )
     elif kind == "noise-limited":
-        head = (f"the noise scale ({noise_scale:.0f} rollouts{interval}) is {noise_scale / batch:.1f} times the batch "
-                f"({batch:.0f} rollouts)")
+        head = (
+            f"the noise scale ({noise_scale:.0f} rollouts{interval}) is {noise_scale / batch:.1f} times the batch "
+            f"({batch:.0f} rollouts)"
+        )
     else:
-        head = (f"the batch ({batch:.0f} rollouts) is {batch / max(noise_scale, 1e-12):.1f} times the noise scale "
-                f"({noise_scale:.0f} rollouts{interval})")
+        head = (
+            f"the batch ({batch:.0f} rollouts) is {batch / max(noise_scale, 1e-12):.1f} times the noise scale "
+            f"({noise_scale:.0f} rollouts{interval})"
+        )
     tail = {
         "step-limited": "progress is step-limited; smaller batches pay more than skipping saturated groups",
         "noise-limited": "progress is noise-limited; skipping saturated groups pays more than smaller batches "
-                         "(at a learning rate tuned to the batch size; at a fixed one, smaller batches also take "
-                         "more steps of the same size)",
+        "(at a learning rate tuned to the batch size; at a fixed one, smaller batches also take "
+        "more steps of the same size)",
         "near the noise scale": "near it, steps and signal limit progress about equally; neither smaller batches nor "
-                                "skipping saturated groups dominates",
+        "skipping saturated groups dominates",
     }[kind]
     ends = {regime(batch, low), regime(batch, high if high is not None else math.inf)} - {"not measured"}
-    unsettled = "" if noise_scale is None or ends <= {kind} else (
-        f" (the interval reaches {' and '.join(sorted(ends - {kind}))}: not settled)")
+    unsettled = (
+        ""
+        if noise_scale is None or ends <= {kind}
+        else (f" (the interval reaches {' and '.join(sorted(ends - {kind}))}: not settled)")
+    )
     return f"{head}: {tail}{unsettled}"
 
 
@@ -234,14 +269,21 @@ def regime_text(summary: dict[str, Any]) -> str:
     The noise scale (800 rollouts; 95% interval 400 to 5000) is 12.5 times the batch (64 rollouts): progress is noise-limited; skipping saturated groups pays more than smaller batches (at a learning rate tuned to the batch size; at a fixed one, smaller batches also take more steps of the same size).
     """
     batch = summary.get("batch_rollouts")
-    main = regime_sentence(batch, summary.get("noise_scale"), summary.get("noise_scale_low"),
-                           summary.get("noise_scale_high"), steps=int(summary.get("noise_scale_steps") or 0))
+    main = regime_sentence(
+        batch,
+        summary.get("noise_scale"),
+        summary.get("noise_scale_low"),
+        summary.get("noise_scale_high"),
+        steps=int(summary.get("noise_scale_steps") or 0),
+    )
     text = f"{main[:1].upper()}{main[1:]}."
     if summary.get("noise_scale_micro_steps"):
         point, low, high = (summary.get(f"noise_scale_micro{s}") for s in ("", "_low", "_high"))
         figure = f"{point:.0f} rollouts" if point is not None else "not resolved"
         if low is not None:
             figure += f" (95% interval {low:.0f} to {'unbounded' if high is None else f'{high:.0f}'})"
-        text += (f" The micro-batch estimate (within each step; biased when the batch is far below the noise scale): "
-                 f"{figure}.")
+        text += (
+            f" The micro-batch estimate (within each step; biased when the batch is far below the noise scale): "
+            f"{figure}."
+        )
     return text

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from pipeline.orchestrator import RunSummary
 
@@ -17,6 +18,7 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
     |---|---|
     | 1 | 0.1235 |
     """
+
     def cell(v: Any) -> str:
         if isinstance(v, float):
             return "nan" if math.isnan(v) else f"{v:.4g}"
@@ -39,25 +41,43 @@ def summary_table(cfg: Any, summary: RunSummary) -> str:
         ["held-out accuracy at start", accuracy_text(first)],
         ["held-out accuracy at end", accuracy_text(last)],
         ["rollouts started", int(m["pipeline/rollouts_started"])],
-        ["rollouts started that no step trained on", _share(m["pipeline/rollouts_untrained"], m["pipeline/rollouts_started"])],
+        [
+            "rollouts started that no step trained on",
+            _share(m["pipeline/rollouts_untrained"], m["pipeline/rollouts_started"]),
+        ],
         ["rollouts aborted", int(m["pipeline/rollouts_aborted"])],
         ["rollouts failed (engine)", int(m["pipeline/rollouts_failed"])],
         ["tokens generated", int(m["pipeline/tokens_generated"])],
         ["tokens wasted (not trained on)", int(m["pipeline/tokens_wasted"])],
-        ["groups opened / committed / abandoned", f"{int(m['pipeline/groups_opened'])} / {int(m['pipeline/groups_committed'])} / {int(m['pipeline/groups_abandoned'])}"],
+        [
+            "groups opened / committed / abandoned",
+            f"{int(m['pipeline/groups_opened'])} / {int(m['pipeline/groups_committed'])} / {int(m['pipeline/groups_abandoned'])}",
+        ],
         ["effective-group yield", m["pipeline/effective_yield"]],
         ["rollouts per effective group", m["pipeline/rollouts_per_effective_group"]],
         ["staleness mean / max", f"{m['pipeline/staleness_mean']:.2f} / {int(m['pipeline/staleness_max'])}"],
-        ["reward errors / timeouts / none", f"{int(m['pipeline/reward_errors'])} / {int(m['pipeline/reward_timeouts'])} / "
-                                            f"{int(m.get('pipeline/rewards_none', 0))}"],
+        [
+            "reward errors / timeouts / none",
+            f"{int(m['pipeline/reward_errors'])} / {int(m['pipeline/reward_timeouts'])} / "
+            f"{int(m.get('pipeline/rewards_none', 0))}",
+        ],
     ]
     controller = {k: v for k, v in (summary.controller_metrics or {}).items()}
     if controller:
         rows += [
-            ["controller decisions / interventions", f"{int(controller.get('controller/decisions', 0))} / {int(controller.get('controller/interventions', 0))}"],
+            [
+                "controller decisions / interventions",
+                f"{int(controller.get('controller/decisions', 0))} / {int(controller.get('controller/interventions', 0))}",
+            ],
             ["controller mode at end", "live" if controller.get("controller/live") else "shadow"],
-            ["saturated probes rescued (all-fail / all-pass)", f"{int(controller.get('controller/rescued_fail', 0))} / {int(controller.get('controller/rescued_pass', 0))}"],
-            ["  of them recovered (made mixed)", f"{int(controller.get('controller/recovered_fail', 0))} / {int(controller.get('controller/recovered_pass', 0))}"],
+            [
+                "saturated probes rescued (all-fail / all-pass)",
+                f"{int(controller.get('controller/rescued_fail', 0))} / {int(controller.get('controller/rescued_pass', 0))}",
+            ],
+            [
+                "  of them recovered (made mixed)",
+                f"{int(controller.get('controller/recovered_fail', 0))} / {int(controller.get('controller/recovered_pass', 0))}",
+            ],
         ]
     title = f"## Run {getattr(cfg, 'name', '')}\n\n"
     return title + markdown_table(["metric", "value"], rows) + regime_paragraph(cfg)
@@ -102,8 +122,10 @@ def regime_paragraph(cfg: Any) -> str:
         return ""
     how = ""
     if noise["noise_scale_steps"] or noise["noise_scale_micro_steps"]:
-        how = (" The noise scale is the simple gradient noise scale (McCandlish et al. 2018) in rollouts: the run mean "
-               "of tr(Σ) over the run mean of |G|² from consecutive steps' gradients (Fieller's 95% interval).")
+        how = (
+            " The noise scale is the simple gradient noise scale (McCandlish et al. 2018) in rollouts: the run mean "
+            "of tr(Σ) over the run mean of |G|² from consecutive steps' gradients (Fieller's 95% interval)."
+        )
     return f"\n\n**Regime.** {regime_text(noise)}{how}"
 
 
@@ -123,7 +145,9 @@ def accuracy_plot(evals: Sequence[dict[str, float]], path: Path, title: str = ""
     ax.plot(x, [e["eval/accuracy"] for e in points], marker="o", color="black", linewidth=2, label="all")
     levels = sorted({level for e in points for level in difficulty_levels(e)})
     for level in levels:
-        ax.plot(x, [difficulty_levels(e).get(level, math.nan) for e in points], linewidth=1, alpha=0.8, label=f"d={level:g}")
+        ax.plot(
+            x, [difficulty_levels(e).get(level, math.nan) for e in points], linewidth=1, alpha=0.8, label=f"d={level:g}"
+        )
     ax.set_xlabel("cumulative rollouts")
     ax.set_ylabel("held-out accuracy")
     ax.set_title(title)

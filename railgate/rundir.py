@@ -41,9 +41,10 @@ import shutil
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import yaml
 
@@ -57,17 +58,42 @@ from railgate.diskerrors import close_all, disk_error  # noqa: F401  (re-exporte
 from railgate.runid import RUN_ID_FILE, RunIdError, new_run_id, resolve_run_id, write_run_id
 
 LOCK_FILE = ".railgate.lock"
-RUN_FILES = ("run_id", "config.yaml", "checkpoints", "trace", "buffer", "metrics.jsonl", "summary.json", "report.md",
-             "accuracy.png", "tensorboard", "offpolicy.md", "offpolicy.json", "offpolicy.png")
+RUN_FILES = (
+    "run_id",
+    "config.yaml",
+    "checkpoints",
+    "trace",
+    "buffer",
+    "metrics.jsonl",
+    "summary.json",
+    "report.md",
+    "accuracy.png",
+    "tensorboard",
+    "offpolicy.md",
+    "offpolicy.json",
+    "offpolicy.png",
+)
 """What a run writes into its directory; any of them means the directory holds a run."""
 RUN_GLOBS = ("eval_*.json",)
 
 RESUMABLE_KEYS = (
-    "orchestrator.steps", "orchestrator.eval_every", "orchestrator.target_accuracy", "orchestrator.max_rollouts",
-    "orchestrator.reward_timeout_s", "orchestrator.reward_threads", "orchestrator.reward_check_first",
+    "orchestrator.steps",
+    "orchestrator.eval_every",
+    "orchestrator.target_accuracy",
+    "orchestrator.max_rollouts",
+    "orchestrator.reward_timeout_s",
+    "orchestrator.reward_threads",
+    "orchestrator.reward_check_first",
     "orchestrator.max_concurrent_samples",
-    "orchestrator.max_open_groups", "orchestrator.stream_buffer", "log.", "engine.fail_every", "engine.ray.",
-    "torch_engine.max_batch", "torch_engine.threads", "torch_engine.delta_tokens", "learner.num_threads",
+    "orchestrator.max_open_groups",
+    "orchestrator.stream_buffer",
+    "log.",
+    "engine.fail_every",
+    "engine.ray.",
+    "torch_engine.max_batch",
+    "torch_engine.threads",
+    "torch_engine.delta_tokens",
+    "learner.num_threads",
     "sim.realtime",
 )
 """Config keys (a trailing dot: a whole section) that may change when a run is resumed; every
@@ -113,7 +139,9 @@ class RunDir:
 
 
 @contextmanager
-def open_run_dir(cfg: RunConfig, resume: bool = False, overwrite: bool = False, command: str = "train") -> Iterator[RunDir]:
+def open_run_dir(
+    cfg: RunConfig, resume: bool = False, overwrite: bool = False, command: str = "train"
+) -> Iterator[RunDir]:
     """Lock ``cfg.run_dir`` for one writer and check it (see the module docstring). ``command``
     names the command in messages (``shadow`` has no ``--resume`` to suggest)."""
     path = Path(cfg.run_dir)
@@ -173,8 +201,10 @@ def refuse_links(path: Path) -> None:
             entries.extend(sorted(folder.iterdir()))
     for entry in entries:
         if entry.is_symlink():
-            raise RunDirError(f"{entry} is a link (to {os.readlink(entry)}); a run directory's files are plain files "
-                              "inside it, so railgate writes through no link: replace it with the file it points to")
+            raise RunDirError(
+                f"{entry} is a link (to {os.readlink(entry)}); a run directory's files are plain files "
+                "inside it, so railgate writes through no link: replace it with the file it points to"
+            )
 
 
 def resume_run_id(cfg: RunConfig, path: Path, state: dict[str, Any], checkpoint: Path) -> tuple[str, bool]:
@@ -290,8 +320,10 @@ def check_writable(path: Path) -> None:
         with tempfile.NamedTemporaryFile(dir=path, prefix=".railgate-write-check-"):
             pass
     except OSError as exc:
-        raise RunDirError(f"cannot write into {path}: {exc.strerror}; make it writable or copy the run elsewhere "
-                          "(its results are written there)") from None
+        raise RunDirError(
+            f"cannot write into {path}: {exc.strerror}; make it writable or copy the run elsewhere "
+            "(its results are written there)"
+        ) from None
 
 
 def _resumable(key: str) -> bool:
@@ -336,10 +368,14 @@ class _Lock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise RunDirError(f"{self.path} is a link (to {os.readlink(self.path)}), not the run's lock file; a run "
-                                  f"directory's files are plain files inside it: delete the link") from None
-            raise RunDirError(f"cannot create the run directory's lock file {self.path}: {exc.strerror}; "
-                              "train into a directory you can write to (--run-dir)") from None
+                raise RunDirError(
+                    f"{self.path} is a link (to {os.readlink(self.path)}), not the run's lock file; a run "
+                    f"directory's files are plain files inside it: delete the link"
+                ) from None
+            raise RunDirError(
+                f"cannot create the run directory's lock file {self.path}: {exc.strerror}; "
+                "train into a directory you can write to (--run-dir)"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -352,8 +388,14 @@ class _Lock:
                 "or train into another --run-dir"
             ) from None
         self._fd = fd
-        info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": _command(),
-                           "started": time.strftime("%Y-%m-%d %H:%M:%S")})
+        info = json.dumps(
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "command": _command(),
+                "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            }
+        )
         os.ftruncate(fd, 0)
         os.pwrite(fd, info.encode(), 0)
         return self

@@ -58,8 +58,10 @@ def read_run_id(run_dir: str | Path) -> str | None:
     except (OSError, UnicodeDecodeError) as exc:
         raise RunIdError(f"{path} cannot be read ({exc}); it should hold one line, the run's id") from None
     if not _VALID.fullmatch(text):
-        raise RunIdError(f"{path} holds {text[:60]!r}, which is not a run id (one line of up to 200 printable "
-                         "characters); restore it from a copy of the run")
+        raise RunIdError(
+            f"{path} holds {text[:60]!r}, which is not a run id (one line of up to 200 printable "
+            "characters); restore it from a copy of the run"
+        )
     return text
 
 
@@ -73,7 +75,9 @@ def write_run_id(run_dir: str | Path, run_id: str) -> str:
     """Write ``run_id`` (once) into ``run_dir/run_id``; ``RunIdError`` if the file exists."""
     path = Path(run_dir) / RUN_ID_FILE
     if not create_once(path, run_id + "\n"):
-        raise RunIdError(f"{path} exists already (run {read_run_id(run_dir)}); a run id is written once, when its run starts")
+        raise RunIdError(
+            f"{path} exists already (run {read_run_id(run_dir)}); a run id is written once, when its run starts"
+        )
     return run_id
 
 

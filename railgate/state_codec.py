@@ -48,7 +48,8 @@ import collections
 import dataclasses
 import enum
 import sys
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -117,17 +118,26 @@ class _Encoder:
         if isinstance(value, list):
             return [self.encode(v, f"{path}[{i}]") for i, v in enumerate(value)]
         if isinstance(value, collections.deque):
-            return {MARK: "deque", "items": [self.encode(v, f"{path}[{i}]") for i, v in enumerate(value)],
-                    "maxlen": value.maxlen}
+            return {
+                MARK: "deque",
+                "items": [self.encode(v, f"{path}[{i}]") for i, v in enumerate(value)],
+                "maxlen": value.maxlen,
+            }
         if isinstance(value, (set, frozenset)):
-            return {MARK: "set", "frozen": isinstance(value, frozenset),
-                    "items": [self.encode(v, f"{path}{{}}") for v in value]}
+            return {
+                MARK: "set",
+                "frozen": isinstance(value, frozenset),
+                "items": [self.encode(v, f"{path}{{}}") for v in value],
+            }
         if isinstance(value, dict) and type(value) in (dict, collections.OrderedDict):
             return self._dict(value, path)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             name = _allowed_name(value, path)
-            fields = {f.name: self.encode(getattr(value, f.name), f"{path}.{f.name}")
-                      for f in dataclasses.fields(value) if f.init}
+            fields = {
+                f.name: self.encode(getattr(value, f.name), f"{path}.{f.name}")
+                for f in dataclasses.fields(value)
+                if f.init
+            }
             return {MARK: "dataclass", "type": name, "fields": fields}
         raise StateFormatError(
             f"at {path}: a checkpoint cannot hold a {type(value).__module__}.{type(value).__qualname__}; "
@@ -149,8 +159,10 @@ class _Encoder:
 
     def _array(self, array: np.ndarray, path: str) -> str:
         if array.dtype.kind not in "biufc":
-            raise StateFormatError(f"at {path}: a numpy array of dtype {array.dtype} cannot go into a checkpoint; "
-                                   "only numeric and boolean arrays can")
+            raise StateFormatError(
+                f"at {path}: a numpy array of dtype {array.dtype} cannot go into a checkpoint; "
+                "only numeric and boolean arrays can"
+            )
         key = f"a{len(self.arrays)}"
         self.arrays[key] = array if array.flags.c_contiguous else array.copy(order="C")  # keeps 0-d arrays 0-d
         return key
@@ -186,9 +198,17 @@ class _Decoder:
         self.tensors = tensors
         self.arrays = arrays
         self._handlers = {
-            "tuple": self._tuple, "set": self._set, "deque": self._deque, "dict": self._dict, "odict": self._odict,
-            "bytes": self._bytes, "tensor": self._tensor, "ndarray": self._ndarray, "np_scalar": self._np_scalar,
-            "enum": self._enum, "dataclass": self._dataclass,
+            "tuple": self._tuple,
+            "set": self._set,
+            "deque": self._deque,
+            "dict": self._dict,
+            "odict": self._odict,
+            "bytes": self._bytes,
+            "tensor": self._tensor,
+            "ndarray": self._ndarray,
+            "np_scalar": self._np_scalar,
+            "enum": self._enum,
+            "dataclass": self._dataclass,
         }
 
     def decode(self, node: Any, path: str) -> Any:
@@ -209,7 +229,9 @@ class _Decoder:
         except StateFormatError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError, binascii.Error) as exc:
-            raise StateFormatError(f"at {path}: malformed {kind} marker ({type(exc).__name__}: {str(exc)[:120]})") from None
+            raise StateFormatError(
+                f"at {path}: malformed {kind} marker ({type(exc).__name__}: {str(exc)[:120]})"
+            ) from None
 
     def _items(self, node: dict, path: str) -> list:
         items = node["items"]

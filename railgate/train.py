@@ -16,18 +16,19 @@ from __future__ import annotations
 import gc
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import anyio
 
-from pipeline.store.atomic import atomic_write
-from pipeline.store.buffer import ArrowBuffer
-from pipeline.metrics import MetricsWriter
 from pipeline.decisions import NullSink
+from pipeline.metrics import MetricsWriter
 from pipeline.orchestrator import RunSummary
 from pipeline.parts import RunOutputs
+from pipeline.store.atomic import atomic_write
+from pipeline.store.buffer import ArrowBuffer
 from pipeline.store.tracelog import TraceLog
 from railgate.build import Components, build_components, build_orchestrator
 from railgate.checkpoint import CheckpointWriter
@@ -72,7 +73,9 @@ def train(
     directory that already holds a run is refused unless ``overwrite`` (``railgate.rundir``).
     """
     preflight(cfg)  # engines, model and dataset paths: before anything is written or warm-started
-    with open_run_dir(cfg, resume=resume, overwrite=overwrite, command=command) as run:  # one writer; resume checked first
+    with open_run_dir(
+        cfg, resume=resume, overwrite=overwrite, command=command
+    ) as run:  # one writer; resume checked first
         return _train(cfg, run, progress, on_step)
 
 
@@ -83,18 +86,31 @@ def _train(cfg: RunConfig, run: RunDir, progress: bool | None, on_step: Callable
     components = build_components(cfg, progress=show, sink=sink, run_id=run.run_id)
     start = int(state["step"]) if state else 0
     bar = ProgressBar(total=cfg.orchestrator.steps, enabled=show, desc=f"train {cfg.name}", initial=start)
-    writer = CheckpointWriter(run_dir, keep=cfg.log.keep_checkpoints, run_id=run.run_id) if cfg.log.checkpoint_every else None
-    outputs = RunOutputs(trace=sink, on_step=_chain(bar.update, on_step), checkpoint=_chain_checkpoint(writer, run.record_config))
+    writer = (
+        CheckpointWriter(run_dir, keep=cfg.log.keep_checkpoints, run_id=run.run_id)
+        if cfg.log.checkpoint_every
+        else None
+    )
+    outputs = RunOutputs(
+        trace=sink, on_step=_chain(bar.update, on_step), checkpoint=_chain_checkpoint(writer, run.record_config)
+    )
     orchestrator = build_orchestrator(cfg, components, outputs, run_id=run.run_id)
     run.commit(orchestrator)  # resume: restore the checkpoint; then the run id, config.yaml and the supersede rules
-    trace = sink.attach(TraceLog(run_dir / "trace", run.run_id, flush_every=cfg.log.trace_flush_every)) \
-        if cfg.log.trace else sink
+    trace = (
+        sink.attach(TraceLog(run_dir / "trace", run.run_id, flush_every=cfg.log.trace_flush_every))
+        if cfg.log.trace
+        else sink
+    )
     if isinstance(trace, TraceLog):
         trace.clock = components.clock.now  # outcomes on the decisions' time base
     outputs.trace = trace
-    buffer = outputs.buffer = ArrowBuffer(run_dir / "buffer", persist=True, run_id=run.run_id) if cfg.log.buffer else None
+    buffer = outputs.buffer = (
+        ArrowBuffer(run_dir / "buffer", persist=True, run_id=run.run_id) if cfg.log.buffer else None
+    )
     metrics = outputs.metrics = MetricsWriter(run_dir, tensorboard=cfg.log.tensorboard)
-    orchestrator.parts.scoring.health.listeners.append(bar.reward_failed)  # failures on the progress line as they happen
+    orchestrator.parts.scoring.health.listeners.append(
+        bar.reward_failed
+    )  # failures on the progress line as they happen
     try:
         summary = run_orchestrator(orchestrator)  # Ctrl-C: stop at a step boundary with a checkpoint
     finally:

@@ -28,17 +28,27 @@ def warm_start_to(cfg: RunConfig, out: Path, progress: bool = True) -> dict[str,
     from railgate.preflight import preflight
 
     if cfg.model.path:
-        raise ConfigError(f"warm-start builds the project's model, and model.path={cfg.model.path!r} names a model of "
-                          "your own (used as it is, no warm start); drop --set model.path")
+        raise ConfigError(
+            f"warm-start builds the project's model, and model.path={cfg.model.path!r} names a model of "
+            "your own (used as it is, no warm start); drop --set model.path"
+        )
     if cfg.engine.kind == "sim":
-        raise ConfigError("warm-start needs a real model; the config sets engine.kind=sim: use configs/default.yaml "
-                          "or set engine.kind=torch")
+        raise ConfigError(
+            "warm-start needs a real model; the config sets engine.kind=sim: use configs/default.yaml "
+            "or set engine.kind=torch"
+        )
     preflight(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path="")))
     base = build_base_model(cfg.task, cfg.model, out, progress)
     evaluation = evaluate_policy(cfg, Policy(out))
     m = evaluation.metrics
-    held_out = {"accuracy": m["eval/accuracy"], "accuracy_lo": m["eval/accuracy_lo"], "accuracy_hi": m["eval/accuracy_hi"],
-                "prompts": sum(r == r for r in evaluation.rates), "samples": cfg.data.eval_samples, "seed": cfg.seed}
+    held_out = {
+        "accuracy": m["eval/accuracy"],
+        "accuracy_lo": m["eval/accuracy_lo"],
+        "accuracy_hi": m["eval/accuracy_hi"],
+        "prompts": sum(r == r for r in evaluation.rates),
+        "samples": cfg.data.eval_samples,
+        "seed": cfg.seed,
+    }
     meta = {**base.meta, "held_out": held_out}
     (out / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     return held_out

@@ -15,8 +15,15 @@ import torch
 from pipeline.types import Prompt
 
 
-def tiny_gpt2(vocab_size: int = 64, d_model: int = 64, n_heads: int = 2, n_layers: int = 2, max_len: int = 64, seed: int = 0,
-              initializer_range: float = 0.02):
+def tiny_gpt2(
+    vocab_size: int = 64,
+    d_model: int = 64,
+    n_heads: int = 2,
+    n_layers: int = 2,
+    max_len: int = 64,
+    seed: int = 0,
+    initializer_range: float = 0.02,
+):
     """A seeded ``GPT2LMHeadModel`` like ``pipeline.policy.models.build_model`` makes (no dropout, tied head).
 
     ``initializer_range`` above the default 0.02 gives peaked logits whose entropy varies from
@@ -25,8 +32,17 @@ def tiny_gpt2(vocab_size: int = 64, d_model: int = 64, n_heads: int = 2, n_layer
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
-        vocab_size=vocab_size, n_positions=max_len, n_embd=d_model, n_layer=n_layers, n_head=n_heads,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        vocab_size=vocab_size,
+        n_positions=max_len,
+        n_embd=d_model,
+        n_layer=n_layers,
+        n_head=n_heads,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
         initializer_range=initializer_range,
     )
     with torch.random.fork_rng(devices=[]):
@@ -69,7 +85,9 @@ def module_engine_fixtures(name: str, vocab_size: int, build):
 
 def counting_prompt(i: int, vocab_size: int) -> Prompt:
     """Prompt ``i``: a BOS token, then 3 to 6 tokens counting through the vocabulary from 3."""
-    return Prompt(prompt_id=i, text="", token_ids=(1,) + tuple(3 + (i * 5 + j) % (vocab_size - 3) for j in range(3 + i % 4)))
+    return Prompt(
+        prompt_id=i, text="", token_ids=(1,) + tuple(3 + (i * 5 + j) % (vocab_size - 3) for j in range(3 + i % 4))
+    )
 
 
 async def read_all(engine, requests) -> dict[str, list]:

@@ -32,17 +32,17 @@ import heapq
 import json
 import math
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
+from pipeline.actions import Cancel, Record, Score, Start, Stop, Train
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.group import GroupRun
-from pipeline.protocols import Controller, Gate
-from pipeline.actions import Cancel, Record, Score, Start, Stop, Train
 from pipeline.messages import SampleDone, Started, StepDone, StreamCut, Tick
-from pipeline.protocols import GateProtocolError, GateStalled
+from pipeline.protocols import Controller, Gate, GateProtocolError, GateStalled
 from pipeline.tracker import GroupTracker
 from pipeline.types import (
     ActionKind,
@@ -56,7 +56,6 @@ from pipeline.types import (
     StepResult,
     TrainBatch,
 )
-
 
 # A response of n tokens (20 to 79): shared tuples, since allocating them per sample is a
 # measurable share of a harness run.
@@ -85,8 +84,11 @@ class HarnessConfig:
 
     def orchestrator(self) -> OrchestratorConfig:
         return OrchestratorConfig(
-            batch_groups=self.batch_groups, group_size=self.group_size, steps=self.steps,
-            max_async_steps=self.max_async_steps, max_open_groups=self.max_open_groups,
+            batch_groups=self.batch_groups,
+            group_size=self.group_size,
+            steps=self.steps,
+            max_async_steps=self.max_async_steps,
+            max_open_groups=self.max_open_groups,
             max_concurrent_samples=self.max_concurrent_samples,
         )
 
@@ -94,7 +96,7 @@ class HarnessConfig:
 class _CheckedGate(Gate):
     """The gate as the tracker sees it: every plan and action logged and checked."""
 
-    def __init__(self, gate: Gate, harness: "GateHarness"):
+    def __init__(self, gate: Gate, harness: GateHarness):
         self.gate = gate
         self.harness = harness
 
@@ -147,7 +149,7 @@ class _Controller(Controller):
     intervention instead of an ABANDON and extra samples for a committed group. It also
     watches every group close."""
 
-    def __init__(self, harness: "GateHarness"):
+    def __init__(self, harness: GateHarness):
         self.harness = harness
         self.interventions: dict[int, int] = {}  # abandons replaced, per group
 
@@ -157,8 +159,13 @@ class _Controller(Controller):
             return proposed
         for a in proposed:
             mine = a.group_id == snapshot.group_id
-            if (mine and a.kind is ActionKind.ABANDON and self.interventions.get(a.group_id, 0) < 2
-                    and h.cfg.override_abandon and h.uniform() < h.cfg.override_abandon):
+            if (
+                mine
+                and a.kind is ActionKind.ABANDON
+                and self.interventions.get(a.group_id, 0) < 2
+                and h.cfg.override_abandon
+                and h.uniform() < h.cfg.override_abandon
+            ):
                 self.interventions[a.group_id] = self.interventions.get(a.group_id, 0) + 1
                 final.append(GroupAction(ActionKind.LAUNCH, a.group_id, n=2, reason="intervene", origin=1))
                 continue
@@ -211,8 +218,9 @@ class GateHarness:
         self.batch_log: list[TrainBatch] = []
         self.stop_reason = ""
         self._rewards: dict[str, float] = {}  # drawn at a sample's end, handed over at its Score
-        self.tracker = GroupTracker(_CheckedGate(gate, self), _Controller(self), self.cfg.orchestrator(),
-                                    seed=self.cfg.seed, now=self.clock)
+        self.tracker = GroupTracker(
+            _CheckedGate(gate, self), _Controller(self), self.cfg.orchestrator(), seed=self.cfg.seed, now=self.clock
+        )
         self._started = False
 
     def clock(self) -> float:
@@ -241,16 +249,24 @@ class GateHarness:
     def stats(self) -> dict[str, int]:
         b = self.budget
         return {
-            "rollouts": b.rollouts_started, "finished": b.rollouts_finished, "failed": b.rollouts_failed,
-            "aborted": b.rollouts_aborted, "opened": b.groups_opened, "shipped": b.groups_committed,
-            "effective": b.groups_effective, "abandoned": b.groups_abandoned - b.groups_dropped_empty,
-            "dropped": b.groups_dropped_empty, "false_abandoned": self.false_abandoned, "tokens": b.tokens_generated,
-            "lost": self.lost, "lost_rollouts": self.lost_rollouts,  # dropped by a resume (resumed_with)
+            "rollouts": b.rollouts_started,
+            "finished": b.rollouts_finished,
+            "failed": b.rollouts_failed,
+            "aborted": b.rollouts_aborted,
+            "opened": b.groups_opened,
+            "shipped": b.groups_committed,
+            "effective": b.groups_effective,
+            "abandoned": b.groups_abandoned - b.groups_dropped_empty,
+            "dropped": b.groups_dropped_empty,
+            "false_abandoned": self.false_abandoned,
+            "tokens": b.tokens_generated,
+            "lost": self.lost,
+            "lost_rollouts": self.lost_rollouts,  # dropped by a resume (resumed_with)
         }
 
     # --- driving ----------------------------------------------------------------------
 
-    def run(self, max_events: int | None = None, until_step: int | None = None) -> "GateHarness":
+    def run(self, max_events: int | None = None, until_step: int | None = None) -> GateHarness:
         """Run until ``steps`` learner steps are done, the run stalls, ``max_events`` events were
         handled, or (``until_step``) that many learner steps are done: a checkpoint boundary."""
         try:
@@ -258,7 +274,7 @@ class GateHarness:
         except GateProtocolError as exc:
             raise ProtocolViolation(str(exc)) from exc
 
-    def _run(self, max_events: int | None, until_step: int | None) -> "GateHarness":
+    def _run(self, max_events: int | None, until_step: int | None) -> GateHarness:
         if not self._started:
             self._started = True
             self._act(self.tracker.handle(Started()))
@@ -295,7 +311,7 @@ class GateHarness:
         limited = self.cfg.max_groups and self.budget.groups_opened >= self.cfg.max_groups
         self.stop_reason = "max_groups" if limited else "stalled"
 
-    def clone_with(self, gate: Gate) -> "GateHarness":
+    def clone_with(self, gate: Gate) -> GateHarness:
         """An exact copy of this run whose gate is ``gate`` (restored from a checkpoint)."""
         # Frozen messages are shared, not copied (walking them dominated a clone's cost).
         frozen = [*_TOKENS, *_LOGPROBS, *self.batch_log, *self.learner_waiting, *self.tracker.pending]
@@ -305,7 +321,7 @@ class GateHarness:
         memo[id(self.gate)] = gate
         return copy.deepcopy(self, memo=memo)
 
-    def resumed_with(self, gate: Gate) -> "GateHarness":
+    def resumed_with(self, gate: Gate) -> GateHarness:
         """What ``train --resume`` does, from a checkpoint taken now (``GroupTracker.state_dict``)
         and ``gate`` restored from the same moment: a fresh tracker loads the state, so groups
         that were open are gone and the gate is told so; batches sent but not trained go back in
@@ -445,14 +461,21 @@ def checkpoint_roundtrip(gate: Gate, make_gate: Callable[[], Gate]) -> Gate:
     return restored
 
 
-def snap(group_id: int, prompt: Prompt | int, rewards: tuple[float, ...], in_flight: int = 0, failed: int = 0,
-         target: int = 8) -> GroupSnapshot:
+def snap(
+    group_id: int,
+    prompt: Prompt | int,
+    rewards: tuple[float, ...],
+    in_flight: int = 0,
+    failed: int = 0,
+    target: int = 8,
+) -> GroupSnapshot:
     """A hand-made snapshot for unit tests of one gate decision."""
     if isinstance(prompt, int):
         prompt = Prompt(prompt, f"p{prompt}", (prompt,))
     rewards = tuple(float(r) for r in rewards)
-    return GroupSnapshot(group_id, prompt, target, rewards, in_flight, len(rewards) + in_flight + failed, failed,
-                         10 * len(rewards), 0)
+    return GroupSnapshot(
+        group_id, prompt, target, rewards, in_flight, len(rewards) + in_flight + failed, failed, 10 * len(rewards), 0
+    )
 
 
 def pool_of(n: int, seed: int = 0):

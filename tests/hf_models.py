@@ -34,12 +34,23 @@ def bpe_tokenizer(vocab_size: int = 300):
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     core.train_from_iterator(corpus(), trainer=trainer)
-    core.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", core.token_to_id("<s>"))])
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="<|im_end|>", pad_token="<pad>",
-                                  additional_special_tokens=["<|im_start|>"])
+    core.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", core.token_to_id("<s>"))]
+    )
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        bos_token="<s>",
+        eos_token="<|im_end|>",
+        pad_token="<pad>",
+        additional_special_tokens=["<|im_start|>"],
+    )
     tok.chat_template = CHAT_TEMPLATE
     return tok
 
@@ -48,9 +59,17 @@ def tiny_llama(vocab_size: int, hidden: int = 64, layers: int = 2, heads: int = 
     """A seeded random ``LlamaForCausalLM`` (head size hidden / heads)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=context,
-                         tie_word_embeddings=False, initializer_range=0.1)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=context,
+        tie_word_embeddings=False,
+        initializer_range=0.1,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return LlamaForCausalLM(config).eval()

@@ -47,13 +47,29 @@ class ListSink:
 PROMPT = Prompt(5, "p", (1, 2, 3))
 
 
-def snapshot(group_id=1, rewards=(0.0, 0.0, 0.0, 0.0), origins=None, in_flight=0, launched=None, tokens=400,
-             failed=0, target_size=8, policy_version=0) -> GroupSnapshot:
+def snapshot(
+    group_id=1,
+    rewards=(0.0, 0.0, 0.0, 0.0),
+    origins=None,
+    in_flight=0,
+    launched=None,
+    tokens=400,
+    failed=0,
+    target_size=8,
+    policy_version=0,
+) -> GroupSnapshot:
     rewards = tuple(rewards)
     return GroupSnapshot(
-        group_id=group_id, prompt=PROMPT, target_size=target_size, rewards=rewards, in_flight=in_flight,
-        launched=len(rewards) + in_flight if launched is None else launched, failed=failed, tokens=tokens,
-        policy_version=policy_version, origins=tuple(origins) if origins is not None else (-1,) * len(rewards),
+        group_id=group_id,
+        prompt=PROMPT,
+        target_size=target_size,
+        rewards=rewards,
+        in_flight=in_flight,
+        launched=len(rewards) + in_flight if launched is None else launched,
+        failed=failed,
+        tokens=tokens,
+        policy_version=policy_version,
+        origins=tuple(origins) if origins is not None else (-1,) * len(rewards),
     )
 
 

@@ -78,9 +78,7 @@ def test_marginal_gain_matches_betaln_formula():
     for level in range(200):
         direct = betaln(a + 1, b + level) - betaln(a, b)
         assert log_d == pytest.approx(direct, rel=1e-12, abs=1e-12)
-        assert math.exp(log_d) == pytest.approx(
-            hit_utility(a, b, level + 1) - hit_utility(a, b, level), rel=1e-9
-        )
+        assert math.exp(log_d) == pytest.approx(hit_utility(a, b, level + 1) - hit_utility(a, b, level), rel=1e-9)
         log_d += alloc._log_gain_step(a, b, level)
 
 

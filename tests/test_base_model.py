@@ -70,8 +70,9 @@ def test_a_few_sft_steps_reduce_the_loss():
 
 def test_warm_start_checks_accuracy_toward_a_target():
     model = tiny_model()
-    report = warm_start(TASK, TOK, model, steps=4, batch=8, seed=0, progress=False,
-                        target_accuracy=0.99, check_every=2, check_prompts=8)
+    report = warm_start(
+        TASK, TOK, model, steps=4, batch=8, seed=0, progress=False, target_accuracy=0.99, check_every=2, check_prompts=8
+    )
     assert [step for step, _ in report.checks] == [2, 4] and report.steps == 4
     with pytest.raises(ValueError, match="target_accuracy"):
         warm_start(TASK, TOK, model, steps=1, target_accuracy=1.5, progress=False)

@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import anyio
 import pytest
 
 from controller.gates.uniform import UniformGate
 from controller.noop import NoopController
 from controller.prompts import PromptPool
+from pipeline.actions import ShellSettings, Start, Stop, Train
 from pipeline.config.build import ConfigError
 from pipeline.config.sections import OrchestratorConfig
-from pipeline.actions import Start, Stop, Train
 from pipeline.messages import SampleDone, Started, StepDone, Tick
-from pipeline.actions import ShellSettings
 from pipeline.tracker import GroupTracker
-from pipeline.types import (ActionKind, FinishReason, GroupAction, GroupPlan, Prompt, SampleFinished, ScoredSample,
-                            StepResult)
+from pipeline.types import (
+    ActionKind,
+    FinishReason,
+    GroupAction,
+    GroupPlan,
+    Prompt,
+    SampleFinished,
+    ScoredSample,
+    StepResult,
+)
 from railgate.config import load_config
 
 G = 4
@@ -47,10 +52,18 @@ class Driver:
 
     def __init__(self, gate_cls, budget: int, state: dict | None = None, **cfg):
         pool = PromptPool([Prompt(i, "", (1,)) for i in range(64)], seed=0)
-        config = OrchestratorConfig(group_size=G, steps=10**6, max_rollouts=budget, max_open_groups=1,
-                                    max_concurrent_samples=G, max_async_steps=0, **cfg)
-        self.tracker = GroupTracker(gate_cls(pool, G), NoopController(), config,
-                                    shell=ShellSettings(inline_learner=True))
+        config = OrchestratorConfig(
+            group_size=G,
+            steps=10**6,
+            max_rollouts=budget,
+            max_open_groups=1,
+            max_concurrent_samples=G,
+            max_async_steps=0,
+            **cfg,
+        )
+        self.tracker = GroupTracker(
+            gate_cls(pool, G), NoopController(), config, shell=ShellSettings(inline_learner=True)
+        )
         if state is not None:
             self.tracker.load_state_dict(state)
         self.closes: list[tuple[int, bool, int]] = []  # (group id, committed, rollouts launched)
@@ -66,7 +79,7 @@ class Driver:
         self._queue: list[Start] = []
         self._paused = self._stopped = False
 
-    def run(self, until_steps: int | None = None) -> "Driver":
+    def run(self, until_steps: int | None = None) -> Driver:
         """Until the budget is spent, or (``until_steps``) the batch of that step is handed
         over: it is then left untrained, as a kill between two steps leaves it."""
         t = self.tracker
@@ -154,10 +167,13 @@ def test_checkpoint_keeps_the_rollouts_spent_toward_the_next_step():
     assert [g.group_id for g in train.batch.groups] == whole.batches[3]
 
 
-@pytest.mark.parametrize("value, message", [
-    ("5", "must be 0 (off: batch_groups groups per step) or at least group_size=8"),
-    ("-8", "must be 0 (off"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("5", "must be 0 (off: batch_groups groups per step) or at least group_size=8"),
+        ("-8", "must be 0 (off"),
+    ],
+)
 def test_batch_rollouts_values_are_checked_at_load(value, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_config(None, [f"orchestrator.batch_rollouts={value}", "gate.kind=sara"])
@@ -173,11 +189,23 @@ def test_a_sara_run_on_the_sim_takes_uniforms_steps():
     from railgate.build import build_components, build_orchestrator
 
     def steps(kind: str, batch_rollouts: int) -> int:
-        cfg = load_config("configs/sim.yaml", [f"gate.kind={kind}", "orchestrator.batch_groups=8", "orchestrator.steps=1000",
-                                               f"orchestrator.batch_rollouts={batch_rollouts}", "orchestrator.max_rollouts=1280",
-                                               "orchestrator.eval_every=0", "log.trace=false", "log.buffer=false",
-                                               "log.tensorboard=false", "log.progress=false", "log.checkpoint_every=0",
-                                               "run_dir=/nonexistent-unused"])
+        cfg = load_config(
+            "configs/sim.yaml",
+            [
+                f"gate.kind={kind}",
+                "orchestrator.batch_groups=8",
+                "orchestrator.steps=1000",
+                f"orchestrator.batch_rollouts={batch_rollouts}",
+                "orchestrator.max_rollouts=1280",
+                "orchestrator.eval_every=0",
+                "log.trace=false",
+                "log.buffer=false",
+                "log.tensorboard=false",
+                "log.progress=false",
+                "log.checkpoint_every=0",
+                "run_dir=/nonexistent-unused",
+            ],
+        )
         comps = build_components(cfg, progress=False)
         orch = build_orchestrator(cfg, comps, run_id=kind)
         try:
@@ -192,12 +220,18 @@ def test_a_sara_run_on_the_sim_takes_uniforms_steps():
     assert steps("sara", per_step) >= 1280 // per_step - 1  # not when it is rollouts
 
 
-@pytest.mark.parametrize("sets, expected", [
-    (["gate.kind=sara"], 512),
-    (["gate.kind=sara", "orchestrator.batch_groups=4", "orchestrator.group_size=6"], 24),
-    (["gate.kind=uniform", "orchestrator.batch_groups=4"], 32),
-    (["gate.kind=hora"], 0), (["gate.kind=ds"], 0), (["gate.kind=pilot_commit"], 0), (["gate.kind=oracle"], 0),
-])
+@pytest.mark.parametrize(
+    "sets, expected",
+    [
+        (["gate.kind=sara"], 512),
+        (["gate.kind=sara", "orchestrator.batch_groups=4", "orchestrator.group_size=6"], 24),
+        (["gate.kind=uniform", "orchestrator.batch_groups=4"], 32),
+        (["gate.kind=hora"], 0),
+        (["gate.kind=ds"], 0),
+        (["gate.kind=pilot_commit"], 0),
+        (["gate.kind=oracle"], 0),
+    ],
+)
 def test_auto_follows_the_batch_size_and_the_gate(sets, expected):
     assert load_config(None, ["orchestrator.batch_rollouts=auto", *sets]).orchestrator.batch_rollouts == expected
 
@@ -220,7 +254,9 @@ def test_bench_policies_define_their_own_step_on_an_auto_base():
     from railgate.bench.allocation import RunSpec
 
     def step(policy: str, extra: tuple[str, ...] = ()) -> int:
-        return RunSpec("configs/default.yaml", "", "", policy, 0, 1024, extra=extra).config().orchestrator.batch_rollouts
+        return (
+            RunSpec("configs/default.yaml", "", "", policy, 0, 1024, extra=extra).config().orchestrator.batch_rollouts
+        )
 
     assert step("sara") == 0 and step("uniform") == 0
     assert step("sara_rollouts") == 256

@@ -48,9 +48,18 @@ def test_a_base_model_of_an_older_output_is_reused_when_its_settings_match(tmp_p
 
 def test_grid_passes_the_runs_settings_to_the_warm_start(tmp_path, monkeypatch):
     calls = _record_warm_starts(monkeypatch)
-    specs = grid(TORCH, tmp_path, [""], ["sara", "sara_rail"], 1, 64, [""], progress=False,
-                 extra=SCRATCH + ("orchestrator.batch_groups=8",))
-    (_, task_cfg, model_cfg), = calls
+    specs = grid(
+        TORCH,
+        tmp_path,
+        [""],
+        ["sara", "sara_rail"],
+        1,
+        64,
+        [""],
+        progress=False,
+        extra=SCRATCH + ("orchestrator.batch_groups=8",),
+    )
+    ((_, task_cfg, model_cfg),) = calls
     assert task_cfg.arithmetic.scratchpad and model_cfg.max_len == 96
     cfg = specs[1].config()
     assert cfg.model.path == str(tmp_path / "base_models" / specs[0].base_model.split("/")[-2] / BASE_DIR_NAME)

@@ -13,9 +13,28 @@ def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
 
 
 def test_bench_rail_writes_tables_runs_and_plot(tmp_path):
-    result = run("bench", "rail", "--policies", "uniform,sara,sara_rail,oracle", "--seeds", "1", "--budget", "1200",
-                 "--models", "effective", "--workers", "1", "--target-gain", "0.005", "--out", str(tmp_path),
-                 "--set", "orchestrator.batch_groups=8", "--set", "controller.rail.cost_lambda=0.5")
+    result = run(
+        "bench",
+        "rail",
+        "--policies",
+        "uniform,sara,sara_rail,oracle",
+        "--seeds",
+        "1",
+        "--budget",
+        "1200",
+        "--models",
+        "effective",
+        "--workers",
+        "1",
+        "--target-gain",
+        "0.005",
+        "--out",
+        str(tmp_path),
+        "--set",
+        "orchestrator.batch_groups=8",
+        "--set",
+        "controller.rail.cost_lambda=0.5",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     runs = json.loads((tmp_path / "allocation.json").read_text())
     assert sorted(r["policy"] for r in runs) == ["oracle", "sara", "sara_rail", "uniform"]
@@ -33,8 +52,26 @@ def test_bench_rail_writes_tables_runs_and_plot(tmp_path):
 
 
 def test_first_seed_adds_later_seeds_and_says_which(tmp_path):
-    result = run("bench", "allocation", "--policies", "uniform", "--seeds", "2", "--first-seed", "3", "--budget", "256",
-                 "--models", "effective", "--workers", "1", "--out", str(tmp_path), "--set", "orchestrator.batch_groups=8")
+    result = run(
+        "bench",
+        "allocation",
+        "--policies",
+        "uniform",
+        "--seeds",
+        "2",
+        "--first-seed",
+        "3",
+        "--budget",
+        "256",
+        "--models",
+        "effective",
+        "--workers",
+        "1",
+        "--out",
+        str(tmp_path),
+        "--set",
+        "orchestrator.batch_groups=8",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(r["seed"] for r in json.loads((tmp_path / "allocation.json").read_text())) == [3, 4]
     assert "2 seeds (3 to 4)" in (tmp_path / "allocation.md").read_text()

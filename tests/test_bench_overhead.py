@@ -15,8 +15,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def small_config(gate: str = "uniform", multiplex: bool = True):
     cfg = load_config(ROOT / "configs" / "bench_overhead.yaml")
-    orch = dataclasses.replace(cfg.orchestrator, batch_groups=8, steps=3, max_concurrent_samples=32, max_open_groups=16,
-                               multiplex_streams=multiplex)
+    orch = dataclasses.replace(
+        cfg.orchestrator,
+        batch_groups=8,
+        steps=3,
+        max_concurrent_samples=32,
+        max_open_groups=16,
+        multiplex_streams=multiplex,
+    )
     return dataclasses.replace(cfg, orchestrator=orch, gate=dataclasses.replace(cfg.gate, kind=gate))
 
 

@@ -6,14 +6,19 @@ import pytest
 
 from configs import CONFIG_DIR
 from pipeline.policy.models import build_model, save_model
-from pipeline.tasks import build_task
 from pipeline.policy.tokenizer import CharTokenizer
+from pipeline.tasks import build_task
 from railgate.bench.recover import CUTS, cut_position, measure_recoverability, reference_agreement, render, wilson
 from railgate.cli import main
 from railgate.config import load_config
 
-SCRATCH = ["task.arithmetic.scratchpad=true", "orchestrator.max_tokens=64", "model.max_len=96",
-           "task.arithmetic.max_digits=3", "torch_engine.threads=1"]
+SCRATCH = [
+    "task.arithmetic.scratchpad=true",
+    "orchestrator.max_tokens=64",
+    "model.max_len=96",
+    "task.arithmetic.max_digits=3",
+    "torch_engine.threads=1",
+]
 
 
 def _tiny_model_dir(tmp_path, cfg):
@@ -66,6 +71,6 @@ def test_the_reference_cut_keeps_a_scratchpad_up_to_its_first_wrong_token():
     problem = task.eval_problems(1, seed=0)[0]
     right = problem.solution
     wrong_at = right.index(",") + 3  # a digit of the second step
-    wrong = right[:wrong_at] + ("1" if right[wrong_at] != "1" else "2") + right[wrong_at + 1:]
+    wrong = right[:wrong_at] + ("1" if right[wrong_at] != "1" else "2") + right[wrong_at + 1 :]
     assert reference_agreement(tuple(tok.encode(wrong)), right, tok.decode) == wrong_at
     assert reference_agreement(tuple(tok.encode(right)), right, tok.decode) == len(right)

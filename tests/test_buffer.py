@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-
 from crash_child import kill_after
+
 from pipeline.store.arrowio import SegmentKind, SegmentWriter, TornSegmentWarning
 from pipeline.store.buffer import STEPS, ArrowBuffer, BufferFormatError, read_all, to_record_batch, to_train_batch
 from pipeline.types import CommittedGroup, FinishReason, Rollout, TrainBatch, Turns
@@ -50,7 +50,10 @@ def test_round_trip_rounds_float64_logprobs_to_float32_only():
     batch = make_batch(3, seed=2, float32_logprobs=False)
     back = to_train_batch(to_record_batch(batch))
     assert back != batch  # float64 log-probs lose precision ...
-    strip = lambda b: [[(r.request_id, r.token_ids, r.reward, r.finish_reason) for r in g.rollouts] for g in b.groups]
+
+    def strip(b):
+        return [[(r.request_id, r.token_ids, r.reward, r.finish_reason) for r in g.rollouts] for g in b.groups]
+
     assert strip(back) == strip(batch)  # ... and nothing else does (rewards are float64)
     for g, h in zip(batch.groups, back.groups):
         for r, s in zip(g.rollouts, h.rollouts):
@@ -122,7 +125,9 @@ def test_torn_tail_warns_and_keeps_every_complete_step(tmp_path):
 
 def test_other_version_missing_directory_and_non_arrow_file_raise(tmp_path):
     SegmentWriter(tmp_path, SegmentKind("steps", STEPS.schema, 99), number=0).close()
-    with pytest.raises(BufferFormatError, match="steps-00000.arrows has steps schema version 99; this reader supports versions 1, 2"):
+    with pytest.raises(
+        BufferFormatError, match="steps-00000.arrows has steps schema version 99; this reader supports versions 1, 2"
+    ):
         read_all(tmp_path)
     with pytest.raises(BufferFormatError, match="missing"):
         read_all(tmp_path / "missing")
@@ -134,8 +139,17 @@ def test_other_version_missing_directory_and_non_arrow_file_raise(tmp_path):
 def test_an_episode_round_trips_with_its_turns_beside_single_responses():
     """Turn columns are null for single responses and hold an episode's structure exactly."""
     batch = make_batch(2, groups=1, size=2, seed=4)
-    episode = Rollout("s2.g0.e", 2, (1, 2), (7, 8, 3, 9), (-0.5, -0.25, 0.0, -1.0), 1.0, FinishReason.STOP, 2,
-                      turns=Turns(ends=(2, 4), rewards=(0.0, 1.0), policy_mask=(True, True, False, True)))
+    episode = Rollout(
+        "s2.g0.e",
+        2,
+        (1, 2),
+        (7, 8, 3, 9),
+        (-0.5, -0.25, 0.0, -1.0),
+        1.0,
+        FinishReason.STOP,
+        2,
+        turns=Turns(ends=(2, 4), rewards=(0.0, 1.0), policy_mask=(True, True, False, True)),
+    )
     group = batch.groups[0]
     batch = TrainBatch(2, (CommittedGroup(group.group_id, group.prompt_id, (*group.rollouts, episode), 3, 20),))
     table = to_record_batch(batch)

@@ -9,8 +9,18 @@ from run_helpers import cli as run
 
 
 def test_train_writes_the_run_directory(tmp_path):
-    result = run("train", "--config", "configs/sim.yaml", "--run-dir", str(tmp_path), "--set", "orchestrator.steps=3",
-                 "--set", "orchestrator.eval_every=1", *SMALL)
+    result = run(
+        "train",
+        "--config",
+        "configs/sim.yaml",
+        "--run-dir",
+        str(tmp_path),
+        "--set",
+        "orchestrator.steps=3",
+        "--set",
+        "orchestrator.eval_every=1",
+        *SMALL,
+    )
     assert result.returncode == 0, result.stderr
     assert "held-out accuracy at end" in result.stdout
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
@@ -55,8 +65,18 @@ def test_resume_without_a_checkpoint_says_what_to_do(tmp_path):
 
 def test_shadow_then_replay(tmp_path):
     run_dir = tmp_path / "shadow"
-    result = run("shadow", "--config", "configs/sim.yaml", "--run-dir", str(run_dir), "--set", "gate.kind=sara",
-                 "--set", "orchestrator.steps=4", *SMALL)
+    result = run(
+        "shadow",
+        "--config",
+        "configs/sim.yaml",
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "gate.kind=sara",
+        "--set",
+        "orchestrator.steps=4",
+        *SMALL,
+    )
     assert result.returncode == 0, result.stderr
     assert (run_dir / "offpolicy.md").is_file()
     assert "learned" in result.stdout and "DR" in result.stdout

@@ -7,12 +7,13 @@ import dataclasses
 import json
 
 import pytest
+from run_helpers import TINY_REAL, cli, tiny_base
+from torch_models import EOS, tiny_gpt2
 
 from pipeline.engines.torch_engine import TorchEngine
 from pipeline.evaluation import SamplingEvaluator
 from pipeline.types import Prompt, SampleFinished, SampleRequest, SamplingParams
-from run_helpers import TINY_REAL, cli, tiny_base
-from torch_models import EOS, tiny_gpt2
+
 
 @pytest.fixture
 def anyio_backend():
@@ -40,8 +41,13 @@ async def _tokens(engine: TorchEngine, request: SampleRequest) -> tuple[int, ...
 @pytest.mark.anyio
 async def test_a_samples_draw_ignores_its_request_name_but_not_its_index():
     engine = TorchEngine(tiny_gpt2(), EOS, seed=7)
-    base = SampleRequest("eval0-p0-s0", group_id=-1, sample_index=0, prompt=PROMPTS[0],
-                         params=SamplingParams(temperature=1.0, max_tokens=16, seed=11))
+    base = SampleRequest(
+        "eval0-p0-s0",
+        group_id=-1,
+        sample_index=0,
+        prompt=PROMPTS[0],
+        params=SamplingParams(temperature=1.0, max_tokens=16, seed=11),
+    )
     try:
         first = await _tokens(engine, base)
         renamed = await _tokens(engine, dataclasses.replace(base, request_id="eval200-p0-s0#wire3"))
@@ -55,8 +61,9 @@ async def test_a_samples_draw_ignores_its_request_name_but_not_its_index():
 @pytest.mark.anyio
 async def test_an_unchanged_policy_evaluates_to_the_same_number_at_every_step():
     engine = TorchEngine(tiny_gpt2(), EOS, seed=3)
-    evaluator = SamplingEvaluator(engine, PROMPTS, ParityScorer(), samples_per_prompt=4, max_tokens=12, seed=5,
-                                  concurrency=16)
+    evaluator = SamplingEvaluator(
+        engine, PROMPTS, ParityScorer(), samples_per_prompt=4, max_tokens=12, seed=5, concurrency=16
+    )
     try:
         results, rates = [], []
         for step in (0, 2, 4, 200):
@@ -92,10 +99,31 @@ def _evals(run_dir) -> list[dict]:
 @pytest.mark.timeout(1800)
 def test_an_unchanged_policy_and_other_gates_give_the_same_held_out_numbers_in_a_run(tmp_path):
     base = tiny_base(tmp_path / "base")
-    common = ["--no-progress", "--set", f"model.path={base}", *TINY_REAL, "--set", "orchestrator.steps=3",
-              "--set", "orchestrator.eval_every=1", "--set", "orchestrator.batch_groups=8", "--set", "log.checkpoint_every=0"]
-    frozen = cli("train", "--run-dir", str(tmp_path / "frozen"), *common, "--set", "gate.kind=uniform",
-                 "--set", "learner.lr=1e-30", timeout=900)  # trains, and changes no weight
+    common = [
+        "--no-progress",
+        "--set",
+        f"model.path={base}",
+        *TINY_REAL,
+        "--set",
+        "orchestrator.steps=3",
+        "--set",
+        "orchestrator.eval_every=1",
+        "--set",
+        "orchestrator.batch_groups=8",
+        "--set",
+        "log.checkpoint_every=0",
+    ]
+    frozen = cli(
+        "train",
+        "--run-dir",
+        str(tmp_path / "frozen"),
+        *common,
+        "--set",
+        "gate.kind=uniform",
+        "--set",
+        "learner.lr=1e-30",
+        timeout=900,
+    )  # trains, and changes no weight
     assert frozen.returncode == 0, frozen.stderr[-3000:]
     evals = _evals(tmp_path / "frozen")
     assert [e["step"] for e in evals] == [0, 1, 2, 3] and evals[0]["eval/accuracy"] > 0

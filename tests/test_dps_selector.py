@@ -6,11 +6,11 @@ import json
 
 import numpy as np
 import pytest
+from gate_harness import GateHarness, HarnessConfig, pool_of
 
 from controller.gates.dps import DpsGate
 from controller.gates.uniform import UniformGate
 from controller.selectors.dps import PARTLY, SOLVED, UNSOLVED, DpsSelector, transition_matrix
-from gate_harness import GateHarness, HarnessConfig, pool_of
 
 
 def selector(n=6, **kwargs):

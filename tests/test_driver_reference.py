@@ -33,14 +33,19 @@ def test_an_exact_reference_at_one_half_keeps_a_group_the_uniform_prior_drops():
     assert metrics["gate/reference_scored"] == 1.0 and metrics["gate/reference_scored_tokens"] == 7.0
 
 
-@pytest.mark.parametrize("exact, q, skipped", [
-    (True, 0.98, True),    # 1 - q^8 - (1-q)^8 = 0.15 <= 0.8
-    (True, 0.5, False),
-    (False, 0.99, True),   # lower bound: 1 - q^8 = 0.077 <= 0.8
-    (False, 0.5, False),   # lower bound: 1 - q^8 = 0.996 > 0.8 (the prior stays the gate's own)
-])
+@pytest.mark.parametrize(
+    "exact, q, skipped",
+    [
+        (True, 0.98, True),  # 1 - q^8 - (1-q)^8 = 0.15 <= 0.8
+        (True, 0.5, False),
+        (False, 0.99, True),  # lower bound: 1 - q^8 = 0.077 <= 0.8
+        (False, 0.5, False),  # lower bound: 1 - q^8 = 0.996 > 0.8 (the prior stays the gate's own)
+    ],
+)
 def test_skips_follow_the_prior_chance_of_a_mixed_group(exact, q, skipped):
-    driver = GateDriver.sara(group_size=8, probe_size=4, reference_prior=True, reference_exact=exact, reference_skip=0.8)
+    driver = GateDriver.sara(
+        group_size=8, probe_size=4, reference_prior=True, reference_exact=exact, reference_skip=0.8
+    )
     group = driver.open("p", prompt_id=3, reference_logprob=math.log(q))
     assert (group.start().kind == "skip") is skipped
     assert driver.metrics().get("gate/skip_reference", 0.0) == float(skipped)
@@ -70,10 +75,13 @@ def test_a_score_without_the_reference_prior_is_refused():
         driver.open("p", prompt_id=0, reference_logprob=-1.0)
 
 
-@pytest.mark.parametrize("q, rewards", [
-    (0.5, [0.0] * 4 + [1.0] * 4),   # Beta(32, 32): even an all-fail probe commits -- certain, launched whole
-    (0.3, [1.0] * 8),               # Beta(19.2, 44.8): an all-success probe still commits
-])
+@pytest.mark.parametrize(
+    "q, rewards",
+    [
+        (0.5, [0.0] * 4 + [1.0] * 4),  # Beta(32, 32): even an all-fail probe commits -- certain, launched whole
+        (0.3, [1.0] * 8),  # Beta(19.2, 44.8): an all-success probe still commits
+    ],
+)
 def test_a_certain_commit_starts_whole_with_the_same_samples_and_verdict(q, rewards):
     options = dict(group_size=8, probe_size=4, reference_prior=True, reference_exact=True)
     probe_first = GateDriver.sara(**options)

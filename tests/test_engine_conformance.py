@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import anyio
 import pytest
 import torch
-
 from engine_models import read_all
+
 from pipeline.config.sections import SimConfig
 from pipeline.engines.base import Engine
 from pipeline.sim.engine import SimEngine
@@ -67,8 +68,16 @@ def make_torch() -> Opened:
     from pipeline.engines.torch_engine import TorchEngine
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=2, max_position_embeddings=64))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            max_position_embeddings=64,
+        )
+    )
     engine = TorchEngine(model, tokenizer_eos_id=None, seed=0)
 
     def prompt(i: int) -> Prompt:
@@ -95,6 +104,7 @@ def make_vllm() -> Opened:
     import tempfile
 
     from engine_models import save_tiny_gpt2
+
     from pipeline.engines.vllm_engine import VllmEngine
 
     root = tempfile.mkdtemp(prefix="railgate-vllm-conformance-")
@@ -106,20 +116,23 @@ def make_ray() -> Opened:
     import tempfile
 
     from engine_models import save_tiny_gpt2
+
     from pipeline.engines.ray_engine import RayEngine, TorchEngineFactory
 
     model_dir = save_tiny_gpt2(f"{tempfile.mkdtemp(prefix='railgate-ray-conformance-')}/model", vocab_size=64)
-    engine = RayEngine(TorchEngineFactory(str(model_dir), eos_id=None), replicas=2, ray_init_kwargs={"log_to_driver": False})
+    engine = RayEngine(
+        TorchEngineFactory(str(model_dir), eos_id=None), replicas=2, ray_init_kwargs={"log_to_driver": False}
+    )
     return Opened(engine, engine_prompt, perturbed_tiny_gpt2)
 
 
 ENGINE_FACTORIES: list[EngineCase] = [
     EngineCase("sim", make_sim, max_tokens=512),
     EngineCase("torch", make_torch, max_tokens=24),
-    EngineCase("vllm", make_vllm, max_tokens=16, shared=True,
-               marks=(pytest.mark.integration, pytest.mark.timeout(600))),
-    EngineCase("ray", make_ray, max_tokens=24, shared=True,
-               marks=(pytest.mark.integration, pytest.mark.timeout(300))),
+    EngineCase(
+        "vllm", make_vllm, max_tokens=16, shared=True, marks=(pytest.mark.integration, pytest.mark.timeout(600))
+    ),
+    EngineCase("ray", make_ray, max_tokens=24, shared=True, marks=(pytest.mark.integration, pytest.mark.timeout(300))),
 ]
 
 
@@ -245,7 +258,9 @@ async def test_4_branch_starts_with_the_prefix(opened):
     engine = opened.engine
     source = check_stream((await read_all(engine, [sample(opened, "c4.src", 3, seed=1)]))["c4.src"], "c4.src")
     k = max(1, source.num_tokens // 2)
-    spec = BranchSpec("c4.src", prefix_len=k, prefix_token_ids=source.token_ids[:k], prefix_logprobs=source.logprobs[:k])
+    spec = BranchSpec(
+        "c4.src", prefix_len=k, prefix_token_ids=source.token_ids[:k], prefix_logprobs=source.logprobs[:k]
+    )
     events = (await read_all(engine, [sample(opened, "c4.branch", 3, seed=2, branch=spec)]))["c4.branch"]
     final = check_stream(events, "c4.branch", start=k)
     assert final.finish_reason.is_success

@@ -25,9 +25,17 @@ def engine_for(clock=None, fail_every=0, **sim) -> SimEngine:
     return SimEngine(SimWorld(cfg), clock=clock or VirtualClock(), fail_every=fail_every)
 
 
-def request(engine: SimEngine, rid: str, prompt: int = 3, seed: int = 0, branch: BranchSpec | None = None) -> SampleRequest:
-    return SampleRequest(rid, group_id=0, sample_index=seed, prompt=engine.prompt(prompt),
-                         params=SamplingParams(max_tokens=256, seed=seed), branch=branch)
+def request(
+    engine: SimEngine, rid: str, prompt: int = 3, seed: int = 0, branch: BranchSpec | None = None
+) -> SampleRequest:
+    return SampleRequest(
+        rid,
+        group_id=0,
+        sample_index=seed,
+        prompt=engine.prompt(prompt),
+        params=SamplingParams(max_tokens=256, seed=seed),
+        branch=branch,
+    )
 
 
 async def drain(mux: StreamMux, n: int) -> dict[str, list]:
@@ -44,16 +52,21 @@ async def drain(mux: StreamMux, n: int) -> dict[str, list]:
 def test_the_sim_engine_has_a_multiplexer_and_it_gives_the_streams_events():
     """Same requests through ``stream`` and through the multiplexer: the same deltas, the same
     final events at the same engine times, in the clock's order."""
-    reqs = lambda engine: [request(engine, f"r{i}", prompt=i % 5, seed=i) for i in range(12)]
+
+    def reqs(engine):
+        return [request(engine, f"r{i}", prompt=i % 5, seed=i) for i in range(12)]
+
     streamed = {}
     engine = engine_for()
 
     async def by_streams():
         async def one(req, stream):
             streamed[req.request_id] = [event async for event in stream]
+
         async with anyio.create_task_group() as tg:
             for req in reqs(engine):  # every stream registered before any waits, as the orchestrator does
                 tg.start_soon(one, req, engine.stream(req))
+
     anyio.run(by_streams)
 
     engine2 = engine_for()
@@ -115,7 +128,7 @@ def test_a_branch_from_an_unknown_sample_fails_that_request_not_the_caller():
     engine = engine_for()
     mux = engine.multiplexer()
     mux.start(request(engine, "b", branch=BranchSpec("nobody", 2, (5, 5))))  # does not raise
-    (rid, error), = anyio.run(mux.next_events)
+    ((rid, error),) = anyio.run(mux.next_events)
     assert rid == "b" and isinstance(error, ValueError) and "does not remember" in str(error)
 
 
@@ -125,7 +138,9 @@ def test_a_branch_continues_from_the_prefix_of_a_finished_sample():
     mux.start(request(engine, "src", prompt=4, seed=9))
     src = anyio.run(drain, mux, 1)["src"][-1]
     k = min(4, src.num_tokens - 1)
-    mux.start(request(engine, "br", prompt=4, seed=10, branch=BranchSpec("src", k, src.token_ids[:k], src.logprobs[:k])))
+    mux.start(
+        request(engine, "br", prompt=4, seed=10, branch=BranchSpec("src", k, src.token_ids[:k], src.logprobs[:k]))
+    )
     branched = anyio.run(drain, mux, 1)["br"]
     assert branched[-1].token_ids[:k] == src.token_ids[:k]
     assert branched[0].position == k
@@ -161,15 +176,17 @@ def test_on_the_wall_clock_an_abort_wakes_the_consumer_at_once():
     async def main():
         mux.start(request(engine, "slow", seed=1))
         async with anyio.create_task_group() as tg:
+
             async def abort_soon():
                 await anyio.sleep(0.2)
                 mux.abort("slow")
+
             tg.start_soon(abort_soon)
             started = time.monotonic()
             events = await mux.next_events()
             return events, time.monotonic() - started
 
-    (rid, final), = (events := anyio.run(main))[0]
+    ((rid, final),) = (events := anyio.run(main))[0]
     assert rid == "slow" and final.finish_reason is FinishReason.ABORTED
     assert events[1] < 2.0
 
@@ -182,6 +199,7 @@ def test_both_orchestrator_drivers_run_the_same_samples_to_the_same_result(monke
     the same, which tests/test_orchestrator.py checks under both.)"""
     sys.path.insert(0, "tests")
     import test_orchestrator as orchestrator_tests
+
     from controller.gates.uniform import UniformGate
 
     class AheadUniform(UniformGate):
@@ -190,7 +208,9 @@ def test_both_orchestrator_drivers_run_the_same_samples_to_the_same_result(monke
     results = []
     for multiplex in (True, False):
         monkeypatch.setattr(orchestrator_tests, "MULTIPLEX", multiplex)
-        orch, engine = orchestrator_tests.make(gate=lambda pool: AheadUniform(pool, orchestrator_tests.SMALL.group_size))
+        orch, engine = orchestrator_tests.make(
+            gate=lambda pool: AheadUniform(pool, orchestrator_tests.SMALL.group_size)
+        )
         summary = anyio.run(orch.run)
         evals = [{k: v for k, v in e.items() if "wall_s" not in k} for e in summary.evals]
         metrics = {k: v for k, v in summary.budget.as_metrics().items() if "wall_s" not in k}

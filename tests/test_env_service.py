@@ -37,13 +37,15 @@ def test_a_chain_episode_is_answered_turn_by_turn_and_ends_done():
     row = service.task.row(prompt.prompt_id)
     answers = service.task.cls.demo_actions(row.extras, __import__("random").Random(0), mistake=False)
     req = request(prompt)
-    for k, (answer, _) in enumerate(answers):
+    played = 0
+    for answer, _ in answers:
         done = anyio.run(service.step, req, turn(renderer, req, answer))
+        played += 1
         assert not done.error and done.reward == 1.0
         if done.done:
             break
         assert done.observation  # the next step, rendered for the context
-    assert done.done and k == len(answers) - 1
+    assert done.done and played == len(answers)
     service.close("g0-s0")
 
 
@@ -76,10 +78,20 @@ def test_an_aborted_turn_ends_the_episode_without_a_step():
 def test_an_environment_that_raises_is_an_error_answer_naming_class_and_step(tmp_path):
     from pipeline.envs.rows import write_rows
 
-    rows = [{"data_source": "t", "prompt": [{"role": "user", "content": f"{i}="}], "env_class": "faulty",
-             "reward_spec": {"ground_truth": "1"}} for i in range(40)]
-    service, renderer, prompt = setup("pipeline.envs.faulty:FaultyEnv", config={"fault": "raise", "at_step": 1},
-                                      dataset=str(write_rows(tmp_path / "rows.jsonl", rows)))
+    rows = [
+        {
+            "data_source": "t",
+            "prompt": [{"role": "user", "content": f"{i}="}],
+            "env_class": "faulty",
+            "reward_spec": {"ground_truth": "1"},
+        }
+        for i in range(40)
+    ]
+    service, renderer, prompt = setup(
+        "pipeline.envs.faulty:FaultyEnv",
+        config={"fault": "raise", "at_step": 1},
+        dataset=str(write_rows(tmp_path / "rows.jsonl", rows)),
+    )
     req = request(prompt)
     done = anyio.run(service.step, req, turn(renderer, req, "1"))
     assert done.done and "FaultyEnv step 1" in done.error

@@ -20,7 +20,8 @@ from pipeline.tasks.dataset import DatasetError
 def module_dir(tmp_path, monkeypatch):
     (tmp_path / "envmod_ok.py").write_text(
         "class Good:\n    def __init__(self, c, e): pass\n    def init(self, p): return p, {}\n"
-        "    def step(self, a): return {}\nclass NoStep:\n    def init(self, p): return p, {}\nTHING = 3\n")
+        "    def step(self, a): return {}\nclass NoStep:\n    def init(self, p): return p, {}\nTHING = 3\n"
+    )
     (tmp_path / "envmod_needs.py").write_text("import not_a_real_package_xyz\n")
     (tmp_path / "envmod_raises.py").write_text("raise RuntimeError('boom at import')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -58,8 +59,13 @@ def test_a_good_class_loads(module_dir):
 
 
 def test_task_env_settings_from_yaml_shape():
-    task = build(TaskConfig, {"name": "env", "env": {"class": "pipeline.envs.wordproblems:WordProblemEnv",
-                                                     "config": {"max_turns": 4}, "reward": "sum"}})
+    task = build(
+        TaskConfig,
+        {
+            "name": "env",
+            "env": {"class": "pipeline.envs.wordproblems:WordProblemEnv", "config": {"max_turns": 4}, "reward": "sum"},
+        },
+    )
     assert task.env.cls == "pipeline.envs.wordproblems:WordProblemEnv" and task.env.config == {"max_turns": 4}
     assert to_dict(task)["env"]["class"] == task.env.cls  # written back under its YAML key
     assert build(TaskConfig, to_dict(task)) == task
@@ -85,8 +91,13 @@ def test_env_config_errors(kwargs, message):
         EnvConfig(**kwargs)
 
 
-GOOD = {"data_source": "t", "prompt": [{"role": "user", "content": "3+4="}], "env_class": "x",
-        "reward_spec": {"method": "rule", "ground_truth": "3+4"}, "extra_info": {"steps": 1}}
+GOOD = {
+    "data_source": "t",
+    "prompt": [{"role": "user", "content": "3+4="}],
+    "env_class": "x",
+    "reward_spec": {"method": "rule", "ground_truth": "3+4"},
+    "extra_info": {"steps": 1},
+}
 BAD_ROWS = [
     ([1, 2], "the row is a JSON list, not an object"),
     ({"answer": 3}, "field 'prompt' is missing"),
@@ -121,12 +132,15 @@ def test_rows_from_parquet_and_the_prompt_size_limit(tmp_path):
 
 
 def test_env_task_from_files_keeps_the_eval_file_out_of_training(tmp_path):
-    train = [{**GOOD, "prompt": [{"role": "user", "content": f"{i}+1="}],
-              "reward_spec": {"ground_truth": f"{i}+1"}} for i in range(30)]
+    train = [
+        {**GOOD, "prompt": [{"role": "user", "content": f"{i}+1="}], "reward_spec": {"ground_truth": f"{i}+1"}}
+        for i in range(30)
+    ]
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in train))
     (tmp_path / "eval.jsonl").write_text("\n".join(json.dumps(r) for r in train[:5]))
-    cfg = TaskConfig(name="env", env=EnvConfig(dataset=str(tmp_path / "train.jsonl"),
-                                               eval_dataset=str(tmp_path / "eval.jsonl")))
+    cfg = TaskConfig(
+        name="env", env=EnvConfig(dataset=str(tmp_path / "train.jsonl"), eval_dataset=str(tmp_path / "eval.jsonl"))
+    )
     task = build_task(cfg)
     train_prompts, eval_prompts = task.train_prompts(100, seed=0), task.eval_prompts(20, seed=0)
     assert {p.text for p in eval_prompts} == {json.dumps(r["prompt"]) for r in train[:5]}

@@ -4,8 +4,8 @@ and for the character tokenizer; templates without the prefix property or whose 
 end with eos are refused."""
 
 import pytest
-
 from hf_models import bpe_tokenizer
+
 from pipeline.envs.chain import ALPHABET
 from pipeline.envs.render import ChatRenderer, PlainRenderer, RenderError, renderer_for
 from pipeline.policy.hf_tokenizer import HFTokenizer
@@ -52,14 +52,16 @@ def test_chat_action_text_strips_the_stop_token():
     r = ChatRenderer(bpe_tokenizer())
     assert r.action_text(r.action_ids("The answer is 42.")) == "The answer is 42."
     assert r.action_text(r.action_ids("42")[:-1]) == "42"  # cut at the token cap: no stop token
-    assert r.observation_ids([]) == r.prompt_ids([USER])[-len(r.observation_ids([])):]  # just the generation prompt
+    assert r.observation_ids([]) == r.prompt_ids([USER])[-len(r.observation_ids([])) :]  # just the generation prompt
 
 
 def test_a_template_without_the_prefix_property_is_refused():
     tok = bpe_tokenizer()
     # writes how many messages there are first: adding messages changes the text before them
-    tok.chat_template = ("{{ messages|length }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
-                         "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok.chat_template = (
+        "{{ messages|length }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     with pytest.raises(RenderError, match="prefix property"):
         ChatRenderer(tok)
 
@@ -78,8 +80,11 @@ def test_plain_round_trip_for_the_char_tokenizer():
     tok = CharTokenizer(ALPHABET + "|")
     r = PlainRenderer(tok, separator="|")
     conversation = [{"role": "user", "content": "3+4="}]
-    episode = [("8", [{"role": "user", "content": "no<3+4="}]), ("7", [{"role": "user", "content": "7*2="}]),
-               ("14", [])]
+    episode = [
+        ("8", [{"role": "user", "content": "no<3+4="}]),
+        ("7", [{"role": "user", "content": "7*2="}]),
+        ("14", []),
+    ]
     ids = incremental(r, conversation, episode)
     assert ids == r.conversation_ids(whole(conversation, episode))
     assert tok.decode(ids, skip_special=False) == "<bos>3+4=8<eos>no<3+4=7<eos>7*2=14<eos>"

@@ -33,8 +33,12 @@ class Counter:
     def step(self, action):
         self.seen.append(action)
         done = len(self.seen) >= self.goal
-        return {"observations": [] if done else [{"role": "user", "content": f"seen {'/'.join(self.seen)}"}],
-                "reward": 0.5 * len(self.seen), "done": done, "metadata": {"n": len(self.seen)}}
+        return {
+            "observations": [] if done else [{"role": "user", "content": f"seen {'/'.join(self.seen)}"}],
+            "reward": 0.5 * len(self.seen),
+            "done": done,
+            "metadata": {"n": len(self.seen)},
+        }
 
     def close(self):
         Counter.closed_goals.append(self.goal)
@@ -63,7 +67,12 @@ def test_an_episode_follows_the_contract_and_rewards_are_final_or_summed():
         started = s.start(PROMPT)
         assert started.conversation[-1] == {"role": "system", "content": "go"} and started.metadata == {"goal": 3}
         r1, r2 = s.step("a"), s.step("b")
-        assert (r1.step, r1.observations, r1.reward, r1.done) == (1, ({"role": "user", "content": "seen a"},), 0.5, False)
+        assert (r1.step, r1.observations, r1.reward, r1.done) == (
+            1,
+            ({"role": "user", "content": "seen a"},),
+            0.5,
+            False,
+        )
         assert r2.metadata == {"n": 2} and not r2.error
         r3 = s.step("c")
         assert r3.done and r3.observations == () and s.done and not s.failed
@@ -112,8 +121,12 @@ def test_a_bad_step_is_one_error_line_naming_class_and_step(fault, message):
     s.close()
 
 
-INIT_FAULTS = [("raise", "raised RuntimeError"), ("not_dict", "init returned 'a string', not a (conversation, metadata) pair"),
-               ("str_obs", "the conversation is a str ('ok')"), ("huge", "the conversation holds 1000000 characters")]
+INIT_FAULTS = [
+    ("raise", "raised RuntimeError"),
+    ("not_dict", "init returned 'a string', not a (conversation, metadata) pair"),
+    ("str_obs", "the conversation is a str ('ok')"),
+    ("huge", "the conversation holds 1000000 characters"),
+]
 
 
 @pytest.mark.parametrize("fault,message", INIT_FAULTS, ids=[f for f, _ in INIT_FAULTS])
@@ -161,8 +174,9 @@ def test_never_done_is_a_failure_unless_the_env_allows_more_turns():
     s.start(PROMPT)
     results = [s.step(str(k)) for k in range(4)]
     assert [r.error for r in results[:3]] == ["", "", ""]
-    assert results[3].error.startswith("FaultyEnv step 4: not done after max_turns=4 (task.env.max_turns; "
-                                       "it declares no max_turns)")
+    assert results[3].error.startswith(
+        "FaultyEnv step 4: not done after max_turns=4 (task.env.max_turns; it declares no max_turns)"
+    )
     # an env that allows 10 turns, cut at 2 by the run: truncated, not failed
     t = runner(max_turns=2).session({"reward_spec": {"ground_truth": 5}})
     t.start(PROMPT)

@@ -120,7 +120,9 @@ def test_env_task_prompts_rows_and_splits_for_a_generated_env():
     task = build_task(TaskConfig(name="env"))
     train, evals = task.train_prompts(500, seed=0), task.eval_prompts(100, seed=0)
     assert {p.prompt_id for p in train}.isdisjoint({p.prompt_id for p in evals})
-    assert [p.text for p in task.train_prompts(20, seed=3)] == [p.text for p in build_task(TaskConfig(name="env")).train_prompts(20, seed=3)]
+    assert [p.text for p in task.train_prompts(20, seed=3)] == [
+        p.text for p in build_task(TaskConfig(name="env")).train_prompts(20, seed=3)
+    ]
     p = evals[0]
     assert task.row(p.prompt_id).prompt == json.loads(p.text) and p.difficulty in (2.0, 3.0)
     right = str(values(*parse_chain(p.answer))[1])

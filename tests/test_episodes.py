@@ -11,10 +11,18 @@ from controller.prompts import PromptPool
 from pipeline.actions import CloseEpisode, EnvStep, ForkEpisode, ShellSettings, Start, Train
 from pipeline.config.sections import EpisodeSettings, OrchestratorConfig
 from pipeline.episodes import EpisodeBook
-from pipeline.messages import StreamCut, Started, Tick, TurnDone
+from pipeline.messages import Started, StreamCut, Tick, TurnDone
 from pipeline.tracker import GroupTracker
-from pipeline.types import (ActionKind, BranchSpec, FinishReason, GroupAction, Prompt, SampleFinished, SampleRequest,
-                            SamplingParams)
+from pipeline.types import (
+    ActionKind,
+    BranchSpec,
+    FinishReason,
+    GroupAction,
+    Prompt,
+    SampleFinished,
+    SampleRequest,
+    SamplingParams,
+)
 
 RULES = EpisodeSettings(max_turns=3, max_episode_tokens=40, turn_tokens=4)
 
@@ -27,9 +35,16 @@ def turn(req: SampleRequest, tokens=(7, 8), reason=FinishReason.STOP) -> SampleF
     return SampleFinished(req.request_id, tokens, (-0.5,) * len(tokens), reason, 3)
 
 
-@pytest.mark.parametrize("case, ends_after", [
-    ("done", 2), ("max_turns", 3), ("tokens", 2), ("failed turn", 1), ("env error", 2),
-])
+@pytest.mark.parametrize(
+    "case, ends_after",
+    [
+        ("done", 2),
+        ("max_turns", 3),
+        ("tokens", 2),
+        ("failed turn", 1),
+        ("env error", 2),
+    ],
+)
 def test_an_episode_ends_by_each_rule(case, ends_after):
     rules = EpisodeSettings(max_turns=3, max_episode_tokens=12 if case == "tokens" else 40, turn_tokens=4)
     book = EpisodeBook(rules)
@@ -37,8 +52,14 @@ def test_an_episode_ends_by_each_rule(case, ends_after):
     for t in range(1, 4):
         reason = FinishReason.ERROR if case == "failed turn" else FinishReason.STOP
         error = "EnvError: step 2 raised" if case == "env error" and t == 2 else ""
-        scored = book.turn_done(req, turn(req, reason=reason), observation=(5, 5, 5), reward=float(t == 2),
-                                done=case == "done" and t == 2, error=error)
+        scored = book.turn_done(
+            req,
+            turn(req, reason=reason),
+            observation=(5, 5, 5),
+            reward=float(t == 2),
+            done=case == "done" and t == 2,
+            error=error,
+        )
         if scored is not None:
             break
         req = book.next_request(req)
@@ -66,8 +87,9 @@ def test_a_branch_continues_the_context_after_its_turn_boundary():
     req = book.next_request(req)
     book.turn_done(req, turn(req, (9,)), observation=(4,), reward=0.0, done=False)
     assert book.boundary("g0-s0", 1) == 4 and book.boundary("g0-s0", 2) == 6
-    branch = SampleRequest("g0-s1", 0, 1, request().prompt, SamplingParams(max_tokens=4),
-                           branch=BranchSpec("g0-s0", 4, turns=1))
+    branch = SampleRequest(
+        "g0-s1", 0, 1, request().prompt, SamplingParams(max_tokens=4), branch=BranchSpec("g0-s0", 4, turns=1)
+    )
     first = book.begin(branch, "g0-s0", 1)
     assert first.prompt.token_ids == (1, 2, 7, 8, 5, 6) and first.branch is None
     scored = book.turn_done(first, turn(first, (3,)), observation=(), reward=1.0, done=True)
@@ -80,11 +102,16 @@ class Harness:
 
     def __init__(self, group_size=2, gate=None, **rules):
         pool = PromptPool([Prompt(i, "", (1, 2)) for i in range(8)], seed=0)
-        cfg = OrchestratorConfig(batch_groups=1, group_size=group_size, steps=1, max_open_groups=1,
-                                 max_concurrent_samples=2 * group_size)
+        cfg = OrchestratorConfig(
+            batch_groups=1, group_size=group_size, steps=1, max_open_groups=1, max_concurrent_samples=2 * group_size
+        )
         settings = EpisodeSettings(**{"max_turns": 3, "max_episode_tokens": 64, "turn_tokens": 4, **rules})
-        self.tracker = GroupTracker(gate or UniformGate(pool, group_size), NoopController(), cfg,
-                                    shell=ShellSettings(inline_learner=True, episodes=settings))
+        self.tracker = GroupTracker(
+            gate or UniformGate(pool, group_size),
+            NoopController(),
+            cfg,
+            shell=ShellSettings(inline_learner=True, episodes=settings),
+        )
         self.closed: list[str] = []
         self.forks: list[ForkEpisode] = []
 
@@ -102,8 +129,10 @@ class Harness:
         return step
 
     def answer(self, step: EnvStep, reward=0.0, done=False, observation=(5,), error=""):
-        actions = [*self.tracker.handle(TurnDone(step.request, step.finished, observation, reward, done, error)),
-                   *self.tracker.handle(Tick())]
+        actions = [
+            *self.tracker.handle(TurnDone(step.request, step.finished, observation, reward, done, error)),
+            *self.tracker.handle(Tick()),
+        ]
         return actions, self.collect(actions)
 
 
@@ -157,8 +186,15 @@ class _BranchAtFirstBoundary(NoopController):
 
     def on_turn(self, snapshot, sample_index, point):
         if sample_index == 0 and point.turns == 1:
-            return [GroupAction(ActionKind.LAUNCH, snapshot.group_id, n=1, origin=7,
-                                branch=BranchSpec(point.key, point.prefix_len, turns=point.turns))]
+            return [
+                GroupAction(
+                    ActionKind.LAUNCH,
+                    snapshot.group_id,
+                    n=1,
+                    origin=7,
+                    branch=BranchSpec(point.key, point.prefix_len, turns=point.turns),
+                )
+            ]
         return []
 
 
@@ -203,8 +239,9 @@ class ChainService:
         if not finished.finish_reason.is_success:
             return TurnDone(request, finished, done=True)
         t = self.turns[key] = self.turns.get(key, 0) + 1
-        return TurnDone(request, finished, observation=(3,), reward=float(t == 3 and sum(finished.token_ids) % 2 == 1),
-                        done=t == 3)
+        return TurnDone(
+            request, finished, observation=(3,), reward=float(t == 3 and sum(finished.token_ids) % 2 == 1), done=t == 3
+        )
 
     def fork(self, source, turns, key):
         self.turns[key] = turns
@@ -246,15 +283,22 @@ def test_a_run_of_episodes_through_the_shell_adds_up(gate):
     pool = PromptPool([engine.prompt(i) for i in range(64)], seed=1)
     service = ChainService()
     cfg = OrchestratorConfig(batch_groups=4, group_size=4, steps=3, max_concurrent_samples=64)
-    parts = RunParts(engine=engine, gate=build_gate(GateConfig(kind=gate), pool, group_size=4, batch_groups=4, seed=0),
-                     controller=NoopController(), scoring=ScoringService(SimAnswerScorer(), 5.0, 1),
-                     learner=SimLearner(world, 4, seed=0), clock=clock, episodes=service)
+    parts = RunParts(
+        engine=engine,
+        gate=build_gate(GateConfig(kind=gate), pool, group_size=4, batch_groups=4, seed=0),
+        controller=NoopController(),
+        scoring=ScoringService(SimAnswerScorer(), 5.0, 1),
+        learner=SimLearner(world, 4, seed=0),
+        clock=clock,
+        episodes=service,
+    )
     buffer = Collect()
     summary = anyio.run(Orchestrator(parts, cfg, RunOutputs(buffer=buffer), seed=7).run)
     b = summary.budget
     assert summary.steps == 3 and b.rollouts_started == b.rollouts_finished + b.rollouts_aborted + b.rollouts_failed
     assert b.turns >= 3 * b.rollouts_finished and b.rollouts_trained == sum(
-        len(g.rollouts) for t in buffer.batches for g in t.groups)
+        len(g.rollouts) for t in buffer.batches for g in t.groups
+    )
     rollouts = [r for t in buffer.batches for g in t.groups for r in g.rollouts]
     assert rollouts and all(r.turns.count == 3 and r.turns.observation_tokens == 2 for r in rollouts)
     assert not service.open  # every environment that opened was closed

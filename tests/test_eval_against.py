@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from run_helpers import SMALL, TINY_REAL as TINY, cli, sim_run, tiny_base
+from run_helpers import SMALL, cli, sim_run, tiny_base
+from run_helpers import TINY_REAL as TINY
 
 KEYS = {"accuracy_a", "accuracy_b", "difference", "difference_lo", "difference_hi", "prompts", "samples"}
 
@@ -39,9 +39,24 @@ def test_eval_says_what_it_needs(tmp_path):
 def torch_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("against")
     tiny_base(root / "base")
-    trained = cli("train", "--no-progress", "--run-dir", str(root / "run"), "--set", f"model.path={root / 'base'}", *TINY,
-                  "--set", "orchestrator.steps=2", "--set", "orchestrator.batch_groups=8", "--set", "log.checkpoint_every=2",
-                  "--set", "gate.kind=uniform", timeout=900)
+    trained = cli(
+        "train",
+        "--no-progress",
+        "--run-dir",
+        str(root / "run"),
+        "--set",
+        f"model.path={root / 'base'}",
+        *TINY,
+        "--set",
+        "orchestrator.steps=2",
+        "--set",
+        "orchestrator.batch_groups=8",
+        "--set",
+        "log.checkpoint_every=2",
+        "--set",
+        "gate.kind=uniform",
+        timeout=900,
+    )
     assert trained.returncode == 0, trained.stderr[-3000:]
     return root
 

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from hf_models import save_tiny_llama
 
 from controller.driver import GateDriver, LifecycleError, snapshot_of
-from hf_models import save_tiny_llama
 from pipeline.types import Prompt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,8 +22,9 @@ def test_the_example_runs_under_60_lines(tmp_path):
     assert len(EXAMPLE.read_text().splitlines()) < 60
     model = save_tiny_llama(tmp_path / "llama")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, str(EXAMPLE), str(model)], cwd=tmp_path, env=env, capture_output=True,
-                            text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLE), str(model)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     verdicts = [line for line in result.stdout.splitlines() if line.startswith("'")]
     assert len(verdicts) == 4 and all(": train after " in v or ": drop after " in v for v in verdicts)

@@ -13,18 +13,35 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_models import save_tiny_llama
 from safetensors.torch import load_file
 
-from hf_models import save_tiny_llama
 from pipeline.policy.models import load_model
 from railgate.checkpoint import latest_checkpoint, load_checkpoint
 from railgate.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = ("railgate", "pipeline", "controller", "learner", "configs")
-SMALL = ["--set", "orchestrator.batch_groups=4", "--set", "orchestrator.group_size=4", "--set", "orchestrator.max_tokens=6",
-         "--set", "data.num_train_prompts=64", "--set", "data.num_eval_prompts=8", "--set", "gate.kind=uniform",
-         "--set", "log.checkpoint_every=1", "--set", "task.arithmetic.max_digits=2", "--set", "orchestrator.eval_every=0"]
+SMALL = [
+    "--set",
+    "orchestrator.batch_groups=4",
+    "--set",
+    "orchestrator.group_size=4",
+    "--set",
+    "orchestrator.max_tokens=6",
+    "--set",
+    "data.num_train_prompts=64",
+    "--set",
+    "data.num_eval_prompts=8",
+    "--set",
+    "gate.kind=uniform",
+    "--set",
+    "log.checkpoint_every=1",
+    "--set",
+    "task.arithmetic.max_digits=2",
+    "--set",
+    "orchestrator.eval_every=0",
+]
 
 
 def outside(script: str, tmp_path: Path, *args: str) -> dict:
@@ -32,8 +49,14 @@ def outside(script: str, tmp_path: Path, *args: str) -> dict:
     project module; returns the JSON it printed last."""
     guard = f"\nimport sys\nassert not [m for m in sys.modules if m.split('.')[0] in {PROJECT!r}], 'a project module was imported'\n"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(script) + guard, *args], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script) + guard, *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -43,16 +66,46 @@ def llama_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("export_llama")
     model = save_tiny_llama(root / "llama", context=64)
     run = root / "run"
-    assert main(["train", "--no-progress", "--run-dir", str(run), "--set", f"model.path={model}",
-                 "--set", "task.chat_template=true", "--set", "orchestrator.steps=2", *SMALL]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--no-progress",
+                "--run-dir",
+                str(run),
+                "--set",
+                f"model.path={model}",
+                "--set",
+                "task.chat_template=true",
+                "--set",
+                "orchestrator.steps=2",
+                *SMALL,
+            ]
+        )
+        == 0
+    )
     return run, model
 
 
 @pytest.fixture(scope="module")
 def char_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("export_char") / "run"
-    tiny = ["--set", "model.d_model=64", "--set", "model.n_heads=2", "--set", "model.n_layers=1", "--set", "model.max_len=24",
-            "--set", "model.warm_start_steps=3", "--set", "model.warm_start_target=0", "--set", "model.warm_start_batch=8"]
+    tiny = [
+        "--set",
+        "model.d_model=64",
+        "--set",
+        "model.n_heads=2",
+        "--set",
+        "model.n_layers=1",
+        "--set",
+        "model.max_len=24",
+        "--set",
+        "model.warm_start_steps=3",
+        "--set",
+        "model.warm_start_target=0",
+        "--set",
+        "model.warm_start_batch=8",
+    ]
     assert main(["train", "--no-progress", "--run-dir", str(run), "--set", "orchestrator.steps=1", *SMALL, *tiny]) == 0
     return run
 
@@ -111,7 +164,9 @@ def test_the_char_model_exports_a_tokenizer_with_the_same_ids(char_run, tmp_path
     # step 0 is the base policy, before training
     assert main(["export", str(char_run), "--out", str(tmp_path / "base"), "--step", "0"]) == 0
     base_logits = outside(LOAD, tmp_path, str(tmp_path / "base" / "model"), "12+34=")["logits"]
-    assert torch.allclose(torch.tensor(base_logits), _logits(base_dir, load_model(base_dir).model.state_dict(), got["ids"]))
+    assert torch.allclose(
+        torch.tensor(base_logits), _logits(base_dir, load_model(base_dir).model.state_dict(), got["ids"])
+    )
 
 
 def test_a_step_that_was_not_kept_is_one_clear_line(char_run, tmp_path, capsys):
@@ -152,6 +207,8 @@ VLLM = """
 def test_vllm_serves_the_exported_models_without_project_code(llama_run, char_run, tmp_path):
     for name, run in (("llama", llama_run[0]), ("char", char_run)):
         assert main(["export", str(run), "--out", str(tmp_path / name)]) == 0
-    got = outside(VLLM, tmp_path, str(tmp_path / "char" / "model"), "12+34=", str(tmp_path / "llama" / "model"), "12+30=")
+    got = outside(
+        VLLM, tmp_path, str(tmp_path / "char" / "model"), "12+34=", str(tmp_path / "llama" / "model"), "12+30="
+    )
     for path, tokens in got.items():
         assert tokens["vllm"] == tokens["transformers"], path  # greedy: the same model, the same tokens

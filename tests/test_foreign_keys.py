@@ -14,19 +14,22 @@ from railgate.cli import main
 from railgate.config import RunConfig, load_config
 
 
-@pytest.mark.parametrize("override, railgate_key", [
-    ("num_generations=8", "orchestrator.group_size"),
-    ("learner.beta=0.04", "learner.kl_coef"),
-    ("learning_rate=1e-6", "learner.lr"),
-    ("max_completion_length=256", "orchestrator.max_tokens"),
-    ("epsilon_high=0.28", "learner.clip_high"),
-    ("actor_rollout_ref.rollout.n=8", "orchestrator.group_size"),
-    ("per_device_train_batch_size=8", "orchestrator.batch_groups"),
-    ("algorithm.kl_ctrl.kl_coef=0.001", "learner.kl_coef"),
-    ("actor_rollout_ref.actor.optim.lr=1e-6", "learner.lr"),
-    ("data.max_response_length=512", "orchestrator.max_tokens"),
-    ("orchestrator.num_generations=8", "orchestrator.group_size"),
-])
+@pytest.mark.parametrize(
+    "override, railgate_key",
+    [
+        ("num_generations=8", "orchestrator.group_size"),
+        ("learner.beta=0.04", "learner.kl_coef"),
+        ("learning_rate=1e-6", "learner.lr"),
+        ("max_completion_length=256", "orchestrator.max_tokens"),
+        ("epsilon_high=0.28", "learner.clip_high"),
+        ("actor_rollout_ref.rollout.n=8", "orchestrator.group_size"),
+        ("per_device_train_batch_size=8", "orchestrator.batch_groups"),
+        ("algorithm.kl_ctrl.kl_coef=0.001", "learner.kl_coef"),
+        ("actor_rollout_ref.actor.optim.lr=1e-6", "learner.lr"),
+        ("data.max_response_length=512", "orchestrator.max_tokens"),
+        ("orchestrator.num_generations=8", "orchestrator.group_size"),
+    ],
+)
 def test_trl_and_verl_names_are_answered_with_the_railgate_key(override, railgate_key):
     with pytest.raises(ConfigError) as info:
         load_config(None, [override])
@@ -59,7 +62,9 @@ def _keys(cls, prefix="") -> set[str]:
 def test_every_entry_names_a_real_railgate_key():
     keys = _keys(RunConfig)
     assert {e.railgate for e in FOREIGN_KEYS.values()} <= keys
-    assert not set(FOREIGN_KEYS) & {k.rsplit(".", 1)[-1] for k in keys if "." not in k}  # never shadows a real top-level key
+    assert not set(FOREIGN_KEYS) & {
+        k.rsplit(".", 1)[-1] for k in keys if "." not in k
+    }  # never shadows a real top-level key
 
 
 def test_the_cli_answers_in_one_line(tmp_path, capsys):

@@ -47,8 +47,10 @@ def test_settings_reach_the_gate():
 @pytest.mark.parametrize(
     "data, message",
     [
-        ({"kind": "sara", "sara": {"tau_abandon": 0.9, "tau_commit": 0.8}},
-         "gate.sara.tau_abandon=0.9 must be below gate.sara.tau_commit=0.8; lower tau_abandon or raise tau_commit"),
+        (
+            {"kind": "sara", "sara": {"tau_abandon": 0.9, "tau_commit": 0.8}},
+            "gate.sara.tau_abandon=0.9 must be below gate.sara.tau_commit=0.8; lower tau_abandon or raise tau_commit",
+        ),
         ({"sara": {"prior": [-1, 1]}}, "gate.sara.prior=(-1.0, 1.0) must be two positive"),
         ({"hora": {"prior": [1, 0]}}, "gate.hora.prior"),
         ({"hora": {"probe_size": 1}}, "gate.hora.probe_size=1 must be >= 2"),
@@ -70,13 +72,17 @@ def test_config_errors_name_the_key(data, message):
 @pytest.mark.parametrize(
     "data, message",
     [
-        ({"kind": "sara", "sara": {"probe_size": 10}},
-         "gate.sara.probe_size=10 is above orchestrator.group_size=8"),
+        ({"kind": "sara", "sara": {"probe_size": 10}}, "gate.sara.probe_size=10 is above orchestrator.group_size=8"),
         ({"kind": "sara_dps", "sara": {"probe_size": 9}}, "gate.sara.probe_size=9"),
-        ({"kind": "pilot_commit", "pilot_commit": {"pilot_size": 12}},
-         "gate.pilot_commit.pilot_size=12 is above orchestrator.group_size=8"),
+        (
+            {"kind": "pilot_commit", "pilot_commit": {"pilot_size": 12}},
+            "gate.pilot_commit.pilot_size=12 is above orchestrator.group_size=8",
+        ),
         ({"kind": "hora", "hora": {"probe_size": 10}}, "extra budget R=-8 < 0"),
-        ({"kind": "hora", "hora": {"budget": 12}}, "gate.hora.budget=12 is below one probe round batch_groups*probe_size=16"),
+        (
+            {"kind": "hora", "hora": {"budget": 12}},
+            "gate.hora.budget=12 is below one probe round batch_groups*probe_size=16",
+        ),
     ],
 )
 def test_size_checks_at_build_time(data, message):
@@ -110,10 +116,13 @@ def test_configs_are_frozen():
             setattr(section, dataclasses.fields(section)[0].name, None)
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("group_size", 1, "orchestrator.group_size=1 must be >= 2 for a group-relative advantage"),
-    ("batch_groups", 0, "orchestrator.batch_groups=0 must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("group_size", 1, "orchestrator.group_size=1 must be >= 2 for a group-relative advantage"),
+        ("batch_groups", 0, "orchestrator.batch_groups=0 must be >= 1"),
+    ],
+)
 def test_the_orchestrator_config_owns_the_group_and_batch_size_ranges(key, value, message):
     """One place checks them (OrchestratorConfig); gates and GateConfig.check_sizes rely on it."""
     with pytest.raises(ConfigError, match=message):

@@ -29,7 +29,9 @@ def probabilities(n: int, seed: int = 0) -> dict[int, float]:
 
 def make_gate(kind: str, p: dict[int, float], batch_groups: int, group_size: int = 8, seed: int = 0) -> Gate:
     pool = PromptPool([Prompt(i, f"p{i}", (i,)) for i in sorted(p)], seed=seed + 1)
-    return build_gate(GateConfig(kind=kind), pool, group_size, batch_groups, seed=seed, success_probability=p.__getitem__)
+    return build_gate(
+        GateConfig(kind=kind), pool, group_size, batch_groups, seed=seed, success_probability=p.__getitem__
+    )
 
 
 SETTINGS = {
@@ -50,8 +52,13 @@ def protocol_stubs(protocol: type) -> list[str]:
     stubs = []
     for node in tree.body[0].body:
         if isinstance(node, ast.FunctionDef):
-            body = [s for s in node.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
-                                                 and isinstance(s.value.value, str))]
+            body = [
+                s
+                for s in node.body
+                if not (
+                    isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)
+                )
+            ]
             if not body or all(isinstance(s, ast.Expr) and s.value.value is Ellipsis for s in body):
                 stubs.append(node.name)
     return stubs
@@ -181,8 +188,9 @@ def test_same_seed_same_run(kind):
 def test_update_for_a_group_it_never_opened_is_an_error(kind):
     p = probabilities(20)
     gate = make_gate(kind, p, 4)
-    stranger = GroupSnapshot(99, Prompt(5, "p5", (5,)), 8, (1.0,), in_flight=0, launched=1, failed=0, tokens=1,
-                             policy_version=0)
+    stranger = GroupSnapshot(
+        99, Prompt(5, "p5", (5,)), 8, (1.0,), in_flight=0, launched=1, failed=0, tokens=1, policy_version=0
+    )
     with pytest.raises(ValueError, match="never opened"):
         gate.update(stranger)
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from gate_harness import GateHarness, HarnessConfig, admit, kinds, pool_of, snap
 
 from controller.config import DsConfig
 from controller.gates.dynamic_sampling import DynamicSamplingGate, RoundCapError
-from gate_harness import GateHarness, HarnessConfig, admit, kinds, pool_of, snap
 from pipeline.types import TrainBatch
 
 MIXED, ZEROS, ONES = (1, 0, 0, 1), (0, 0, 0, 0), (1, 1, 1, 1)
@@ -37,8 +37,11 @@ def test_waits_for_every_sample_of_a_group():
 def test_surplus_is_discarded_by_default():
     gate, prompts = gate_with_round()
     results = [gate.update(snap(i, prompts[i], r, target=4))[0] for i, r in enumerate([ZEROS, MIXED, MIXED])]
-    assert [(a.kind.value, a.reason) for a in results] == [("abandon", "zero_std"), ("commit", "effective"),
-                                                          ("abandon", "surplus")]
+    assert [(a.kind.value, a.reason) for a in results] == [
+        ("abandon", "zero_std"),
+        ("commit", "effective"),
+        ("abandon", "surplus"),
+    ]
     assert gate.metrics()["gate/surplus"] == 1
 
 
@@ -62,7 +65,9 @@ def test_dropped_commit_frees_its_place():
 
 
 def test_round_cap_error_names_the_knobs():
-    gate = DynamicSamplingGate(pool_of(50), group_size=4, batch_groups=1, config=DsConfig(max_rounds=2, on_round_cap="error"))
+    gate = DynamicSamplingGate(
+        pool_of(50), group_size=4, batch_groups=1, config=DsConfig(max_rounds=2, on_round_cap="error")
+    )
     gid = 0
     with pytest.raises(RoundCapError, match=r"0/1 effective groups for step 0 in gate.ds.max_rounds=2"):
         for _ in range(2):
@@ -98,7 +103,9 @@ def test_all_unsolvable_pool_fills_every_step_in_the_harness():
 
 def test_all_unsolvable_pool_raises_in_error_mode():
     p = {i: 1.0 for i in range(100)}
-    gate = DynamicSamplingGate(pool_of(100), group_size=8, batch_groups=4, config=DsConfig(max_rounds=3, on_round_cap="error"))
+    gate = DynamicSamplingGate(
+        pool_of(100), group_size=8, batch_groups=4, config=DsConfig(max_rounds=3, on_round_cap="error")
+    )
     with pytest.raises(RoundCapError, match="on_round_cap=fill"):
         GateHarness(gate, p, HarnessConfig(batch_groups=4, steps=3)).run()
 

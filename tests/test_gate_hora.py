@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-
-from controller.config import HoraConfig
-from controller.allocation import hora_allocate
-from controller.gates.hora import HoraGate
 from gate_harness import GateHarness, HarnessConfig, admit, kinds, pool_of, snap
+
+from controller.allocation import hora_allocate
+from controller.config import HoraConfig
+from controller.gates.hora import HoraGate
 from pipeline.types import ActionKind, TrainBatch
 
 METHODS_SUCCESSES = (0, 0, 1, 2, 2, 3, 4, 4)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from gate_harness import GateHarness, HarnessConfig, admit, pool_of
 
 from controller.gates.oracle import OracleGate
-from gate_harness import GateHarness, HarnessConfig, admit, pool_of
 
 
 def test_never_opens_prompts_it_knows_are_saturated():
@@ -68,19 +68,37 @@ def test_hindsight_mode_trains_only_mixed_groups_and_books_saturated_ones_as_unc
 def test_the_rollout_budget_does_not_count_the_oracles_uncounted_rollouts():
     import anyio
 
-    from railgate.build import build_components
-    from railgate.config import load_config
     from pipeline.orchestrator import Orchestrator
     from pipeline.parts import RunParts
     from pipeline.tasks.rewards.scoring import ScoringService
+    from railgate.build import build_components
+    from railgate.config import load_config
 
     sim_yaml = Path(__file__).resolve().parents[1] / "configs" / "sim.yaml"
-    cfg = load_config(sim_yaml, ["gate.kind=oracle", "orchestrator.max_rollouts=2000", "orchestrator.steps=1000",
-                                           "orchestrator.batch_groups=8", "sim.num_prompts=512", "sim.num_eval_prompts=64"])
+    cfg = load_config(
+        sim_yaml,
+        [
+            "gate.kind=oracle",
+            "orchestrator.max_rollouts=2000",
+            "orchestrator.steps=1000",
+            "orchestrator.batch_groups=8",
+            "sim.num_prompts=512",
+            "sim.num_eval_prompts=64",
+        ],
+    )
     comps = build_components(cfg, progress=False)
-    orch = Orchestrator(RunParts(engine=comps.engine, gate=comps.gate, controller=comps.controller,
-                                 scoring=ScoringService(comps.scorer, 5.0, 1), learner=comps.learner, clock=comps.clock),
-                        cfg.orchestrator, seed=0)
+    orch = Orchestrator(
+        RunParts(
+            engine=comps.engine,
+            gate=comps.gate,
+            controller=comps.controller,
+            scoring=ScoringService(comps.scorer, 5.0, 1),
+            learner=comps.learner,
+            clock=comps.clock,
+        ),
+        cfg.orchestrator,
+        seed=0,
+    )
     summary = anyio.run(orch.run)
     counted = summary.budget.rollouts_started - comps.gate.uncounted_rollouts
     assert comps.gate.uncounted_rollouts > 0

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from gate_harness import GateHarness, HarnessConfig, admit, kinds, pool_of, snap
 
 from controller.config import PilotCommitConfig
 from controller.gates.dynamic_sampling import RoundCapError
 from controller.gates.pilot_commit import PilotCommitGate
-from gate_harness import GateHarness, HarnessConfig, admit, kinds, pool_of, snap
 from pipeline.types import TrainBatch
 
 
@@ -68,7 +68,9 @@ def test_kept_pilots_wait_in_the_buffer_and_commit_next_step():
 
 
 def test_buffer_entries_older_than_max_age_are_dropped():
-    gate = PilotCommitGate(pool_of(20), group_size=8, batch_groups=1, config=PilotCommitConfig(pilot_factor=4.0, max_buffer_age=1))
+    gate = PilotCommitGate(
+        pool_of(20), group_size=8, batch_groups=1, config=PilotCommitConfig(pilot_factor=4.0, max_buffer_age=1)
+    )
     actions, _ = judged(gate, [(1, 0, 0, 0)] * 4)
     assert [a[-1].kind.value for a in actions] == ["commit", "hold", "hold", "hold"]
     assert kinds(gate.on_step(0, TrainBatch(0, ()))) == [("launch", 1, 4), ("commit", 1, 0)]  # age 1: kept
@@ -98,7 +100,9 @@ def test_default_eviction_keeps_a_mostly_easy_pool_alive():
     p = {i: 0.8 for i in range(60)}
     runs = {}
     for evict_after in (1, 2):
-        gate = PilotCommitGate(pool_of(60), group_size=8, batch_groups=8, config=PilotCommitConfig(evict_after=evict_after))
+        gate = PilotCommitGate(
+            pool_of(60), group_size=8, batch_groups=8, config=PilotCommitConfig(evict_after=evict_after)
+        )
         harness = GateHarness(gate, p, HarnessConfig(batch_groups=8, steps=15)).run()
         runs[evict_after] = (harness.stop_reason, 60 - gate.source.active)
     assert runs[1] == ("stalled", 60)
@@ -106,7 +110,9 @@ def test_default_eviction_keeps_a_mostly_easy_pool_alive():
 
 
 def test_round_cap_fill_keeps_the_pilots_closest_to_one_half():
-    gate = PilotCommitGate(pool_of(20), group_size=16, batch_groups=1, config=PilotCommitConfig(pilot_size=8, max_rounds=1))
+    gate = PilotCommitGate(
+        pool_of(20), group_size=16, batch_groups=1, config=PilotCommitConfig(pilot_size=8, max_rounds=1)
+    )
     prompts = [p.prompt for p in admit(gate, 10, step=0)]
     out = []
     for gid, pilot in enumerate([(0,) * 8, (1,) * 7 + (0,), (0,) * 8]):
@@ -126,7 +132,9 @@ def test_round_cap_fill_keeps_the_pilots_closest_to_one_half():
 def test_round_cap_error_and_fill_in_the_harness():
     p = {i: 0.0 for i in range(100)}
     with pytest.raises(RoundCapError, match="gate.pilot_commit.max_rounds=2"):
-        gate = PilotCommitGate(pool_of(100), group_size=8, batch_groups=2, config=PilotCommitConfig(max_rounds=2, on_round_cap="error"))
+        gate = PilotCommitGate(
+            pool_of(100), group_size=8, batch_groups=2, config=PilotCommitConfig(max_rounds=2, on_round_cap="error")
+        )
         GateHarness(gate, p, HarnessConfig(batch_groups=2, steps=2)).run()
     gate = PilotCommitGate(pool_of(100), group_size=8, batch_groups=2, config=PilotCommitConfig(max_rounds=2))
     harness = GateHarness(gate, p, HarnessConfig(batch_groups=2, steps=2)).run()

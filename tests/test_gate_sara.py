@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 
 import pytest
+from gate_harness import GateHarness, HarnessConfig, admit, kinds, pool_of, snap
 
 from controller.config import SaraConfig
 from controller.gates.sara import SaraGate
 from controller.posterior import effective_probability, sara_expected_rollouts, sara_false_abandonment
 from controller.selectors.dps import DpsSelector
-from gate_harness import GateHarness, HarnessConfig, admit, kinds, pool_of, snap
 
 
 def opened(gate: SaraGate, n: int = 1):
@@ -78,7 +78,9 @@ def test_eager_launches_the_whole_group_and_abandons_with_siblings_running():
 @pytest.mark.parametrize("launch", ["probe_first", "eager"])
 def test_launch_modes_pay_differently(launch):
     p = {i: 0.1 + 0.8 * (i % 5) / 4 for i in range(400)}
-    harness = GateHarness(SaraGate(pool_of(400), 8, config=SaraConfig(launch=launch)), p, HarnessConfig(batch_groups=16, steps=10)).run()
+    harness = GateHarness(
+        SaraGate(pool_of(400), 8, config=SaraConfig(launch=launch)), p, HarnessConfig(batch_groups=16, steps=10)
+    ).run()
     harness.check_invariants()
     if launch == "eager":
         assert harness.stats["aborted"] > 0  # siblings running when the group was abandoned
@@ -88,7 +90,9 @@ def test_launch_modes_pay_differently(launch):
 
 def test_carried_prior_abandons_a_known_hard_prompt_sooner():
     def gate(discount):
-        return SaraGate(pool_of(1), group_size=8, config=SaraConfig(tau_abandon=0.35, tau_commit=0.5, history_discount=discount))
+        return SaraGate(
+            pool_of(1), group_size=8, config=SaraConfig(tau_abandon=0.35, tau_commit=0.5, history_discount=discount)
+        )
 
     for discount, second_verdict in [(0.0, "launch"), (1.0, "abandon")]:
         g = gate(discount)
@@ -139,9 +143,12 @@ def test_sara_on_dps_releases_and_learns_from_abandoned_probes():
 
 
 def _closed_form_run(n: int, p: float, seed: int):
-    gate = SaraGate(pool_of(n, seed=seed), group_size=8, config=SaraConfig(probe_size=4))  # abandon iff the 4-probe is all-same
-    cfg = HarnessConfig(batch_groups=256, steps=10_000, max_groups=n, max_async_steps=10_000, learner_time=0.0,
-                        seed=seed)
+    gate = SaraGate(
+        pool_of(n, seed=seed), group_size=8, config=SaraConfig(probe_size=4)
+    )  # abandon iff the 4-probe is all-same
+    cfg = HarnessConfig(
+        batch_groups=256, steps=10_000, max_groups=n, max_async_steps=10_000, learner_time=0.0, seed=seed
+    )
     harness = GateHarness(gate, {i: p for i in range(n)}, cfg).run()
     assert harness.stop_reason == "max_groups" and not harness.groups
     harness.check_invariants()
@@ -152,7 +159,10 @@ def _closed_form_run(n: int, p: float, seed: int):
     se_rollouts = 4 * math.sqrt(mixed * (1 - mixed) / n)
     fa = sara_false_abandonment(p, 4, 8)
     se_fa = math.sqrt(fa * (1 - fa) / n)
-    assert abs(rollouts - sara_expected_rollouts(p, 4, 8)) < 4 * se_rollouts, (rollouts, sara_expected_rollouts(p, 4, 8))
+    assert abs(rollouts - sara_expected_rollouts(p, 4, 8)) < 4 * se_rollouts, (
+        rollouts,
+        sara_expected_rollouts(p, 4, 8),
+    )
     assert abs(false_abandonment - fa) < 4 * se_fa, (false_abandonment, fa)
 
 
@@ -172,10 +182,17 @@ def test_a_checkpoint_from_before_admission_ids_loads_and_resumes():
     first, second = admit(gate, 2)
     gate.update(snap(first.group_id, first.prompt, (0, 0, 0)))
     old = {
-        "source": gate.state_dict()["source"], "verdicts": {},
+        "source": gate.state_dict()["source"],
+        "verdicts": {},
         "groups": {"0": {"prompt_id": first.prompt.prompt_id, "plan_seq": 0, "a": 1.0, "b": 1.0, "s": 0, "f": 3}},
-        "book": {"seq": 2, "pending": {str(second.prompt.prompt_id): [
-            {"prompt_id": second.prompt.prompt_id, "plan_seq": 1, "a": 1.0, "b": 1.0}]}},
+        "book": {
+            "seq": 2,
+            "pending": {
+                str(second.prompt.prompt_id): [
+                    {"prompt_id": second.prompt.prompt_id, "plan_seq": 1, "a": 1.0, "b": 1.0}
+                ]
+            },
+        },
         "carried": {},
     }
     restored = SaraGate(pool_of(4), group_size=8, config=SaraConfig(history_discount=1.0))

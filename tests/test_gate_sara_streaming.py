@@ -2,25 +2,30 @@
 
 from __future__ import annotations
 
-import dataclasses
-
-import anyio
-import pytest
+from gate_harness import GateHarness, HarnessConfig
+from test_gate_conformance import probabilities
 
 from controller.config import GateConfig, SaraConfig
 from controller.gates.registry import build_gate
 from controller.gates.sara import SaraGate
 from controller.prompts import PromptPool
-from gate_harness import GateHarness, HarnessConfig
 from pipeline.types import ActionKind, GroupSnapshot, Prompt
-from test_gate_conformance import probabilities
 
 PROMPT = Prompt(0, "", (1,))
 
 
 def snap(rewards, in_flight):
-    return GroupSnapshot(3, PROMPT, 8, tuple(rewards), in_flight=in_flight, launched=len(rewards) + in_flight,
-                         failed=0, tokens=10, policy_version=0)
+    return GroupSnapshot(
+        3,
+        PROMPT,
+        8,
+        tuple(rewards),
+        in_flight=in_flight,
+        launched=len(rewards) + in_flight,
+        failed=0,
+        tokens=10,
+        policy_version=0,
+    )
 
 
 def gate():

@@ -9,11 +9,11 @@ import shutil
 
 import pyarrow as pa
 import pytest
-
 from hf_models import save_tiny_llama
-from pipeline.store.buffer import read_all
+
 from pipeline.policy.hf_tokenizer import HFTokenizer
 from pipeline.policy.models import ModelDirError, load_model
+from pipeline.store.buffer import read_all
 from railgate.cli import main
 
 
@@ -55,18 +55,49 @@ def test_broken_directories_name_the_problem(llama_dir, tmp_path):
         load_model(plain, chat_template=True)
 
 
-ARGS = ["--set", "orchestrator.steps=2", "--set", "orchestrator.batch_groups=4", "--set", "orchestrator.group_size=4",
-        "--set", "orchestrator.max_tokens=8", "--set", "data.num_train_prompts=64", "--set", "data.num_eval_prompts=8",
-        "--set", "gate.kind=uniform", "--set", "orchestrator.eval_every=2", "--set", "log.checkpoint_every=2",
-        "--set", "task.arithmetic.max_digits=2"]
+ARGS = [
+    "--set",
+    "orchestrator.steps=2",
+    "--set",
+    "orchestrator.batch_groups=4",
+    "--set",
+    "orchestrator.group_size=4",
+    "--set",
+    "orchestrator.max_tokens=8",
+    "--set",
+    "data.num_train_prompts=64",
+    "--set",
+    "data.num_eval_prompts=8",
+    "--set",
+    "gate.kind=uniform",
+    "--set",
+    "orchestrator.eval_every=2",
+    "--set",
+    "log.checkpoint_every=2",
+    "--set",
+    "task.arithmetic.max_digits=2",
+]
 
 
 def test_trains_two_steps_through_the_cli_with_chat_template(llama_dir, tmp_path, capsys):
     run = tmp_path / "run"
-    code = main(["train", "--no-progress", "--run-dir", str(run), "--set", f"model.path={llama_dir}",
-                 "--set", "task.chat_template=true", *ARGS])
+    code = main(
+        [
+            "train",
+            "--no-progress",
+            "--run-dir",
+            str(run),
+            "--set",
+            f"model.path={llama_dir}",
+            "--set",
+            "task.chat_template=true",
+            *ARGS,
+        ]
+    )
     assert code == 0, capsys.readouterr().err[-2000:]
-    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][1:]  # after step 0's evaluation
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][
+        1:
+    ]  # after step 0's evaluation
     assert [s["step"] for s in steps] == [1, 2] and all("learner/loss" in s for s in steps)
     assert not (run / "base_model").exists()  # a user's model is used as it is: no warm start
     table: pa.Table = read_all(run / "buffer")
@@ -77,8 +108,19 @@ def test_trains_two_steps_through_the_cli_with_chat_template(llama_dir, tmp_path
 
 
 def test_the_context_length_comes_from_the_model_config(llama_dir, tmp_path, capsys):
-    code = main(["train", "--no-progress", "--run-dir", str(tmp_path / "run"), "--set", f"model.path={llama_dir}",
-                 *ARGS, "--set", "orchestrator.max_tokens=95"])
+    code = main(
+        [
+            "train",
+            "--no-progress",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--set",
+            f"model.path={llama_dir}",
+            *ARGS,
+            "--set",
+            "orchestrator.max_tokens=95",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "context of model.path" in err and "(96 tokens)" in err, err[-2000:]
 
@@ -87,13 +129,29 @@ def test_the_context_length_comes_from_the_model_config(llama_dir, tmp_path, cap
 @pytest.mark.timeout(1200)
 def test_the_vllm_engine_serves_a_users_model(llama_dir, tmp_path, capsys):
     run = tmp_path / "run"
-    code = main(["train", "--no-progress", "--run-dir", str(run), "--set", f"model.path={llama_dir}", "--set", "engine.kind=vllm",
-                 "--set", "task.chat_template=true", *ARGS])
+    code = main(
+        [
+            "train",
+            "--no-progress",
+            "--run-dir",
+            str(run),
+            "--set",
+            f"model.path={llama_dir}",
+            "--set",
+            "engine.kind=vllm",
+            "--set",
+            "task.chat_template=true",
+            *ARGS,
+        ]
+    )
     assert code == 0, capsys.readouterr().err[-2000:]
-    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][1:]  # after step 0's evaluation
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][
+        1:
+    ]  # after step 0's evaluation
     assert [s["step"] for s in steps] == [1, 2] and steps[-1]["pipeline/rollouts_finished"] > 0
     prompt = load_model(llama_dir, chat_template=True).tokenizer.decode(
-        read_all(run / "buffer").column("prompt_token_ids")[0].as_py(), skip_special=False)
+        read_all(run / "buffer").column("prompt_token_ids")[0].as_py(), skip_special=False
+    )
     assert prompt.startswith("<|im_start|>user\n")
 
 

@@ -24,8 +24,9 @@ REPORT_HEAVY = f"import sys; print(sorted(m for m in {HEAVY!r} if m in sys.modul
 
 def python(code: str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_the_run_config_and_the_command_line_import_no_heavy_package():
@@ -45,23 +46,41 @@ def test_the_old_import_paths_still_give_the_same_classes():
     assert build_task(TaskConfig(name="countdown")).name == "countdown"
     assert all(hasattr(tasks, name) for name in tasks.__all__) and set(tasks.__all__) <= set(dir(tasks))
     with pytest.raises(AttributeError, match="has no attribute 'NoSuchThing'"):
-        tasks.NoSuchThing
+        _ = tasks.NoSuchThing
 
 
 def test_a_simulator_run_imports_no_heavy_package(tmp_path):
     # with tensorboard installed its writer (torch.utils.tensorboard) legitimately needs torch
     tensorboard = [] if importlib.util.find_spec("tensorboard") is None else ["--set", "log.tensorboard=false"]
-    argv = ["train", "--config", "configs/sim.yaml", "--run-dir", str(tmp_path), "--no-progress",
-            "--set", "orchestrator.steps=2", "--set", "orchestrator.batch_groups=8", "--set", "orchestrator.group_size=4",
-            "--set", "sim.num_prompts=256", "--set", "sim.num_eval_prompts=64", *tensorboard]
+    argv = [
+        "train",
+        "--config",
+        "configs/sim.yaml",
+        "--run-dir",
+        str(tmp_path),
+        "--no-progress",
+        "--set",
+        "orchestrator.steps=2",
+        "--set",
+        "orchestrator.batch_groups=8",
+        "--set",
+        "orchestrator.group_size=4",
+        "--set",
+        "sim.num_prompts=256",
+        "--set",
+        "sim.num_eval_prompts=64",
+        *tensorboard,
+    ]
     result = python(f"import sys, run\nassert run.main(sys.argv[1:]) == 0\n{REPORT_HEAVY}", *argv)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
 
     # its checkpoint holds no torch tensor: load_checkpoint reads it without importing torch
     checkpoint = tmp_path / "checkpoints" / "step-000002.ckpt"
-    loaded = python(f"import sys\nfrom railgate.checkpoint import load_checkpoint\n"
-                    f"print(load_checkpoint({str(checkpoint)!r})['step'])\n{REPORT_HEAVY}")
+    loaded = python(
+        f"import sys\nfrom railgate.checkpoint import load_checkpoint\n"
+        f"print(load_checkpoint({str(checkpoint)!r})['step'])\n{REPORT_HEAVY}"
+    )
     assert loaded.returncode == 0, loaded.stderr
     assert loaded.stdout.split() == ["2", "[]"]
 
@@ -71,7 +90,9 @@ def test_tensors_round_trip_bit_exactly_and_pickled_checkpoints_are_refused(tmp_
     CheckpointWriter(tmp_path)(state)
     back = load_checkpoint(tmp_path / "checkpoints" / "step-000001.ckpt")
     assert back["step"] == 1 and torch.equal(back["weights"], state["weights"])
-    assert back["half"].dtype == torch.bfloat16 and torch.equal(back["half"].view(torch.int16), state["half"].view(torch.int16))
+    assert back["half"].dtype == torch.bfloat16 and torch.equal(
+        back["half"].view(torch.int16), state["half"].view(torch.int16)
+    )
     old = tmp_path / "step-000001.pt"
     torch.save(state, old)
     with pytest.raises(LegacyCheckpointError, match="convert-checkpoint"):

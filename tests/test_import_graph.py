@@ -44,8 +44,11 @@ def imports_of(module: str, path: Path, modules: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             for alias in node.names:  # ``import a.b.c``: the longest of a.b.c, a.b, a that is ours
                 parts = alias.name.split(".")
-                targets.update(next(([".".join(parts[:k])] for k in range(len(parts), 0, -1)
-                                     if ".".join(parts[:k]) in modules), []))
+                targets.update(
+                    next(
+                        ([".".join(parts[:k])] for k in range(len(parts), 0, -1) if ".".join(parts[:k]) in modules), []
+                    )
+                )
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
@@ -77,7 +80,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)) is not None:
                 return cycle
         path.pop()
@@ -96,8 +99,10 @@ def test_the_finder_names_a_cycle_and_passes_a_tree():
 
 
 def test_function_level_and_type_checking_imports_count(tmp_path):
-    source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pipeline.sim import mux\n"
-              "def f():\n    from . import world\n    import pipeline.clock\n")
+    source = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pipeline.sim import mux\n"
+        "def f():\n    from . import world\n    import pipeline.clock\n"
+    )
     path = tmp_path / "pipeline" / "sim" / "fake.py"
     path.parent.mkdir(parents=True)
     path.write_text(source)

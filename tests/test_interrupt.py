@@ -15,11 +15,11 @@ import warnings
 from collections import Counter
 
 import pytest
+from run_helpers import ROOT, SMALL, cli
 
 from pipeline.store.buffer import read_all
 from pipeline.store.tracelog import read_trace
 from railgate.checkpoint import latest_checkpoint, load_checkpoint
-from run_helpers import ROOT, SMALL, cli
 
 
 @pytest.mark.parametrize("learner", ["inline", "thread"])
@@ -28,9 +28,27 @@ def test_ctrl_c_checkpoints_the_last_finished_step_and_resume_continues(tmp_path
     extra = ["--set", "sim.realtime=true", "--set", "sim.decode_tokens_per_s=2000"] if learner == "thread" else []
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "run.py"), "train", "--config", "configs/sim.yaml", "--run-dir", str(run_dir),
-         "--set", "orchestrator.steps=400", "--set", "log.checkpoint_every=100", *SMALL, *extra],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            str(ROOT / "run.py"),
+            "train",
+            "--config",
+            "configs/sim.yaml",
+            "--run-dir",
+            str(run_dir),
+            "--set",
+            "orchestrator.steps=400",
+            "--set",
+            "log.checkpoint_every=100",
+            *SMALL,
+            *extra,
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while not (metrics.exists() and metrics.read_text().count("\n") >= 4):  # step 0's evaluation, then 3 steps

@@ -5,12 +5,12 @@ from __future__ import annotations
 import random
 
 import pytest
+from gate_harness import admit, checkpoint_roundtrip, kinds, snap
 
 from controller.config import SaraConfig
 from controller.gates.sara import SaraGate
 from controller.level_prior import LevelPrior
 from controller.prompts import PromptPool
-from gate_harness import admit, checkpoint_roundtrip, kinds, snap
 from pipeline.config.build import ConfigError
 from pipeline.types import Prompt
 
@@ -72,7 +72,11 @@ def test_sara_abandons_a_hopeless_level_after_a_two_rollout_probe():
         plans = admit(g, 20)
         hard = next(p for p in plans if p.prompt.difficulty == 5.0)
         verdict = kinds(g.update(snap(hard.group_id, hard.prompt, (0, 0))))
-        assert verdict == ([("abandon", hard.group_id, 0)] if g is gate else [("launch", hard.group_id, 6), ("commit", hard.group_id, 0)])
+        assert verdict == (
+            [("abandon", hard.group_id, 0)]
+            if g is gate
+            else [("launch", hard.group_id, 6), ("commit", hard.group_id, 0)]
+        )
         easy = next(p for p in plans if p.prompt.difficulty == 1.0)
         assert kinds(g.update(snap(easy.group_id, easy.prompt, (1, 0))))[-1] == ("commit", easy.group_id, 0)
     a, b = gate.levels.prior(5.0)

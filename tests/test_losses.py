@@ -63,8 +63,10 @@ def test_aggregations_against_hand_computation():
     per_token_adv = torch.tensor([[1.0, 1.0, 1.0, 1.0], [-2.0, 0.0, 0.0, 0.0]])
     lp = torch.zeros(2, 4)
     # on-policy, loss_t = -A_t: token sums are -4 and +2
-    losses = {agg: ppo_clip_loss(lp, lp, per_token_adv, mask, agg=agg).loss.item() for agg in
-              ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean")}
+    losses = {
+        agg: ppo_clip_loss(lp, lp, per_token_adv, mask, agg=agg).loss.item()
+        for agg in ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean")
+    }
     assert losses["token_mean"] == pytest.approx((-4 + 2) / 5)
     assert losses["seq_mean_token_sum"] == pytest.approx((-4 + 2) / 2)
     assert losses["seq_mean_token_mean"] == pytest.approx((-4 / 4 + 2 / 1) / 2)
@@ -98,15 +100,22 @@ def test_k3_kl_is_zero_on_agreement_positive_otherwise_and_pulls_towards_the_ref
     assert float(k3_kl(torch.tensor(-1.0), torch.tensor(-1.0))) == 0.0
     assert float(k3_kl(torch.tensor(-1.0), torch.tensor(-2.0))) > 0
     lp = torch.tensor([[-1.0]], requires_grad=True)
-    out = ppo_clip_loss(lp, lp.detach(), torch.tensor([0.0]), torch.ones(1, 1), ref_logprobs=torch.tensor([[-2.0]]), kl_coef=0.5)
+    out = ppo_clip_loss(
+        lp, lp.detach(), torch.tensor([0.0]), torch.ones(1, 1), ref_logprobs=torch.tensor([[-2.0]]), kl_coef=0.5
+    )
     out.loss.backward()
     assert out.kl_ref > 0 and float(lp.grad) > 0  # descending the loss lowers lp, towards the reference
 
 
 def test_metrics_clip_fraction_and_entropy_are_token_means():
     lp = torch.log(torch.tensor([[1.5, 1.0, 1.0, 1.0]]))
-    out = ppo_clip_loss(lp, torch.zeros(1, 4), torch.tensor([1.0]), torch.tensor([[1.0, 1.0, 1.0, 0.0]]),
-                        entropy=torch.tensor([[0.3, 0.6, 0.9, 100.0]]))
+    out = ppo_clip_loss(
+        lp,
+        torch.zeros(1, 4),
+        torch.tensor([1.0]),
+        torch.tensor([[1.0, 1.0, 1.0, 0.0]]),
+        entropy=torch.tensor([[0.3, 0.6, 0.9, 100.0]]),
+    )
     assert out.clip_frac == pytest.approx(1 / 3) and out.entropy == pytest.approx(0.6) and out.tokens == 3.0
     assert out.approx_kl == pytest.approx((0.5 - math.log(1.5)) / 3)
 
@@ -117,7 +126,9 @@ def test_token_weights_reject_an_unknown_aggregation():
 
 
 def test_config_errors_name_the_key_and_the_fix():
-    with pytest.raises(ConfigError, match=r"learner.clip_high=0.1 is below learner.clip_low=0.2; .* set clip_high >= clip_low"):
+    with pytest.raises(
+        ConfigError, match=r"learner.clip_high=0.1 is below learner.clip_low=0.2; .* set clip_high >= clip_low"
+    ):
         LearnerConfig(clip_low=0.2, clip_high=0.1)
     with pytest.raises(ConfigError, match="learner.micro_batch=0 must be >= 1"):
         LearnerConfig(micro_batch=0)

@@ -88,8 +88,14 @@ def test_a_noise_free_gradient_has_noise_scale_zero_and_pure_noise_a_huge_one():
         same = [2.0, 2.0]  # every part sees the same gradient: no noise
         ema_exact.update(partition_estimate(same, [0.5, 0.5], [8, 8], big_sq=2.0))
         g = regression_gradients(rng, np.full(D, 0.02), 16)  # |δ|² = 0.004: B_simple ~ 2500 >> 16
-        ema_noise.update(partition_estimate([float(np.square(g[:8].mean(0)).sum()), float(np.square(g[8:].mean(0)).sum())],
-                                            [0.5, 0.5], [8, 8], float(np.square(g.mean(0)).sum())))
+        ema_noise.update(
+            partition_estimate(
+                [float(np.square(g[:8].mean(0)).sum()), float(np.square(g[8:].mean(0)).sum())],
+                [0.5, 0.5],
+                [8, 8],
+                float(np.square(g.mean(0)).sum()),
+            )
+        )
     assert ema_exact.value == 0.0
     assert not ema_noise.value < 300  # NaN (|G|² not resolved) or large
 
@@ -109,7 +115,7 @@ def test_micro_batch_probe_on_torch_backward_recovers_the_noise_scale_and_keeps_
         probe = MicroBatchGradients([w])
         w.grad = plain.grad = None
         for a in range(0, big_b, micro):
-            xs, ys = x[a:a + micro], y[a:a + micro]
+            xs, ys = x[a : a + micro], y[a : a + micro]
             probe.before()
             (0.5 * (xs @ w - ys).square().sum() / big_b).backward()
             probe.after(micro / big_b, micro)
@@ -134,9 +140,13 @@ def test_consecutive_step_products_recover_the_noise_scale_of_linear_regression(
         dot = previous.dot_and_keep([w])
         if dot is not None:
             est = consecutive_estimate(float(w.grad.square().sum()), dot, big_b)
-            log(step, {"learner/trace_sigma": est.trace, "learner/grad_dot_prev": dot, "learner/rollouts_trained": 32.0})
+            log(
+                step, {"learner/trace_sigma": est.trace, "learner/grad_dot_prev": dot, "learner/rollouts_trained": 32.0}
+            )
     s = log.summary()
-    assert s["noise_scale_grad_sq"] == pytest.approx(1.0, rel=0.1) and s["noise_scale_trace"] == pytest.approx(21.0, rel=0.1)
+    assert s["noise_scale_grad_sq"] == pytest.approx(1.0, rel=0.1) and s["noise_scale_trace"] == pytest.approx(
+        21.0, rel=0.1
+    )
     assert s["noise_scale"] == pytest.approx(21.0, rel=0.1) and s["noise_scale_steps"] == 2999
     assert s["noise_scale_low"] < 21.0 < s["noise_scale_high"] < 1.2 * 21.0
 
@@ -155,8 +165,10 @@ def test_bad_partitions_are_refused():
 
 def test_torch_learner_logs_the_noise_scale_and_its_update_is_bit_identical():
     model = tiny_llama()
-    on, off = make_learner(copy.deepcopy(model), micro_batch=3, lr=1e-2), make_learner(
-        copy.deepcopy(model), micro_batch=3, lr=1e-2, noise_scale=False)
+    on, off = (
+        make_learner(copy.deepcopy(model), micro_batch=3, lr=1e-2),
+        make_learner(copy.deepcopy(model), micro_batch=3, lr=1e-2, noise_scale=False),
+    )
     batches = [on_policy(on, random_groups(seed, sizes=(3, 3, 3, 3))) for seed in range(3)]
     for batch in batches:
         a, b = on.step(batch).metrics, off.step(batch).metrics
@@ -170,8 +182,12 @@ def test_torch_learner_logs_the_noise_scale_and_its_update_is_bit_identical():
         assert a["learner/grad_sq_big"] == pytest.approx(a["learner/grad_norm"] ** 2, rel=1e-6)
         assert a["learner/noise_batch_small"] == pytest.approx(3.0, rel=0.5)  # micro-batches of 3 rollouts
     assert all(torch.equal(v, off.weights()[k]) for k, v in on.weights().items())
-    assert all(torch.equal(a, b) for a, b in zip(on.state_dict()["optimizer"]["state"][0].values(),
-                                                  off.state_dict()["optimizer"]["state"][0].values()))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(
+            on.state_dict()["optimizer"]["state"][0].values(), off.state_dict()["optimizer"]["state"][0].values()
+        )
+    )
 
 
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"])
@@ -195,7 +211,9 @@ def test_sequence_mean_losses_get_a_noise_scale_too(agg):
 def test_one_micro_batch_per_step_has_the_consecutive_step_estimate_only():
     learner = make_learner(micro_batch=128)
     metrics = learner.step(on_policy(learner, random_groups())).metrics
-    assert not any(k in metrics for k in ("learner/noise_scale_micro", "learner/trace_sigma_micro", "learner/grad_dot_prev"))
+    assert not any(
+        k in metrics for k in ("learner/noise_scale_micro", "learner/trace_sigma_micro", "learner/grad_dot_prev")
+    )
     assert metrics["learner/grad_sq_big"] > 0
     # the consecutive-step product needs no micro-batches: from the second step on
     second = learner.step(on_policy(learner, random_groups(1))).metrics

@@ -175,24 +175,29 @@ def test_estimate_is_frozen():
 @pytest.mark.parametrize(
     "call,match",
     [
-        (lambda: ips([1.0, 0.0, 1.0], [0.5, 0.0, 0.5], [1, 1, 1]),
-         r"logged_propensities\[1\]=0.0 is not positive .*drop those records or clip"),
+        (
+            lambda: ips([1.0, 0.0, 1.0], [0.5, 0.0, 0.5], [1, 1, 1]),
+            r"logged_propensities\[1\]=0.0 is not positive .*drop those records or clip",
+        ),
         (lambda: snips([1.0, 0.0], [-0.2, 0.5], [1, 1]), r"logged_propensities\[0\]=-0.2"),
         (lambda: ips([1.0, np.nan], [0.5, 0.5], [1, 1]), r"rewards\[1\]=nan is not finite"),
         (lambda: ips([1.0, 1.0], [0.5, np.inf], [1, 1]), r"logged_propensities\[1\]=inf"),
         (lambda: ips([1.0, 1.0], [0.5, 1.5], [1, 1]), r"logged_propensities\[1\]=1.5 is not a"),
         (lambda: ips([1.0, 1.0], [0.5, 0.5], [1, -1]), r"target_propensities\[1\]=-1.0"),
-        (lambda: ips([1.0, 1.0, 0.0], [0.5, 0.5], [1, 1]),
-         "logged_propensities has 2 entries but rewards has 3"),
+        (lambda: ips([1.0, 1.0, 0.0], [0.5, 0.5], [1, 1]), "logged_propensities has 2 entries but rewards has 3"),
         (lambda: ips([], [], []), "no records"),
         (lambda: ips([[1.0]], [[0.5]], [[1.0]]), "one-dimensional"),
         (lambda: ips([1.0], [0.5], [1.0], confidence=1.0), "confidence=1.0"),
         (lambda: ips([1.0], [0.5], [1.0], clip=0.0), "clip=0.0"),
         (lambda: snips([1.0, 1.0], [0.5, 0.5], [0.0, 0.0]), "SNIPS is undefined"),
-        (lambda: doubly_robust([1.0, 1.0], [0.5, 0.5], [1, 1], [0.5], [0.5, 0.5]),
-         "predicted_logged has 1 entries but rewards has 2"),
-        (lambda: doubly_robust([1.0, 1.0], [0.5, 0.5], [1, 1], [0.5, 0.5], [0.5, np.nan]),
-         r"predicted_target\[1\]=nan"),
+        (
+            lambda: doubly_robust([1.0, 1.0], [0.5, 0.5], [1, 1], [0.5], [0.5, 0.5]),
+            "predicted_logged has 1 entries but rewards has 2",
+        ),
+        (
+            lambda: doubly_robust([1.0, 1.0], [0.5, 0.5], [1, 1], [0.5, 0.5], [0.5, np.nan]),
+            r"predicted_target\[1\]=nan",
+        ),
     ],
 )
 def test_invalid_inputs_raise_clear_errors(call, match):

@@ -16,19 +16,21 @@ import pytest
 from controller.gates.uniform import UniformGate
 from controller.noop import NoopController
 from controller.prompts import PromptPool
-from pipeline.sim.learner import SimLearner
-from pipeline.store.buffer import ArrowBuffer, read_all
 from pipeline.clock import VirtualClock, WallClock
 from pipeline.config.sections import OrchestratorConfig, SimConfig
-from pipeline.sim.engine import SimEngine
 from pipeline.orchestrator import Orchestrator
-from pipeline.protocols import GateStalled
 from pipeline.parts import RunOutputs, RunParts
-from pipeline.tasks.rewards.scoring import ScoringService
+from pipeline.protocols import GateStalled
+from pipeline.sim.engine import SimEngine
+from pipeline.sim.learner import SimLearner
 from pipeline.sim.world import SimAnswerScorer, SimEvaluator, SimWorld
-from pipeline.types import ActionKind, GroupAction, GroupPlan, SampleFinished
+from pipeline.store.buffer import ArrowBuffer, read_all
+from pipeline.tasks.rewards.scoring import ScoringService
+from pipeline.types import ActionKind, GroupAction, SampleFinished
 
-SMALL = OrchestratorConfig(batch_groups=8, group_size=4, steps=5, max_concurrent_samples=64, max_open_groups=32, eval_every=5)
+SMALL = OrchestratorConfig(
+    batch_groups=8, group_size=4, steps=5, max_concurrent_samples=64, max_open_groups=32, eval_every=5
+)
 MULTIPLEX = True  # set per test by the ``driver`` fixture
 
 
@@ -38,8 +40,9 @@ def driver(request, monkeypatch):
     return request.param
 
 
-def make(cfg=SMALL, sim=None, gate=None, scorer=None, fail_every=0, realtime=False, timeout_s=5.0, learner=None,
-         buffer=None):
+def make(
+    cfg=SMALL, sim=None, gate=None, scorer=None, fail_every=0, realtime=False, timeout_s=5.0, learner=None, buffer=None
+):
     cfg = dataclasses.replace(cfg, multiplex_streams=MULTIPLEX)
     world = SimWorld(sim or SimConfig(num_prompts=256, num_eval_prompts=64, seed=3))
     clock = WallClock() if realtime else VirtualClock()

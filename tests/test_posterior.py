@@ -129,8 +129,14 @@ def test_posterior_and_discount():
 
 @pytest.mark.parametrize(
     "successes,failures,group,prior",
-    [(4, 0, 8, (1.0, 1.0)), (0, 4, 8, (1.0, 1.0)), (2, 0, 6, (2.0, 5.0)),
-     (0, 3, 10, (0.5, 0.5)), (0, 0, 4, (1.5, 3.0)), (1, 2, 8, (1.0, 1.0))],
+    [
+        (4, 0, 8, (1.0, 1.0)),
+        (0, 4, 8, (1.0, 1.0)),
+        (2, 0, 6, (2.0, 5.0)),
+        (0, 3, 10, (0.5, 0.5)),
+        (0, 0, 4, (1.5, 3.0)),
+        (1, 2, 8, (1.0, 1.0)),
+    ],
 )
 def test_effective_probability_matches_simulation(successes, failures, group, prior):
     rng = np.random.default_rng(1234 + 17 * successes + failures + group)
@@ -166,9 +172,7 @@ def test_sara_closed_forms_match_simulation(p, k, group):
     assert abs(fa - sara_false_abandonment(p, k, group)) < 4.5 * se_fa
 
 
-@pytest.mark.parametrize(
-    "prior,k,group", [((1.0, 1.0), 4, 8), ((0.5, 2.0), 4, 16), ((3.0, 1.0), 2, 8)]
-)
+@pytest.mark.parametrize("prior,k,group", [((1.0, 1.0), 4, 8), ((0.5, 2.0), 4, 16), ((3.0, 1.0), 2, 8)])
 def test_sara_closed_forms_agree_with_posterior_predictor(prior, k, group):
     # Averaged over p ~ prior, "abandoned yet mixed-to-be" is P(all-same probe) x P_eff.
     density = stats.beta(*prior).pdf
@@ -204,9 +208,7 @@ def test_extremes_are_finite_and_bounded(a, b, m):
     assert hit_utility(a, b, m) + miss_probability(a, b, m) == pytest.approx(1.0, abs=1e-12)
 
 
-@pytest.mark.parametrize(
-    "successes,failures", [(10**6, 0), (0, 10**6), (1000, 0), (0, 0), (10**6, 3)]
-)
+@pytest.mark.parametrize("successes,failures", [(10**6, 0), (0, 10**6), (1000, 0), (0, 0), (10**6, 3)])
 def test_effective_probability_huge_counts(successes, failures):
     group = successes + failures + 1024
     value = effective_probability(successes, failures, group)

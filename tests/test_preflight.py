@@ -7,10 +7,10 @@ import importlib.util
 
 import pytest
 
+from pipeline.config.build import ConfigError
 from railgate import preflight as preflight_module
 from railgate.cli import main
 from railgate.config import load_config
-from pipeline.config.build import ConfigError
 
 
 def _fails_fast(tmp_path, capsys, *overrides: str) -> str:
@@ -40,18 +40,22 @@ def test_answer_longer_than_the_context_stops_at_load(tmp_path, capsys):
 
 def test_missing_engine_package_stops_before_the_warm_start(tmp_path, capsys, monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(preflight_module.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "vllm" else real(name, *a))
+    monkeypatch.setattr(
+        preflight_module.importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a)
+    )
     err = _fails_fast(tmp_path, capsys, "engine.kind=vllm")
     assert "engine.kind=vllm" in err and "pip install" in err
 
 
 def test_missing_ray_inner_vllm_names_the_inner_key(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(preflight_module.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "vllm" else real(name, *a))
+    monkeypatch.setattr(
+        preflight_module.importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a)
+    )
     with pytest.raises(ConfigError, match="engine.ray.inner=vllm"):
-        preflight_module.preflight(load_config(None, ["engine.kind=ray", "engine.ray.inner=vllm", "orchestrator.max_tokens=16"]))
+        preflight_module.preflight(
+            load_config(None, ["engine.kind=ray", "engine.ray.inner=vllm", "orchestrator.max_tokens=16"])
+        )
 
 
 def test_model_path_without_config_json(tmp_path, capsys):

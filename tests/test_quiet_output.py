@@ -8,10 +8,30 @@ import re
 
 from run_helpers import cli
 
-TINY = ["--set", "model.d_model=32", "--set", "model.n_layers=1", "--set", "model.warm_start_steps=3",
-        "--set", "model.warm_start_target=0", "--set", "orchestrator.steps=1", "--set", "orchestrator.batch_groups=4",
-        "--set", "orchestrator.group_size=4", "--set", "data.num_train_prompts=64", "--set", "data.num_eval_prompts=8",
-        "--set", "log.checkpoint_every=1", "--set", "log.tensorboard=false"]
+TINY = [
+    "--set",
+    "model.d_model=32",
+    "--set",
+    "model.n_layers=1",
+    "--set",
+    "model.warm_start_steps=3",
+    "--set",
+    "model.warm_start_target=0",
+    "--set",
+    "orchestrator.steps=1",
+    "--set",
+    "orchestrator.batch_groups=4",
+    "--set",
+    "orchestrator.group_size=4",
+    "--set",
+    "data.num_train_prompts=64",
+    "--set",
+    "data.num_eval_prompts=8",
+    "--set",
+    "log.checkpoint_every=1",
+    "--set",
+    "log.tensorboard=false",
+]
 LIBRARY_BARS = ("Writing model shards", "Loading weights", "Loading checkpoint shards")
 ANY_BAR = re.compile(r"\d+%\|")  # tqdm's "  40%|████      |"
 
@@ -35,4 +55,6 @@ def test_without_no_progress_only_railgates_bars_show(tmp_path):
     text = output(cli("train", "--run-dir", str(tmp_path / "run"), *TINY, "--set", "log.progress=true"))
     assert not any(bar in text for bar in LIBRARY_BARS), text[-2000:]
     bars = {m.group(1) for m in re.finditer(r"(?:^|\r|\n)([a-z][a-z ()_]+?):\s+\d+%\|", text)}
-    assert "warm start (arithmetic)" in bars and {b for b in bars if b != "warm start (arithmetic)"} == {"train run"}, bars
+    assert "warm start (arithmetic)" in bars and {b for b in bars if b != "warm start (arithmetic)"} == {"train run"}, (
+        bars
+    )

@@ -14,8 +14,15 @@ PARAMS = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=256)
 
 
 def make(batch=True, **kw):
-    cfg = dict(mode="live", backend="vw", behaviour="none", gain_threshold=-1.0, batch_token_decisions=batch,
-               max_interventions_per_group=8, max_token_decisions_per_group=8)
+    cfg = dict(
+        mode="live",
+        backend="vw",
+        behaviour="none",
+        gain_threshold=-1.0,
+        batch_token_decisions=batch,
+        max_interventions_per_group=8,
+        max_token_decisions_per_group=8,
+    )
     cfg.update(kw)
     sink = ListSink()
     return RailController(RailConfig(**cfg), sink, PARAMS, seed=0, run_id="t"), sink
@@ -71,8 +78,13 @@ def test_a_closed_groups_points_are_dropped_unlogged():
 
 
 def test_the_intervention_cap_holds_inside_a_batch():
-    rail, sink = make(max_interventions_per_group=1, branch_temperatures=(1.0,), branch_sizes=(2,),
-                      resample_sizes=(), gain_threshold=-10.0)
+    rail, sink = make(
+        max_interventions_per_group=1,
+        branch_temperatures=(1.0,),
+        branch_sizes=(2,),
+        resample_sizes=(),
+        gain_threshold=-10.0,
+    )
     spikes(rail, [(1, i) for i in range(6)])
     actions = rail.flush_decisions()
     logged = sink.by_point("token")
@@ -124,7 +136,10 @@ def test_a_rescue_with_nothing_running_is_held_then_decided_with_the_tick_batch(
     assert [a.kind for a in out] == [ActionKind.HOLD] and out[0].group_id == 1
     assert sink.decisions == [] and rail.queued_decisions == 2
     actions = rail.flush_decisions()
-    assert rail.counts["decision_batches"] == 1 and [r.decision_point for r in sink.decisions] == ["token", "group_rescue"]
+    assert rail.counts["decision_batches"] == 1 and [r.decision_point for r in sink.decisions] == [
+        "token",
+        "group_rescue",
+    ]
     rescue = sink.by_point("group_rescue")[0]
     mine = [a for a in actions if a.group_id == 1]
     if rescue.chosen == "noop":
@@ -192,8 +207,9 @@ def test_the_tracker_logs_a_held_gate_proposal_when_it_is_decided(release):
     sink = ListSink()
     controller = _HoldingController(release)
     cfg = OrchestratorConfig(batch_groups=1, group_size=2, steps=1, max_concurrent_samples=2, max_open_groups=1)
-    tracker = GroupTracker(UniformGate(PromptPool([Prompt(i, "", (1,)) for i in range(4)], seed=0), 2), controller, cfg,
-                           trace=sink)
+    tracker = GroupTracker(
+        UniformGate(PromptPool([Prompt(i, "", (1,)) for i in range(4)], seed=0), 2), controller, cfg, trace=sink
+    )
     starts = [*tracker.handle(Started()), *tracker.handle(Tick())]
     for start in starts:
         [score] = tracker.handle(SampleFinished(start.request.request_id, (7,), (0.0,), FinishReason.STOP, 0))
@@ -213,8 +229,11 @@ def test_queued_points_are_decided_within_a_bounded_number_of_events():
 
     controller = _HoldingController(release=True)
     controller.held = [COMMIT]
-    tracker = GroupTracker(UniformGate(PromptPool([Prompt(0, "", (1,))], seed=0), 2), controller,
-                           OrchestratorConfig(batch_groups=1, group_size=2, steps=1))
+    tracker = GroupTracker(
+        UniformGate(PromptPool([Prompt(0, "", (1,))], seed=0), 2),
+        controller,
+        OrchestratorConfig(batch_groups=1, group_size=2, steps=1),
+    )
     decided = []
     for _ in range(DECIDE_WITHIN_EVENTS):
         tracker.handle(Tick(backlog=5))  # messages keep waiting behind each one
@@ -236,7 +255,11 @@ def test_a_live_batch_decides_on_arrays_as_each_context_alone_would(backend, gai
     contexts = []
     for k in range(40):
         arms = rail.arms if k % 3 else rail._other_arms
-        feats = {"post_mean": rng.random(), "length_estimate": 0.05 + rng.random() / 10, "position_fraction": rng.random()}
+        feats = {
+            "post_mean": rng.random(),
+            "length_estimate": 0.05 + rng.random() / 10,
+            "position_fraction": rng.random(),
+        }
         contexts.append(Context.build("token", feats, arms))
     for k, ctx in enumerate(contexts[:20]):  # some learning, so that gains differ across arms
         rail.learner.learn_one(ctx, rail.decider.choose(ctx, "live").acted, reward=(k % 5) / 4 - 0.3)
@@ -246,7 +269,10 @@ def test_a_live_batch_decides_on_arrays_as_each_context_alone_would(backend, gai
     single = [rail.decider.choose(c, "live") for c in contexts]
     for b, s in zip(batch, single):
         assert b.acted.action == s.acted.action
-        assert b.propensity == pytest.approx(s.propensity, abs=1e-12) and b.propensity == b.acted.probabilities[b.acted.action]
+        assert (
+            b.propensity == pytest.approx(s.propensity, abs=1e-12)
+            and b.propensity == b.acted.probabilities[b.acted.action]
+        )
         assert b.acted.probabilities == pytest.approx(s.acted.probabilities, abs=1e-12)
         assert b.acted.predicted_gains == pytest.approx(s.acted.predicted_gains, abs=1e-12)
         assert b.other_prob == pytest.approx(s.other_prob) and b.q_other == pytest.approx(s.q_other, abs=1e-12)
@@ -302,8 +328,11 @@ def test_a_block_mixing_decision_points_uses_each_points_behaviour_distribution(
     rail, _ = make(behaviour="arpo", behaviour_epsilon=0.2)
     rng = random.Random(1)
     contexts = [
-        Context.build("token" if k % 2 else "extend", {"post_mean": rng.random(), "length_estimate": 0.1,
-                                                       "position_fraction": rng.random()}, rail.arms)
+        Context.build(
+            "token" if k % 2 else "extend",
+            {"post_mean": rng.random(), "length_estimate": 0.1, "position_fraction": rng.random()},
+            rail.arms,
+        )
         for k in range(12)
     ]
     for k, ctx in enumerate(contexts):  # some learning, so that gains differ across arms
@@ -315,6 +344,8 @@ def test_a_block_mixing_decision_points_uses_each_points_behaviour_distribution(
     assert len(batch) > 4  # the array path
     for b, s in zip(batch, single):
         assert b.acted.action == s.acted.action
-        assert b.other_prob == pytest.approx(s.other_prob, abs=1e-12) and b.q_other == pytest.approx(s.q_other, abs=1e-12)
+        assert b.other_prob == pytest.approx(s.other_prob, abs=1e-12) and b.q_other == pytest.approx(
+            s.q_other, abs=1e-12
+        )
     behaviour = rail.decider.behaviour
     assert behaviour.distribution(contexts[0])[0] != behaviour.distribution(contexts[1])[0]  # the points differ

@@ -20,7 +20,9 @@ ABANDON = GroupAction(ActionKind.ABANDON, 1, reason="sara")
 
 def make(**kw):
     # Group-level points decided at once (test_rail_batched_decisions covers the queued path).
-    defaults = dict(mode="shadow", backend="river", behaviour="arpo", behaviour_epsilon=0.0, batch_group_decisions=False)
+    defaults = dict(
+        mode="shadow", backend="river", behaviour="arpo", behaviour_epsilon=0.0, batch_group_decisions=False
+    )
     defaults.update(kw)
     sink = ListSink()
     return RailController(RailConfig(**defaults), sink, PARAMS, seed=0, run_id="t"), sink
@@ -32,7 +34,9 @@ def stream(rail, group_id, index, length, logprob=-0.5, spikes=()):
     out = []
     for pos in range(0, length, 8):
         spike = next((s - pos for s in spikes if pos <= s < pos + 8), None)
-        out += rail.on_tokens(snapshot(group_id, rewards=()), index, delta(group_id, index, pos, spike_at=spike, logprob=logprob))
+        out += rail.on_tokens(
+            snapshot(group_id, rewards=()), index, delta(group_id, index, pos, spike_at=spike, logprob=logprob)
+        )
         out += rail.flush_decisions()
     return out
 
@@ -82,8 +86,9 @@ def test_rescue_branches_the_most_promising_prefix_and_replaces_the_abandon():
 
 
 def test_abandon_waits_for_the_rescue_samples_then_passes():
-    rail, sink = make(token_decisions=False, branch_sizes=(), resample_sizes=(2,), resample_temperatures=(1.3,),
-                      behaviour_epsilon=0.0)
+    rail, sink = make(
+        token_decisions=False, branch_sizes=(), resample_sizes=(2,), resample_temperatures=(1.3,), behaviour_epsilon=0.0
+    )
     [launch] = rail.on_group(snapshot(tokens=400), [ABANDON])
     d = launch.origin
     # One rescue sample back (a failure), one still running: the gate's new ABANDON is held back.
@@ -110,7 +115,9 @@ def test_successful_rescue_earns_the_groups_variance_minus_its_rollout_equivalen
     final = snapshot(rewards=rewards, origins=(-1,) * 4 + (d, d, -1, -1), tokens=1000)
     rail.on_closed(committed(1, rewards), final)
     [(decision_id, reward, tokens)] = sink.outcomes
-    assert tokens == 600 and reward == pytest.approx(np.var(rewards) - rail.config.cost_lambda * 600 / rail.length_estimate)
+    assert tokens == 600 and reward == pytest.approx(
+        np.var(rewards) - rail.config.cost_lambda * 600 / rail.length_estimate
+    )
     assert rail.learner.learned == 1
 
 

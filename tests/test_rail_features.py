@@ -58,11 +58,25 @@ def test_infinite_logprob_and_entropy_are_clamped_not_errors():
     assert f["token_entropy"] == ENTROPY_CAP
 
 
-@pytest.mark.parametrize("field, value", [("prefix_mean_logprob", math.nan), ("token_entropy", math.nan),
-                                          ("position_fraction", math.inf), ("position_fraction", math.nan)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("prefix_mean_logprob", math.nan),
+        ("token_entropy", math.nan),
+        ("position_fraction", math.inf),
+        ("position_fraction", math.nan),
+    ],
+)
 def test_nan_or_other_infinities_raise_naming_the_feature(field, value):
-    prefix = PrefixInfo(**{"position_fraction": 0.5, "token_entropy": 1.0, "entropy_known": True,
-                           "prefix_mean_logprob": -1.0, field: value})
+    prefix = PrefixInfo(
+        **{
+            "position_fraction": 0.5,
+            "token_entropy": 1.0,
+            "entropy_known": True,
+            "prefix_mean_logprob": -1.0,
+            field: value,
+        }
+    )
     with pytest.raises(ValueError, match=f"feature '{field}'"):
         group_features(snapshot(), "token", prefix, 100.0, 0, 0)
 

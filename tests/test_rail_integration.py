@@ -10,19 +10,20 @@ from controller.gates.registry import build_gate
 from controller.prompts import PromptPool
 from controller.rail.config import RailConfig
 from controller.rail.controller import RailController
-from pipeline.sim.learner import SimLearner
 from pipeline.clock import VirtualClock
 from pipeline.config.sections import OrchestratorConfig, SimConfig
-from pipeline.sim.engine import SimEngine
 from pipeline.orchestrator import Orchestrator
 from pipeline.parts import RunOutputs, RunParts
-from pipeline.tasks.rewards.scoring import ScoringService
+from pipeline.sim.engine import SimEngine
+from pipeline.sim.learner import SimLearner
 from pipeline.sim.world import SimAnswerScorer, SimWorld
 from pipeline.store.tracelog import TraceLog, read_trace
+from pipeline.tasks.rewards.scoring import ScoringService
 from pipeline.types import SamplingParams
 
-CFG = OrchestratorConfig(batch_groups=8, group_size=8, steps=6, max_concurrent_samples=128, max_open_groups=32,
-                         eval_every=0, max_tokens=256)
+CFG = OrchestratorConfig(
+    batch_groups=8, group_size=8, steps=6, max_concurrent_samples=128, max_open_groups=32, eval_every=0, max_tokens=256
+)
 
 
 class RecordingRail(RailController):
@@ -42,14 +43,26 @@ def run(tmp_path, launch, mode, backend):
     clock = VirtualClock()
     engine = SimEngine(world, clock=clock)
     pool = PromptPool([engine.prompt(i) for i in range(256)], seed=1)
-    gate = build_gate(GateConfig(kind="sara", sara=SaraConfig(launch=launch)), pool, group_size=8, batch_groups=8, seed=0)
+    gate = build_gate(
+        GateConfig(kind="sara", sara=SaraConfig(launch=launch)), pool, group_size=8, batch_groups=8, seed=0
+    )
     trace = TraceLog(tmp_path, run_id="it")
     rail = RecordingRail(
         RailConfig(mode=mode, backend=backend, min_decisions=20, evaluate_every=20, warmup_decisions=20),
-        trace, SamplingParams(max_tokens=CFG.max_tokens), seed=0, run_id="it", clock=clock.now,
+        trace,
+        SamplingParams(max_tokens=CFG.max_tokens),
+        seed=0,
+        run_id="it",
+        clock=clock.now,
     )
-    parts = RunParts(engine=engine, gate=gate, controller=rail, scoring=ScoringService(SimAnswerScorer(), 5.0, 2),
-                     learner=SimLearner(world, 8, seed=0), clock=clock)
+    parts = RunParts(
+        engine=engine,
+        gate=gate,
+        controller=rail,
+        scoring=ScoringService(SimAnswerScorer(), 5.0, 2),
+        learner=SimLearner(world, 8, seed=0),
+        clock=clock,
+    )
     orch = Orchestrator(parts, CFG, RunOutputs(trace=trace), seed=7)
     summary = anyio.run(orch.run)
     trace.close()

@@ -166,9 +166,11 @@ def test_decision_latency_p99(backend):
     gc_was = gc.isenabled()
     gc.disable()  # measure the learner, not the collector
     try:
-        for i in range(600):
+        for _i in range(600):
             snap = snapshot(rewards=(0.0,) * rng.randint(1, 6), in_flight=rng.randint(0, 3))
-            f = group_features(snap, "token", PrefixInfo(rng.random(), rng.random() * 3, True, -rng.random()), 80.0, 0, 0)
+            f = group_features(
+                snap, "token", PrefixInfo(rng.random(), rng.random() * 3, True, -rng.random()), 80.0, 0, 0
+            )
             ctx = Context.build("token", f, arms)
             start = time.perf_counter_ns()
             d = learner.predict_one(ctx)

@@ -98,7 +98,9 @@ def test_a_full_window_keeps_the_last_entries_oldest_first():
     last = entries[-50:]
     assert len(p) == 50 and p.state_dict()["entries"] == [list(x.__dict__.values()) for x in last]
     evidence = p.evaluate()
-    r, mu, pi, ql, qo = ([getattr(x, f) for x in last] for f in ("reward", "logged_prob", "other_prob", "q_logged", "q_other"))
+    r, mu, pi, ql, qo = (
+        [getattr(x, f) for x in last] for f in ("reward", "logged_prob", "other_prob", "q_logged", "q_other")
+    )
     assert evidence.acting == ips(r, mu, mu) and evidence.other == doubly_robust(r, mu, pi, ql, qo)
     q = Promoter(evaluate_every=1000, min_decisions=20, window=30)  # a smaller window keeps the newest
     q.load_state_dict(p.state_dict())
@@ -108,8 +110,18 @@ def test_a_full_window_keeps_the_last_entries_oldest_first():
 
 
 def rail_for(**kw):
-    cfg = dict(mode="shadow", backend="river", behaviour="none", behaviour_epsilon=0.5, token_decisions=False,
-               branch_sizes=(), evaluate_every=40, min_decisions=120, window=2000, warmup_decisions=50)
+    cfg = dict(
+        mode="shadow",
+        backend="river",
+        behaviour="none",
+        behaviour_epsilon=0.5,
+        token_decisions=False,
+        branch_sizes=(),
+        evaluate_every=40,
+        min_decisions=120,
+        window=2000,
+        warmup_decisions=50,
+    )
     cfg.update(kw)
     sink = ListSink()
     return RailController(RailConfig(**cfg), sink, SamplingParams(max_tokens=128), seed=1), sink

@@ -15,8 +15,15 @@ from pipeline.store.tracelog import DECISIONS, TraceFormatError, TraceLog
 from pipeline.types import TRACE_SCHEMA_VERSION, DecisionRecord, SamplingParams
 from tests.rail_fakes import rescue_round
 
-CFG = RailConfig(mode="shadow", backend="river", behaviour="none", behaviour_epsilon=0.5, token_decisions=False,
-                 branch_sizes=(), auto_promote=False)
+CFG = RailConfig(
+    mode="shadow",
+    backend="river",
+    behaviour="none",
+    behaviour_epsilon=0.5,
+    token_decisions=False,
+    branch_sizes=(),
+    auto_promote=False,
+)
 
 
 def write_run(directory, run_id, groups=300, flush_every=64):
@@ -29,8 +36,24 @@ def write_run(directory, run_id, groups=300, flush_every=64):
 
 
 def gate_record(i, run_id, point="gate", propensity=1.0, actions=("commit", "abandon"), chosen="commit"):
-    return DecisionRecord(i, 0.0, run_id, "live", point, 0, 0, -1, -1, {"length_estimate": 0.1}, actions, chosen,
-                          propensity, propensity, 0.0, 0)
+    return DecisionRecord(
+        i,
+        0.0,
+        run_id,
+        "live",
+        point,
+        0,
+        0,
+        -1,
+        -1,
+        {"length_estimate": 0.1},
+        actions,
+        chosen,
+        propensity,
+        propensity,
+        0.0,
+        0,
+    )
 
 
 def test_replay_estimates_the_learned_and_fixed_policies(tmp_path):
@@ -73,7 +96,7 @@ def test_traces_of_several_runs_need_a_run_id(tmp_path):
 
 
 def test_torn_trace_uses_the_complete_batches_and_reports(tmp_path):
-    rail = write_run(tmp_path, "a", groups=300, flush_every=64)
+    write_run(tmp_path, "a", groups=300, flush_every=64)
     path = sorted(tmp_path.glob("decisions-*.arrows"))[0]
     data = path.read_bytes()
     path.write_bytes(data[: len(data) - 500])  # a crash mid-batch

@@ -56,15 +56,34 @@ torch.set_num_threads(1)
 pytestmark = pytest.mark.timeout(120)
 
 EOS = 2
-CFG = OrchestratorConfig(batch_groups=2, group_size=4, steps=3, max_tokens=20, max_concurrent_samples=64,
-                         max_open_groups=8, max_async_steps=1, eval_every=0, reward_threads=1)
+CFG = OrchestratorConfig(
+    batch_groups=2,
+    group_size=4,
+    steps=3,
+    max_tokens=20,
+    max_concurrent_samples=64,
+    max_open_groups=8,
+    max_async_steps=1,
+    eval_every=0,
+    reward_threads=1,
+)
 RAIL = RailConfig(
-    mode="live", backend="river", auto_promote=False,
-    branch_sizes=(2,), branch_temperatures=(1.0,), resample_sizes=(), gain_threshold=-1.0,
+    mode="live",
+    backend="river",
+    auto_promote=False,
+    branch_sizes=(2,),
+    branch_temperatures=(1.0,),
+    resample_sizes=(),
+    gain_threshold=-1.0,
     # With initializer_range=0.3 token entropies spread over ~1.5-3 nats: about one token in
     # five reaches 2.8, so decisions (and branch points) fall at varied positions.
-    token_decisions=True, entropy_threshold=2.8, min_tokens_between_decisions=3,
-    max_token_decisions_per_group=3, max_interventions_per_group=2, rescue_on_abandon=False, extend_on_commit=True,
+    token_decisions=True,
+    entropy_threshold=2.8,
+    min_tokens_between_decisions=3,
+    max_token_decisions_per_group=3,
+    max_interventions_per_group=2,
+    rescue_on_abandon=False,
+    extend_on_commit=True,
 )
 
 
@@ -210,15 +229,23 @@ def execute() -> Run:
     model = tiny_gpt2(seed=0, initializer_range=0.3)
     reference = copy.deepcopy(model)  # the engine owns (and may adapt) its model
     engine = RecordingEngine(model, EOS, seed=5, delta_tokens=1)
-    gate = build_gate(GateConfig(kind="uniform"), PromptPool(prompts(32), seed=1), group_size=CFG.group_size,
-                      batch_groups=CFG.batch_groups, seed=0)
+    gate = build_gate(
+        GateConfig(kind="uniform"),
+        PromptPool(prompts(32), seed=1),
+        group_size=CFG.group_size,
+        batch_groups=CFG.batch_groups,
+        seed=0,
+    )
     sink = ListSink()
     clock = WallClock()
-    rail = RecordingRail(RAIL, sink, SamplingParams(max_tokens=CFG.max_tokens), seed=3, run_id="branching", clock=clock.now)
+    rail = RecordingRail(
+        RAIL, sink, SamplingParams(max_tokens=CFG.max_tokens), seed=3, run_id="branching", clock=clock.now
+    )
     learner = FrozenLearner(reference)
     scorer = ParityScorer()
-    parts = RunParts(engine=engine, gate=gate, controller=rail, scoring=ScoringService(scorer, 5.0, 1),
-                     learner=learner, clock=clock)
+    parts = RunParts(
+        engine=engine, gate=gate, controller=rail, scoring=ScoringService(scorer, 5.0, 1), learner=learner, clock=clock
+    )
     orch = Orchestrator(parts, CFG, RunOutputs(trace=sink), seed=11, run_id="branching")
 
     async def main():
@@ -248,7 +275,9 @@ def test_branch_interventions_run_on_the_engine_and_join_committed_groups(run):
         d = decisions[r.origin]  # every branch comes from a logged RAIL decision
         source = run.engine.requests[b.source_request_id]
         assert d.chosen == "branch_b2_t1" and d.decision_point in ("token", "group_extend")
-        assert d.group_id == r.group_id == source.group_id and d.prompt_id == r.prompt.prompt_id == source.prompt.prompt_id
+        assert (
+            d.group_id == r.group_id == source.group_id and d.prompt_id == r.prompt.prompt_id == source.prompt.prompt_id
+        )
         assert d.sample_index == source.sample_index and d.token_position == b.prefix_len >= 1
         assert r.params.temperature == 1.0 and r.params.max_tokens == CFG.max_tokens
         # The prefix sent is the source's own first tokens (a source cancelled when the run
@@ -291,7 +320,7 @@ def test_budget_counts_every_delivered_token_branches_included(run):
     assert b.rollouts_started == len(requests) == b.rollouts_finished + b.rollouts_aborted + b.rollouts_failed
     assert b.rollouts_intervention == sum(1 for r in requests.values() if r.origin >= 0) == len(run.branches)
     # A stream's deltas add up to its final response minus the branch prefix.
-    for rid, final in run.engine.finals.items():
+    for rid, _final in run.engine.finals.items():
         assert run.engine.delivered[rid] == run.new_tokens(rid), rid
     # The orchestrator's invariant: every token any stream delivered, a branch's prefix not again.
     branch_tokens = sum(run.new_tokens(r.request_id) for r in run.branches)

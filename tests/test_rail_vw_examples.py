@@ -21,8 +21,10 @@ def test_shared_line_matches_per_feature_formatting():
     specials = [0.0, -0.0, 1e-7, 123456789.0, 1.5e300, math.inf, -math.inf, 2 / 3]
     for trial in range(300):
         keys = names[: 1 + trial % len(names)]
-        features = {k: (rng.choice(specials) if rng.random() < 0.3 else rng.uniform(-1e4, 1e4) * 10 ** rng.randint(-9, 3))
-                    for k in keys}
+        features = {
+            k: (rng.choice(specials) if rng.random() < 0.3 else rng.uniform(-1e4, 1e4) * 10 ** rng.randint(-9, 3))
+            for k in keys
+        }
         features["length_estimate"] = abs(features["length_estimate"]) % 10
         ctx = Context("token", features, arms, (1.0, 2.0, 3.0))
         assert learner._lines(ctx)[0] == _reference_shared(learner, features)

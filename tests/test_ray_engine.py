@@ -26,7 +26,9 @@ VOCAB = 48
 def two_replicas(model_dir):
     from pipeline.engines.ray_engine import RayEngine, TorchEngineFactory
 
-    return RayEngine(TorchEngineFactory(str(model_dir), eos_id=None), replicas=2, ray_init_kwargs={"log_to_driver": False})
+    return RayEngine(
+        TorchEngineFactory(str(model_dir), eos_id=None), replicas=2, ray_init_kwargs={"log_to_driver": False}
+    )
 
 
 anyio_backend, model_dir, engine = module_engine_fixtures("ray", VOCAB, two_replicas)
@@ -34,7 +36,9 @@ anyio_backend, model_dir, engine = module_engine_fixtures("ray", VOCAB, two_repl
 
 def request(rid: str, i: int, max_tokens: int = 16, seed: int = 0) -> SampleRequest:
     prompt = counting_prompt(i, VOCAB)
-    return SampleRequest(rid, group_id=i, sample_index=0, prompt=prompt, params=SamplingParams(max_tokens=max_tokens, seed=seed))
+    return SampleRequest(
+        rid, group_id=i, sample_index=0, prompt=prompt, params=SamplingParams(max_tokens=max_tokens, seed=seed)
+    )
 
 
 async def test_requests_are_balanced_across_replicas(engine):
@@ -117,8 +121,10 @@ async def test_a_replica_dying_mid_group_fails_only_its_samples(engine):
     restarts = engine.restarts
     more = await read_all(engine, [request(f"after{i}", i) for i in range(4)])
     assert engine.restarts == restarts + 1 and engine.replicas_alive == 2
-    assert all(evs[-1].finish_reason == FinishReason.LENGTH and evs[-1].policy_version == engine.policy_version
-               for evs in more.values())
+    assert all(
+        evs[-1].finish_reason == FinishReason.LENGTH and evs[-1].policy_version == engine.policy_version
+        for evs in more.values()
+    )
 
 
 def test_an_address_that_does_not_answer_is_a_clear_error_not_a_hang():
@@ -128,5 +134,7 @@ def test_an_address_that_does_not_answer_is_a_clear_error_not_a_hang():
     with pytest.raises(EngineError, match="did not answer"):
         RayEngine(TorchEngineFactory("unused", eos_id=None), address="127.0.0.1:1", connect_timeout_s=2)
     with pytest.raises(EngineError, match="did not answer"):
-        RayEngine(TorchEngineFactory("unused", eos_id=None), address="192.0.2.1:6379", connect_timeout_s=1)  # TEST-NET: no reply
+        RayEngine(
+            TorchEngineFactory("unused", eos_id=None), address="192.0.2.1:6379", connect_timeout_s=1
+        )  # TEST-NET: no reply
     assert time.monotonic() - t0 < 10

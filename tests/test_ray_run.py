@@ -11,12 +11,34 @@ from run_helpers import cli
 
 @pytest.mark.integration
 def test_train_with_ray_replicas_from_the_config(tmp_path):
-    result = cli("--no-progress", "--set", f"run_dir={tmp_path}",
-                 "--set", "engine.kind=ray", "--set", "engine.ray.replicas=2", "--set", "engine.ray.num_cpus=0.5",
-                 "--set", "model.warm_start_steps=30", "--set", "orchestrator.steps=2", "--set", "orchestrator.eval_every=2",
-                 "--set", "orchestrator.batch_groups=4", "--set", "data.num_train_prompts=64",
-                 "--set", "data.num_eval_prompts=16", "--set", "log.checkpoint_every=0", "--set", "gate.kind=uniform",
-                 timeout=900)
+    result = cli(
+        "--no-progress",
+        "--set",
+        f"run_dir={tmp_path}",
+        "--set",
+        "engine.kind=ray",
+        "--set",
+        "engine.ray.replicas=2",
+        "--set",
+        "engine.ray.num_cpus=0.5",
+        "--set",
+        "model.warm_start_steps=30",
+        "--set",
+        "orchestrator.steps=2",
+        "--set",
+        "orchestrator.eval_every=2",
+        "--set",
+        "orchestrator.batch_groups=4",
+        "--set",
+        "data.num_train_prompts=64",
+        "--set",
+        "data.num_eval_prompts=16",
+        "--set",
+        "log.checkpoint_every=0",
+        "--set",
+        "gate.kind=uniform",
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 2
@@ -26,6 +48,8 @@ def test_train_with_ray_replicas_from_the_config(tmp_path):
 
 
 def test_a_bad_ray_setting_is_a_config_error(tmp_path):
-    result = cli("--set", "engine.kind=ray", "--set", "engine.ray.replicas=0", "--set", f"run_dir={tmp_path}", timeout=120)
+    result = cli(
+        "--set", "engine.kind=ray", "--set", "engine.ray.replicas=0", "--set", f"run_dir={tmp_path}", timeout=120
+    )
     assert result.returncode == 2
     assert "engine.ray.replicas=0 must be >= 1" in result.stderr

@@ -10,9 +10,23 @@ from railgate.cli import main
 from railgate.config import load_config
 from railgate.offpolicy import offpolicy_figure
 
-SMALL = ["--set", "orchestrator.batch_groups=8", "--set", "orchestrator.group_size=4", "--set", "sim.num_prompts=256",
-         "--set", "sim.num_eval_prompts=64", "--set", "log.tensorboard=false", "--no-progress",
-         "--set", "orchestrator.steps=4", "--set", "gate.kind=sara"]
+SMALL = [
+    "--set",
+    "orchestrator.batch_groups=8",
+    "--set",
+    "orchestrator.group_size=4",
+    "--set",
+    "sim.num_prompts=256",
+    "--set",
+    "sim.num_eval_prompts=64",
+    "--set",
+    "log.tensorboard=false",
+    "--no-progress",
+    "--set",
+    "orchestrator.steps=4",
+    "--set",
+    "gate.kind=sara",
+]
 
 
 @pytest.fixture(scope="module")

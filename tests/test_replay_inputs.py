@@ -23,9 +23,26 @@ def _write_run(directory, run_id: str, branch_reward: float, seed: int) -> None:
     with TraceLog(directory, run_id=run_id, flush_every=64) as log:
         for i in range(N):
             chosen = "branch_b2_t1" if rng.random() < 0.5 else "noop"
-            log.log_decision(DecisionRecord(i, float(i), "", "live", "token", i % 17, i, 0, 5,
-                                            {"length_estimate": rng.random()}, ("noop", "branch_b2_t1"), chosen,
-                                            0.5, 0.5, 0.0, 0))
+            log.log_decision(
+                DecisionRecord(
+                    i,
+                    float(i),
+                    "",
+                    "live",
+                    "token",
+                    i % 17,
+                    i,
+                    0,
+                    5,
+                    {"length_estimate": rng.random()},
+                    ("noop", "branch_b2_t1"),
+                    chosen,
+                    0.5,
+                    0.5,
+                    0.0,
+                    0,
+                )
+            )
             reward = (branch_reward if chosen != "noop" else 0.0) + rng.gauss(0.0, 0.05)
             log.log_outcome(i, reward=reward, tokens=50)
 

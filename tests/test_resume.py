@@ -20,23 +20,58 @@ from pipeline.store.tracelog import read_trace
 ROOT = Path(__file__).resolve().parents[1]
 STEPS, GROUPS = 40, 8
 SETTINGS = [
-    "--set", "orchestrator.batch_groups=8", "--set", "orchestrator.group_size=4", "--set", "gate.kind=sara",
-    "--set", "gate.sara.probe_size=2", "--set", "orchestrator.max_concurrent_samples=64",
-    "--set", "sim.num_prompts=512", "--set", "sim.num_eval_prompts=64", "--set", "log.checkpoint_every=3",
-    "--set", "log.trace_flush_every=8", "--set", "log.tensorboard=false", "--set", "orchestrator.eval_every=5",
+    "--set",
+    "orchestrator.batch_groups=8",
+    "--set",
+    "orchestrator.group_size=4",
+    "--set",
+    "gate.kind=sara",
+    "--set",
+    "gate.sara.probe_size=2",
+    "--set",
+    "orchestrator.max_concurrent_samples=64",
+    "--set",
+    "sim.num_prompts=512",
+    "--set",
+    "sim.num_eval_prompts=64",
+    "--set",
+    "log.checkpoint_every=3",
+    "--set",
+    "log.trace_flush_every=8",
+    "--set",
+    "log.tensorboard=false",
+    "--set",
+    "orchestrator.eval_every=5",
 ]
 
 
 def _run(args, **kw):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, str(ROOT / "run.py"), *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "run.py"), *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        **kw,
+    )
 
 
 def test_sigkill_mid_run_then_resume_loses_and_duplicates_nothing(tmp_path):
     run_dir = tmp_path / "run"
-    proc = _run(["train", "--config", "configs/sim.yaml", "--run-dir", str(run_dir), "--no-progress",
-                 "--set", f"orchestrator.steps={STEPS}", *SETTINGS])
+    proc = _run(
+        [
+            "train",
+            "--config",
+            "configs/sim.yaml",
+            "--run-dir",
+            str(run_dir),
+            "--no-progress",
+            "--set",
+            f"orchestrator.steps={STEPS}",
+            *SETTINGS,
+        ]
+    )
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -78,13 +113,17 @@ def test_sigkill_mid_run_then_resume_loses_and_duplicates_nothing(tmp_path):
     outcome_ids = trace.outcomes.column("decision_id").to_pylist()
     assert set(outcome_ids) <= set(ids), "an outcome refers to a decision that is not in the trace"
     # metrics.jsonl: each step once for a reader (the killed run's lines after its checkpoint are marked)
-    assert [m["step"] for m in read_metrics(metrics)] == list(range(0, STEPS + 1))  # step 0: the evaluation before training
+    assert [m["step"] for m in read_metrics(metrics)] == list(
+        range(0, STEPS + 1)
+    )  # step 0: the evaluation before training
 
 
 def _batch(step: int):
     from pipeline.types import CommittedGroup, FinishReason, Rollout, TrainBatch
 
-    rollouts = tuple(Rollout(f"g{step}-s{i}", i, (1,), (2, 3), (-0.1, -0.2), float(i % 2), FinishReason.STOP, 0) for i in range(2))
+    rollouts = tuple(
+        Rollout(f"g{step}-s{i}", i, (1,), (2, 3), (-0.1, -0.2), float(i % 2), FinishReason.STOP, 0) for i in range(2)
+    )
     return TrainBatch(step, (CommittedGroup(step, step, rollouts, 2, 4),))
 
 

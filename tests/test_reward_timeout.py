@@ -11,12 +11,12 @@ import time
 import anyio
 
 from pipeline.config.sections import SimConfig
-from pipeline.sim.engine import SimEngine
 from pipeline.evaluation import SamplingEvaluator
+from pipeline.policy.tokenizer import CharTokenizer
+from pipeline.sim.engine import SimEngine
+from pipeline.sim.world import SimWorld
 from pipeline.tasks.rewards import MathVerifyReward
 from pipeline.tasks.rewards.scoring import ScoringService
-from pipeline.sim.world import SimWorld
-from pipeline.policy.tokenizer import CharTokenizer
 from pipeline.types import Prompt
 
 
@@ -57,8 +57,9 @@ def test_math_verify_on_a_power_tower_times_out():
 def test_the_held_out_evaluation_has_the_same_timeout():
     engine = SimEngine(SimWorld(SimConfig(num_prompts=8, num_eval_prompts=4)))
     prompts = [engine.prompt(i) for i in range(4)]
-    evaluator = SamplingEvaluator(engine, prompts, HoldsTheGil(), samples_per_prompt=1, max_tokens=64,
-                                  reward_timeout_s=1.0, reward_threads=2)
+    evaluator = SamplingEvaluator(
+        engine, prompts, HoldsTheGil(), samples_per_prompt=1, max_tokens=64, reward_timeout_s=1.0, reward_threads=2
+    )
     started = time.monotonic()
     result = anyio.run(evaluator.evaluate, 0)
     assert result["eval/accuracy"] == 0.5  # the two even prompts timed out: no reward

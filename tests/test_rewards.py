@@ -5,6 +5,7 @@ import threading
 import anyio
 import pytest
 
+from pipeline.policy.tokenizer import CharTokenizer
 from pipeline.protocols import Scorer
 from pipeline.tasks.rewards import (
     CountdownReward,
@@ -16,7 +17,6 @@ from pipeline.tasks.rewards import (
     evaluate_expression,
 )
 from pipeline.tasks.rewards.countdown import ExpressionError, parse_spec
-from pipeline.policy.tokenizer import CharTokenizer
 from pipeline.types import Prompt
 
 TOK = CharTokenizer("0123456789+-*/()=., \\{}abcdefghijklmnopqrstuvwxyz$")
@@ -110,7 +110,16 @@ def test_countdown_checker_accepts_valid_and_rejects_invalid():
 
 @pytest.mark.parametrize(
     "text",
-    ["__import__('os').system('true')", "1+1;2", "2**10", "1e3", "abs(-3)", "3 4", "(" * 100 + "1" + ")" * 100, "9" * 300],
+    [
+        "__import__('os').system('true')",
+        "1+1;2",
+        "2**10",
+        "1e3",
+        "abs(-3)",
+        "3 4",
+        "(" * 100 + "1" + ")" * 100,
+        "9" * 300,
+    ],
 )
 def test_countdown_parser_rejects_everything_outside_the_grammar(text):
     with pytest.raises(ExpressionError):

@@ -20,13 +20,13 @@ import warnings
 from collections import Counter
 
 import pyarrow.compute as pc
+from run_helpers import ROOT, SMALL, cli, sim_run, tree_digest
 
 import pipeline.store.atomic
 from pipeline.store.buffer import read_all
 from pipeline.store.tracelog import read_trace
 from railgate.checkpoint import latest_checkpoint, load_checkpoint
 from railgate.cli import main
-from run_helpers import ROOT, SMALL, cli, sim_run, tree_digest
 
 GROUPS, GROUP_SIZE = 8, 4
 
@@ -48,15 +48,40 @@ def test_a_second_writer_is_refused_and_rows_are_not_mixed(tmp_path):
     run_dir, steps = tmp_path / "run", 150
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     first = subprocess.Popen(
-        [sys.executable, str(ROOT / "run.py"), "train", "--config", "configs/sim.yaml", "--run-dir", str(run_dir),
-         "--set", f"orchestrator.steps={steps}", *SMALL], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        [
+            sys.executable,
+            str(ROOT / "run.py"),
+            "train",
+            "--config",
+            "configs/sim.yaml",
+            "--run-dir",
+            str(run_dir),
+            "--set",
+            f"orchestrator.steps={steps}",
+            *SMALL,
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
         assert first.poll() is None and time.monotonic() < deadline, first.communicate()
         time.sleep(0.05)
-    second = cli("train", "--config", "configs/sim.yaml", "--run-dir", str(run_dir), "--set", "orchestrator.steps=3",
-                 "--set", "seed=7", *SMALL)
+    second = cli(
+        "train",
+        "--config",
+        "configs/sim.yaml",
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "orchestrator.steps=3",
+        "--set",
+        "seed=7",
+        *SMALL,
+    )
     line = _one_line(second)
     assert f"in use by another railgate process (pid {first.pid}" in line
     out, err = first.communicate(timeout=300)
@@ -72,12 +97,23 @@ def test_a_second_writer_is_refused_and_rows_are_not_mixed(tmp_path):
 def test_a_used_directory_needs_resume_or_overwrite(tmp_path):
     run_dir = sim_run(tmp_path / "run", 3)
     before = tree_digest(run_dir)
-    again = cli("train", "--config", "configs/sim.yaml", "--run-dir", str(run_dir), "--set", "orchestrator.steps=2", *SMALL)
+    again = cli(
+        "train", "--config", "configs/sim.yaml", "--run-dir", str(run_dir), "--set", "orchestrator.steps=2", *SMALL
+    )
     assert "already holds a run" in _one_line(again) and "--overwrite" in again.stderr
     assert tree_digest(run_dir) == before
 
-    replaced = cli("train", "--config", "configs/sim.yaml", "--run-dir", str(run_dir), "--set", "orchestrator.steps=2",
-                   "--overwrite", *SMALL)
+    replaced = cli(
+        "train",
+        "--config",
+        "configs/sim.yaml",
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "orchestrator.steps=2",
+        "--overwrite",
+        *SMALL,
+    )
     assert replaced.returncode == 0, replaced.stderr
     assert _steps(run_dir) == {0: GROUPS * GROUP_SIZE, 1: GROUPS * GROUP_SIZE}  # the new run's rows only
     assert load_checkpoint(latest_checkpoint(run_dir))["step"] == 2
@@ -120,8 +156,20 @@ def test_a_full_disk_keeps_the_last_checkpoint(tmp_path, monkeypatch, capsys):
         return real_fsync(fd)
 
     monkeypatch.setattr(pipeline.store.atomic.os, "fsync", fsync)
-    code = main(["train", "--config", "configs/sim.yaml", "--run-dir", str(run_dir), "--set", "orchestrator.steps=6",
-                 "--set", "log.checkpoint_every=1", *SMALL])
+    code = main(
+        [
+            "train",
+            "--config",
+            "configs/sim.yaml",
+            "--run-dir",
+            str(run_dir),
+            "--set",
+            "orchestrator.steps=6",
+            "--set",
+            "log.checkpoint_every=1",
+            *SMALL,
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert "step-000003.ckpt: the disk is full" in err[0] and "--resume" in err[0]

@@ -8,11 +8,11 @@ import math
 import random
 
 import pytest
+from gate_harness import admit, kinds, pool_of, snap
 
 from controller.config import SaraConfig
 from controller.gates.sara import SaraGate
 from controller.posterior import mixed_bound
-from gate_harness import admit, kinds, pool_of, snap
 from pipeline.config.build import ConfigError
 from pipeline.group import GroupRun
 from pipeline.types import FinishReason, Prompt, SampleFinished, SampleRequest, SamplingParams, ScoredSample
@@ -25,7 +25,7 @@ def test_the_bound_holds_for_any_response_distribution_and_is_tight_for_two_resp
         weights = [rng.random() ** 3 for _ in range(6)]
         probs = [w / sum(weights) for w in weights]
         rewards = [rng.random() < 0.5 for _ in range(6)]
-        for i, (q, r) in enumerate(zip(probs, rewards)):
+        for _i, (q, r) in enumerate(zip(probs, rewards)):
             same = sum(p for p, other in zip(probs, rewards) if other == r)
             for n in (1, 4, 7):
                 # The group is mixed iff one of the n other rollouts earns the other reward.
@@ -43,8 +43,9 @@ def test_the_bound_holds_for_any_response_distribution_and_is_tight_for_two_resp
 def confident(group_id, prompt, rewards, logprob_sums, origins=None, in_flight=0):
     """A snapshot whose rollouts carry their summed log-probs (and origins: -1, fresh)."""
     s = snap(group_id, prompt, rewards, in_flight=in_flight)
-    return dataclasses.replace(s, logprob_sums=tuple(logprob_sums),
-                               origins=tuple(origins) if origins is not None else (-1,) * len(rewards))
+    return dataclasses.replace(
+        s, logprob_sums=tuple(logprob_sums), origins=tuple(origins) if origins is not None else (-1,) * len(rewards)
+    )
 
 
 def test_a_pilot_comes_first_and_a_near_certain_one_settles_the_group():
@@ -117,6 +118,8 @@ def test_settings_that_break_the_bound_are_refused_with_the_fix():
     from railgate.config import load_config
 
     with pytest.raises(ConfigError, match="temperature 1 and top_p 1"):
-        load_config("configs/sim.yaml", ["gate.kind=sara", "gate.sara.confident_pilot=true", "orchestrator.temperature=0.7"])
+        load_config(
+            "configs/sim.yaml", ["gate.kind=sara", "gate.sara.confident_pilot=true", "orchestrator.temperature=0.7"]
+        )
     cfg = load_config("configs/sim.yaml", ["gate.kind=sara", "gate.sara.confident_pilot=true"])
     assert cfg.gate.sara.confident_pilot

@@ -30,7 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def screened_gate(pass_rates: dict[int, float], exact: bool = True, **sara) -> tuple[SaraGate, ReferenceScreen]:
     """A SARA gate over prompts 0..n-1 whose screen already holds log(pass rate) for each."""
     gate = SaraGate(pool_of(len(pass_rates)), group_size=8, config=SaraConfig(reference_prior=True, **sara))
-    screen = ReferenceScreen({i: (3, 2) for i in pass_rates}, gate.source.peek, exact=exact, strength=64, ahead=len(pass_rates))
+    screen = ReferenceScreen(
+        {i: (3, 2) for i in pass_rates}, gate.source.peek, exact=exact, strength=64, ahead=len(pass_rates)
+    )
     screen.update({i: math.log(q) if q > 0 else -1e9 for i, q in pass_rates.items()}, tokens=0)
     gate.attach_reference(screen)
     return gate, screen
@@ -78,7 +80,10 @@ def test_a_score_is_kept_until_its_prompt_opens_and_used_once():
     screen.update({1: math.log(0.8)}, tokens=2)  # a newer score of prompt 1 only
     assert screen.logprob(0) == pytest.approx(math.log(0.5)) and screen.logprob(1) == pytest.approx(math.log(0.8))
     assert screen.opening(0, (1.0, 1.0), 8)[0] == pytest.approx((32.0, 32.0))
-    assert screen.logprob(0) is None and screen.opening(0, (1.0, 1.0), 8)[0] == (1.0, 1.0)  # the next group waits for a new score
+    assert screen.logprob(0) is None and screen.opening(0, (1.0, 1.0), 8)[0] == (
+        1.0,
+        1.0,
+    )  # the next group waits for a new score
     assert screen.metrics()["gate/reference_unscored"] == 1.0
 
 
@@ -94,7 +99,9 @@ def test_unscored_prompts_start_from_the_gates_prior_and_are_counted():
     screen = ReferenceScreen({0: (3, 2)}, gate.source.peek, exact=True, strength=64, ahead=4)
     gate.attach_reference(screen)
     plans = admit(gate, 4)
-    assert len(plans) == 4 and all((gate._groups[p.group_id].a, gate._groups[p.group_id].b) == (1.0, 1.0) for p in plans)
+    assert len(plans) == 4 and all(
+        (gate._groups[p.group_id].a, gate._groups[p.group_id].b) == (1.0, 1.0) for p in plans
+    )
     assert gate.metrics()["gate/reference_unscored"] == 4.0
     assert [p.prompt_id for p in screen.wanted()] == [0]  # of the next epoch's four, only 0 has a reference
 
@@ -143,7 +150,9 @@ def test_the_sim_engine_is_refused_with_the_fix(tmp_path):
     from railgate.build import build_components
     from railgate.config import load_config
 
-    cfg = load_config(None, [f"run_dir={tmp_path}", "engine.kind=sim", "gate.kind=sara", "gate.sara.reference_prior=true"])
+    cfg = load_config(
+        None, [f"run_dir={tmp_path}", "engine.kind=sim", "gate.kind=sara", "gate.sara.reference_prior=true"]
+    )
     with pytest.raises(ConfigError, match="engine.kind=sim has neither"):
         build_components(cfg, progress=False)
 
@@ -188,9 +197,13 @@ def test_the_learners_likelihood_of_a_response_is_how_often_the_engine_samples_i
     async def sample_all():
         out = []
         for start in range(0, n, 500):
+
             async def one(i):
-                events = [ev async for ev in engine.stream(request(f"r{i}", prompt, max_tokens=2, temperature=1.0, seed=i))]
+                events = [
+                    ev async for ev in engine.stream(request(f"r{i}", prompt, max_tokens=2, temperature=1.0, seed=i))
+                ]
                 out.append(events[-1].token_ids)
+
             async with anyio.create_task_group() as tg:
                 for i in range(start, start + 500):
                     tg.start_soon(one, i)
@@ -209,9 +222,22 @@ def test_the_learners_likelihood_of_a_response_is_how_often_the_engine_samples_i
 
 @pytest.mark.slow
 def test_a_torch_run_scores_the_next_prompts_and_skips_with_them(tmp_path):
-    result = cli(*TORCH_SMALL, "--set", f"run_dir={tmp_path}", "--set", "model.warm_start_steps=300",
-                 "--set", "orchestrator.steps=4", "--set", "orchestrator.eval_every=4",
-                 "--set", "gate.kind=sara", "--set", "gate.sara.reference_prior=true", timeout=1500)
+    result = cli(
+        *TORCH_SMALL,
+        "--set",
+        f"run_dir={tmp_path}",
+        "--set",
+        "model.warm_start_steps=300",
+        "--set",
+        "orchestrator.steps=4",
+        "--set",
+        "orchestrator.eval_every=4",
+        "--set",
+        "gate.kind=sara",
+        "--set",
+        "gate.sara.reference_prior=true",
+        timeout=1500,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     last = steps[-1]

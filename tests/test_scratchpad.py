@@ -11,8 +11,12 @@ from railgate.config import load_config
 
 DEFAULT = CONFIG_DIR / "default.yaml"
 
-SCRATCH = [ArithmeticTask(scratchpad=True), ArithmeticTask(max_digits=3, padding="none", scratchpad=True),
-           CountdownTask(scratchpad=True), CountdownTask(ops="+-*/", scratchpad=True)]
+SCRATCH = [
+    ArithmeticTask(scratchpad=True),
+    ArithmeticTask(max_digits=3, padding="none", scratchpad=True),
+    CountdownTask(scratchpad=True),
+    CountdownTask(ops="+-*/", scratchpad=True),
+]
 SCRATCH_RUN = ["task.arithmetic.scratchpad=true", "orchestrator.max_tokens=64", "model.max_len=96"]
 
 
@@ -58,9 +62,13 @@ def test_reward_grades_only_the_final_answer(task):
     steps, answer = problem.solution.rsplit(ANSWER_MARK, 1)
     wrong_steps = steps.replace("1", "7").replace("2", "1")  # every step wrong, or at least changed
     wrong_answer = "9" + answer if task.name == "arithmetic" else answer + "+1"
-    for text, expected in [(f"{wrong_steps}{ANSWER_MARK}{answer}", 1.0), (f"{ANSWER_MARK}{answer}", 1.0),
-                           (f"{steps}{ANSWER_MARK}{wrong_answer}", 0.0), (answer, 0.0),
-                           (f"{steps}{ANSWER_MARK}{wrong_answer}{ANSWER_MARK}{answer}", 1.0)]:
+    for text, expected in [
+        (f"{wrong_steps}{ANSWER_MARK}{answer}", 1.0),
+        (f"{ANSWER_MARK}{answer}", 1.0),
+        (f"{steps}{ANSWER_MARK}{wrong_answer}", 0.0),
+        (answer, 0.0),
+        (f"{steps}{ANSWER_MARK}{wrong_answer}{ANSWER_MARK}{answer}", 1.0),
+    ]:
         assert task.score(prompt, text) == expected, text
         assert task.scorer(tok.decode)(prompt, tok.encode(text)) == expected, text
 
@@ -89,8 +97,10 @@ def test_prompts_and_targets_fit_the_context_the_config_asks_for():
 def test_countdown_scratchpad_targets_fit_64_tokens():
     task = CountdownTask(scratchpad=True)
     tok = CharTokenizer.for_tasks(task)
-    worst = max(len(tok.encode_prompt(a)) + len(tok.encode_response(b))
-                for a, b in map(task.sft_example, task.train_problems(5000, seed=0)))
+    worst = max(
+        len(tok.encode_prompt(a)) + len(tok.encode_response(b))
+        for a, b in map(task.sft_example, task.train_problems(5000, seed=0))
+    )
     assert worst <= 64 + 1  # prompt + response: max_len 96 with max_tokens 64 leaves room
 
 
@@ -106,8 +116,11 @@ def test_lengths_follow_the_task_unless_the_config_gives_them():
 
 
 def test_config_refuses_a_scratchpad_that_does_not_fit_and_other_ops():
-    with pytest.raises(ConfigError, match=r"up to 52 tokens.*max_tokens=16; set orchestrator.max_tokens=64 and "
-                                          r"model.max_len=96 or more, or leave both out"):
+    with pytest.raises(
+        ConfigError,
+        match=r"up to 52 tokens.*max_tokens=16; set orchestrator.max_tokens=64 and "
+        r"model.max_len=96 or more, or leave both out",
+    ):
         load_config(DEFAULT, ["task.arithmetic.scratchpad=true", "orchestrator.max_tokens=16"])
     with pytest.raises(ConfigError, match="ops='\\+-' must be '\\+'"):
         load_config(DEFAULT, SCRATCH_RUN + ["task.arithmetic.ops=+-"])

@@ -19,18 +19,39 @@ from railgate.config import load_config
 
 def run_sara(p: float, launch: str, prompts: int = 3000):
     difficulty = -math.log(p / (1 - p))  # every prompt has success probability exactly p
-    cfg = load_config(None, [
-        "gate.kind=sara", f"gate.sara.launch={launch}", "gate.sara.probe_size=4",
-        "sim.num_prompts=4096", "sim.num_eval_prompts=8", "sim.learning_rate=0", "sim.prompt_learning_rate=0",
-        f"sim.difficulty=[{{weight: 1.0, mean: {difficulty}, std: 0.0}}]",
-        "orchestrator.group_size=8", "orchestrator.batch_groups=64", "orchestrator.max_tokens=4096",
-        "orchestrator.steps=100000", f"orchestrator.max_rollouts={prompts * 7}", "orchestrator.eval_every=0",
-    ])
+    cfg = load_config(
+        None,
+        [
+            "gate.kind=sara",
+            f"gate.sara.launch={launch}",
+            "gate.sara.probe_size=4",
+            "sim.num_prompts=4096",
+            "sim.num_eval_prompts=8",
+            "sim.learning_rate=0",
+            "sim.prompt_learning_rate=0",
+            f"sim.difficulty=[{{weight: 1.0, mean: {difficulty}, std: 0.0}}]",
+            "orchestrator.group_size=8",
+            "orchestrator.batch_groups=64",
+            "orchestrator.max_tokens=4096",
+            "orchestrator.steps=100000",
+            f"orchestrator.max_rollouts={prompts * 7}",
+            "orchestrator.eval_every=0",
+        ],
+    )
     comps = build_components(cfg)
     probe = GateProbe(comps.gate, comps.world, comps.engine)
-    orch = Orchestrator(RunParts(engine=comps.engine, gate=probe, controller=comps.controller,
-                                 scoring=ScoringService(comps.scorer, 5, 1), learner=comps.learner, clock=comps.clock),
-                        cfg.orchestrator, seed=11)
+    orch = Orchestrator(
+        RunParts(
+            engine=comps.engine,
+            gate=probe,
+            controller=comps.controller,
+            scoring=ScoringService(comps.scorer, 5, 1),
+            learner=comps.learner,
+            clock=comps.clock,
+        ),
+        cfg.orchestrator,
+        seed=11,
+    )
     summary = anyio.run(orch.run)
     return summary.budget, probe
 

@@ -25,8 +25,15 @@ from pipeline.store.tracelog import read_trace
 from railgate.config import load_config
 from railgate.train import train
 
-SMALL = ["orchestrator.steps=4", "orchestrator.batch_groups=16", "orchestrator.eval_every=2", "sim.num_prompts=512",
-         "sim.num_eval_prompts=128", "log.tensorboard=false", "log.checkpoint_every=0"]
+SMALL = [
+    "orchestrator.steps=4",
+    "orchestrator.batch_groups=16",
+    "orchestrator.eval_every=2",
+    "sim.num_prompts=512",
+    "sim.num_eval_prompts=128",
+    "log.tensorboard=false",
+    "log.checkpoint_every=0",
+]
 
 CASES: dict[str, list[str]] = {
     "uniform": ["gate.kind=uniform"],

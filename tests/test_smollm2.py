@@ -11,16 +11,24 @@ import json
 import pytest
 
 from configs import CONFIG_DIR
-from pipeline.store.buffer import read_all
 from pipeline.policy.models import load_model
+from pipeline.store.buffer import read_all
 from railgate.cli import main
 
 pytestmark = pytest.mark.timeout(1800)
 
 QUESTION = "What is 23 + 45? Answer with the number only."
 # the config's two steps, with a smaller held-out set (the torch and vLLM runs each evaluate twice)
-TWO_STEPS = ["--set", "orchestrator.steps=2", "--set", "orchestrator.eval_every=2", "--set", "data.num_eval_prompts=16",
-             "--set", "log.checkpoint_every=2"]
+TWO_STEPS = [
+    "--set",
+    "orchestrator.steps=2",
+    "--set",
+    "orchestrator.eval_every=2",
+    "--set",
+    "data.num_eval_prompts=16",
+    "--set",
+    "log.checkpoint_every=2",
+]
 
 
 @pytest.fixture(scope="session")
@@ -45,17 +53,20 @@ def test_the_import_is_the_gguf_model(smollm2_dir):
     reference = AutoModelForCausalLM.from_pretrained(gguf[0], gguf_file=gguf[1], dtype=torch.float32).eval()
     imported = AutoModelForCausalLM.from_pretrained(str(smollm2_dir)).eval()
     assert 134e6 < sum(p.numel() for p in imported.parameters()) < 135e6
-    ids = tok.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True,
-                                  return_tensors="pt", return_dict=True)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": QUESTION}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     with torch.no_grad():
         assert torch.equal(reference(**ids).logits, imported(**ids).logits)
         answer = imported.generate(**ids, max_new_tokens=16, do_sample=False)
     # a real model, and wrong: measured "23 + 45 = 90"
-    assert tok.decode(answer[0, ids["input_ids"].shape[1]:], skip_special_tokens=True).startswith("23 + 45 = ")
+    assert tok.decode(answer[0, ids["input_ids"].shape[1] :], skip_special_tokens=True).startswith("23 + 45 = ")
 
 
 def check_two_steps(run, model_dir):
-    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][1:]  # after step 0's evaluation
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][
+        1:
+    ]  # after step 0's evaluation
     assert [s["step"] for s in steps] == [1, 2] and all("learner/loss" in s for s in steps)
     assert steps[-1]["learner/rollouts_trained"] == 32 and 0 <= steps[-1]["eval/accuracy"] <= 1
     assert not (run / "base_model").exists() and (run / "checkpoints" / "latest").is_file()
@@ -63,15 +74,28 @@ def check_two_steps(run, model_dir):
     buffer = read_all(run / "buffer")
     prompt = tok.decode(buffer.column("prompt_token_ids")[0].as_py(), skip_special=False)
     assert prompt.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
-    assert "<|im_start|>user\nWhat is " in prompt and prompt.endswith("Answer with the number only.<|im_end|>\n<|im_start|>assistant\n")
+    assert "<|im_start|>user\nWhat is " in prompt and prompt.endswith(
+        "Answer with the number only.<|im_end|>\n<|im_start|>assistant\n"
+    )
     return steps
 
 
 @pytest.mark.slow
 def test_smollm2_config_trains_two_steps_on_the_torch_engine(smollm2_dir, tmp_path, capsys):
     run = tmp_path / "run"
-    code = main(["train", "--config", str(CONFIG_DIR / "smollm2.yaml"), "--no-progress", "--run-dir", str(run),
-                 "--set", f"model.path={smollm2_dir}", *TWO_STEPS])
+    code = main(
+        [
+            "train",
+            "--config",
+            str(CONFIG_DIR / "smollm2.yaml"),
+            "--no-progress",
+            "--run-dir",
+            str(run),
+            "--set",
+            f"model.path={smollm2_dir}",
+            *TWO_STEPS,
+        ]
+    )
     assert code == 0, capsys.readouterr().err[-3000:]
     check_two_steps(run, smollm2_dir)
 
@@ -79,7 +103,20 @@ def test_smollm2_config_trains_two_steps_on_the_torch_engine(smollm2_dir, tmp_pa
 @pytest.mark.integration
 def test_smollm2_config_trains_two_steps_on_the_vllm_engine(smollm2_dir, tmp_path, capsys):
     run = tmp_path / "run"
-    code = main(["train", "--config", str(CONFIG_DIR / "smollm2.yaml"), "--no-progress", "--run-dir", str(run),
-                 "--set", f"model.path={smollm2_dir}", "--set", "engine.kind=vllm", *TWO_STEPS])
+    code = main(
+        [
+            "train",
+            "--config",
+            str(CONFIG_DIR / "smollm2.yaml"),
+            "--no-progress",
+            "--run-dir",
+            str(run),
+            "--set",
+            f"model.path={smollm2_dir}",
+            "--set",
+            "engine.kind=vllm",
+            *TWO_STEPS,
+        ]
+    )
     assert code == 0, capsys.readouterr().err[-3000:]
     check_two_steps(run, smollm2_dir)

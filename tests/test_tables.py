@@ -19,10 +19,29 @@ from railgate.cli import main
 
 PROJECT = ("railgate", "pipeline", "controller", "learner", "configs")
 STEPS, GROUPS, G = 4, 4, 4
-SIM = ["--config", "configs/sim.yaml", "--no-progress", "--set", f"orchestrator.batch_groups={GROUPS}",
-       "--set", f"orchestrator.group_size={G}", "--set", "gate.kind=uniform", "--set", "sim.num_prompts=256",
-       "--set", "sim.num_eval_prompts=32", "--set", "log.checkpoint_every=2", "--set", "log.tensorboard=false",
-       "--set", "orchestrator.eval_every=2", "--set", "log.trace_flush_every=4"]
+SIM = [
+    "--config",
+    "configs/sim.yaml",
+    "--no-progress",
+    "--set",
+    f"orchestrator.batch_groups={GROUPS}",
+    "--set",
+    f"orchestrator.group_size={G}",
+    "--set",
+    "gate.kind=uniform",
+    "--set",
+    "sim.num_prompts=256",
+    "--set",
+    "sim.num_eval_prompts=32",
+    "--set",
+    "log.checkpoint_every=2",
+    "--set",
+    "log.tensorboard=false",
+    "--set",
+    "orchestrator.eval_every=2",
+    "--set",
+    "log.trace_flush_every=4",
+]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +52,9 @@ def resumed_run(tmp_path_factory):
     step2 = next((run / "checkpoints").glob("step-000002.*"))
     (run / "checkpoints" / "latest").write_text(step2.name)
     lines = (run / "metrics.jsonl").read_text().splitlines()
-    (run / "metrics.jsonl").write_text("\n".join(lines[:3]) + "\n")  # what a run killed after step 2 had logged (0, 1, 2)
+    (run / "metrics.jsonl").write_text(
+        "\n".join(lines[:3]) + "\n"
+    )  # what a run killed after step 2 had logged (0, 1, 2)
     assert main(["train", "--resume", str(run), "--no-progress"]) == 0
     return run
 
@@ -77,10 +98,18 @@ def test_pandas_polars_and_duckdb_read_the_export_with_resume_rules_applied(resu
     assert main(["export", str(resumed_run), "--out", str(out)]) == 0
     assert "a simulator run: no model" in capsys.readouterr().out and not (out / "model").exists()
     metric_steps = [json.loads(line)["step"] for line in (resumed_run / "metrics.jsonl").read_text().splitlines()]
-    guard = f"\nassert not [m for m in sys.modules if m.split('.')[0] in {PROJECT!r}], 'a project module was imported'\n"
+    guard = (
+        f"\nassert not [m for m in sys.modules if m.split('.')[0] in {PROJECT!r}], 'a project module was imported'\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(READ) + guard, str(out / "buffer.parquet"),
-                             str(out / "trace.parquet")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(READ) + guard, str(out / "buffer.parquet"), str(out / "trace.parquet")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     got = json.loads(result.stdout.strip().splitlines()[-1])
     assert got["counts"] == [[s, GROUPS * G] for s in range(1, STEPS + 1)]  # each step once

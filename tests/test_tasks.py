@@ -30,8 +30,9 @@ def test_train_and_eval_are_disjoint_and_seeded(task):
     assert [p.text for p in task.train_prompts(50, seed=3)] != [p.text for p in task.train_prompts(50, seed=4)]
 
 
-@pytest.mark.parametrize("task", GENERATED + [ArithmeticTask(scratchpad=True), CountdownTask(ops="+-*/", scratchpad=True)],
-                         ids=repr)
+@pytest.mark.parametrize(
+    "task", GENERATED + [ArithmeticTask(scratchpad=True), CountdownTask(ops="+-*/", scratchpad=True)], ids=repr
+)
 def test_reference_solutions_score_one_and_prompts_are_encodable(task):
     tok = CharTokenizer.for_tasks(task)
     for problem in task.train_problems(300, seed=1):
@@ -92,7 +93,9 @@ def test_invalid_settings_name_the_fix():
 
 
 def test_task_config_builds_each_task(tmp_path):
-    assert isinstance(build_task(build(TaskConfig, {"name": "countdown", "countdown": {"max_numbers": 3}})), CountdownTask)
+    assert isinstance(
+        build_task(build(TaskConfig, {"name": "countdown", "countdown": {"max_numbers": 3}})), CountdownTask
+    )
     task = build_task(build(TaskConfig, {"arithmetic": {"max_digits": 3, "ops": "+-"}}))
     assert isinstance(task, ArithmeticTask) and task.max_digits == 3 and task.ops == "+-"
     with pytest.raises(ConfigError, match="needs task.dataset.train_path"):
@@ -126,8 +129,9 @@ def test_jsonl_and_parquet_load_the_same_problems(tmp_path):
 
 
 def test_dataset_splits_are_disjoint_and_cover_the_rows(tmp_path):
-    task = DatasetTask(write_jsonl(tmp_path / "d.jsonl", ROWS), prompt_field="problem", answer_field="solution",
-                       eval_share=0.25)
+    task = DatasetTask(
+        write_jsonl(tmp_path / "d.jsonl", ROWS), prompt_field="problem", answer_field="solution", eval_share=0.25
+    )
     train = {p.text for p in task.train_prompts(500, seed=0)}
     evals = {p.text for p in task.eval_prompts(100, seed=0)}
     assert train.isdisjoint(evals) and len(train | evals) == 60 and evals
@@ -205,16 +209,26 @@ def test_unusable_files_raise_clearly(tmp_path):
 
 def test_template_keeps_latex_braces(tmp_path):
     rows = [{"q": "Simplify \\frac{2}{4}", "a": "\\frac{1}{2}"}] * 3 + [{"q": f"q{i}", "a": "1"} for i in range(30)]
-    task = DatasetTask(write_jsonl(tmp_path / "d.jsonl", rows), prompt_field="q", answer_field="a",
-                       template="Problem: {prompt}\nAnswer:", reward="exact")
+    task = DatasetTask(
+        write_jsonl(tmp_path / "d.jsonl", rows),
+        prompt_field="q",
+        answer_field="a",
+        template="Problem: {prompt}\nAnswer:",
+        reward="exact",
+    )
     texts = {p.text for p in task.train_prompts(200, seed=0) + task.eval_prompts(50, seed=0)}
     assert "Problem: Simplify \\frac{2}{4}\nAnswer:" in texts
 
 
 def test_arithmetic_in_words_keeps_the_split_and_grades_the_last_number():
     """A template changes what the model reads, not which problems are held out."""
-    words = ArithmeticTask(max_digits=2, reverse_answer=False, padding="none",
-                           template="What is {a} {op} {b}? Answer with the number only.", reward="numeric")
+    words = ArithmeticTask(
+        max_digits=2,
+        reverse_answer=False,
+        padding="none",
+        template="What is {a} {op} {b}? Answer with the number only.",
+        reward="numeric",
+    )
     compact = ArithmeticTask(max_digits=2, reverse_answer=False, padding="none")
     pw, pc = words.eval_prompts(20, seed=0), compact.eval_prompts(20, seed=0)
     assert [p.prompt_id for p in pw] == [p.prompt_id for p in pc] and [p.answer for p in pw] == [p.answer for p in pc]

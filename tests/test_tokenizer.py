@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from pipeline.tasks import ArithmeticTask, CountdownTask
 from pipeline.policy.tokenizer import VOCAB_FILE, CharTokenizer, TokenizerError
+from pipeline.tasks import ArithmeticTask, CountdownTask
 
 
 def test_roundtrip_and_special_ids():

@@ -22,7 +22,9 @@ def _inputs(batch=5, heads=4, kv_heads=2, length=9, dim=8, seed=0):
     v = torch.randn(batch, kv_heads, length, dim, generator=g)
     start = torch.tensor([0, 3, 1, 8, 2])[:batch]
     cols = torch.arange(length)
-    mask = torch.zeros(batch, 1, 1, length).masked_fill_(cols < start[:, None, None, None], torch.finfo(torch.float32).min)
+    mask = torch.zeros(batch, 1, 1, length).masked_fill_(
+        cols < start[:, None, None, None], torch.finfo(torch.float32).min
+    )
     return q, k, v, mask
 
 

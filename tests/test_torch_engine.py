@@ -7,9 +7,9 @@ import copy
 import anyio
 import pytest
 import torch
-
 from engine_models import read_all
 from torch_models import EOS, PROMPTS, collect, greedy_reference, request, tiny_gpt2, tiny_llama
+
 from pipeline.engines.torch_engine import TorchEngine
 from pipeline.types import BranchSpec, FinishReason, SampleFinished, TokenDelta
 
@@ -20,7 +20,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 @pytest.fixture
 def anyio_backend():
     return "asyncio"
-
 
 
 @pytest.mark.parametrize("make", [tiny_llama, tiny_gpt2], ids=["llama", "gpt2"])
@@ -92,7 +91,11 @@ async def test_abort_one_row_leaves_the_others_running():
             async for ev in engine.stream(r):
                 seen[r.request_id].append(ev)
                 deltas = [e for e in seen[r.request_id] if isinstance(e, TokenDelta)]
-                if r.request_id == "a1" and sum(len(d.token_ids) for d in deltas) >= 3 and len(deltas) == len(seen["a1"]):
+                if (
+                    r.request_id == "a1"
+                    and sum(len(d.token_ids) for d in deltas) >= 3
+                    and len(deltas) == len(seen["a1"])
+                ):
                     await engine.abort("a1")
 
         async with anyio.create_task_group() as tg:
@@ -149,14 +152,21 @@ async def test_branch_continues_the_prefix(source_resident, make):
         branch_events: list = []
 
         async def branch_from(tokens, logprobs):
-            spec = BranchSpec("src", prefix_len=k, prefix_token_ids=tuple(tokens[:k]), prefix_logprobs=tuple(logprobs[:k]))
+            spec = BranchSpec(
+                "src", prefix_len=k, prefix_token_ids=tuple(tokens[:k]), prefix_logprobs=tuple(logprobs[:k])
+            )
             branch_events.extend(await collect(engine, request("br", PROMPTS[1], max_tokens=40, branch=spec)))
 
         async with anyio.create_task_group() as tg:
             async for ev in engine.stream(source):
                 events.append(ev)
                 got = sum((e.token_ids for e in events if isinstance(e, TokenDelta)), ())
-                if source_resident and len(got) >= k and not branch_events and len(events) == len([e for e in events if isinstance(e, TokenDelta)]):
+                if (
+                    source_resident
+                    and len(got) >= k
+                    and not branch_events
+                    and len(events) == len([e for e in events if isinstance(e, TokenDelta)])
+                ):
                     lps = sum((e.logprobs for e in events if isinstance(e, TokenDelta)), ())
                     tg.start_soon(branch_from, got, lps)
                     source_resident = None  # launch once
@@ -186,10 +196,13 @@ async def test_a_branch_keeps_the_callers_prefix_logprobs_across_a_weight_update
         await engine.update_weights(copy.deepcopy(new_weights).state_dict())
         kept = BranchSpec("src", k, src.token_ids[:k], src.logprobs[:k])
         bare = BranchSpec("src", k, src.token_ids[:k])
-        results = await read_all(engine, [
-            request("kept", PROMPTS[1], max_tokens=12, temperature=1.0, seed=2, branch=kept),
-            request("bare", PROMPTS[1], max_tokens=12, temperature=1.0, seed=3, branch=bare),
-        ])
+        results = await read_all(
+            engine,
+            [
+                request("kept", PROMPTS[1], max_tokens=12, temperature=1.0, seed=2, branch=kept),
+                request("bare", PROMPTS[1], max_tokens=12, temperature=1.0, seed=3, branch=bare),
+            ],
+        )
     finally:
         await engine.aclose()
     ids = torch.tensor([list(PROMPTS[1]) + list(src.token_ids[:k])])

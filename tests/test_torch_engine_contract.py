@@ -7,10 +7,10 @@ import copy
 import anyio
 import pytest
 import torch
-from transformers import LlamaForCausalLM
-
 from engine_models import read_all
 from torch_models import EOS, PROMPTS, collect, greedy_reference, request, tiny_llama
+from transformers import LlamaForCausalLM
+
 from pipeline.engines.torch_engine import TorchEngine
 from pipeline.types import BranchSpec, FinishReason, SampleFinished, TokenDelta
 
@@ -73,7 +73,9 @@ async def test_a_failed_step_fails_its_rows_and_the_engine_recovers():
 async def test_every_event_stream_ends_with_one_finished_event():
     engine = TorchEngine(tiny_llama(), EOS, delta_tokens=3)
     try:
-        results = await read_all(engine, [request(f"d{i}", PROMPTS[i % 4], temperature=1.0, seed=i, max_tokens=10) for i in range(8)])
+        results = await read_all(
+            engine, [request(f"d{i}", PROMPTS[i % 4], temperature=1.0, seed=i, max_tokens=10) for i in range(8)]
+        )
     finally:
         await engine.aclose()
     for events in results.values():
@@ -126,7 +128,11 @@ async def test_random_mix_of_aborts_closes_branches_and_updates_keeps_the_contra
     async def reader(i: int):
         await anyio.sleep(rng.random() * 0.02)
         branch = None
-        done = [f for f in finished.values() if f.num_tokens >= 3 and f.finish_reason.is_success and EOS not in f.token_ids[:2]]
+        done = [
+            f
+            for f in finished.values()
+            if f.num_tokens >= 3 and f.finish_reason.is_success and EOS not in f.token_ids[:2]
+        ]
         if done and rng.random() < 0.3:
             src = rng.choice(done)
             branch = BranchSpec(src.request_id, 2, src.token_ids[:2], src.logprobs[:2])

@@ -13,8 +13,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from learner.config import LearnerConfig
 from learner.packing import BatchError
 from learner.torch_learner import TorchLearner
-from pipeline.store.buffer import ArrowBuffer
 from pipeline.protocols import Learner
+from pipeline.store.buffer import ArrowBuffer
 from pipeline.types import CommittedGroup, FinishReason, Rollout, TrainBatch
 
 torch.set_num_threads(1)
@@ -23,10 +23,20 @@ VOCAB = 32
 
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-    ))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
+    )
 
 
 def tiny_gpt2(seed: int = 0) -> GPT2LMHeadModel:
@@ -43,13 +53,29 @@ def on_policy(learner: TorchLearner, groups, step: int = 0, version: int = 0) ->
     ``groups``: a list of (prompt, [(tokens, reward), ...])."""
     committed = []
     for gid, (prompt, samples) in enumerate(groups):
-        rollouts = [Rollout(f"g{gid}.s{i}", i, tuple(prompt), tuple(t), (0.0,) * len(t), float(r), FinishReason.STOP, version)
-                    for i, (t, r) in enumerate(samples)]
+        rollouts = [
+            Rollout(f"g{gid}.s{i}", i, tuple(prompt), tuple(t), (0.0,) * len(t), float(r), FinishReason.STOP, version)
+            for i, (t, r) in enumerate(samples)
+        ]
         lps = learner.logprobs(rollouts)
-        rollouts = [Rollout(r.request_id, r.sample_index, r.prompt_token_ids, r.token_ids, lp, r.reward, r.finish_reason,
-                            r.policy_version) for r, lp in zip(rollouts, lps)]
-        committed.append(CommittedGroup(gid, 100 + gid, tuple(rollouts), launched=len(rollouts),
-                                        tokens=sum(len(t) for t, _ in samples)))
+        rollouts = [
+            Rollout(
+                r.request_id,
+                r.sample_index,
+                r.prompt_token_ids,
+                r.token_ids,
+                lp,
+                r.reward,
+                r.finish_reason,
+                r.policy_version,
+            )
+            for r, lp in zip(rollouts, lps)
+        ]
+        committed.append(
+            CommittedGroup(
+                gid, 100 + gid, tuple(rollouts), launched=len(rollouts), tokens=sum(len(t) for t, _ in samples)
+            )
+        )
     return TrainBatch(step, tuple(committed))
 
 
@@ -59,7 +85,9 @@ def random_groups(seed: int = 0, sizes=(2, 3, 5, 1)):
     groups = []
     for size in sizes:
         prompt = [1] + [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 5))]
-        samples = [([rng.randrange(3, VOCAB) for _ in range(rng.randint(0, 6))] + [2], rng.random() < 0.5) for _ in range(size)]
+        samples = [
+            ([rng.randrange(3, VOCAB) for _ in range(rng.randint(0, 6))] + [2], rng.random() < 0.5) for _ in range(size)
+        ]
         samples[0] = (samples[0][0], 1.0)  # at least one success, so most groups are effective
         groups.append((prompt, samples))
     return groups
@@ -134,7 +162,9 @@ def test_learner_raises_the_logprob_of_the_rewarded_completion(algorithm):
 
     good0, bad0 = total_logprob(GOOD), total_logprob(BAD)
     for step in range(5):
-        batch = on_policy(learner, [(PROMPT, [(GOOD, 1.0), (BAD, 0.0), (GOOD, 1.0), (BAD, 0.0)])], step=step, version=step)
+        batch = on_policy(
+            learner, [(PROMPT, [(GOOD, 1.0), (BAD, 0.0), (GOOD, 1.0), (BAD, 0.0)])], step=step, version=step
+        )
         result = learner.step(batch)
         assert result.metrics["learner/clip_frac"] == 0.0  # on-policy: ratio 1
         assert result.metrics["learner/approx_kl"] < 1e-6
@@ -182,8 +212,10 @@ def test_all_saturated_batch_with_mask_saturated_skips_the_update():
 def test_kl_penalty_uses_a_frozen_copy_of_the_initial_policy():
     learner = make_learner(lr=1e-2, kl_coef=0.1)
     initial = learner.weights()
-    kls = [learner.step(on_policy(learner, [(PROMPT, [(GOOD, 1.0), (BAD, 0.0)])])).metrics["learner/kl_ref"]
-           for _ in range(3)]
+    kls = [
+        learner.step(on_policy(learner, [(PROMPT, [(GOOD, 1.0), (BAD, 0.0)])])).metrics["learner/kl_ref"]
+        for _ in range(3)
+    ]
     assert kls[0] == pytest.approx(0.0, abs=1e-7) and kls[-1] > 1e-4
     assert all(torch.equal(initial[k], v) for k, v in learner.ref_model.state_dict().items())
     assert "ref_model" in learner.state_dict()
@@ -202,8 +234,19 @@ def test_learner_satisfies_the_protocol_and_reports_namespaced_metrics():
     learner = make_learner()
     assert isinstance(learner, Learner)
     metrics = learner.step(on_policy(learner, random_groups())).metrics
-    for name in ("loss", "grad_norm", "clip_frac", "approx_kl", "entropy", "reward_mean", "adv_std", "tokens", "step_s",
-                 "saturated_frac", "staleness_max"):
+    for name in (
+        "loss",
+        "grad_norm",
+        "clip_frac",
+        "approx_kl",
+        "entropy",
+        "reward_mean",
+        "adv_std",
+        "tokens",
+        "step_s",
+        "saturated_frac",
+        "staleness_max",
+    ):
         assert f"learner/{name}" in metrics
     assert all(k.startswith("learner/") and math.isfinite(v) for k, v in metrics.items())
 
@@ -216,7 +259,9 @@ def test_weights_are_a_detached_copy_the_engine_can_load_in_place():
     learner.step(on_policy(learner, [(PROMPT, [(GOOD, 1.0), (BAD, 0.0)])]))
     assert all(torch.equal(frozen[k], v) and not v.requires_grad for k, v in weights.items())
     engine_model.load_state_dict(learner.weights())
-    assert all(torch.equal(a, b) for a, b in zip(engine_model.state_dict().values(), learner.model.state_dict().values()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(engine_model.state_dict().values(), learner.model.state_dict().values())
+    )
 
 
 def test_state_dict_round_trip_resumes_bit_identically():
@@ -258,15 +303,18 @@ def _rollout(rid="g0.s0", prompt=(1, 5), tokens=(6, 2), logprobs=(-1.0, -1.0)) -
     return Rollout(rid, 0, prompt, tokens, logprobs, 1.0, FinishReason.STOP, 0)
 
 
-@pytest.mark.parametrize("batch, message", [
-    (TrainBatch(4, ()), r"TrainBatch\(step=4\) has no groups"),
-    (TrainBatch(4, (CommittedGroup(3, 0, (), 0, 0),)), "group 3 of step 4 has no rollouts"),
-    (_batch_of(_rollout(), _rollout("g0.s1", tokens=(), logprobs=())), "rollout 'g0.s1' has no response tokens"),
-    (_batch_of(_rollout(prompt=())), "rollout 'g0.s0' has an empty prompt"),
-    (_batch_of(_rollout(logprobs=(-1.0,))), "has 1 log-probs for 2 tokens"),
-    (_batch_of(_rollout(tokens=(6, 99))), r"token id 99, outside the model's vocabulary \[0, 32\)"),
-    (_batch_of(_rollout(logprobs=(-1.0, float("nan")))), "non-finite log-prob"),
-])
+@pytest.mark.parametrize(
+    "batch, message",
+    [
+        (TrainBatch(4, ()), r"TrainBatch\(step=4\) has no groups"),
+        (TrainBatch(4, (CommittedGroup(3, 0, (), 0, 0),)), "group 3 of step 4 has no rollouts"),
+        (_batch_of(_rollout(), _rollout("g0.s1", tokens=(), logprobs=())), "rollout 'g0.s1' has no response tokens"),
+        (_batch_of(_rollout(prompt=())), "rollout 'g0.s0' has an empty prompt"),
+        (_batch_of(_rollout(logprobs=(-1.0,))), "has 1 log-probs for 2 tokens"),
+        (_batch_of(_rollout(tokens=(6, 99))), r"token id 99, outside the model's vocabulary \[0, 32\)"),
+        (_batch_of(_rollout(logprobs=(-1.0, float("nan")))), "non-finite log-prob"),
+    ],
+)
 def test_bad_input_gives_a_clear_error(batch, message):
     learner = make_learner()
     with pytest.raises(BatchError, match=message):
@@ -292,8 +340,10 @@ def test_engine_logprobs_agree_with_the_learner():
         return [await sample(i) for i in range(4)]
 
     finals = anyio.run(main)
-    rollouts = tuple(Rollout(f.request_id, i, prompt.token_ids, f.token_ids, f.logprobs, float(i % 2), f.finish_reason, 0)
-                     for i, f in enumerate(finals))
+    rollouts = tuple(
+        Rollout(f.request_id, i, prompt.token_ids, f.token_ids, f.logprobs, float(i % 2), f.finish_reason, 0)
+        for i, f in enumerate(finals)
+    )
     result = learner.step(TrainBatch(0, (CommittedGroup(0, 0, rollouts, 4, 0),)))
     assert result.metrics["learner/approx_kl"] < 1e-6 and result.metrics["learner/clip_frac"] == 0.0
 
@@ -309,11 +359,21 @@ def test_an_episode_is_on_policy_with_its_observations_in_context_and_out_of_the
     tokens, mask = (5, 6, 2, 9, 9, 9, 7, 2), (True, True, True, False, False, False, True, True)
     episodes = []
     for i, reward in enumerate((0.0, 1.0)):
-        r = Rollout(f"e{i}", i, (1, 3, 4), tokens[:6] + ((7, 2) if i else (8, 2)), (0.0,) * 8, reward,
-                    FinishReason.STOP, 0, turns=Turns((3, 8), (0.0, reward), mask))
+        r = Rollout(
+            f"e{i}",
+            i,
+            (1, 3, 4),
+            tokens[:6] + ((7, 2) if i else (8, 2)),
+            (0.0,) * 8,
+            reward,
+            FinishReason.STOP,
+            0,
+            turns=Turns((3, 8), (0.0, reward), mask),
+        )
         [lp] = learner.logprobs([r])  # every response token, observations included, as the engine scored them
-        episodes.append(Rollout(r.request_id, i, r.prompt_token_ids, r.token_ids, lp, reward, r.finish_reason, 0,
-                                turns=r.turns))
+        episodes.append(
+            Rollout(r.request_id, i, r.prompt_token_ids, r.token_ids, lp, reward, r.finish_reason, 0, turns=r.turns)
+        )
     metrics = learner.step(TrainBatch(0, (CommittedGroup(0, 7, tuple(episodes), launched=2, tokens=16),))).metrics
     assert abs(metrics["learner/approx_kl"]) < 1e-5
     assert metrics["learner/tokens"] == 2 * sum(mask)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from crash_child import kill_after
+
 from pipeline.store.arrowio import SegmentKind, SegmentWriter
 from pipeline.store.tracelog import DECISIONS, TraceFormatError, TraceLog, export_parquet, read_trace
 from pipeline.types import TRACE_SCHEMA_VERSION, DecisionRecord

@@ -10,10 +10,10 @@ import pytest
 trl = pytest.importorskip("trl")
 
 from datasets import Dataset, IterableDataset  # noqa: E402
+from trl_fixtures import MATCHED, arithmetic_rows, length_reward, model_dir  # noqa: E402
 
 from railgate.trl import GatedGRPOConfig, GatedGRPOTrainer  # noqa: E402
 from railgate.trl.config import gate_fields  # noqa: E402
-from trl_fixtures import MATCHED, arithmetic_rows, length_reward, model_dir  # noqa: E402
 
 
 def args(tmp_path, **overrides):
@@ -46,16 +46,22 @@ def test_every_gate_field_has_a_docstring():
     assert set(gate_fields()) <= documented
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"gate_probe_size": 4}, r"gate_probe_size=4 is not below num_generations=4.*lower gate_probe_size or raise num_generations"),
-    ({"gate_kind": "pilot"}, r"gate_kind='pilot' is not one of sara, hora, ds, uniform"),
-    ({"gate_tau_abandon": 0.9}, r"gate_tau_abandon=0.9 must be below gate_tau_commit=0.5"),
-    ({"gate_reference_skip": 1.0}, r"gate_reference_skip=1.0 must be in \[0, 1\)"),
-    ({"temperature": 0.7}, r"gate_reference_prior=True .* temperature=0.7 .* set gate_reference_prior=False"),
-    ({"gate_kind": "hora", "gate_hora_budget": 3}, r"gate_hora_budget=3 is below one probe round"),
-    ({"gate_kind": "hora", "gate_probe_size": 1}, r"gate_probe_size=1 must be >= 2"),
-    ({"gate_step_rollouts": 0.5}, r"gate_step_rollouts=0.5 must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            {"gate_probe_size": 4},
+            r"gate_probe_size=4 is not below num_generations=4.*lower gate_probe_size or raise num_generations",
+        ),
+        ({"gate_kind": "pilot"}, r"gate_kind='pilot' is not one of sara, hora, ds, uniform"),
+        ({"gate_tau_abandon": 0.9}, r"gate_tau_abandon=0.9 must be below gate_tau_commit=0.5"),
+        ({"gate_reference_skip": 1.0}, r"gate_reference_skip=1.0 must be in \[0, 1\)"),
+        ({"temperature": 0.7}, r"gate_reference_prior=True .* temperature=0.7 .* set gate_reference_prior=False"),
+        ({"gate_kind": "hora", "gate_hora_budget": 3}, r"gate_hora_budget=3 is below one probe round"),
+        ({"gate_kind": "hora", "gate_probe_size": 1}, r"gate_probe_size=1 must be >= 2"),
+        ({"gate_step_rollouts": 0.5}, r"gate_step_rollouts=0.5 must be >= 1"),
+    ],
+)
 def test_bad_settings_fail_at_construction(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
         args(tmp_path, **overrides)
@@ -66,8 +72,12 @@ def test_the_reference_prior_off_accepts_any_temperature(tmp_path):
 
 
 def trainer(tmp_path, rows=None, **kwargs):
-    defaults = dict(model=model_dir(tmp_path), reward_funcs=length_reward, args=args(tmp_path),
-                    train_dataset=Dataset.from_list(rows or arithmetic_rows(8)))
+    defaults = dict(
+        model=model_dir(tmp_path),
+        reward_funcs=length_reward,
+        args=args(tmp_path),
+        train_dataset=Dataset.from_list(rows or arithmetic_rows(8)),
+    )
     return GatedGRPOTrainer(**{**defaults, **kwargs})
 
 

@@ -27,9 +27,24 @@ def launch(scenario: str, processes: int, tmp_path: Path) -> tuple[subprocess.Co
     out = tmp_path / f"{scenario}-{processes}"
     out.mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes),
-               *(["--multi_gpu"] if processes > 1 else ["--cpu"]), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               str(SCRIPT), scenario, str(out), model_dir(tmp_path)]
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--num_processes",
+        str(processes),
+        *(["--multi_gpu"] if processes > 1 else ["--cpu"]),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        str(SCRIPT),
+        scenario,
+        str(out),
+        model_dir(tmp_path),
+    ]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900), out
 
 

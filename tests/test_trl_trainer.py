@@ -4,7 +4,6 @@ with rows that carry no advantage; the trace replays with ``run.py replay``."""
 
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -15,25 +14,31 @@ trl = pytest.importorskip("trl")
 
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
+from trl_fixtures import MATCHED, arithmetic_rows, by_kind, length_reward, model_dir, outcome_rows  # noqa: E402
 
 from pipeline.store.tracelog import read_trace  # noqa: E402
 from railgate.trl import GatedGRPOConfig, GatedGRPOTrainer  # noqa: E402
-from trl_fixtures import MATCHED, arithmetic_rows, by_kind, length_reward, model_dir, outcome_rows  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def gated(tmp_path, rows, reward, **overrides):
     args = GatedGRPOConfig(output_dir=str(tmp_path / "gated"), **{**MATCHED, "gate_probe_size": 2, **overrides})
-    return GatedGRPOTrainer(model=model_dir(tmp_path), reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows))
+    return GatedGRPOTrainer(
+        model=model_dir(tmp_path), reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows)
+    )
 
 
 @pytest.mark.parametrize("batching", [{}, {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2}])
 def test_a_gate_that_commits_everything_trains_exactly_like_grpo_trainer(tmp_path, batching):
     rows = arithmetic_rows(6)
     settings = {**MATCHED, "shuffle_dataset": False, **batching}  # both trainers take prompts in dataset order
-    plain = trl.GRPOTrainer(model=model_dir(tmp_path), reward_funcs=length_reward, train_dataset=Dataset.from_list(rows),
-                            args=trl.GRPOConfig(output_dir=str(tmp_path / "plain"), **settings))
+    plain = trl.GRPOTrainer(
+        model=model_dir(tmp_path),
+        reward_funcs=length_reward,
+        train_dataset=Dataset.from_list(rows),
+        args=trl.GRPOConfig(output_dir=str(tmp_path / "plain"), **settings),
+    )
     plain.train()
     mine = gated(tmp_path, rows, length_reward, gate_kind="uniform", shuffle_dataset=False, **batching)
     mine.train()
@@ -110,8 +115,13 @@ def test_the_trace_replays_with_run_py_and_rail_shadow_logs_without_acting(tmp_p
     assert rail and all(r["mode"] == "shadow" and r["behaviour_propensity"] == 1.0 for r in rail)
     assert all(r["reward"] is not None for r in rail)  # every group closed: every decision has its outcome
     out = tmp_path / "replay"
-    result = subprocess.run([sys.executable, "run.py", "replay", str(tmp_path / "gated" / "trace"), "--run-dir", str(out)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "run.py", "replay", str(tmp_path / "gated" / "trace"), "--run-dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"{len(rail)} decisions used" in (out / "offpolicy.md").read_text()
 
@@ -126,7 +136,7 @@ def test_reference_scores_are_the_policys_log_likelihood_of_the_reference(tmp_pa
         prompt_ids = tok(text=trainer.train_dataset[p.prompt_id]["prompt"])["input_ids"]
         ref = list(scorer.references[p.prompt_id])
         with torch.no_grad():
-            logits = model(torch.tensor([prompt_ids + ref])).logits[0, len(prompt_ids) - 1:-1]
+            logits = model(torch.tensor([prompt_ids + ref])).logits[0, len(prompt_ids) - 1 : -1]
         expected = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(ref)[:, None]).sum().item()
         assert scores[p.prompt_id] == pytest.approx(expected, abs=1e-4)
     assert ref[-1] == trainer.eos_token_ids[0] and tokens > 0
@@ -159,7 +169,9 @@ def test_a_step_whose_every_group_saturates_is_cut_short_and_padded(tmp_path):
     def nothing(completions, **kwargs):
         return [0.0] * len(completions)
 
-    trainer = gated(tmp_path, arithmetic_rows(100), nothing, gate_reference_prior=False, max_steps=2, gate_step_rollouts=2)
+    trainer = gated(
+        tmp_path, arithmetic_rows(100), nothing, gate_reference_prior=False, max_steps=2, gate_step_rollouts=2
+    )
     trainer.train()
     m = trainer.gate.metrics()
     assert m["railgate/short_steps"] == 2 and m["railgate/groups_committed"] == 0

@@ -16,9 +16,9 @@ pytest.importorskip("vllm")
 
 import trl.generation.vllm_generation as vllm_generation  # noqa: E402
 from datasets import Dataset  # noqa: E402
+from trl_fixtures import MATCHED, model_dir, outcome_rows  # noqa: E402
 
 from railgate.trl import GatedGRPOConfig, GatedGRPOTrainer  # noqa: E402
-from trl_fixtures import MATCHED, model_dir, outcome_rows  # noqa: E402
 
 
 class FakeServer:
@@ -42,9 +42,12 @@ class FakeServer:
     def generate(self, prompts, features=None, n=1, logprobs=0, **kwargs):
         FakeServer.requests.append(([tuple(p) for p in prompts], n))
         completions = [[self.digits[j % 10], self.eos] for _ in prompts for j in range(n)]
-        return {"prompt_ids": [list(p) for p in prompts], "completion_ids": completions,
-                "logprobs": [[[-0.5]] * len(c) for c in completions],
-                "logprob_token_ids": [[[t] for t in c] for c in completions]}
+        return {
+            "prompt_ids": [list(p) for p in prompts],
+            "completion_ids": completions,
+            "logprobs": [[[-0.5]] * len(c) for c in completions],
+            "logprob_token_ids": [[[t] for t in c] for c in completions],
+        }
 
     def update_named_params(self, metadata, params):
         FakeServer.syncs += 1
@@ -65,10 +68,18 @@ def test_probe_and_rest_are_separate_requests_and_their_completions_train(tmp_pa
     FakeServer.requests, FakeServer.syncs = [], 0
     # Groups of 5, probes of 3 (an all-same probe: P_eff = 2/6 <= 0.45, abandoned), 2 groups a step.
     settings = {**MATCHED, "num_generations": 5, "per_device_train_batch_size": 10, "max_steps": 2}
-    args = GatedGRPOConfig(output_dir=str(tmp_path / "out"), use_vllm=True, vllm_mode="server", gate_probe_size=3,
-                           gate_reference_prior=False, **settings)
+    args = GatedGRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        use_vllm=True,
+        vllm_mode="server",
+        gate_probe_size=3,
+        gate_reference_prior=False,
+        **settings,
+    )
     rows = outcome_rows(60)
-    trainer = GatedGRPOTrainer(model=model_dir(tmp_path), reward_funcs=parity, args=args, train_dataset=Dataset.from_list(rows))
+    trainer = GatedGRPOTrainer(
+        model=model_dir(tmp_path), reward_funcs=parity, args=args, train_dataset=Dataset.from_list(rows)
+    )
     tok = trainer.processing_class
     FakeServer.digits = {d: tok(text=str(d), add_special_tokens=False)["input_ids"][0] for d in range(10)}
     FakeServer.eos = trainer.eos_token_ids[0]
@@ -86,7 +97,7 @@ def test_probe_and_rest_are_separate_requests_and_their_completions_train(tmp_pa
     kinds = {r["prompt"]: r["kind"] for r in rows}
     prompts, completions = list(trainer._logs["prompt"]), list(trainer._logs["completion"])
     assert {kinds[p] for p in prompts} == {"coin"}
-    groups = [completions[i:i + 5] for i in range(0, len(completions), 5)]
+    groups = [completions[i : i + 5] for i in range(0, len(completions), 5)]
     assert len(groups) == 2 and all(g == ["0", "1", "2", "0", "1"] for g in groups)  # TRL keeps the last step's
     steps = [h for h in trainer.state.log_history if "loss" in h]
     assert all("sampling/importance_sampling_ratio/mean" in h for h in steps)  # the server's log-probs reached TRL

@@ -21,6 +21,7 @@ import struct
 import numpy as np
 import pytest
 import torch
+from run_helpers import cli, sim_run, tree_digest
 
 from controller.rail.bandit import ControllerStateError
 from controller.rail.config import RailConfig
@@ -28,7 +29,6 @@ from controller.rail.learners import build_learner, learner_from_state
 from pipeline.types import CommittedGroup, FinishReason, Rollout
 from railgate.checkpoint import MAGIC, CheckpointError, dump_checkpoint, latest_checkpoint, load_checkpoint
 from railgate.state_codec import decode_state, encode_state
-from run_helpers import cli, sim_run, tree_digest
 
 
 class RunsCode:
@@ -88,12 +88,15 @@ def _forge(path, tree) -> None:
     path.write_bytes(MAGIC + hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
 
 
-@pytest.mark.parametrize("tree", [
-    {"step": 3, "x": {"__rg__": "dataclass", "type": "os.system", "fields": {"command": "touch MARKER"}}},
-    {"step": 3, "x": {"__rg__": "enum", "type": "subprocess.Popen", "value": ["touch", "MARKER"]}},
-    {"step": 3, "x": {"__rg__": "pickle", "b64": "gASVAAAAAAAAAAB9lC4="}},
-    {"step": 3, "x": {"__rg__": "tensor", "key": "../../etc/passwd"}},
-])
+@pytest.mark.parametrize(
+    "tree",
+    [
+        {"step": 3, "x": {"__rg__": "dataclass", "type": "os.system", "fields": {"command": "touch MARKER"}}},
+        {"step": 3, "x": {"__rg__": "enum", "type": "subprocess.Popen", "value": ["touch", "MARKER"]}},
+        {"step": 3, "x": {"__rg__": "pickle", "b64": "gASVAAAAAAAAAAB9lC4="}},
+        {"step": 3, "x": {"__rg__": "tensor", "key": "../../etc/passwd"}},
+    ],
+)
 def test_a_forged_checkpoint_of_the_new_format_is_refused(tmp_path, tree):
     path = tmp_path / "step-000003.ckpt"
     _forge(path, json.loads(json.dumps(tree).replace("MARKER", str(tmp_path / "pwned"))))
@@ -154,13 +157,26 @@ def test_state_round_trips_exactly(tmp_path):
     weights._metadata = collections.OrderedDict({"": {"version": 1}})
     rollout = Rollout("g1-s0", 0, (1, 2), (3, 4), (-0.5, -0.25), 1.0, FinishReason.LENGTH, 7)
     state = {
-        "step": 12, "evals": [{"eval/accuracy": 0.25, "step": 10.0}], "nan": math.nan, "neg_zero": -0.0, "big": 2**100,
-        "optimizer": {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.zeros(2, 2)}},
-                      "param_groups": [{"betas": (0.9, 0.999), "params": [0, 1]}]},
-        "model": weights, "shared": [weights["w"], weights["w"][0]],
-        "rng": torch.get_rng_state(), "np": np.arange(6, dtype=np.int16).reshape(2, 3), "np_scalar": np.float32(0.1),
-        "pending": [CommittedGroup(4, 9, (rollout,), 8, 100)], "ids": {1, 2}, "frozen": frozenset({"a"}),
-        "window": collections.deque([1.0, 2.0], maxlen=5), "blob": b"\x00\xff", "tuple_keys": {(1, "a"): None},
+        "step": 12,
+        "evals": [{"eval/accuracy": 0.25, "step": 10.0}],
+        "nan": math.nan,
+        "neg_zero": -0.0,
+        "big": 2**100,
+        "optimizer": {
+            "state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.zeros(2, 2)}},
+            "param_groups": [{"betas": (0.9, 0.999), "params": [0, 1]}],
+        },
+        "model": weights,
+        "shared": [weights["w"], weights["w"][0]],
+        "rng": torch.get_rng_state(),
+        "np": np.arange(6, dtype=np.int16).reshape(2, 3),
+        "np_scalar": np.float32(0.1),
+        "pending": [CommittedGroup(4, 9, (rollout,), 8, 100)],
+        "ids": {1, 2},
+        "frozen": frozenset({"a"}),
+        "window": collections.deque([1.0, 2.0], maxlen=5),
+        "blob": b"\x00\xff",
+        "tuple_keys": {(1, "a"): None},
         "__rg__": "a user key that looks like a marker",
     }
     path = tmp_path / "state.ckpt"
@@ -177,8 +193,12 @@ def test_state_round_trips_exactly(tmp_path):
     assert back["np"].dtype == np.int16 and (back["np"] == state["np"]).all()
     assert type(back["np_scalar"]) is np.float32 and back["np_scalar"] == state["np_scalar"]
     assert math.isnan(back["nan"]) and math.copysign(1, back["neg_zero"]) == -1 and back["big"] == 2**100
-    assert (back["ids"], back["frozen"], back["blob"], back["tuple_keys"]) == ({1, 2}, frozenset({"a"}), b"\x00\xff",
-                                                                             {(1, "a"): None})
+    assert (back["ids"], back["frozen"], back["blob"], back["tuple_keys"]) == (
+        {1, 2},
+        frozenset({"a"}),
+        b"\x00\xff",
+        {(1, "a"): None},
+    )
     assert back["window"] == state["window"] and back["window"].maxlen == 5
     assert back["__rg__"] == state["__rg__"]
 

@@ -12,12 +12,12 @@ import textwrap
 import pyarrow.compute as pc
 import pytest
 import torch
+from hf_models import save_tiny_llama
 from safetensors.torch import load_file
 
-from hf_models import save_tiny_llama
-from pipeline.store.buffer import read_all
 from pipeline.config.build import ConfigError
 from pipeline.evaluation import SamplingEvaluator
+from pipeline.store.buffer import read_all
 from pipeline.tasks.rewards.user import DatasetRow, UserReward, load_reward_function
 from pipeline.types import GroupSnapshot, Prompt
 from railgate.checkpoint import latest_checkpoint, load_checkpoint
@@ -73,15 +73,52 @@ def test_a_users_reward_trains_on_a_gsm8k_style_jsonl(user_run, tmp_path, monkey
     monkeypatch.chdir(root)  # the module is found in the working directory
     monkeypatch.setenv("REWARD_LOG", str(log))
     run = tmp_path / "run"
-    code = main(["train", "--no-progress", "--run-dir", str(run), "--set", f"model.path={model}",
-                 "--set", "task.name=dataset", "--set", "task.dataset.train_path=gsm.jsonl",
-                 "--set", "task.dataset.prompt_field=question", "--set", "task.dataset.reward=my_rewards:shaped",
-                 "--set", "task.success_threshold=1.5", "--set", "task.eval_share=0.2",
-                 "--set", "orchestrator.reward_timeout_s=0.5", "--set", "orchestrator.steps=3",
-                 "--set", "orchestrator.batch_groups=6", "--set", "orchestrator.group_size=4",
-                 "--set", "orchestrator.max_tokens=6", "--set", "data.num_train_prompts=64", "--set", "data.num_eval_prompts=4",
-                 "--set", "data.eval_samples=2", "--set", "orchestrator.eval_every=3", "--set", "gate.kind=uniform",
-                 "--set", "log.checkpoint_every=3", "--set", "learner.lr=0.05"])
+    code = main(
+        [
+            "train",
+            "--no-progress",
+            "--run-dir",
+            str(run),
+            "--set",
+            f"model.path={model}",
+            "--set",
+            "task.name=dataset",
+            "--set",
+            "task.dataset.train_path=gsm.jsonl",
+            "--set",
+            "task.dataset.prompt_field=question",
+            "--set",
+            "task.dataset.reward=my_rewards:shaped",
+            "--set",
+            "task.success_threshold=1.5",
+            "--set",
+            "task.eval_share=0.2",
+            "--set",
+            "orchestrator.reward_timeout_s=0.5",
+            "--set",
+            "orchestrator.steps=3",
+            "--set",
+            "orchestrator.batch_groups=6",
+            "--set",
+            "orchestrator.group_size=4",
+            "--set",
+            "orchestrator.max_tokens=6",
+            "--set",
+            "data.num_train_prompts=64",
+            "--set",
+            "data.num_eval_prompts=4",
+            "--set",
+            "data.eval_samples=2",
+            "--set",
+            "orchestrator.eval_every=3",
+            "--set",
+            "gate.kind=uniform",
+            "--set",
+            "log.checkpoint_every=3",
+            "--set",
+            "learner.lr=0.05",
+        ]
+    )
     assert code == 0, capsys.readouterr().err[-3000:]
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     assert all(isinstance(a, int) for c in calls for a in c["answer"])  # the answer keeps its JSON type
@@ -91,7 +128,11 @@ def test_a_users_reward_trains_on_a_gsm8k_style_jsonl(user_run, tmp_path, monkey
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     last = steps[-1]
     assert [s["step"] for s in steps] == [0, 1, 2, 3]  # step 0: the evaluation before training
-    assert last["pipeline/rewards_none"] > 0 and last["pipeline/reward_errors"] > 0 and last["pipeline/reward_timeouts"] > 0
+    assert (
+        last["pipeline/rewards_none"] > 0
+        and last["pipeline/reward_errors"] > 0
+        and last["pipeline/reward_timeouts"] > 0
+    )
     buffer = read_all(run / "buffer")
     rewards = buffer.column("reward").to_pylist()
     assert not any(math.isnan(r) for r in rewards) and set(rewards) <= {0.0, 1.0, 2.0}  # None is not trained on
@@ -105,8 +146,20 @@ def test_a_users_reward_trains_on_a_gsm8k_style_jsonl(user_run, tmp_path, monkey
 def test_a_missing_module_or_function_is_one_clear_line(user_run, tmp_path, monkeypatch, capsys):
     root, model = user_run
     monkeypatch.chdir(root)
-    base = ["train", "--no-progress", "--run-dir", str(tmp_path / "run"), "--set", f"model.path={model}",
-            "--set", "task.name=dataset", "--set", "task.dataset.train_path=gsm.jsonl", "--set", "task.dataset.prompt_field=question"]
+    base = [
+        "train",
+        "--no-progress",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--set",
+        f"model.path={model}",
+        "--set",
+        "task.name=dataset",
+        "--set",
+        "task.dataset.train_path=gsm.jsonl",
+        "--set",
+        "task.dataset.prompt_field=question",
+    ]
     assert main([*base, "--set", "task.dataset.reward=no_such_module:f"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "module 'no_such_module' cannot be imported" in err
@@ -140,11 +193,15 @@ def test_batches_of_any_size_and_bad_returns():
 def test_success_is_reward_above_the_threshold():
     def snap(threshold):
         prompt = Prompt(0, "", (1,), success_threshold=threshold)
-        return GroupSnapshot(0, prompt, 4, rewards=(1.0, 2.0, 1.0), in_flight=0, launched=3, failed=0, tokens=9, policy_version=0)
+        return GroupSnapshot(
+            0, prompt, 4, rewards=(1.0, 2.0, 1.0), in_flight=0, launched=3, failed=0, tokens=9, policy_version=0
+        )
 
     assert (snap(0.5).successes, snap(0.5).is_mixed) == (3, False)  # summed rewards read at 0.5: all "successes"
     assert (snap(1.5).successes, snap(1.5).is_mixed) == (1, True)
-    evaluator = SamplingEvaluator(engine=None, prompts=[Prompt(0, "", (1,), success_threshold=1.5)], scorer=None, samples_per_prompt=2)
+    evaluator = SamplingEvaluator(
+        engine=None, prompts=[Prompt(0, "", (1,), success_threshold=1.5)], scorer=None, samples_per_prompt=2
+    )
     assert evaluator._summarise({0: [2.0, 1.0]})["eval/accuracy"] == 0.5
 
 
@@ -167,8 +224,9 @@ def test_none_rewards_are_counted_and_left_out_of_the_group():
     for i in range(3):
         request = SampleRequest(f"g0-s{i}", 0, i, prompt, SamplingParams())
         reward, error = anyio.run(service.score, prompt, (min(i, 1),))
-        group.add(ScoredSample(request, SampleFinished(request.request_id, (i,), (0.0,), FinishReason.STOP, 0),
-                               reward, error))
+        group.add(
+            ScoredSample(request, SampleFinished(request.request_id, (i,), (0.0,), FinishReason.STOP, 0), reward, error)
+        )
     assert service.no_reward == 1 and service.errors == 0
     assert group.rewards == (1.0, 1.0) and group.snapshot(0).failed == 1
     assert [r.sample_index for r in group.committed().rollouts] == [1, 2]

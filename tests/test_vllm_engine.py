@@ -31,11 +31,18 @@ def vllm_engine(model_dir):
 anyio_backend, model_dir, engine = module_engine_fixtures("vllm", VOCAB, vllm_engine)
 
 
-def request(rid: str, i: int, *, temperature: float = 1.0, max_tokens: int = 20, seed: int = 0, branch=None,
-            index: int = 0) -> SampleRequest:
+def request(
+    rid: str, i: int, *, temperature: float = 1.0, max_tokens: int = 20, seed: int = 0, branch=None, index: int = 0
+) -> SampleRequest:
     prompt = counting_prompt(i, VOCAB)
-    return SampleRequest(rid, group_id=i, sample_index=index, prompt=prompt,
-                         params=SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed), branch=branch)
+    return SampleRequest(
+        rid,
+        group_id=i,
+        sample_index=index,
+        prompt=prompt,
+        params=SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed),
+        branch=branch,
+    )
 
 
 def teacher_forced(model, prompt: tuple[int, ...], response: tuple[int, ...]) -> tuple[list[float], list[float]]:
@@ -98,7 +105,9 @@ async def test_branch_continues_the_prefix_and_scores_it_when_asked(engine):
     k = max(1, src.num_tokens // 2)
     given = BranchSpec("br.src", k, src.token_ids[:k], src.logprobs[:k])
     unscored = BranchSpec("br.src", k, src.token_ids[:k])  # no log-probs sent: vLLM scores the prefix
-    out = await read_all(engine, [request("br.given", 2, seed=2, branch=given), request("br.scored", 2, seed=3, branch=unscored)])
+    out = await read_all(
+        engine, [request("br.given", 2, seed=2, branch=given), request("br.scored", 2, seed=3, branch=unscored)]
+    )
     for rid in ("br.given", "br.scored"):
         final = out[rid][-1]
         assert final.token_ids[:k] == src.token_ids[:k] and final.finish_reason.is_success
@@ -118,11 +127,15 @@ async def test_weight_update_changes_outputs_and_bumps_the_version(engine, model
     assert after.policy_version == version + 1
     assert (after.token_ids, after.logprobs) != (before.token_ids, before.logprobs)
     model.load_state_dict(new)  # the reload reached every layer, the tied output head included
-    assert after.logprobs == pytest.approx(teacher_forced(model, request("x", 1).prompt.token_ids, after.token_ids)[0], abs=LOGPROB_TOL)
+    assert after.logprobs == pytest.approx(
+        teacher_forced(model, request("x", 1).prompt.token_ids, after.token_ids)[0], abs=LOGPROB_TOL
+    )
     # A model directory works too: back to the original weights.
     assert await engine.update_weights(str(model_dir)) == version + 2
     restored = (await read_all(engine, [request("wu", 1, seed=5)]))["wu"][-1]
-    assert restored.token_ids == before.token_ids and restored.logprobs == pytest.approx(before.logprobs, abs=LOGPROB_TOL)
+    assert restored.token_ids == before.token_ids and restored.logprobs == pytest.approx(
+        before.logprobs, abs=LOGPROB_TOL
+    )
 
 
 async def test_bad_requests_and_model_directories_are_clear_errors(engine, tmp_path):

@@ -7,9 +7,9 @@ import json
 import re
 
 import pytest
+from run_helpers import ROOT, cli
 
 from railgate.config import load_config
-from run_helpers import ROOT, cli
 
 ACCURACY = re.compile(r"held-out accuracy: (\d\.\d+) \(95% (\d\.\d+) to (\d\.\d+)\) over 512 prompts x 4 samples")
 
@@ -28,8 +28,19 @@ def test_the_default_warm_start_lands_within_0_05_of_its_target_and_trains_as_mo
     assert meta["warm_start"]["kept_step"] > 0  # the checkpoint kept was chosen near the target
 
     run = tmp_path / "run"
-    trained = cli("train", "--no-progress", "--run-dir", str(run), "--set", f"model.path={out}",
-                  "--set", "orchestrator.steps=1", "--set", "log.checkpoint_every=0", timeout=1500)
+    trained = cli(
+        "train",
+        "--no-progress",
+        "--run-dir",
+        str(run),
+        "--set",
+        f"model.path={out}",
+        "--set",
+        "orchestrator.steps=1",
+        "--set",
+        "log.checkpoint_every=0",
+        timeout=1500,
+    )
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert not (run / "base_model").exists() and "warm start" not in trained.stderr  # no second warm start
     step0 = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
@@ -41,7 +52,14 @@ def test_warm_start_refuses_a_users_model_and_a_used_directory(tmp_path):
     assert refused.returncode == 2 and "drop --set model.path" in refused.stderr
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "file").write_text("mine")
-    used = cli("warm-start", "--out", str(tmp_path / "used"), "--set", "model.warm_start_steps=1",
-               "--set", "model.warm_start_target=0")
+    used = cli(
+        "warm-start",
+        "--out",
+        str(tmp_path / "used"),
+        "--set",
+        "model.warm_start_steps=1",
+        "--set",
+        "model.warm_start_target=0",
+    )
     assert used.returncode == 2 and "not an empty directory" in used.stderr
     assert (tmp_path / "used" / "file").read_text() == "mine"

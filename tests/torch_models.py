@@ -14,16 +14,29 @@ GREEDY = 1e-5  # a temperature this small samples the argmax unless two logits t
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        max_position_embeddings=64, initializer_range=0.2,  # peaked logits: no near-ties for greedy parity
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=64,
+        initializer_range=0.2,  # peaked logits: no near-ties for greedy parity
     )
     return LlamaForCausalLM(config).eval()
 
 
 def tiny_gpt2(seed: int = 0) -> GPT2LMHeadModel:
     torch.manual_seed(seed)
-    config = GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=64, initializer_range=0.2,
-                        bos_token_id=1, eos_token_id=EOS)
+    config = GPT2Config(
+        vocab_size=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        n_positions=64,
+        initializer_range=0.2,
+        bos_token_id=1,
+        eos_token_id=EOS,
+    )
     return GPT2LMHeadModel(config).eval()
 
 
@@ -39,9 +52,15 @@ async def collect(engine, req) -> list:
 
 def greedy_reference(model, tokens, max_tokens) -> list[int]:
     ids = torch.tensor([list(tokens)])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_tokens,
-                         eos_token_id=EOS, pad_token_id=0)
-    return out[0, len(tokens):].tolist()
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=max_tokens,
+        eos_token_id=EOS,
+        pad_token_id=0,
+    )
+    return out[0, len(tokens) :].tolist()
 
 
 PROMPTS = [(5, 6, 7), (9, 10, 11, 12, 13, 14, 15, 16, 17), (20,), (30, 31, 32, 33, 34, 35)]

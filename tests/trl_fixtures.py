@@ -9,9 +9,21 @@ from typing import Any
 
 from hf_models import save_tiny_llama
 
-MATCHED = dict(per_device_train_batch_size=8, num_generations=4, max_completion_length=6, logging_steps=1,
-               report_to=[], bf16=False, gradient_checkpointing=False, use_cpu=True, seed=0, save_strategy="no",
-               learning_rate=1e-3, max_steps=3, disable_tqdm=True)
+MATCHED = dict(
+    per_device_train_batch_size=8,
+    num_generations=4,
+    max_completion_length=6,
+    logging_steps=1,
+    report_to=[],
+    bf16=False,
+    gradient_checkpointing=False,
+    use_cpu=True,
+    seed=0,
+    save_strategy="no",
+    learning_rate=1e-3,
+    max_steps=3,
+    disable_tqdm=True,
+)
 """Settings both trainers of a test share (8 rows a step: 2 prompts x 4 completions)."""
 
 

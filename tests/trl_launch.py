@@ -52,12 +52,31 @@ def main(scenario: str, out: Path, model: str) -> None:
     kind = "sara" if scenario == "split" else "hora"
     prompts_per_step = 3 if scenario == "split" else 4
     args = GatedGRPOConfig(
-        output_dir=str(out / "run"), num_generations=4, per_device_train_batch_size=4 * prompts_per_step // processes,
-        max_completion_length=4, max_steps=3, logging_steps=1, report_to=[], bf16=False, gradient_checkpointing=False,
-        use_cpu=True, seed=0, save_strategy="no", disable_tqdm=True, gate_kind=kind, gate_probe_size=2,
-        gate_hora_budget=14, gate_reference_prior=False, gate_step_rollouts=8)
-    trainer = GatedGRPOTrainer(model=model, reward_funcs=by_process if scenario == "split" else fixed, args=args,
-                               train_dataset=Dataset.from_list(rows))
+        output_dir=str(out / "run"),
+        num_generations=4,
+        per_device_train_batch_size=4 * prompts_per_step // processes,
+        max_completion_length=4,
+        max_steps=3,
+        logging_steps=1,
+        report_to=[],
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        seed=0,
+        save_strategy="no",
+        disable_tqdm=True,
+        gate_kind=kind,
+        gate_probe_size=2,
+        gate_hora_budget=14,
+        gate_reference_prior=False,
+        gate_step_rollouts=8,
+    )
+    trainer = GatedGRPOTrainer(
+        model=model,
+        reward_funcs=by_process if scenario == "split" else fixed,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+    )
     steps = []
     next_batch = trainer.gate.driver.next_batch
 
@@ -68,7 +87,9 @@ def main(scenario: str, out: Path, model: str) -> None:
 
     trainer.gate.driver.next_batch = recorded
     trainer.train()
-    (out / f"rank-{state.process_index}.json").write_text(json.dumps({"steps": steps, "metrics": trainer.gate.metrics()}))
+    (out / f"rank-{state.process_index}.json").write_text(
+        json.dumps({"steps": steps, "metrics": trainer.gate.metrics()})
+    )
 
 
 if __name__ == "__main__":

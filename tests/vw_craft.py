@@ -23,7 +23,7 @@ def murmur3_32(data: bytes, seed: int = 0) -> int:
         h ^= mix(_U32.unpack_from(data, i)[0])
         h = ((h << 13) | (h >> 19)) & 0xFFFFFFFF
         h = (h * 5 + 0xE6546B64) & 0xFFFFFFFF
-    tail, k = data[n // 4 * 4:], 0
+    tail, k = data[n // 4 * 4 :], 0
     for i, byte in enumerate(tail):
         k |= byte << (8 * i)
     if tail:
@@ -44,15 +44,15 @@ def with_options(blob: bytes, extra: str) -> bytes:
     (length,) = _U32.unpack_from(blob, offset)
     fields = [4, length, 1, 4, 4, 4, 4, 4, 4]  # id length, id, model byte, min, max, bits, lda, ngrams, skips
     for size in fields:
-        chunks.append(blob[offset:offset + size])
+        chunks.append(blob[offset : offset + size])
         offset += size
     (length,) = _U32.unpack_from(blob, offset)
-    options = blob[offset + 4:offset + 4 + length].rstrip(b"\x00") + extra.encode() + b"\x00"
-    rest = blob[offset + 4 + length:]
+    options = blob[offset + 4 : offset + 4 + length].rstrip(b"\x00") + extra.encode() + b"\x00"
+    rest = blob[offset + 4 + length :]
     assert _U32.unpack_from(rest, 0)[0] == 4, "expected the 4-byte checksum field after the options"
     chunks += [_U32.pack(len(options)), options]
     checksum = 0
     for chunk in chunks:
         checksum = murmur3_32(chunk, checksum)
-    head = blob[:4 + _U32.unpack_from(blob, 0)[0]]
+    head = blob[: 4 + _U32.unpack_from(blob, 0)[0]]
     return head + b"".join(chunks) + _U32.pack(4) + _U32.pack(checksum) + rest[8:]

@@ -44,8 +44,7 @@ class DpsGate(BaseGate[SealedRecord]):
     def __init__(self, selector: DpsSelector, group_size: int):
         if not isinstance(selector, DpsSelector):
             raise TypeError(
-                f"DpsGate needs a DpsSelector, got {type(selector).__name__}; "
-                "wrap the pool: DpsSelector(pool, seed)"
+                f"DpsGate needs a DpsSelector, got {type(selector).__name__}; wrap the pool: DpsSelector(pool, seed)"
             )
         super().__init__(selector, group_size)
 

@@ -78,7 +78,9 @@ class DynamicSamplingGate(RoundGate[RoundRecord]):
     def __init__(
         self, source: PromptPool | PromptSelector, group_size: int, batch_groups: int, config: DsConfig = DsConfig()
     ):
-        super().__init__(source, group_size, batch_groups, config.max_rounds, config.on_round_cap, initial_size=group_size)
+        super().__init__(
+            source, group_size, batch_groups, config.max_rounds, config.on_round_cap, initial_size=group_size
+        )
         self.config = config
         self.oversample = config.oversample
         self.round_size = math.ceil(config.oversample * batch_groups)

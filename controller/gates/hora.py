@@ -111,7 +111,7 @@ class HoraGate(BaseGate[HoraRecord]):
             self._replacements -= 1
             self._open(group_id, prompt, phase="replacement")
             plans.append(GroupPlan(group_id, prompt, self.group_size, self.group_size))
-        group_ids = group_ids[len(plans):]
+        group_ids = group_ids[len(plans) :]
         batch = self._batch
         if batch.allocated:
             if batch.index + 1 > self._horizon:

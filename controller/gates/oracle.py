@@ -167,8 +167,11 @@ class OracleGate(BaseGate[OracleRecord]):
         }
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"rng": self._rng.bit_generator.state, "barren": self._barren,
-                "uncounted": [self._uncounted_rollouts, self._uncounted_tokens]}
+        return {
+            "rng": self._rng.bit_generator.state,
+            "barren": self._barren,
+            "uncounted": [self._uncounted_rollouts, self._uncounted_tokens],
+        }
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
         self._rng.bit_generator.state = state["rng"]

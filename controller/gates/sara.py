@@ -116,7 +116,9 @@ class SaraGate(BaseGate[SaraRecord]):
         # prompt_id -> carried posterior (a, b); only kept when history_discount > 0.
         self._carried: dict[int, tuple[float, float]] = {}
         self.levels = (
-            LevelPrior(config.level_window, config.level_min_groups, fallback=self.prior) if config.level_prior else None
+            LevelPrior(config.level_window, config.level_min_groups, fallback=self.prior)
+            if config.level_prior
+            else None
         )
         self._level_of: dict[int, float] = {}  # prompt_id -> difficulty: the level a group's outcome counts for
         # reference_prior: the scores of the prompts next in line, attached by the run's builder,
@@ -126,8 +128,10 @@ class SaraGate(BaseGate[SaraRecord]):
     def attach_reference(self, screen: ReferenceScreen) -> None:
         """Use ``screen``'s reference likelihoods for priors and skips (``gate.sara.reference_prior``)."""
         if not self.config.reference_prior:
-            raise ValueError("a reference screen was attached to a SARA gate with gate.sara.reference_prior=false; "
-                             "set it to true or do not attach one")
+            raise ValueError(
+                "a reference screen was attached to a SARA gate with gate.sara.reference_prior=false; "
+                "set it to true or do not attach one"
+            )
         self.reference = screen
 
     def metrics(self) -> dict[str, float]:
@@ -213,7 +217,9 @@ class SaraGate(BaseGate[SaraRecord]):
         if t < self.probe_size and self.launch == "streaming" and snapshot.is_mixed:
             self._verdicts.add("commit_early")
             rest = self.group_size - t - running
-            return ([launch(gid, rest, "sara rest")] if rest > 0 else []) + [commit(gid, "sara mixed before the probe is in")]
+            return ([launch(gid, rest, "sara rest")] if rest > 0 else []) + [
+                commit(gid, "sara mixed before the probe is in")
+            ]
         if t < self.probe_size:
             # The probe is not in yet: launch the rest of it after a pilot, replace samples the
             # engine failed on.

@@ -30,7 +30,10 @@ class UniformGate(Gate):
         self._sealed: set[int] = set()
 
     def admit(self, group_ids: range, step: int) -> list[GroupPlan]:
-        return [GroupPlan(gid, p, self.group_size, self.group_size) for gid, p in zip(group_ids, self.pool.take(len(group_ids)))]
+        return [
+            GroupPlan(gid, p, self.group_size, self.group_size)
+            for gid, p in zip(group_ids, self.pool.take(len(group_ids)))
+        ]
 
     def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
         if snapshot.group_id in self._sealed:

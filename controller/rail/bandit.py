@@ -156,7 +156,11 @@ class BanditLearner:
         default stacks ``distributions``; a backend that scores in arrays overrides it."""
         rows = self.distributions(contexts)
         return [
-            (idx, np.array([rows[i][0] for i in idx], dtype=np.float64), np.array([rows[i][1] for i in idx], dtype=np.float64))
+            (
+                idx,
+                np.array([rows[i][0] for i in idx], dtype=np.float64),
+                np.array([rows[i][1] for i in idx], dtype=np.float64),
+            )
             for idx in blocks_by_arms(c.arms for c in contexts)
         ]
 
@@ -167,9 +171,7 @@ class BanditLearner:
     def learn_one(self, context: Context, decision: Decision, reward: float) -> None:
         """Learn from arm ``decision.action``, taken with probability ``decision.propensity``."""
         if not 0 <= decision.action < len(context.arms):
-            raise ValueError(
-                f"decision.action={decision.action} is outside the context's {len(context.arms)} arms"
-            )
+            raise ValueError(f"decision.action={decision.action} is outside the context's {len(context.arms)} arms")
         if not (0.0 < decision.propensity <= 1.0):
             raise ValueError(f"decision.propensity={decision.propensity} must be in (0, 1]")
         reward = float(reward)

@@ -38,8 +38,20 @@ class RequestBuffer:
     tuples: recording a delta appends references and one running sum, and the flat sequences are
     built only when asked for (a branch's prefix), which is rare next to the deltas."""
 
-    __slots__ = ("request_id", "group_id", "sample_index", "start", "_tokens", "_logprobs", "_entropies",
-                 "_ends", "_sums", "has_entropy", "broken", "last_decision")
+    __slots__ = (
+        "request_id",
+        "group_id",
+        "sample_index",
+        "start",
+        "_tokens",
+        "_logprobs",
+        "_entropies",
+        "_ends",
+        "_sums",
+        "has_entropy",
+        "broken",
+        "last_decision",
+    )
 
     def __init__(self, request_id: str, group_id: int, sample_index: int, start: int):
         self.request_id = request_id
@@ -85,8 +97,9 @@ class RequestBuffer:
     def _entropy_chunks(self):
         return (e if e is not None else (0.0,) * len(t) for e, t in zip(self._entropies, self._tokens))
 
-    def extend(self, tokens: Sequence[int], logprobs: Sequence[float], entropies: Sequence[float] | None,
-               room: int) -> None:
+    def extend(
+        self, tokens: Sequence[int], logprobs: Sequence[float], entropies: Sequence[float] | None, room: int
+    ) -> None:
         take = min(len(tokens), max(room, 0))
         if take <= 0:
             return
@@ -235,7 +248,9 @@ class PrefixBuffers:
                 pos = min(max(1, length * q // 4), last)
                 if pos < 1:
                     continue
-                score = buf.logprob_sum(pos) / pos  # ``mean_logprob(pos)``: a known buffer starts at 0, and pos < length
+                score = (
+                    buf.logprob_sum(pos) / pos
+                )  # ``mean_logprob(pos)``: a known buffer starts at 0, and pos < length
                 score = score if highest else -score
                 if best_score is None or score > best_score:
                     best, best_score = (buf, pos), score

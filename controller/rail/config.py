@@ -225,8 +225,10 @@ class RailConfig:
         require(self.river_lr_scale > 0, f"{KEY}.river_lr_scale={self.river_lr_scale} must be > 0")
         require(self.huber_epsilon > 0, f"{KEY}.huber_epsilon={self.huber_epsilon} must be > 0")
         require(self.evaluate_every >= 1, f"{KEY}.evaluate_every={self.evaluate_every} must be >= 1")
-        require(self.decision_batch_max >= 1,
-                f"{KEY}.decision_batch_max={self.decision_batch_max} must be >= 1 (1 decides each point alone)")
+        require(
+            self.decision_batch_max >= 1,
+            f"{KEY}.decision_batch_max={self.decision_batch_max} must be >= 1 (1 decides each point alone)",
+        )
         require(self.min_decisions >= 2, f"{KEY}.min_decisions={self.min_decisions} must be >= 2")
         require(
             self.window >= self.min_decisions,
@@ -238,4 +240,6 @@ class RailConfig:
         require(self.buffer_max_tokens >= 1, f"{KEY}.buffer_max_tokens={self.buffer_max_tokens} must be >= 1")
         require(self.buffer_max_requests >= 1, f"{KEY}.buffer_max_requests={self.buffer_max_requests} must be >= 1")
         require(0 < self.length_ema <= 1, f"{KEY}.length_ema={self.length_ema} must be in (0, 1]")
-        require(self.initial_length >= 0, f"{KEY}.initial_length={self.initial_length} must be >= 0 (0 = max_tokens / 2)")
+        require(
+            self.initial_length >= 0, f"{KEY}.initial_length={self.initial_length} must be >= 0 (0 = max_tokens / 2)"
+        )

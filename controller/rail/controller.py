@@ -102,8 +102,15 @@ class RailController:
         self.behaviour = build_behaviour(config, derive_seed(seed, "rail", "behaviour"))
         self.decider = Decider(config, self.learner, self.behaviour, derive_seed(seed, "rail", "decider"))
         self.counts: Counter[str] = Counter()
-        self.outcomes = Outcomes(config, sink, self.learner, self.counts, frozen_seed=derive_seed(seed, "rail", "frozen"),
-                                 run_id=run_id, clock=self._clock)
+        self.outcomes = Outcomes(
+            config,
+            sink,
+            self.learner,
+            self.counts,
+            frozen_seed=derive_seed(seed, "rail", "frozen"),
+            run_id=run_id,
+            clock=self._clock,
+        )
         """Rewards, learning, the frozen copy and promotion (``controller.rail.outcomes``)."""
         # Token hooks are needed for token decisions, and to know prefixes for group-level branches.
         self.wants_tokens = bool(config.token_decisions or self._branch_arms)
@@ -201,7 +208,9 @@ class RailController:
             return self._decide("token", snapshot, group, prefix, arms, source, position)
         started = time.perf_counter_ns()
         context = self._context("token", snapshot, group, prefix, arms)
-        self._queue.append(QueuedPoint("token", snapshot, group, context, source, position, time.perf_counter_ns() - started))
+        self._queue.append(
+            QueuedPoint("token", snapshot, group, context, source, position, time.perf_counter_ns() - started)
+        )
         return []
 
     def on_turn(self, snapshot: GroupSnapshot, sample_index: int, point: TurnPoint) -> list[GroupAction]:
@@ -226,7 +235,7 @@ class RailController:
         size = self.config.decision_batch_max
         actions: list[GroupAction] = []
         for k in range(0, len(queue), size):
-            actions += self._decide_batch(queue[k:k + size])
+            actions += self._decide_batch(queue[k : k + size])
         return actions
 
     def _decide_batch(self, queue: list[QueuedPoint]) -> list[GroupAction]:
@@ -287,7 +296,9 @@ class RailController:
             return []
         return self._decide(point, snapshot, group, found.prefix, found.arms, found.source, found.position)
 
-    def _queue_group_point(self, snapshot: GroupSnapshot, group: GroupState, point: str, held: tuple[GroupAction, ...]) -> bool:
+    def _queue_group_point(
+        self, snapshot: GroupSnapshot, group: GroupState, point: str, held: tuple[GroupAction, ...]
+    ) -> bool:
         """Queue a group-level point for the next batch, holding ``held`` (the gate's proposal
         for the group) until it is decided; False when it is to be decided now instead (batching
         off, samples of the group still running) or there is nothing to decide."""
@@ -298,13 +309,23 @@ class RailController:
         if found is None:
             return False
         context = self._context(point, snapshot, group, found.prefix, found.arms)
-        self._queue.append(QueuedPoint(point, snapshot, group, context, found.source, found.position,
-                                       time.perf_counter_ns() - started, held))
+        self._queue.append(
+            QueuedPoint(
+                point, snapshot, group, context, found.source, found.position, time.perf_counter_ns() - started, held
+            )
+        )
         return True
 
-    def _context(self, point: str, snapshot: GroupSnapshot, group: GroupState, prefix: PrefixInfo, arms: tuple[Arm, ...]) -> Context:
+    def _context(
+        self, point: str, snapshot: GroupSnapshot, group: GroupState, prefix: PrefixInfo, arms: tuple[Arm, ...]
+    ) -> Context:
         features = group_features(
-            snapshot, point, prefix, self.length_estimate, snapshot.policy_version - group.first_version, group.interventions
+            snapshot,
+            point,
+            prefix,
+            self.length_estimate,
+            snapshot.policy_version - group.first_version,
+            group.interventions,
         )
         return Context.build(point, features, arms, checked=True)  # group_features checked them
 
@@ -340,12 +361,32 @@ class RailController:
         decision_id = self.sink.next_decision_id()
         sample = source.sample_index if source is not None else -1
         self.sink.log_decision(
-            decision_record(decision_id, float(self._clock()), self.run_id, self.mode, point, snapshot, sample,
-                            position, context, choice)
+            decision_record(
+                decision_id,
+                float(self._clock()),
+                self.run_id,
+                self.mode,
+                point,
+                snapshot,
+                sample,
+                position,
+                context,
+                choice,
+            )
         )
         group.decisions.append(
-            PendingDecision(decision_id, point, context, choice.acted, choice.other_prob, choice.q_other,
-                     choice.predicted_gain, self.frozen is not None, context.costs[i], snapshot.tokens)
+            PendingDecision(
+                decision_id,
+                point,
+                context,
+                choice.acted,
+                choice.other_prob,
+                choice.q_other,
+                choice.predicted_gain,
+                self.frozen is not None,
+                context.costs[i],
+                snapshot.tokens,
+            )
         )
         counts = self.counts
         counts["decisions"] += 1

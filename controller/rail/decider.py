@@ -82,7 +82,9 @@ class Decider:
         noop = next((i for i, a in enumerate(arms) if a.is_noop), None)
         return noop, tuple(i for i, a in enumerate(arms) if not a.is_noop)
 
-    def live_distribution(self, context: Context, probs: tuple[float, ...], gains: tuple[float, ...]) -> tuple[float, ...]:
+    def live_distribution(
+        self, context: Context, probs: tuple[float, ...], gains: tuple[float, ...]
+    ) -> tuple[float, ...]:
         """The learned distribution after the live threshold rule."""
         noop, interventions = self._splits.get(context.arms, self._split)
         if noop is None or not interventions:
@@ -109,7 +111,10 @@ class Decider:
         if len(contexts) <= SMALL_BATCH:  # the single-context scorer costs less than a small block
             return [self.choose(c, mode) for c in contexts]
         if mode != "live":
-            return [self._choose(c, mode, probs, gains) for c, (probs, gains) in zip(contexts, self.learner.distributions(contexts))]
+            return [
+                self._choose(c, mode, probs, gains)
+                for c, (probs, gains) in zip(contexts, self.learner.distributions(contexts))
+            ]
         draws = [self._rng.random() for _ in contexts]
         out: list[Choice | None] = [None] * len(contexts)
         for idx, probs, gains in self.learner.distribution_blocks(contexts):
@@ -143,8 +148,12 @@ class Decider:
             p, g = p_row[j], g_row[j]
             out[i] = Choice(
                 acted=Decision(j, names[j], p, g, p_row, g_row),
-                propensity=p, behaviour_propensity=p, predicted_gain=g,
-                other_prob=behaviour[j], q_other=q if math.isfinite(q) else math.nan, extra_features=NO_EXTRA_FEATURES,
+                propensity=p,
+                behaviour_propensity=p,
+                predicted_gain=g,
+                other_prob=behaviour[j],
+                q_other=q if math.isfinite(q) else math.nan,
+                extra_features=NO_EXTRA_FEATURES,
             )
 
     def _behaviour_rows(

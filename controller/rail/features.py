@@ -184,9 +184,12 @@ class Context:
         arms = tuple(arms)
         # expected_tokens of every arm, from its samples and whether it only writes the rest.
         rules = _COST_RULES.get(arms, _cost_rules)
-        return cls(point, values, arms, tuple([
-            0.0 if not n else n * length * rest if branch else n * length for n, branch in rules
-        ]))
+        return cls(
+            point,
+            values,
+            arms,
+            tuple([0.0 if not n else n * length * rest if branch else n * length for n, branch in rules]),
+        )
 
     @property
     def names(self) -> tuple[str, ...]:

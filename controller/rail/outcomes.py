@@ -98,8 +98,13 @@ class Outcomes:
         self.config, self.sink, self.learner, self.counts = config, sink, learner, counts
         self.frozen_seed, self.run_id, self._clock = frozen_seed, run_id, clock
         self.promoter = Promoter(
-            config.evaluate_every, config.min_decisions, config.window, config.confidence,
-            config.weight_clip, config.mode, config.auto_promote,
+            config.evaluate_every,
+            config.min_decisions,
+            config.window,
+            config.confidence,
+            config.weight_clip,
+            config.mode,
+            config.auto_promote,
         )
         self.frozen: BanditLearner | None = None
         self.gain_errors = GainErrorTracker()
@@ -125,8 +130,16 @@ class Outcomes:
         self, d: PendingDecision, snapshot: GroupSnapshot, committed: bool, frozen_gain: float, length_estimate: float
     ) -> None:
         reward, _gain, tokens = decision_reward(
-            d.point, snapshot.rewards, snapshot.origins, d.decision_id, committed,
-            d.expected_tokens, snapshot.tokens - d.tokens_at, self.config.cost_lambda, length_estimate, noop=d.noop,
+            d.point,
+            snapshot.rewards,
+            snapshot.origins,
+            d.decision_id,
+            committed,
+            d.expected_tokens,
+            snapshot.tokens - d.tokens_at,
+            self.config.cost_lambda,
+            length_estimate,
+            noop=d.noop,
         )
         self.sink.log_outcome(d.decision_id, reward, tokens)
         self.counts["outcomes"] += 1
@@ -151,8 +164,9 @@ class Outcomes:
         self._log_switch(evidence, policy_version, manual=True)
 
     def _log_switch(self, evidence: Evidence | None, policy_version: int, manual: bool = False) -> None:
-        record = switch_record(self.sink.next_decision_id(), float(self._clock()), self.run_id, self.mode, evidence,
-                               policy_version, manual)
+        record = switch_record(
+            self.sink.next_decision_id(), float(self._clock()), self.run_id, self.mode, evidence, policy_version, manual
+        )
         self.sink.log_decision(record)
 
     # --- reporting and state ---------------------------------------------------------------

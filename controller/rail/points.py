@@ -71,7 +71,10 @@ class GroupState:
 
     def may_decide_token(self, cfg: RailConfig) -> bool:
         """The group has token decisions and interventions left."""
-        return self.token_decisions < cfg.max_token_decisions_per_group and self.interventions < cfg.max_interventions_per_group
+        return (
+            self.token_decisions < cfg.max_token_decisions_per_group
+            and self.interventions < cfg.max_interventions_per_group
+        )
 
     def outstanding(self, snapshot: GroupSnapshot) -> bool:
         """Some intervention of this group has samples that have not come back yet."""

@@ -112,7 +112,7 @@ class Promoter:
         """The window's rows, oldest first."""
         if self._size < len(self._ring):
             return self._ring[: self._size]
-        return np.concatenate([self._ring[self._next:], self._ring[: self._next]])
+        return np.concatenate([self._ring[self._next :], self._ring[: self._next]])
 
     def _append(self, row: tuple[float, ...]) -> None:
         self._ring[self._next] = row
@@ -190,5 +190,5 @@ class Promoter:
         if any(len(row) != len(FIELDS) for row in rows):
             raise ValueError(f"a promoter window entry must hold {len(FIELDS)} numbers ({', '.join(FIELDS)})")
         self._clear()
-        for row in rows[-len(self._ring):]:
+        for row in rows[-len(self._ring) :]:
             self._append(row)

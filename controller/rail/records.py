@@ -63,7 +63,12 @@ def decision_record(
 
 
 def switch_record(
-    decision_id: int, time: float, run_id: str, new_mode: str, evidence: Evidence | None, policy_version: int,
+    decision_id: int,
+    time: float,
+    run_id: str,
+    new_mode: str,
+    evidence: Evidence | None,
+    policy_version: int,
     manual: bool = False,
 ) -> DecisionRecord:
     features = evidence.features() if evidence is not None else {}

@@ -42,9 +42,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -109,12 +109,11 @@ def load_logged(path: str | os.PathLike | Sequence[str | os.PathLike], run_id: s
     if run_id is None and len(trace.run_ids) > 1:
         raise MixedRunsError(
             f"trace {path} holds decisions of {len(trace.run_ids)} runs ({', '.join(trace.run_ids)}); pass "
-            "run_id= one of them", trace.run_ids
+            "run_id= one of them",
+            trace.run_ids,
         )
     if run_id is not None and run_id not in trace.run_ids:
-        raise ReplayError(
-            f"trace {path} holds no run {run_id!r}; its runs are: {', '.join(trace.run_ids) or '(none)'}"
-        )
+        raise ReplayError(f"trace {path} holds no run {run_id!r}; its runs are: {', '.join(trace.run_ids) or '(none)'}")
     rows = trace.joined().to_pylist()
     last: dict[int, dict] = {}
     not_rail = 0

@@ -45,8 +45,7 @@ def variance_gain(rewards: Sequence[float], origins: Sequence[int], decision_id:
     """Variance of all ``rewards`` minus that of the rewards not made by ``decision_id``."""
     if len(origins) != len(rewards):
         raise ValueError(
-            f"{len(origins)} origins for {len(rewards)} rewards; GroupSnapshot.origins must have one "
-            "entry per reward"
+            f"{len(origins)} origins for {len(rewards)} rewards; GroupSnapshot.origins must have one entry per reward"
         )
     rest = [r for r, o in zip(rewards, origins) if o != decision_id]
     return variance(rewards) - variance(rest)

@@ -125,8 +125,11 @@ def models_state(models: dict[str, linear_model.LinearRegression]) -> dict[str, 
     from someone else, and unpickling it could run code): per arm the intercept, SGD's step
     count and the weights, as checksummed base64 JSON."""
     data = {
-        arm: {"intercept": m.intercept, "n_iterations": m.optimizer.n_iterations,
-              "weights": [[k, v] for k, v in m._weights.to_dict().items()]}
+        arm: {
+            "intercept": m.intercept,
+            "n_iterations": m.optimizer.n_iterations,
+            "weights": [[k, v] for k, v in m._weights.to_dict().items()],
+        }
         for arm, m in models.items()
     }
     text, digest = pack_blob(json.dumps(data, separators=(",", ":")).encode())

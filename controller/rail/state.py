@@ -60,7 +60,9 @@ def check_header(state: Any, where: str, backend: str | None = None) -> None:
 
 def corrupt(where: str, exc: BaseException) -> ControllerStateError:
     """The error for a state whose header is right but whose body does not load."""
-    return ControllerStateError(f"{where} is corrupt ({type(exc).__name__}: {exc}); delete it or start the controller fresh")
+    return ControllerStateError(
+        f"{where} is corrupt ({type(exc).__name__}: {exc}); delete it or start the controller fresh"
+    )
 
 
 def pack_blob(blob: bytes) -> tuple[str, str]:

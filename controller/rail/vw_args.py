@@ -36,17 +36,39 @@ NUMBER, NAMESPACES, NAME, FLAG = "a number", "namespace letters", "a name", None
 
 OPTIONS: dict[str, str | None] = {
     # learning rate and its schedule
-    "--learning_rate": NUMBER, "--power_t": NUMBER, "--initial_t": NUMBER, "--decay_learning_rate": NUMBER,
-    "--adaptive": FLAG, "--normalized": FLAG, "--invariant": FLAG, "--sgd": FLAG,
+    "--learning_rate": NUMBER,
+    "--power_t": NUMBER,
+    "--initial_t": NUMBER,
+    "--decay_learning_rate": NUMBER,
+    "--adaptive": FLAG,
+    "--normalized": FLAG,
+    "--invariant": FLAG,
+    "--sgd": FLAG,
     # regularisation
-    "--l1": NUMBER, "--l2": NUMBER, "--no_bias_regularization": FLAG,
+    "--l1": NUMBER,
+    "--l2": NUMBER,
+    "--no_bias_regularization": FLAG,
     # features and interactions
-    "--bit_precision": NUMBER, "--quadratic": NAMESPACES, "--cubic": NAMESPACES, "--interactions": NAMESPACES,
-    "--ignore": NAMESPACES, "--ignore_linear": NAMESPACES, "--keep": NAMESPACES, "--noconstant": FLAG,
-    "--constant": NUMBER, "--hash_seed": NUMBER, "--loss_function": NAME,
+    "--bit_precision": NUMBER,
+    "--quadratic": NAMESPACES,
+    "--cubic": NAMESPACES,
+    "--interactions": NAMESPACES,
+    "--ignore": NAMESPACES,
+    "--ignore_linear": NAMESPACES,
+    "--keep": NAMESPACES,
+    "--noconstant": FLAG,
+    "--constant": NUMBER,
+    "--hash_seed": NUMBER,
+    "--loss_function": NAME,
     # exploration (SquareCB and the contextual-bandit reduction under it)
-    "--gamma_scale": NUMBER, "--gamma_exponent": NUMBER, "--elim": FLAG, "--mellowness": NUMBER,
-    "--cb_min_cost": NUMBER, "--cb_max_cost": NUMBER, "--cb_type": NAME, "--epsilon": NUMBER,
+    "--gamma_scale": NUMBER,
+    "--gamma_exponent": NUMBER,
+    "--elim": FLAG,
+    "--mellowness": NUMBER,
+    "--cb_min_cost": NUMBER,
+    "--cb_max_cost": NUMBER,
+    "--cb_type": NAME,
+    "--epsilon": NUMBER,
     "--random_seed": NUMBER,
 }
 SHORT = {"-l": "--learning_rate", "-b": "--bit_precision", "-q": "--quadratic", "-C": "--constant"}
@@ -54,12 +76,19 @@ SHORT = {"-l": "--learning_rate", "-b": "--bit_precision", "-q": "--quadratic", 
 MODEL_OPTIONS: dict[str, str | None] = {
     **OPTIONS,
     # the reduction chain railgate builds (--cb_explore_adf --squarecb); VW writes these into every model
-    "--cb_explore_adf": FLAG, "--cb_adf": FLAG, "--squarecb": FLAG, "--csoaa_ldf": NAME, "--csoaa_rank": FLAG,
+    "--cb_explore_adf": FLAG,
+    "--cb_adf": FLAG,
+    "--squarecb": FLAG,
+    "--csoaa_ldf": NAME,
+    "--csoaa_rank": FLAG,
 }
 """What a saved model's header may carry: the user's options plus railgate's own reduction chain."""
 
-VALUE_NAMES = {"--loss_function": {"squared", "logistic", "hinge", "quantile", "poisson", "classic", "expectile"},
-               "--cb_type": {"ips", "dm", "dr", "mtr", "sm"}, "--csoaa_ldf": {"multiline", "m", "singleline", "s"}}
+VALUE_NAMES = {
+    "--loss_function": {"squared", "logistic", "hinge", "quantile", "poisson", "classic", "expectile"},
+    "--cb_type": {"ips", "dm", "dr", "mtr", "sm"},
+    "--csoaa_ldf": {"multiline", "m", "singleline", "s"},
+}
 
 
 class VWArgsError(ValueError):
@@ -88,13 +117,15 @@ def model_options(blob: bytes) -> str:
             (length,) = struct.unpack_from("<I", blob, offset)
             offset += 4 + length
         offset += 1 + 4 + 4 + 4 + 4  # model byte, min/max label, bits, lda
-        ngram, = struct.unpack_from("<I", blob, offset)
-        skips, = struct.unpack_from("<I", blob, offset + 4)
+        (ngram,) = struct.unpack_from("<I", blob, offset)
+        (skips,) = struct.unpack_from("<I", blob, offset + 4)
         offset += 8
         if ngram or skips:
-            raise VWArgsError(f"the VW model's header asks for n-grams or skips ({ngram}, {skips}), which railgate never sets")
+            raise VWArgsError(
+                f"the VW model's header asks for n-grams or skips ({ngram}, {skips}), which railgate never sets"
+            )
         (length,) = struct.unpack_from("<I", blob, offset)
-        raw = blob[offset + 4: offset + 4 + length]
+        raw = blob[offset + 4 : offset + 4 + length]
     except struct.error:
         raise VWArgsError("the VW model's header is cut short") from None
     if len(raw) != length or length > 65536:
@@ -104,8 +135,12 @@ def model_options(blob: bytes) -> str:
 
 def check_model_options(blob: bytes, where: str = "the VW model") -> None:
     """``VWArgsError`` unless every option in ``blob``'s header is one railgate's models carry."""
-    _check(model_options(blob).split(), MODEL_OPTIONS, where,
-           "the model did not come from railgate: train the controller again (a new run)")
+    _check(
+        model_options(blob).split(),
+        MODEL_OPTIONS,
+        where,
+        "the model did not come from railgate: train the controller again (a new run)",
+    )
 
 
 def _check(tokens: list[str], allowed: dict[str, str | None], key: str, fix: str) -> list[str]:
@@ -116,9 +151,15 @@ def _check(tokens: list[str], allowed: dict[str, str | None], key: str, fix: str
         name, _, inline = token.partition("=") if token.startswith("--") else (token, "", "")
         name = SHORT.get(name, name)
         if name not in allowed:
-            what = "a value without its option" if not token.startswith("-") else "not an option railgate passes to vowpalwabbit"
-            raise VWArgsError(f"{key}: {token[:60]!r} is {what} (none that names a file, a port or a host; only learning "
-                              f"options such as --l2, --power_t, -q: controller/rail/vw_args.py); {fix}")
+            what = (
+                "a value without its option"
+                if not token.startswith("-")
+                else "not an option railgate passes to vowpalwabbit"
+            )
+            raise VWArgsError(
+                f"{key}: {token[:60]!r} is {what} (none that names a file, a port or a host; only learning "
+                f"options such as --l2, --power_t, -q: controller/rail/vw_args.py); {fix}"
+            )
         kind = allowed[name]
         if kind is FLAG:
             if inline:

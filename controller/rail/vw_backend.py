@@ -29,8 +29,13 @@ import pylibvw  # vowpalwabbit's native module; its wheel installs it next to th
 import vowpalwabbit
 
 from controller.rail.arms import Arm
-from controller.rail.bandit import (BanditLearner, ControllerStateError, Decision, inverse_gap_weighting,
-                                    inverse_gap_weighting_rows)
+from controller.rail.bandit import (
+    BanditLearner,
+    ControllerStateError,
+    Decision,
+    inverse_gap_weighting,
+    inverse_gap_weighting_rows,
+)
 from controller.rail.features import Context
 from controller.rail.state import pack_blob, unpack_blob
 from controller.rail.vw_args import VWArgsError, check_extra_args, check_model_options
@@ -113,7 +118,9 @@ class VWLearner(BanditLearner):
         if template is None:
             # '%.6g' formats a float exactly as f'{v:.6g}' does; '%' in a feature name is escaped.
             name = self._name
-            template = self._templates[keys] = "shared |s " + " ".join(f"{name(k).replace('%', '%%')}:%.6g" for k in keys)
+            template = self._templates[keys] = "shared |s " + " ".join(
+                f"{name(k).replace('%', '%%')}:%.6g" for k in keys
+            )
         return template
 
     def _lines(self, context: Context) -> list[str]:

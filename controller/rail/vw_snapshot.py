@@ -104,7 +104,9 @@ class LinearSnapshot:
         interventions = np.array([not a.is_noop for a in arms])
         at0 = out[:, 0, :]  # (1 + keys, arms)
         per_k = np.where(interventions, out[:, 1, :] - at0, 0.0)  # the no-op has no cost feature
-        return cls(keys, [a.name for a in arms], at0[0], (at0[1:] - at0[0]).T, per_k[0], (per_k[1:] - per_k[0]).T, learned)
+        return cls(
+            keys, [a.name for a in arms], at0[0], (at0[1:] - at0[0]).T, per_k[0], (per_k[1:] - per_k[0]).T, learned
+        )
 
     def covers(self, context: Context) -> bool:
         """Whether every feature and arm of ``context`` is in the snapshot."""
@@ -205,8 +207,15 @@ class LinearSnapshot:
         arms = [str(a) for a in state["arms"]]
         for name in arms:
             parse_arm(name)  # an unknown arm name is a corrupt state
-        return cls(state["keys"], arms, np.array(state["base"]), np.array(state["slope"]),
-                   np.array(state["cbase"]), np.array(state["cslope"]), int(state["learned"]))
+        return cls(
+            state["keys"],
+            arms,
+            np.array(state["base"]),
+            np.array(state["slope"]),
+            np.array(state["cbase"]),
+            np.array(state["cslope"]),
+            int(state["learned"]),
+        )
 
     def arms(self) -> tuple[Arm, ...]:
         """The arms the snapshot covers (for widening it to a new context's)."""

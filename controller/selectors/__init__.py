@@ -59,11 +59,9 @@ class PromptSelector(Protocol):
         """Learner step ``step`` finished: the policy moved."""
         return None
 
-    def state_dict(self) -> dict[str, Any]:
-        ...
+    def state_dict(self) -> dict[str, Any]: ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 class CursorSelector(PromptSelector):

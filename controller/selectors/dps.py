@@ -136,9 +136,7 @@ class DpsSelector:
                 "(unsolved, partly, solved), e.g. (0.02, 0.5, 0.98)"
             )
         if not rates[0] < rates[1] < rates[2]:
-            raise ValueError(
-                f"gate.dps.success_rates={tuple(success_rates)} must increase from unsolved to solved"
-            )
+            raise ValueError(f"gate.dps.success_rates={tuple(success_rates)} must increase from unsolved to solved")
         start = np.asarray(prior, dtype=float)
         if start.shape != (3,) or np.any(start < 0) or not np.isclose(start.sum(), 1.0):
             raise ValueError(f"gate.dps.prior={tuple(prior)} must be three non-negative probabilities summing to 1")

@@ -54,10 +54,14 @@ def build(cls: type[T], data: dict[str, Any] | None, path: str = "") -> T:
             foreign = foreign_hint(_join(path, key), data[key])  # a TRL or verl name first
             names = sorted({v: k for k, v in renamed.items()}.get(f, f) for f in fields)
             close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"; {foreign}" if foreign else f"; did you mean '{_join(path, close[0]).rsplit('.', 1)[-1]}'?" if close else ""
-            raise ConfigError(
-                f"unknown key '{_join(path, key)}'{hint} (valid keys: {', '.join(names)})"
+            hint = (
+                f"; {foreign}"
+                if foreign
+                else f"; did you mean '{_join(path, close[0]).rsplit('.', 1)[-1]}'?"
+                if close
+                else ""
             )
+            raise ConfigError(f"unknown key '{_join(path, key)}'{hint} (valid keys: {', '.join(names)})")
     kwargs = {key: _coerce(hints[key], value, _join(path, key)) for key, value in data.items()}
     try:
         return cls(**kwargs)
@@ -85,13 +89,16 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
     p = resolve(path)
     if not p.is_file():
-        raise ConfigError(f"config file {p} does not exist; pass an existing file to --config "
-                          f"(the shipped ones are in {CONFIG_DIR})")
+        raise ConfigError(
+            f"config file {p} does not exist; pass an existing file to --config (the shipped ones are in {CONFIG_DIR})"
+        )
     try:
         data = parse_yaml(p.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file {p} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
-                          f"{exc.start}); save it as UTF-8") from None
+        raise ConfigError(
+            f"config file {p} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+            f"{exc.start}); save it as UTF-8"
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {p} is not valid YAML: {shorten(str(exc), 300)}") from None
     except ConfigError as exc:
@@ -120,8 +127,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         try:
             node[parts[-1]] = parse_yaml(raw) if raw.strip() else ""
         except yaml.YAMLError as exc:
-            raise ConfigError(f"--set {shorten(item)}: the value is not a YAML scalar or list "
-                              f"({shorten(str(exc).splitlines()[0], 120)}); quote it") from None
+            raise ConfigError(
+                f"--set {shorten(item)}: the value is not a YAML scalar or list "
+                f"({shorten(str(exc).splitlines()[0], 120)}); quote it"
+            ) from None
         except ConfigError as exc:
             raise ConfigError(f"--set {shorten(item)}: {exc}") from None
     return out
@@ -141,8 +150,10 @@ class _LimitedLoader(yaml.SafeLoader):
             self._aliases = getattr(self, "_aliases", 0) + 1
             if self._aliases > MAX_YAML_ALIASES:
                 mark = self.peek_event().start_mark
-                raise ConfigError(f"the YAML uses more than {MAX_YAML_ALIASES} aliases (*name) by line {mark.line + 1}: "
-                                  "an alias bomb? write the values out")
+                raise ConfigError(
+                    f"the YAML uses more than {MAX_YAML_ALIASES} aliases (*name) by line {mark.line + 1}: "
+                    "an alias bomb? write the values out"
+                )
         return super().compose_node(parent, index)
 
 
@@ -172,11 +183,14 @@ def parse_yaml(text: str) -> Any:
         loader.dispose()
     size = expanded_size(data)
     if size < 0:
-        raise ConfigError("the YAML holds an alias inside the value it names (&name ... *name): it never ends; write "
-                          "the values out")
+        raise ConfigError(
+            "the YAML holds an alias inside the value it names (&name ... *name): it never ends; write the values out"
+        )
     if size > MAX_YAML_NODES:
-        raise ConfigError(f"the YAML expands to {size:.3g} values through nested aliases (*name), above the limit of "
-                          f"{MAX_YAML_NODES}: an alias bomb? write the values out")
+        raise ConfigError(
+            f"the YAML expands to {size:.3g} values through nested aliases (*name), above the limit of "
+            f"{MAX_YAML_NODES}: an alias bomb? write the values out"
+        )
     return data
 
 
@@ -308,7 +322,9 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         if origin is tuple and args and args[-1] is not Ellipsis and len(args) != len(value):
             raise ConfigError(f"'{path}' must have {len(args)} items, got {len(value)}")
         item_types = [args[0]] * len(value) if (origin is list or (args and args[-1] is Ellipsis)) else list(args)
-        items = [_coerce(t, v, f"{path}[{i}]") for i, (t, v) in enumerate(zip(item_types, value))] if args else list(value)
+        items = (
+            [_coerce(t, v, f"{path}[{i}]") for i, (t, v) in enumerate(zip(item_types, value))] if args else list(value)
+        )
         return tuple(items) if origin is tuple else items
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
@@ -326,7 +342,9 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         try:
             number = tp(value)
         except (TypeError, ValueError, OverflowError):
-            raise ConfigError(f"'{path}'={shorten(value)} must be {'an integer' if tp is int else 'a number'}") from None
+            raise ConfigError(
+                f"'{path}'={shorten(value)} must be {'an integer' if tp is int else 'a number'}"
+            ) from None
         if tp is float and not math.isfinite(number):
             raise ConfigError(f"'{path}'={shorten(value)} must be a finite number (not NaN or infinity)")
         if tp is int and isinstance(value, float) and not value.is_integer():

@@ -36,20 +36,24 @@ FOREIGN_KEYS: dict[str, ForeignKey] = {
     "max_completion_length": ForeignKey("orchestrator.max_tokens", _TRL, "tokens per response"),
     "max_response_length": ForeignKey("orchestrator.max_tokens", _VERL, "tokens per response"),
     "max_prompt_length": ForeignKey(
-        "task.dataset.max_prompt_chars", _BOTH,
+        "task.dataset.max_prompt_chars",
+        _BOTH,
         "prompts are not truncated: a prompt longer than the context minus orchestrator.max_tokens stops the run "
-        "before it starts; max_prompt_chars skips long dataset rows"),
+        "before it starts; max_prompt_chars skips long dataset rows",
+    ),
     "temperature": ForeignKey("orchestrator.temperature", _BOTH),
     "top_p": ForeignKey("orchestrator.top_p", _BOTH),
     "use_vllm": ForeignKey("engine.kind", _TRL, "engine.kind=vllm"),
     "rollout.name": ForeignKey("engine.kind", _VERL, "engine.kind=vllm or torch"),
     # batches and steps
     "per_device_train_batch_size": ForeignKey(
-        "orchestrator.batch_groups", _TRL, "counted in groups of orchestrator.group_size rollouts per learner step"),
+        "orchestrator.batch_groups", _TRL, "counted in groups of orchestrator.group_size rollouts per learner step"
+    ),
     "train_batch_size": ForeignKey("orchestrator.batch_groups", _VERL, "prompts (groups) per learner step"),
     "ppo_mini_batch_size": ForeignKey("orchestrator.batch_groups", _VERL, "one optimizer step per batch of groups"),
     "gradient_accumulation_steps": ForeignKey(
-        "learner.micro_batch", _TRL, "a learner step accumulates gradients over micro-batches of this many rollouts"),
+        "learner.micro_batch", _TRL, "a learner step accumulates gradients over micro-batches of this many rollouts"
+    ),
     "ppo_micro_batch_size_per_gpu": ForeignKey("learner.micro_batch", _VERL, "rollouts per micro-batch"),
     "ppo_micro_batch_size": ForeignKey("learner.micro_batch", _VERL, "rollouts per micro-batch"),
     "num_iterations": ForeignKey("learner.ppo_epochs", _TRL, "passes over each batch"),
@@ -68,8 +72,11 @@ FOREIGN_KEYS: dict[str, ForeignKey] = {
     "clip_ratio": ForeignKey("learner.clip_low", _VERL, "and learner.clip_high: PPO's clip range below and above 1"),
     "clip_ratio_low": ForeignKey("learner.clip_low", _VERL),
     "clip_ratio_high": ForeignKey("learner.clip_high", _VERL, "the clip-higher bound; DAPO uses 0.28"),
-    "loss_type": ForeignKey("learner.loss_agg", _TRL, "token_mean (grpo, bnpo, dapo) or seq_mean_token_sum; "
-                                                       "dr_grpo is learner.algorithm=drgrpo"),
+    "loss_type": ForeignKey(
+        "learner.loss_agg",
+        _TRL,
+        "token_mean (grpo, bnpo, dapo) or seq_mean_token_sum; dr_grpo is learner.algorithm=drgrpo",
+    ),
     "loss_agg_mode": ForeignKey("learner.loss_agg", _VERL),
     "scale_rewards": ForeignKey("learner.algorithm", _TRL, "false (no std scaling) is learner.algorithm=drgrpo"),
     "adv_estimator": ForeignKey("learner.algorithm", _VERL, "grpo, drgrpo or rloo"),

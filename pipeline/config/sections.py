@@ -11,10 +11,10 @@ from typing import Literal
 
 from pipeline.config.build import at_most, require
 
-
 MAX_TIMEOUT_S = 3600.0
 """Every timeout of the settings is at most an hour: beyond it a timeout is a typo (``1e300``)
 that waits forever, or overflows the waits it is passed to."""
+
 
 @dataclass(frozen=True)
 class DifficultyComponent:
@@ -89,8 +89,14 @@ class SimConfig:
         require(self.length_spread >= 0, f"sim.length_spread={self.length_spread} must be >= 0")
         require(self.prefill_s >= 0, f"sim.prefill_s={self.prefill_s} must be >= 0")
         require(self.drift_std >= 0, f"sim.drift_std={self.drift_std} must be >= 0")
-        for key, limit in (("num_prompts", 10**7), ("num_eval_prompts", 10**7), ("vocab_size", 1 << 24),
-                           ("chunk_tokens", 1 << 20), ("length_success", 1 << 20), ("length_failure", 1 << 20)):
+        for key, limit in (
+            ("num_prompts", 10**7),
+            ("num_eval_prompts", 10**7),
+            ("vocab_size", 1 << 24),
+            ("chunk_tokens", 1 << 20),
+            ("length_success", 1 << 20),
+            ("length_failure", 1 << 20),
+        ):
             at_most(f"sim.{key}", getattr(self, key), limit)
 
 
@@ -116,8 +122,10 @@ class RayEngineConfig:
         require(self.replicas >= 1, f"engine.ray.replicas={self.replicas} must be >= 1")
         require(self.num_cpus > 0, f"engine.ray.num_cpus={self.num_cpus} must be > 0")
         require(self.num_gpus >= 0, f"engine.ray.num_gpus={self.num_gpus} must be >= 0")
-        require(0 < self.connect_timeout_s <= MAX_TIMEOUT_S,
-                f"engine.ray.connect_timeout_s={self.connect_timeout_s} must be in (0, {MAX_TIMEOUT_S:g}] seconds, e.g. 10")
+        require(
+            0 < self.connect_timeout_s <= MAX_TIMEOUT_S,
+            f"engine.ray.connect_timeout_s={self.connect_timeout_s} must be in (0, {MAX_TIMEOUT_S:g}] seconds, e.g. 10",
+        )
 
 
 @dataclass(frozen=True)
@@ -193,7 +201,10 @@ class OrchestratorConfig:
 
     def __post_init__(self) -> None:
         require(self.batch_groups >= 1, f"orchestrator.batch_groups={self.batch_groups} must be >= 1")
-        require(self.group_size >= 2, f"orchestrator.group_size={self.group_size} must be >= 2 for a group-relative advantage")
+        require(
+            self.group_size >= 2,
+            f"orchestrator.group_size={self.group_size} must be >= 2 for a group-relative advantage",
+        )
         require(self.max_tokens >= 1, f"orchestrator.max_tokens={self.max_tokens} must be >= 1")
         require(
             self.max_concurrent_samples >= self.group_size,
@@ -203,26 +214,45 @@ class OrchestratorConfig:
         require(self.max_open_groups >= 1, f"orchestrator.max_open_groups={self.max_open_groups} must be >= 1")
         require(self.max_async_steps >= 0, f"orchestrator.max_async_steps={self.max_async_steps} must be >= 0")
         require(self.stream_buffer >= 1, f"orchestrator.stream_buffer={self.stream_buffer} must be >= 1")
-        require(0 < self.reward_timeout_s <= MAX_TIMEOUT_S,
-                f"orchestrator.reward_timeout_s={self.reward_timeout_s} must be in (0, {MAX_TIMEOUT_S:g}] seconds; a "
-                "reward call slower than an hour is a hang: give it seconds, e.g. 5")
-        require(self.reward_check_first >= 0,
-                f"orchestrator.reward_check_first={self.reward_check_first} must be >= 0 (0: never stop)")
+        require(
+            0 < self.reward_timeout_s <= MAX_TIMEOUT_S,
+            f"orchestrator.reward_timeout_s={self.reward_timeout_s} must be in (0, {MAX_TIMEOUT_S:g}] seconds; a "
+            "reward call slower than an hour is a hang: give it seconds, e.g. 5",
+        )
+        require(
+            self.reward_check_first >= 0,
+            f"orchestrator.reward_check_first={self.reward_check_first} must be >= 0 (0: never stop)",
+        )
         require(self.reward_threads >= 1, f"orchestrator.reward_threads={self.reward_threads} must be >= 1")
         require(self.steps >= 1, f"orchestrator.steps={self.steps} must be >= 1")
-        require(0 <= self.target_accuracy <= 1, f"orchestrator.target_accuracy={self.target_accuracy} must be in [0, 1]")
-        require(self.temperature > 0, f"orchestrator.temperature={self.temperature} must be > 0; use a small value like "
-                "0.01 for near-greedy sampling")
+        require(
+            0 <= self.target_accuracy <= 1, f"orchestrator.target_accuracy={self.target_accuracy} must be in [0, 1]"
+        )
+        require(
+            self.temperature > 0,
+            f"orchestrator.temperature={self.temperature} must be > 0; use a small value like "
+            "0.01 for near-greedy sampling",
+        )
         require(0 < self.top_p <= 1, f"orchestrator.top_p={self.top_p} must be in (0, 1]; 1 = no nucleus cut")
         require(self.max_rollouts >= 0, f"orchestrator.max_rollouts={self.max_rollouts} must be >= 0 (0 = no limit)")
         require(self.eval_every >= 0, f"orchestrator.eval_every={self.eval_every} must be >= 0 (0 = only at the end)")
-        require(self.batch_rollouts == 0 or self.batch_rollouts >= self.group_size,
-                f"orchestrator.batch_rollouts={self.batch_rollouts} must be 0 (off: batch_groups groups per step) or at "
-                f"least group_size={self.group_size} (one full group per step); e.g. batch_groups*group_size="
-                f"{self.batch_groups * self.group_size}, or auto for that")
-        for key, limit in (("batch_groups", 65536), ("batch_rollouts", 1 << 28), ("group_size", 4096), ("max_tokens", 1 << 20), ("steps", 10**8),
-                           ("max_concurrent_samples", 1 << 20), ("max_open_groups", 1 << 20), ("stream_buffer", 1 << 20),
-                           ("reward_threads", 1024)):
+        require(
+            self.batch_rollouts == 0 or self.batch_rollouts >= self.group_size,
+            f"orchestrator.batch_rollouts={self.batch_rollouts} must be 0 (off: batch_groups groups per step) or at "
+            f"least group_size={self.group_size} (one full group per step); e.g. batch_groups*group_size="
+            f"{self.batch_groups * self.group_size}, or auto for that",
+        )
+        for key, limit in (
+            ("batch_groups", 65536),
+            ("batch_rollouts", 1 << 28),
+            ("group_size", 4096),
+            ("max_tokens", 1 << 20),
+            ("steps", 10**8),
+            ("max_concurrent_samples", 1 << 20),
+            ("max_open_groups", 1 << 20),
+            ("stream_buffer", 1 << 20),
+            ("reward_threads", 1024),
+        ):
             at_most(f"orchestrator.{key}", getattr(self, key), limit)
 
     @property

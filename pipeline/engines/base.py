@@ -28,7 +28,8 @@ generates, aborts and loads weights.
 from __future__ import annotations
 
 import importlib
-from typing import Any, AsyncIterator, Protocol, runtime_checkable
+from collections.abc import AsyncIterator
+from typing import Any, Protocol, runtime_checkable
 
 from pipeline.types import RolloutEvent, SampleRequest
 
@@ -82,7 +83,9 @@ def import_engine_package(module: str, kind: str, package: str, hint: str) -> An
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise EngineError(f"engine.kind={kind} needs {package}, which is not importable ({exc}); install it: {hint}") from exc
+        raise EngineError(
+            f"engine.kind={kind} needs {package}, which is not importable ({exc}); install it: {hint}"
+        ) from exc
 
 
 class EngineBase:

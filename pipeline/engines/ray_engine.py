@@ -72,7 +72,20 @@ class _Replica:
 
 
 class _Req:
-    __slots__ = ("request", "wire", "replica", "version", "prefix", "tokens", "logprobs", "events", "final", "sent", "done", "wakeup")
+    __slots__ = (
+        "request",
+        "wire",
+        "replica",
+        "version",
+        "prefix",
+        "tokens",
+        "logprobs",
+        "events",
+        "final",
+        "sent",
+        "done",
+        "wakeup",
+    )
 
     def __init__(self, request: SampleRequest, wire: int, replica: _Replica, version: int):
         self.request, self.wire, self.replica, self.version = request, wire, replica, version
@@ -88,10 +101,18 @@ class _Req:
 
     def local_final(self, reason: FinishReason, error: str = "") -> SampleFinished:
         b = self.request.branch
-        plps = tuple(b.prefix_logprobs) if b is not None and len(b.prefix_logprobs) == len(self.prefix) else (0.0,) * len(self.prefix)
+        plps = (
+            tuple(b.prefix_logprobs)
+            if b is not None and len(b.prefix_logprobs) == len(self.prefix)
+            else (0.0,) * len(self.prefix)
+        )
         return SampleFinished(
-            request_id=self.request.request_id, token_ids=self.prefix + tuple(self.tokens),
-            logprobs=plps + tuple(self.logprobs), finish_reason=reason, policy_version=self.version, error=error,
+            request_id=self.request.request_id,
+            token_ids=self.prefix + tuple(self.tokens),
+            logprobs=plps + tuple(self.logprobs),
+            finish_reason=reason,
+            policy_version=self.version,
+            error=error,
         )
 
     def wake(self) -> None:
@@ -145,8 +166,12 @@ class RayEngine(EngineBase):
         self.restart = restart
         self.poll_wait_s = poll_wait_s
         self.restarts = 0
-        self._owns_ray = connect(ray, address, connect_timeout_s, math.ceil(replicas * num_cpus), dict(ray_init_kwargs or {}))
-        self._actor_cls = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, max_task_retries=0)(ReplicaServer)
+        self._owns_ray = connect(
+            ray, address, connect_timeout_s, math.ceil(replicas * num_cpus), dict(ray_init_kwargs or {})
+        )
+        self._actor_cls = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, max_task_retries=0)(
+            ReplicaServer
+        )
         self._latest: Any = None  # object ref of the latest weights (for replacements)
         self._replicas = [_Replica(i, self._new_actor(), self._exchange) for i in range(replicas)]
         self._placed: collections.OrderedDict[str, int] = collections.OrderedDict()  # request id -> replica index
@@ -178,7 +203,9 @@ class RayEngine(EngineBase):
         self._replace_dead()
         live = [r for r in self._replicas if r.alive]
         if not live:
-            raise EngineError(f"all {len(self._replicas)} Ray replicas have died and restart=False; create a new engine")
+            raise EngineError(
+                f"all {len(self._replicas)} Ray replicas have died and restart=False; create a new engine"
+            )
         replica = min(live, key=lambda r: (len(r.requests), r.index))
         if request.branch is not None:
             src = self._placed.get(request.branch.source_request_id)
@@ -268,7 +295,9 @@ class RayEngine(EngineBase):
         if not replica.alive:
             return
         replica.alive = False
-        msg = f"Ray replica {replica.index} failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        msg = (
+            f"Ray replica {replica.index} failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        )
         for req in list(replica.requests.values()):
             if req.final is None:
                 self._finish_here(req, FinishReason.ERROR, msg, send_abort=False)

@@ -24,8 +24,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from pipeline.types import FinishReason, RolloutEvent, SampleFinished, SampleRequest, TokenDelta
 
@@ -63,7 +64,9 @@ class ReplicaServer:
         await self._install_catch_up()
         return type(self._engine).__name__
 
-    async def exchange(self, starts: list[tuple[int, SampleRequest]], aborts: list[int], wait_s: float) -> list[tuple[int, RolloutEvent]]:
+    async def exchange(
+        self, starts: list[tuple[int, SampleRequest]], aborts: list[int], wait_s: float
+    ) -> list[tuple[int, RolloutEvent]]:
         await self._install_catch_up()
         for wire in aborts:
             await self._abort(wire)
@@ -73,7 +76,7 @@ class ReplicaServer:
             self._ready.clear()
             try:
                 await asyncio.wait_for(self._ready.wait(), wait_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         out = [(wire, ev) for wire, events in self._outbox.items() for ev in events]
         self._outbox.clear()
@@ -159,7 +162,9 @@ class ReplicaServer:
                     self._emit(wire, dataclasses.replace(ev, request_id=rid, policy_version=version))
         except Exception as exc:  # the engine failed this sample: an ERROR final with what it produced
             version = self._versions.get(self._engine.policy_version, 0)
-            self._emit(wire, _final(request, FinishReason.ERROR, version, tokens, logprobs, f"{type(exc).__name__}: {exc}"))
+            self._emit(
+                wire, _final(request, FinishReason.ERROR, version, tokens, logprobs, f"{type(exc).__name__}: {exc}")
+            )
         finally:
             await stream.aclose()
             self._forget(wire)
@@ -171,10 +176,18 @@ class ReplicaServer:
     def _emit(self, wire: int, event: RolloutEvent) -> None:
         box = self._outbox.setdefault(wire, [])
         last = box[-1] if box else None
-        if isinstance(event, TokenDelta) and isinstance(last, TokenDelta) and last.position + len(last.token_ids) == event.position:
+        if (
+            isinstance(event, TokenDelta)
+            and isinstance(last, TokenDelta)
+            and last.position + len(last.token_ids) == event.position
+        ):
             box[-1] = TokenDelta(
-                request_id=last.request_id, token_ids=last.token_ids + event.token_ids, logprobs=last.logprobs + event.logprobs,
-                entropies=last.entropies + event.entropies if last.entropies is not None and event.entropies is not None else None,
+                request_id=last.request_id,
+                token_ids=last.token_ids + event.token_ids,
+                logprobs=last.logprobs + event.logprobs,
+                entropies=last.entropies + event.entropies
+                if last.entropies is not None and event.entropies is not None
+                else None,
                 position=last.position,
             )
         else:
@@ -182,14 +195,22 @@ class ReplicaServer:
         self._ready.set()
 
 
-def _final(request: SampleRequest, reason: FinishReason, version: int, tokens=(), logprobs=(), error: str = "") -> SampleFinished:
+def _final(
+    request: SampleRequest, reason: FinishReason, version: int, tokens=(), logprobs=(), error: str = ""
+) -> SampleFinished:
     """A final event the replica makes itself (aborted before start, or failed), prefix included."""
     b = request.branch
     prefix = tuple(b.prefix_token_ids) if b is not None else ()
-    prefix_lps = tuple(b.prefix_logprobs) if b is not None and len(b.prefix_logprobs) == len(prefix) else (0.0,) * len(prefix)
+    prefix_lps = (
+        tuple(b.prefix_logprobs) if b is not None and len(b.prefix_logprobs) == len(prefix) else (0.0,) * len(prefix)
+    )
     return SampleFinished(
-        request_id=request.request_id, token_ids=prefix + tuple(tokens), logprobs=prefix_lps + tuple(logprobs),
-        finish_reason=reason, policy_version=version, error=error,
+        request_id=request.request_id,
+        token_ids=prefix + tuple(tokens),
+        logprobs=prefix_lps + tuple(logprobs),
+        finish_reason=reason,
+        policy_version=version,
+        error=error,
     )
 
 

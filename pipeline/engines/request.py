@@ -46,7 +46,9 @@ class Waiter(Protocol):
 W = TypeVar("W", bound=Waiter)
 
 
-def check_request(request: SampleRequest, *, vocab_size: int, max_context: int | None, eos_id: int | None) -> tuple[int, ...]:
+def check_request(
+    request: SampleRequest, *, vocab_size: int, max_context: int | None, eos_id: int | None
+) -> tuple[int, ...]:
     """Validate ``request`` for a model; return its branch prefix (``()`` without a branch).
 
     Parameters
@@ -94,7 +96,9 @@ def check_request(request: SampleRequest, *, vocab_size: int, max_context: int |
             "(max_tokens counts the prefix); branch earlier or raise max_tokens"
         )
     if eos_id is not None and eos_id in prefix:
-        raise ValueError(f"branch of {rid!r}: the prefix holds the end-of-sequence token {eos_id}; branch before the end")
+        raise ValueError(
+            f"branch of {rid!r}: the prefix holds the end-of-sequence token {eos_id}; branch before the end"
+        )
     return prefix
 
 

@@ -37,14 +37,21 @@ NAME = "railgate_decode"
 _UNSUPPORTED = ("softcap", "sliding_window", "s_aux")  # features only the model's own kernels implement
 
 
-def decode_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None, **kwargs):
+def decode_attention(
+    module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None, **kwargs
+):
     """Attention with transformers' interface: ``[batch, heads, q, dim]`` in, ``[batch, q, heads, dim]`` out."""
     if (
-        query.shape[2] != 1 or dropout or torch.is_grad_enabled() or query.shape[-1] != value.shape[-1]
+        query.shape[2] != 1
+        or dropout
+        or torch.is_grad_enabled()
+        or query.shape[-1] != value.shape[-1]
         or any(kwargs.get(k) is not None for k in _UNSUPPORTED)
         or (attention_mask is not None and (attention_mask.dim() != 4 or attention_mask.shape[1] != 1))
     ):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     b, heads, _, dim = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
     scale = dim**-0.5 if scaling is None else scaling

@@ -93,7 +93,11 @@ class _Row:
         n = len(context)
         if n < len(p):
             return p[:n] == context
-        return p == context[: len(p)] and len(self.tokens) >= n - len(p) and tuple(self.tokens[: n - len(p)]) == context[len(p):]
+        return (
+            p == context[: len(p)]
+            and len(self.tokens) >= n - len(p)
+            and tuple(self.tokens[: n - len(p)]) == context[len(p) :]
+        )
 
 
 class _BufferLayer(DynamicLayer):
@@ -204,8 +208,11 @@ class DecodeBatch:
             layer.bind(k, v, self._length)
         positions = (self._length - self._start)[:, None]
         out = self.model(
-            input_ids=self._next[:, None], attention_mask=self._mask, position_ids=positions,
-            past_key_values=self._cache, use_cache=True,
+            input_ids=self._next[:, None],
+            attention_mask=self._mask,
+            position_ids=positions,
+            past_key_values=self._cache,
+            use_cache=True,
         )
         self._length += 1
         return out.logits[:, -1, :]
@@ -213,8 +220,12 @@ class DecodeBatch:
     def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         u = torch.from_numpy(uniforms(self._seed_keys, np.fromiter((len(r.tokens) for r in self.rows), np.int64)))
         return sample_rows(
-            logits, self._temperature, self._top_p, u.to(self.device),
-            unit_temperature=self._unit_temperature, use_top_p=self._use_top_p,
+            logits,
+            self._temperature,
+            self._top_p,
+            u.to(self.device),
+            unit_temperature=self._unit_temperature,
+            use_top_p=self._use_top_p,
         )
 
     # --- joining and leaving ---------------------------------------------------------------
@@ -267,7 +278,9 @@ class DecodeBatch:
         self._done = []
         return prefix_lps
 
-    def _rebuild(self, keep: list[int], new_rows: list[_Row], sources: list[tuple[str, int, int]], prefill: "_Prefill | None") -> None:
+    def _rebuild(
+        self, keep: list[int], new_rows: list[_Row], sources: list[tuple[str, int, int]], prefill: _Prefill | None
+    ) -> None:
         rows = [self.rows[i] for i in keep] + new_rows
         if not rows:
             self.reset()
@@ -328,7 +341,9 @@ class _Prefill:
         self.row_of, self._logp, self._contexts = row_of, logp, contexts
 
     @classmethod
-    def run(cls, model: torch.nn.Module, contexts: list[tuple[int, ...]], longest_prefix: int, device: torch.device) -> "_Prefill":
+    def run(
+        cls, model: torch.nn.Module, contexts: list[tuple[int, ...]], longest_prefix: int, device: torch.device
+    ) -> _Prefill:
         distinct = list(dict.fromkeys(contexts))
         row_of = {c: i for i, c in enumerate(distinct)}
         inputs = [c[:-1] for c in distinct]
@@ -340,13 +355,19 @@ class _Prefill:
         mask = torch.zeros(len(inputs), width, dtype=torch.long, device=device)
         for r, x in enumerate(inputs):
             if x:
-                ids[r, width - len(x):] = torch.tensor(x, dtype=torch.long)
-                mask[r, width - len(x):] = 1
+                ids[r, width - len(x) :] = torch.tensor(x, dtype=torch.long)
+                mask[r, width - len(x) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp_(min=0)
         cache = DynamicCache()
         # Only a branch prefix needs prefill logits: the last k positions predict its k tokens.
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                    use_cache=True, logits_to_keep=max(1, longest_prefix))
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=max(1, longest_prefix),
+        )
         pad = mask[:, None, :, None] == 0
         keys = [layer.keys.masked_fill(pad, 0) for layer in cache.layers]
         values = [layer.values.masked_fill(pad, 0) for layer in cache.layers]

@@ -232,9 +232,14 @@ class TorchEngine(EngineBase):
             src = self._open.get(req.request.branch.source_request_id)
             source = src.key if src is not None else None
         return RowSpec(
-            key=req.key, prompt=req.prompt, prefix=req.prefix, max_tokens=params.max_tokens,
-            temperature=params.temperature, top_p=params.top_p,
-            seed_key=stream_key(self.seed, params.seed, req.request.group_id, req.request.sample_index), source=source,
+            key=req.key,
+            prompt=req.prompt,
+            prefix=req.prefix,
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            seed_key=stream_key(self.seed, params.seed, req.request.group_id, req.request.sample_index),
+            source=source,
         )
 
     def _submit(self) -> None:

@@ -52,13 +52,23 @@ class GPT2Decode:
 
     @staticmethod
     def supports(model: torch.nn.Module) -> bool:
-        if type(model).__name__ != "GPT2LMHeadModel" or type(model).__module__ != "transformers.models.gpt2.modeling_gpt2":
+        if (
+            type(model).__name__ != "GPT2LMHeadModel"
+            or type(model).__module__ != "transformers.models.gpt2.modeling_gpt2"
+        ):
             return False
         config = model.config
         return not config.add_cross_attention and not config.reorder_and_upcast_attn
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-                 length: int, mask: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        length: int,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
         """Logits ``[rows, vocab]`` of one token per row; writes its keys and values into column ``length``.
 
         ``ids``, ``positions``: ``[rows]``; ``keys``/``values``: per layer ``[rows, heads, capacity,

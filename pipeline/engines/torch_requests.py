@@ -26,8 +26,23 @@ from pipeline.types import FinishReason, RolloutEvent, SampleFinished, SampleReq
 class RequestState:
     """Engine-side state of one open request (touched on the event loop only)."""
 
-    __slots__ = ("request", "key", "prompt", "prefix", "tokens", "logprobs", "entropies", "prefix_logprobs",
-                 "delivered", "finish", "error", "version", "end_time", "wakeup", "final_sent")
+    __slots__ = (
+        "request",
+        "key",
+        "prompt",
+        "prefix",
+        "tokens",
+        "logprobs",
+        "entropies",
+        "prefix_logprobs",
+        "delivered",
+        "finish",
+        "error",
+        "version",
+        "end_time",
+        "wakeup",
+        "final_sent",
+    )
 
     def __init__(self, request: SampleRequest, key: int, prefix: tuple[int, ...], version: int):
         self.request = request
@@ -62,8 +77,10 @@ class RequestState:
             i = self.delivered
             self.delivered = len(self.tokens)
             return TokenDelta(
-                request_id=self.request.request_id, token_ids=tuple(self.tokens[i:]),
-                logprobs=tuple(self.logprobs[i:]), entropies=tuple(self.entropies[i:]),
+                request_id=self.request.request_id,
+                token_ids=tuple(self.tokens[i:]),
+                logprobs=tuple(self.logprobs[i:]),
+                entropies=tuple(self.entropies[i:]),
                 position=len(self.prefix) + i,
             )
         if self.finish is None or self.final_sent:
@@ -80,7 +97,11 @@ class RequestState:
         else:  # sent without log-probs and never reached the batch
             prefix_lps = (0.0,) * k
         return SampleFinished(
-            request_id=self.request.request_id, token_ids=self.prefix + tuple(self.tokens),
-            logprobs=prefix_lps + tuple(self.logprobs), finish_reason=self.finish,
-            policy_version=self.version, error=self.error, engine_time=self.end_time,
+            request_id=self.request.request_id,
+            token_ids=self.prefix + tuple(self.tokens),
+            logprobs=prefix_lps + tuple(self.logprobs),
+            finish_reason=self.finish,
+            policy_version=self.version,
+            error=self.error,
+            engine_time=self.end_time,
         )

@@ -131,7 +131,9 @@ class DecodeWorker:
         while True:
             with self._cv:
                 while not self._stopped and (
-                    self._paused or len(self._results) >= self.ahead or not (self._joins or self._removals or self._rows)
+                    self._paused
+                    or len(self._results) >= self.ahead
+                    or not (self._joins or self._removals or self._rows)
                 ):
                     self._cv.wait()
                 if self._stopped:

@@ -62,7 +62,12 @@ from pipeline.engines.base import EngineBase, EngineError
 from pipeline.engines.request import RequestStream, check_request
 from pipeline.engines.torch_sampling import stream_key
 from pipeline.engines.vllm_setup import (
-    check_cpu_head_size, check_model_dir, configure_environment, import_vllm, model_context, read_weights,
+    check_cpu_head_size,
+    check_model_dir,
+    configure_environment,
+    import_vllm,
+    model_context,
+    read_weights,
     write_weights,
 )
 from pipeline.types import FinishReason, RolloutEvent, SampleFinished, SampleRequest, TokenDelta
@@ -74,8 +79,25 @@ _SEED_MASK = (1 << 63) - 1
 class _Request:
     """Engine-side state of one open request (event loop only)."""
 
-    __slots__ = ("request", "vid", "prompt", "prefix", "prefix_logprobs", "tokens", "logprobs", "entropies",
-                 "delivered", "finish", "error", "version", "end_time", "queue", "submitted", "live", "final_sent")
+    __slots__ = (
+        "request",
+        "vid",
+        "prompt",
+        "prefix",
+        "prefix_logprobs",
+        "tokens",
+        "logprobs",
+        "entropies",
+        "delivered",
+        "finish",
+        "error",
+        "version",
+        "end_time",
+        "queue",
+        "submitted",
+        "live",
+        "final_sent",
+    )
 
     def __init__(self, request: SampleRequest, vid: str, prefix: tuple[int, ...]):
         self.request = request
@@ -83,7 +105,9 @@ class _Request:
         self.prompt = tuple(request.prompt.token_ids)
         self.prefix = prefix
         b = request.branch
-        self.prefix_logprobs = tuple(b.prefix_logprobs) if b is not None and len(b.prefix_logprobs) == len(prefix) else None
+        self.prefix_logprobs = (
+            tuple(b.prefix_logprobs) if b is not None and len(b.prefix_logprobs) == len(prefix) else None
+        )
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
         self.entropies: list[float] = []
@@ -168,9 +192,17 @@ class VllmEngine(EngineBase):
 
         self._tokens_input, self._sampling_params, self._delta = tokens_input, SamplingParams, RequestOutputKind.DELTA
         args = dict(
-            model=str(self.model_dir), skip_tokenizer_init=True, enforce_eager=True, enable_prefix_caching=True,
-            dtype=dtype, max_model_len=self.max_context, logprobs_mode="raw_logprobs", seed=seed or 0,
-            max_num_seqs=max_batch, kv_cache_memory_bytes=int(kv_cache_gib * 2**30), disable_log_stats=True,
+            model=str(self.model_dir),
+            skip_tokenizer_init=True,
+            enforce_eager=True,
+            enable_prefix_caching=True,
+            dtype=dtype,
+            max_model_len=self.max_context,
+            logprobs_mode="raw_logprobs",
+            seed=seed or 0,
+            max_num_seqs=max_batch,
+            kv_cache_memory_bytes=int(kv_cache_gib * 2**30),
+            disable_log_stats=True,
             generation_config="vllm",  # stop tokens are ours (eos_id), not generation_config.json's
             max_logprobs=-1,  # entropies need the whole distribution; the flag may change at run time
         )
@@ -232,7 +264,9 @@ class VllmEngine(EngineBase):
                     check_model_dir(weights)
                     weights = await anyio.to_thread.run_sync(read_weights, Path(weights))
                 path = await anyio.to_thread.run_sync(write_weights, weights, self.cache_dir / "weights", self._tied)
-                await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path), "is_checkpoint_format": True})
+                await self._llm.collective_rpc(
+                    "reload_weights", kwargs={"weights_path": str(path), "is_checkpoint_format": True}
+                )
                 self._version += 1  # new requests carry the new cache salt from here on
                 await self._llm.reset_prefix_cache()  # frees stale blocks; the salt already keeps them unused
                 self.last_reload_seconds = time.perf_counter() - t0
@@ -262,13 +296,24 @@ class VllmEngine(EngineBase):
 
     def _params(self, req: _Request):
         p = req.request.params
-        seed = None if self.seed is None else stream_key(self.seed, p.seed, req.request.group_id, req.request.sample_index) & _SEED_MASK
+        seed = (
+            None
+            if self.seed is None
+            else stream_key(self.seed, p.seed, req.request.group_id, req.request.sample_index) & _SEED_MASK
+        )
         return self._sampling_params(
-            n=1, temperature=p.temperature, top_p=p.top_p, max_tokens=p.max_tokens - len(req.prefix), seed=seed,
+            n=1,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            max_tokens=p.max_tokens - len(req.prefix),
+            seed=seed,
             logprobs=-1 if self.entropies else 0,
             prompt_logprobs=0 if req.prefix and req.prefix_logprobs is None else None,
-            output_kind=self._delta, detokenize=False, skip_special_tokens=False,
-            stop_token_ids=[self.eos_id] if self.eos_id is not None else None, ignore_eos=self.eos_id is None,
+            output_kind=self._delta,
+            detokenize=False,
+            skip_special_tokens=False,
+            stop_token_ids=[self.eos_id] if self.eos_id is not None else None,
+            ignore_eos=self.eos_id is None,
         )
 
     async def _submit(self, req: _Request) -> None:
@@ -280,7 +325,11 @@ class VllmEngine(EngineBase):
         except Exception as exc:  # rejected by vLLM's validation, or the engine is dead
             req.live = False
             if req.finish is None:
-                self._end(req, FinishReason.ERROR, f"vLLM refused request {req.request.request_id!r}: {type(exc).__name__}: {exc}")
+                self._end(
+                    req,
+                    FinishReason.ERROR,
+                    f"vLLM refused request {req.request.request_id!r}: {type(exc).__name__}: {exc}",
+                )
             return
         if req.finish is not None and req.live:  # aborted while it was being submitted
             req.live = False
@@ -314,7 +363,11 @@ class VllmEngine(EngineBase):
             except Exception as exc:  # the engine died or failed this request
                 req.live = False
                 if req.finish is None:
-                    self._end(req, FinishReason.ERROR, f"vLLM failed request {req.request.request_id!r}: {type(exc).__name__}: {exc}")
+                    self._end(
+                        req,
+                        FinishReason.ERROR,
+                        f"vLLM failed request {req.request.request_id!r}: {type(exc).__name__}: {exc}",
+                    )
                 continue
             self._absorb(req, out)
 
@@ -324,7 +377,7 @@ class VllmEngine(EngineBase):
         if req.finish is not None:  # aborted: what vLLM produced since is dropped
             return
         if req.prefix and req.prefix_logprobs is None and out.prompt_logprobs:
-            scored = out.prompt_logprobs[-len(req.prefix):]
+            scored = out.prompt_logprobs[-len(req.prefix) :]
             req.prefix_logprobs = tuple(d[t].logprob for d, t in zip(scored, req.prefix))
         c = out.outputs[0]
         lps = c.logprobs or ()
@@ -337,23 +390,33 @@ class VllmEngine(EngineBase):
             self._end(req, FinishReason.ERROR, f"vLLM returned {len(c.token_ids)} tokens but {len(lps)} log-probs")
         elif out.finished:
             reason = FINISH_REASONS.get(c.finish_reason)
-            self._end(req, reason if reason is not None else FinishReason.ERROR,
-                      "" if reason is not None else f"vLLM finished with reason {c.finish_reason!r}")
+            self._end(
+                req,
+                reason if reason is not None else FinishReason.ERROR,
+                "" if reason is not None else f"vLLM finished with reason {c.finish_reason!r}",
+            )
 
     def _pop_event(self, req: _Request) -> RolloutEvent | None:
         i = req.delivered
         if i < len(req.tokens):
             req.delivered = len(req.tokens)
             return TokenDelta(
-                request_id=req.request.request_id, token_ids=tuple(req.tokens[i:]), logprobs=tuple(req.logprobs[i:]),
-                entropies=tuple(req.entropies[i:]) if self.entropies else None, position=len(req.prefix) + i,
+                request_id=req.request.request_id,
+                token_ids=tuple(req.tokens[i:]),
+                logprobs=tuple(req.logprobs[i:]),
+                entropies=tuple(req.entropies[i:]) if self.entropies else None,
+                position=len(req.prefix) + i,
             )
         if req.finish is None or req.final_sent:
             return None
         req.final_sent = True
         prefix_lps = req.prefix_logprobs if req.prefix_logprobs is not None else (0.0,) * len(req.prefix)
         return SampleFinished(
-            request_id=req.request.request_id, token_ids=req.prefix + tuple(req.tokens),
-            logprobs=prefix_lps + tuple(req.logprobs), finish_reason=req.finish, policy_version=req.version,
-            error=req.error, engine_time=req.end_time,
+            request_id=req.request.request_id,
+            token_ids=req.prefix + tuple(req.tokens),
+            logprobs=prefix_lps + tuple(req.logprobs),
+            finish_reason=req.finish,
+            policy_version=req.version,
+            error=req.error,
+            engine_time=req.end_time,
         )

@@ -114,7 +114,9 @@ def read_weights(model_dir: Path) -> dict[str, Any]:
 
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
-        raise EngineError(f"model directory {model_dir} has no *.safetensors weights; save it with save_pretrained (safe_serialization)")
+        raise EngineError(
+            f"model directory {model_dir} has no *.safetensors weights; save it with save_pretrained (safe_serialization)"
+        )
     tensors: dict[str, Any] = {}
     for f in files:
         tensors.update(load_file(str(f)))
@@ -134,14 +136,18 @@ def write_weights(state_dict: Mapping[str, Any], directory: Path, tie_word_embed
     tensors: dict[str, torch.Tensor] = {}
     for name, value in state_dict.items():
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"update_weights: {name!r} is a {type(value).__name__}, not a tensor; pass a model's state_dict()")
+            raise TypeError(
+                f"update_weights: {name!r} is a {type(value).__name__}, not a tensor; pass a model's state_dict()"
+            )
         tensors[name] = value.detach().to("cpu").contiguous().clone()
     if tie_word_embeddings and not any(k.endswith("lm_head.weight") for k in tensors):
         embed = [k for k in tensors if k.endswith(("wte.weight", "embed_tokens.weight"))]
         if len(embed) == 1:
             tensors["lm_head.weight"] = tensors[embed[0]].clone()
     directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".weights-", suffix=".tmp", dir=directory)  # not *.safetensors: vLLM loads every such file
+    fd, tmp = tempfile.mkstemp(
+        prefix=".weights-", suffix=".tmp", dir=directory
+    )  # not *.safetensors: vLLM loads every such file
     os.close(fd)
     try:
         save_file(tensors, tmp)

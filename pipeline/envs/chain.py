@@ -73,15 +73,24 @@ class ChainSettings:
     """Say whether the answer is smaller ('<') or larger ('>') after a wrong turn; off: '?'."""
 
     def __post_init__(self) -> None:
-        require(1 <= self.min_steps <= self.max_steps <= 8, f"task.env.config min_steps={self.min_steps}, "
-                f"max_steps={self.max_steps}: need 1 <= min_steps <= max_steps <= 8")
-        require(bool(self.ops) and set(self.ops) <= set("+-*"), f"task.env.config.ops={self.ops!r} must be a non-empty "
-                "subset of '+-*'")
+        require(
+            1 <= self.min_steps <= self.max_steps <= 8,
+            f"task.env.config min_steps={self.min_steps}, "
+            f"max_steps={self.max_steps}: need 1 <= min_steps <= max_steps <= 8",
+        )
+        require(
+            bool(self.ops) and set(self.ops) <= set("+-*"),
+            f"task.env.config.ops={self.ops!r} must be a non-empty subset of '+-*'",
+        )
         require(self.max_operand >= 1, f"task.env.config.max_operand={self.max_operand} must be >= 1")
-        require(0 <= self.max_start <= self.max_value, f"task.env.config max_start={self.max_start}, "
-                f"max_value={self.max_value}: need 0 <= max_start <= max_value")
-        require("*" not in self.ops or (bool(self.multipliers) and min(self.multipliers) >= 2),
-                f"task.env.config.multipliers={self.multipliers!r} must hold integers >= 2 when ops has '*'")
+        require(
+            0 <= self.max_start <= self.max_value,
+            f"task.env.config max_start={self.max_start}, max_value={self.max_value}: need 0 <= max_start <= max_value",
+        )
+        require(
+            "*" not in self.ops or (bool(self.multipliers) and min(self.multipliers) >= 2),
+            f"task.env.config.multipliers={self.multipliers!r} must hold integers >= 2 when ops has '*'",
+        )
         require(0 <= self.retries <= 8, f"task.env.config.retries={self.retries} must be in 0..8")
 
     @property
@@ -193,8 +202,9 @@ class ChainEnv:
         return float(len(parse_chain(row["reward_spec"]["ground_truth"])[1]))
 
     @classmethod
-    def demo_actions(cls, row: dict[str, Any], rng: random.Random, mistake: bool,
-                     env_config: dict[str, Any] | None = None) -> list[tuple[str, bool]]:
+    def demo_actions(
+        cls, row: dict[str, Any], rng: random.Random, mistake: bool, env_config: dict[str, Any] | None = None
+    ) -> list[tuple[str, bool]]:
         """A right episode's actions as ``(action, is_target)``; with ``mistake``, one step
         (drawn with ``rng``) is first answered wrong -- a near miss, not a target -- and then right."""
         start, ops = parse_chain(row["reward_spec"]["ground_truth"])
@@ -224,8 +234,10 @@ def parse_chain(chain: str) -> tuple[int, list[tuple[str, int]]]:
     head = re.match(r"\d+", chain)
     ops = [(op, int(n)) for op, n in _STEP.findall(chain)]
     if head is None or not ops or f"{head.group()}{''.join(op + str(n) for op, n in ops)}" != chain:
-        raise ValueError(f"reward_spec.ground_truth={chain!r} is not a chain like '12+7-4*2'; write the start number "
-                         "and then each operation (+, - or *) with its operand")
+        raise ValueError(
+            f"reward_spec.ground_truth={chain!r} is not a chain like '12+7-4*2'; write the start number "
+            "and then each operation (+, - or *) with its operand"
+        )
     return int(head.group()), ops
 
 
@@ -247,4 +259,3 @@ def near_miss(right: int, rng: random.Random) -> int:
         wrong = right + rng.choice((-10, -3, -2, -1, 1, 2, 3, 10))
         if wrong >= 0 and wrong != right:
             return wrong
-

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from pipeline.envs.protocol import content_chars, message_problem
 
@@ -51,8 +52,10 @@ def check_init(value: Any, max_chars: int) -> tuple[list[dict], dict]:
 def check_step(value: Any, max_chars: int) -> tuple[list[dict], float, bool, dict]:
     """``step``'s output as ``(observations, reward, done, metadata)``."""
     if not isinstance(value, Mapping):
-        raise BadOutput(f"returned a {type(value).__name__} ({_short(value)}), not a mapping with "
-                        "observations, reward, done and metadata")
+        raise BadOutput(
+            f"returned a {type(value).__name__} ({_short(value)}), not a mapping with "
+            "observations, reward, done and metadata"
+        )
     missing = [k for k in STEP_KEYS if k not in value]
     if missing:
         raise BadOutput(f"returned no {', '.join(missing)} (keys: {', '.join(map(str, value)) or 'none'})")

@@ -70,25 +70,36 @@ class EnvConfig:
     env's feedback and a corrected turn (only the correct turns are targets)."""
 
     def __post_init__(self) -> None:
-        require(isinstance(self.cls, str) and bool(_SPEC.fullmatch(self.cls)),
-                f"task.env.class={shorten(self.cls)} must be 'module:Class', e.g. 'pipeline.envs.chain:ChainEnv'")
-        require(isinstance(self.config, dict) and all(isinstance(k, str) for k in self.config),
-                f"task.env.config={shorten(self.config)} must be a mapping with string keys (the env_config)")
+        require(
+            isinstance(self.cls, str) and bool(_SPEC.fullmatch(self.cls)),
+            f"task.env.class={shorten(self.cls)} must be 'module:Class', e.g. 'pipeline.envs.chain:ChainEnv'",
+        )
+        require(
+            isinstance(self.config, dict) and all(isinstance(k, str) for k in self.config),
+            f"task.env.config={shorten(self.config)} must be a mapping with string keys (the env_config)",
+        )
         for key in ("dataset", "eval_dataset"):
             path = getattr(self, key)
-            require(not path or PurePath(path).suffix.lower() in DATASET_SUFFIXES,
-                    f"task.env.{key}={path!r} must be a JSONL or Parquet file ({', '.join(DATASET_SUFFIXES)})")
-        require(not self.eval_dataset or bool(self.dataset),
-                f"task.env.eval_dataset={self.eval_dataset!r} needs task.env.dataset too; set it, or drop eval_dataset")
+            require(
+                not path or PurePath(path).suffix.lower() in DATASET_SUFFIXES,
+                f"task.env.{key}={path!r} must be a JSONL or Parquet file ({', '.join(DATASET_SUFFIXES)})",
+            )
+        require(
+            not self.eval_dataset or bool(self.dataset),
+            f"task.env.eval_dataset={self.eval_dataset!r} needs task.env.dataset too; set it, or drop eval_dataset",
+        )
         require(self.max_turns >= 1, f"task.env.max_turns={self.max_turns} must be >= 1")
         at_most("task.env.max_turns", self.max_turns, 1000)
         require(self.max_episode_tokens >= 1, f"task.env.max_episode_tokens={self.max_episode_tokens} must be >= 1")
         at_most("task.env.max_episode_tokens", self.max_episode_tokens, 1_000_000)
-        require(self.step_timeout_s > 0, f"task.env.step_timeout_s={self.step_timeout_s} must be > 0 "
-                "(seconds one env call may take); e.g. 10")
+        require(
+            self.step_timeout_s > 0,
+            f"task.env.step_timeout_s={self.step_timeout_s} must be > 0 (seconds one env call may take); e.g. 10",
+        )
         at_most("task.env.step_timeout_s", self.step_timeout_s, 3600)
-        require(self.max_observation_chars >= 1,
-                f"task.env.max_observation_chars={self.max_observation_chars} must be >= 1")
+        require(
+            self.max_observation_chars >= 1, f"task.env.max_observation_chars={self.max_observation_chars} must be >= 1"
+        )
         at_most("task.env.max_observation_chars", self.max_observation_chars, 10_000_000)
         require(0 <= self.demo_mistakes <= 1, f"task.env.demo_mistakes={self.demo_mistakes} must be in [0, 1]")
 

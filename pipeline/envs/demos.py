@@ -50,8 +50,9 @@ class Demo:
     reward: float  # the episode reward (task.env.reward)
 
 
-def teacher_actions(cls: type, row: EnvRow, rng: random.Random, mistake: bool,
-                    env_config: dict[str, Any] | None = None) -> list[Action]:
+def teacher_actions(
+    cls: type, row: EnvRow, rng: random.Random, mistake: bool, env_config: dict[str, Any] | None = None
+) -> list[Action]:
     """A teacher's actions for ``row`` (see the module docstring); ``ValueError`` when there is none."""
     own = getattr(cls, "demo_actions", None)
     if callable(own):
@@ -59,9 +60,11 @@ def teacher_actions(cls: type, row: EnvRow, rng: random.Random, mistake: bool,
     info = row.extras.get("extra_info") or {}
     solution = info.get("solution") if isinstance(info, dict) else None
     if not isinstance(solution, str):
-        raise ValueError(f"{cls.__qualname__} has no demo_actions(row, rng, mistake, env_config) and the row has no "
-                         "extra_info.solution; give rows a worked solution (ending '#### ANSWER') or the class a "
-                         "demo_actions classmethod, or warm-start without demonstrations")
+        raise ValueError(
+            f"{cls.__qualname__} has no demo_actions(row, rng, mistake, env_config) and the row has no "
+            "extra_info.solution; give rows a worked solution (ending '#### ANSWER') or the class a "
+            "demo_actions classmethod, or warm-start without demonstrations"
+        )
     if not mistake:
         return [(solution, True)]
     return [(_wrong_solution(solution, row.ground_truth, rng), False), (solution, True)]
@@ -106,7 +109,7 @@ def _wrong_solution(solution: str, truth: Any, rng: random.Random) -> str:
     if match is None:
         return str(_near(truth, rng))
     right = int(match.group(1).replace(",", ""))
-    return solution[: match.start(1)] + str(_near(right, rng)) + solution[match.end(1):]
+    return solution[: match.start(1)] + str(_near(right, rng)) + solution[match.end(1) :]
 
 
 def _near(value: Any, rng: random.Random) -> int:

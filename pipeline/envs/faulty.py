@@ -33,8 +33,23 @@ import itertools
 import time
 from typing import Any
 
-FAULTS = ("none", "raise", "hang", "gil", "exit", "not_dict", "no_reward", "str_reward", "nan_reward", "int_done",
-          "str_obs", "bad_message", "huge", "never_done", "random")
+FAULTS = (
+    "none",
+    "raise",
+    "hang",
+    "gil",
+    "exit",
+    "not_dict",
+    "no_reward",
+    "str_reward",
+    "nan_reward",
+    "int_done",
+    "str_obs",
+    "bad_message",
+    "huge",
+    "never_done",
+    "random",
+)
 _RUNS = itertools.count()
 
 
@@ -67,8 +82,12 @@ class FaultyEnv:
     def step(self, action: str) -> Any:
         self.turns += 1
         done = self.turns >= self.turns_needed and self.fault != "never_done"
-        out: dict[str, Any] = {"observations": [] if done else [{"role": "user", "content": f"ok {self.turns}"}],
-                               "reward": float(done), "done": done, "metadata": {"turn": self.turns}}
+        out: dict[str, Any] = {
+            "observations": [] if done else [{"role": "user", "content": f"ok {self.turns}"}],
+            "reward": float(done),
+            "done": done,
+            "metadata": {"turn": self.turns},
+        }
         if self.fault == "random":
             out["observations"] = [{"role": "user", "content": f"run {next(_RUNS)}"}]
         if self.turns == self.at_step:

@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 CLOSE_TIMEOUT_S = 5.0
 """Seconds an env's ``close()`` may take before its host is abandoned (thread) or killed (process)."""

@@ -48,17 +48,25 @@ def load_env_class(spec: str, key: str = "task.env.class") -> type:
             owner = module_name if i == 0 else f"{module_name}:{'.'.join(attr_path.split('.')[:i])}"
             names = [n for n in dir(obj) if not n.startswith("_")]
             close = difflib.get_close_matches(part, names, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f" (it has: {', '.join(sorted(names)[:12]) or 'nothing public'})"
+            hint = (
+                f"; did you mean {close[0]!r}?"
+                if close
+                else f" (it has: {', '.join(sorted(names)[:12]) or 'nothing public'})"
+            )
             raise EnvLoadError(f"{key}={spec!r}: module {owner!r} has no attribute {part!r}{hint}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise EnvLoadError(f"{key}={spec!r} is a {type(obj).__name__}, not a class; name the environment class "
-                           "(called as Class(env_config, extras))")
+        raise EnvLoadError(
+            f"{key}={spec!r} is a {type(obj).__name__}, not a class; name the environment class "
+            "(called as Class(env_config, extras))"
+        )
     missing = [m for m in REQUIRED_METHODS if not callable(getattr(obj, m, None))]
     if missing:
-        raise EnvLoadError(f"{key}={spec!r} has no method {' or '.join(missing)}; an environment needs "
-                           "init(prompt) -> (conversation, metadata) and step(action) -> {observations, reward, done, "
-                           "metadata} (docs/envs.md)")
+        raise EnvLoadError(
+            f"{key}={spec!r} has no method {' or '.join(missing)}; an environment needs "
+            "init(prompt) -> (conversation, metadata) and step(action) -> {observations, reward, done, "
+            "metadata} (docs/envs.md)"
+        )
     return obj  # type: ignore[return-value]
 
 
@@ -78,8 +86,10 @@ def _import(module_name: str, spec: str, key: str):
             fix = install or "check the spelling, and that its directory is the working directory or on PYTHONPATH"
             raise EnvLoadError(f"{key}={spec!r}: no module named {missing!r}; {fix}") from None
         fix = install or f"install the package that provides {top!r}"
-        raise EnvLoadError(f"{key}={spec!r}: importing {module_name!r} needs {missing!r}, which is not installed; "
-                           f"{fix}") from None
+        raise EnvLoadError(
+            f"{key}={spec!r}: importing {module_name!r} needs {missing!r}, which is not installed; {fix}"
+        ) from None
     except Exception as exc:  # the module's own code failed: say so rather than crash with its traceback
-        raise EnvLoadError(f"{key}={spec!r}: importing {module_name!r} raised {type(exc).__name__}: "
-                           f"{str(exc)[:200]}; fix the module") from exc
+        raise EnvLoadError(
+            f"{key}={spec!r}: importing {module_name!r} raised {type(exc).__name__}: {str(exc)[:200]}; fix the module"
+        ) from exc

@@ -28,13 +28,25 @@ async def finish(engine: Any, request: SampleRequest) -> SampleFinished:
     finally:
         await stream.aclose()
     if final is None:
-        return SampleFinished(request.request_id, (), (), FinishReason.ERROR, engine.policy_version,
-                              error="the engine ended the stream without a final event")
+        return SampleFinished(
+            request.request_id,
+            (),
+            (),
+            FinishReason.ERROR,
+            engine.policy_version,
+            error="the engine ended the stream without a final event",
+        )
     return final
 
 
-async def play_episode(engine: Any, service: Any, settings: EpisodeSettings, request: SampleRequest,
-                       book: EpisodeBook | None = None, close: bool = True) -> ScoredSample:
+async def play_episode(
+    engine: Any,
+    service: Any,
+    settings: EpisodeSettings,
+    request: SampleRequest,
+    book: EpisodeBook | None = None,
+    close: bool = True,
+) -> ScoredSample:
     """Play the episode that ``request`` starts (its first turn) to its end."""
     book = book if book is not None else EpisodeBook(settings)
     turn = book.begin(request)

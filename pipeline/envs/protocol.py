@@ -44,7 +44,8 @@ False
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sequence, TypedDict, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, TypedDict, runtime_checkable
 
 Message = dict[str, str]
 """A chat message: ``{"role": "user" | "assistant" | "system" | "tool" | ..., "content": text}``."""
@@ -116,7 +117,9 @@ def message_problem(messages: Any, what: str) -> str:
     "observations[0] is not a {'role': str, 'content': str} message ({'role': 'user'})"
     """
     if not isinstance(messages, (list, tuple)):
-        return f"{what} is a {type(messages).__name__} ({_short(messages)}), not a list of {{'role', 'content'}} messages"
+        return (
+            f"{what} is a {type(messages).__name__} ({_short(messages)}), not a list of {{'role', 'content'}} messages"
+        )
     for i, m in enumerate(messages):
         if not is_message(m):
             return f"{what}[{i}] is not a {{'role': str, 'content': str}} message ({_short(m)})"

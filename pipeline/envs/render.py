@@ -41,7 +41,8 @@ Two renderers:
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from pipeline.envs.protocol import message_problem
 
@@ -90,36 +91,49 @@ class ChatRenderer:
     """
 
     def __init__(self, tokenizer: Any) -> None:
-        tok = tokenizer.to_hf() if hasattr(tokenizer, "to_hf") and not hasattr(tokenizer, "apply_chat_template") else tokenizer
+        tok = (
+            tokenizer.to_hf()
+            if hasattr(tokenizer, "to_hf") and not hasattr(tokenizer, "apply_chat_template")
+            else tokenizer
+        )
         self.tokenizer = tok
         if not getattr(tok, "chat_template", None):
-            raise RenderError("the tokenizer has no chat template; give the model directory one (tokenizer_config.json "
-                              "chat_template) or use a model with a chat template for multi-turn environments")
+            raise RenderError(
+                "the tokenizer has no chat template; give the model directory one (tokenizer_config.json "
+                "chat_template) or use a model with a chat template for multi-turn environments"
+            )
         if tok.eos_token_id is None:
-            raise RenderError("the tokenizer has no eos_token, so a turn could not end; set eos_token in its "
-                              "tokenizer_config.json to the end-of-turn token")
+            raise RenderError(
+                "the tokenizer has no eos_token, so a turn could not end; set eos_token in its "
+                "tokenizer_config.json to the end-of-turn token"
+            )
         self.stop_ids = (int(tok.eos_token_id),)
         self._base = self._render(list(_BASE), generation_prompt=False)
-        after = self._base[self._base.rindex(PLACEHOLDER) + len(PLACEHOLDER):]
+        after = self._base[self._base.rindex(PLACEHOLDER) + len(PLACEHOLDER) :]
         eos = tok.eos_token
         if not after.startswith(eos):
-            raise RenderError(f"the chat template ends an assistant turn with {after!r}, not with the tokenizer's "
-                              f"eos_token {eos!r}; set eos_token to the template's end-of-turn token")
-        self._after_stop = after[len(eos):]  # what the template writes after the stop token (ChatML: "\n")
+            raise RenderError(
+                f"the chat template ends an assistant turn with {after!r}, not with the tokenizer's "
+                f"eos_token {eos!r}; set eos_token to the template's end-of-turn token"
+            )
+        self._after_stop = after[len(eos) :]  # what the template writes after the stop token (ChatML: "\n")
         self.observation_ids([{"role": "user", "content": PLACEHOLDER}])  # the prefix property, checked now
 
     def prompt_ids(self, conversation: Messages | str) -> list[int]:
         return self._encode(self._render(as_messages(conversation), generation_prompt=True))
 
     def observation_ids(self, observations: Messages) -> list[int]:
-        full = self._render(list(_BASE) + as_messages(observations) if observations else list(_BASE),
-                            generation_prompt=True)
+        full = self._render(
+            list(_BASE) + as_messages(observations) if observations else list(_BASE), generation_prompt=True
+        )
         if not full.startswith(self._base):
-            raise RenderError("the chat template does not extend a conversation when messages are added (rendering "
-                              f"more messages changed the text before them: {self._base[-40:]!r} became "
-                              f"{full[len(self._base) - 40:len(self._base)]!r}); multi-turn episodes need a template "
-                              "with this prefix property")
-        return self._encode(self._after_stop + full[len(self._base):])
+            raise RenderError(
+                "the chat template does not extend a conversation when messages are added (rendering "
+                f"more messages changed the text before them: {self._base[-40:]!r} became "
+                f"{full[len(self._base) - 40 : len(self._base)]!r}); multi-turn episodes need a template "
+                "with this prefix property"
+            )
+        return self._encode(self._after_stop + full[len(self._base) :])
 
     def action_text(self, turn_ids: Sequence[int]) -> str:
         ids = _strip_stop(turn_ids, self.stop_ids)
@@ -136,8 +150,10 @@ class ChatRenderer:
             return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
         except Exception as exc:  # jinja raises its own types (a template that refuses these roles)
             roles = ", ".join(m["role"] for m in messages)
-            raise RenderError(f"the chat template cannot render messages with roles [{roles}] "
-                              f"({type(exc).__name__}: {str(exc)[:160]}); give the env's messages roles it accepts") from None
+            raise RenderError(
+                f"the chat template cannot render messages with roles [{roles}] "
+                f"({type(exc).__name__}: {str(exc)[:160]}); give the env's messages roles it accepts"
+            ) from None
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -189,7 +205,9 @@ class PlainRenderer:
         try:
             return self.tokenizer.encode(text)
         except ValueError as exc:
-            raise RenderError(f"{exc}; the env's text must stay inside the tokenizer's alphabet (the task's alphabet)") from None
+            raise RenderError(
+                f"{exc}; the env's text must stay inside the tokenizer's alphabet (the task's alphabet)"
+            ) from None
 
 
 def renderer_for(tokenizer: Any) -> Renderer:

@@ -31,9 +31,10 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 from pipeline.datafiles import DatasetError, LoadReport, read_records
 from pipeline.envs.protocol import content_chars, is_message
@@ -62,7 +63,7 @@ class EnvRow:
         return spec.get("ground_truth") if isinstance(spec, dict) else None
 
     @classmethod
-    def of(cls, record: dict[str, Any]) -> "EnvRow":
+    def of(cls, record: dict[str, Any]) -> EnvRow:
         """The row of a record that passed ``row_problem``."""
         return cls([dict(m) for m in record["prompt"]], {k: v for k, v in record.items() if k != "prompt"})
 
@@ -75,8 +76,10 @@ def row_problem(record: Any, max_chars: int = MAX_PROMPT_CHARS) -> str:
     if prompt is None:
         return f"field 'prompt' is missing (keys: {', '.join(map(str, record)) or 'none'})"
     if not isinstance(prompt, list):
-        return (f"prompt is a {type(prompt).__name__} ({prompt!r:.40}), not a list of chat messages; write it as "
-                '[{"role": "user", "content": ...}]')
+        return (
+            f"prompt is a {type(prompt).__name__} ({prompt!r:.40}), not a list of chat messages; write it as "
+            '[{"role": "user", "content": ...}]'
+        )
     if not prompt:
         return "prompt is an empty list; give it at least one message"
     for i, m in enumerate(prompt):
@@ -93,8 +96,9 @@ def row_problem(record: Any, max_chars: int = MAX_PROMPT_CHARS) -> str:
     return ""
 
 
-def load_env_rows(path: str | Path, on_bad_row: Literal["skip", "error"] = "skip",
-                  max_chars: int = MAX_PROMPT_CHARS) -> tuple[list[EnvRow], LoadReport]:
+def load_env_rows(
+    path: str | Path, on_bad_row: Literal["skip", "error"] = "skip", max_chars: int = MAX_PROMPT_CHARS
+) -> tuple[list[EnvRow], LoadReport]:
     """The usable rows of one file and a report of those skipped (``DatasetError`` for none)."""
     p = Path(path)
     rows: list[EnvRow] = []
@@ -112,7 +116,9 @@ def load_env_rows(path: str | Path, on_bad_row: Literal["skip", "error"] = "skip
         detail = "; ".join(f"{n} x {r}" for r, n in reasons.most_common(3)) or "the file is empty"
         raise DatasetError(f"{p}: no usable rows ({detail}); write rows in SkyRL's format (docs/envs.md)")
     if report.skipped:
-        log.warning("%s: skipped %d bad rows of %d: %s", p, report.skipped, report.skipped + report.rows, report.reasons)
+        log.warning(
+            "%s: skipped %d bad rows of %d: %s", p, report.skipped, report.skipped + report.rows, report.reasons
+        )
     return rows, report
 
 

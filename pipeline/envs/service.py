@@ -115,9 +115,11 @@ class EnvService:
             started = session.start(row.prompt)
             if not started.error and tuple(self.renderer.prompt_ids(started.conversation)) != request.prompt.token_ids:
                 session.close()
-                return None, (f"{session.runner.name} init changed the conversation of prompt {request.prompt.prompt_id}; "
-                              "railgate renders the dataset row's prompt for the first turn: let init return the "
-                              "prompt it was given")
+                return None, (
+                    f"{session.runner.name} init changed the conversation of prompt {request.prompt.prompt_id}; "
+                    "railgate renders the dataset row's prompt for the first turn: let init return the "
+                    "prompt it was given"
+                )
         with self._lock:
             self._sessions[key] = session
         return session, session.error

@@ -57,8 +57,9 @@ from __future__ import annotations
 import copy
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from pipeline.envs.checks import BadOutput, check_init, check_step
 from pipeline.envs.config import EnvConfig
@@ -121,14 +122,16 @@ class EnvRunner:
         self.cls = cls if cls is not None else load_env_class(config.cls)
         self.name = getattr(self.cls, "__qualname__", config.cls)
         if config.state == "snapshot" and not supports_snapshot(self.cls):
-            raise EnvLoadError(f"task.env.state=snapshot, but task.env.class={config.cls!r} has no snapshot() and "
-                               "restore(); set task.env.state=replay (for a deterministic env) or add both methods")
+            raise EnvLoadError(
+                f"task.env.state=snapshot, but task.env.class={config.cls!r} has no snapshot() and "
+                "restore(); set task.env.state=replay (for a deterministic env) or add both methods"
+            )
         self._pool = WorkerPool(config.cls) if config.isolation == "process" else None
         self._lock = threading.Lock()
         self.episodes = 0  # sessions started
         self.failures = 0  # sessions that ended in an environment failure
 
-    def session(self, extras: dict[str, Any]) -> "EnvSession":
+    def session(self, extras: dict[str, Any]) -> EnvSession:
         """A new, unstarted episode for the dataset row ``extras`` (the row without its prompt)."""
         return EnvSession(self, dict(extras))
 
@@ -202,7 +205,7 @@ class EnvSession:
             self._release(wait=False)  # within this call's bound: the instance closes in the background
         return result
 
-    def fork(self, turns: int) -> "EnvSession":
+    def fork(self, turns: int) -> EnvSession:
         """A new session in this one's state after its first ``turns`` steps (0: after init).
 
         Env faults while rebuilding (a replay that raises, times out or gives other results)
@@ -211,8 +214,10 @@ class EnvSession:
         if self.started is None or self.started.error:
             raise RuntimeError("fork() needs a session that started without error")
         if not 0 <= turns <= len(self.history) or any(t.result.error for t in self.history[:turns]):
-            raise ValueError(f"fork(turns={turns}): the episode has {len(self.history)} turns "
-                             f"({'the last failed' if self.error else 'none failed'}); fork at 0..{self._last_good()}")
+            raise ValueError(
+                f"fork(turns={turns}): the episode has {len(self.history)} turns "
+                f"({'the last failed' if self.error else 'none failed'}); fork at 0..{self._last_good()}"
+            )
         child = EnvSession(self.runner, self.extras)
         child.prompt, child._env_max_turns = self.prompt, self._env_max_turns
         child.history = list(self.history[:turns])
@@ -266,7 +271,7 @@ class EnvSession:
         """The reward that trains (``task.env.reward``: the last turn's or the sum)."""
         return self.config.episode_reward(self.rewards)
 
-    def __enter__(self) -> "EnvSession":
+    def __enter__(self) -> EnvSession:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -302,9 +307,11 @@ class EnvSession:
             observations, reward, done, _ = check_step(self._call("step", (turn.action,), deadline), self._cap)
             recorded = turn.result
             if (tuple(observations), reward, done) != (recorded.observations, recorded.reward, recorded.done):
-                raise BadOutput(f"step {k} gave other results than the episode it replays (observations "
-                                f"{_short(observations)}, reward {reward}, done {done}); the env is not deterministic: "
-                                "give it snapshot() and restore() and set task.env.state=snapshot")
+                raise BadOutput(
+                    f"step {k} gave other results than the episode it replays (observations "
+                    f"{_short(observations)}, reward {reward}, done {done}); the env is not deterministic: "
+                    "give it snapshot() and restore() and set task.env.state=snapshot"
+                )
 
     def _save_snapshot(self, deadline: float) -> None:
         if self.config.state == "snapshot":
@@ -315,8 +322,10 @@ class EnvSession:
         if self._env_max_turns is not None and self._env_max_turns > limit:
             return TurnResult(result.step, result.observations, result.reward, True, result.metadata, truncated=True)
         declared = f"its own max_turns={self._env_max_turns}" if self._env_max_turns else "it declares no max_turns"
-        raise BadOutput(f"not done after max_turns={limit} (task.env.max_turns; {declared}); the env must set done "
-                        "by its last turn, or raise task.env.max_turns")
+        raise BadOutput(
+            f"not done after max_turns={limit} (task.env.max_turns; {declared}); the env must set done "
+            "by its last turn, or raise task.env.max_turns"
+        )
 
     def _check_can_step(self) -> None:
         if self.started is None:

@@ -34,9 +34,10 @@ from __future__ import annotations
 import random
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 NAMES = ("Ada", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo", "Iris", "Jonas", "Kemi", "Leo", "Mina", "Noor")
 ITEMS = ("apples", "pencils", "stickers", "marbles", "cookies", "books", "shells", "cards", "stamps", "buttons")
@@ -55,15 +56,24 @@ def _one_step(rng: random.Random, name: str, other: str, item: str) -> tuple[str
     kind = rng.randrange(3)
     a, b = rng.randint(3, 60), rng.randint(2, 40)
     if kind == 0:
-        return f"{name} has {a} {item}. {other} gives {name} {b} more. How many {item} does {name} have now?", \
-            [f"{a} + {b} = {a + b}"], a + b
+        return (
+            f"{name} has {a} {item}. {other} gives {name} {b} more. How many {item} does {name} have now?",
+            [f"{a} + {b} = {a + b}"],
+            a + b,
+        )
     if kind == 1:
         a = a + b
-        return f"{name} had {a} {item} and gave {b} of them to {other}. How many {item} does {name} have left?", \
-            [f"{a} - {b} = {a - b}"], a - b
+        return (
+            f"{name} had {a} {item} and gave {b} of them to {other}. How many {item} does {name} have left?",
+            [f"{a} - {b} = {a - b}"],
+            a - b,
+        )
     a, b = rng.randint(2, 12), rng.randint(2, 12)
-    return f"{name} buys {a} bags of {item} with {b} {item} in each bag. How many {item} does {name} buy?", \
-        [f"{a} * {b} = {a * b}"], a * b
+    return (
+        f"{name} buys {a} bags of {item} with {b} {item} in each bag. How many {item} does {name} buy?",
+        [f"{a} * {b} = {a * b}"],
+        a * b,
+    )
 
 
 def _two_steps(rng: random.Random, name: str, other: str, item: str) -> tuple[str, list[str], int]:
@@ -71,42 +81,63 @@ def _two_steps(rng: random.Random, name: str, other: str, item: str) -> tuple[st
     if kind == 0:
         a, b = rng.randint(5, 50), rng.randint(2, 30)
         c = rng.randint(1, a + b)
-        return (f"{name} has {a} {item} and buys {b} more. Then {name} gives {c} to {other}. How many {item} does "
-                f"{name} have now?", [f"{a} + {b} = {a + b}", f"{a + b} - {c} = {a + b - c}"], a + b - c)
+        return (
+            f"{name} has {a} {item} and buys {b} more. Then {name} gives {c} to {other}. How many {item} does "
+            f"{name} have now?",
+            [f"{a} + {b} = {a + b}", f"{a + b} - {c} = {a + b - c}"],
+            a + b - c,
+        )
     if kind == 1:
         price, count = rng.randint(2, 9), rng.randint(2, 9)
         paid = price * count + rng.randint(0, 20)
         paid = -(-paid // 5) * 5
-        return (f"One of the {item} costs ${price}. {name} buys {count} of them and pays with ${paid}. How many dollars "
-                f"of change does {name} get?", [f"{price} * {count} = {price * count}",
-                                                  f"{paid} - {price * count} = {paid - price * count}"],
-                paid - price * count)
+        return (
+            f"One of the {item} costs ${price}. {name} buys {count} of them and pays with ${paid}. How many dollars "
+            f"of change does {name} get?",
+            [f"{price} * {count} = {price * count}", f"{paid} - {price * count} = {paid - price * count}"],
+            paid - price * count,
+        )
     a, b = rng.randint(2, 9), rng.randint(2, 9)
     extra = rng.randint(1, 20)
-    return (f"{name} packs {a} boxes with {b} {item} each, and {other} adds {extra} loose {item}. How many {item} are "
-            "there in all?", [f"{a} * {b} = {a * b}", f"{a * b} + {extra} = {a * b + extra}"], a * b + extra)
+    return (
+        f"{name} packs {a} boxes with {b} {item} each, and {other} adds {extra} loose {item}. How many {item} are "
+        "there in all?",
+        [f"{a} * {b} = {a * b}", f"{a * b} + {extra} = {a * b + extra}"],
+        a * b + extra,
+    )
 
 
 def _three_steps(rng: random.Random, name: str, other: str, item: str) -> tuple[str, list[str], int]:
     if rng.random() < 0.5:
         a, fewer = rng.randint(5, 30), rng.randint(1, 10)
         tue, wed = 2 * a, 2 * a - fewer
-        return (f"{name} collects {a} {item} on Monday and twice as many on Tuesday. On Wednesday {name} collects "
-                f"{fewer} fewer than on Tuesday. How many {item} does {name} collect in the three days?",
-                [f"2 * {a} = {tue}", f"{tue} - {fewer} = {wed}", f"{a} + {tue} + {wed} = {a + tue + wed}"],
-                a + tue + wed)
+        return (
+            f"{name} collects {a} {item} on Monday and twice as many on Tuesday. On Wednesday {name} collects "
+            f"{fewer} fewer than on Tuesday. How many {item} does {name} collect in the three days?",
+            [f"2 * {a} = {tue}", f"{tue} - {fewer} = {wed}", f"{a} + {tue} + {wed} = {a + tue + wed}"],
+            a + tue + wed,
+        )
     a, b, people = rng.randint(4, 30), rng.randint(4, 30), rng.choice((2, 3, 4, 5))
     total = a + b
     total += (-total) % people
     b = total - a
-    return (f"{name} has {a} {item} and {other} has {b}. They put them together and share them equally among "
-            f"{people} friends. Each friend then gets 3 more from a teacher. How many {item} does each friend have?",
-            [f"{a} + {b} = {total}", f"{total} / {people} = {total // people}",
-             f"{total // people} + 3 = {total // people + 3}"], total // people + 3)
+    return (
+        f"{name} has {a} {item} and {other} has {b}. They put them together and share them equally among "
+        f"{people} friends. Each friend then gets 3 more from a teacher. How many {item} does each friend have?",
+        [
+            f"{a} + {b} = {total}",
+            f"{total} / {people} = {total // people}",
+            f"{total // people} + 3 = {total // people + 3}",
+        ],
+        total // people + 3,
+    )
 
 
 _BY_STEPS: dict[int, Callable[[random.Random, str, str, str], tuple[str, list[str], int]]] = {
-    1: _one_step, 2: _two_steps, 3: _three_steps}
+    1: _one_step,
+    2: _two_steps,
+    3: _three_steps,
+}
 
 
 def make_problem(rng: random.Random, steps: int | None = None, min_steps: int = 1, max_steps: int = 3) -> WordProblem:
@@ -131,8 +162,12 @@ def sample_row(rng: random.Random, env_config: dict[str, Any] | None = None) -> 
         "prompt": [{"role": "user", "content": f"{problem.question} {INSTRUCTION}"}],
         "env_class": "gsm8k_multi_turn",
         "reward_spec": {"method": "rule", "ground_truth": str(problem.answer)},
-        "extra_info": {"question": problem.question, "solution": problem.solution, "steps": problem.steps,
-                       "max_turns": int(cfg.get("max_turns", 5))},
+        "extra_info": {
+            "question": problem.question,
+            "solution": problem.solution,
+            "steps": problem.steps,
+            "max_turns": int(cfg.get("max_turns", 5)),
+        },
     }
 
 
@@ -148,8 +183,10 @@ class WordProblemEnv:
         cfg = dict(env_config or {})
         unknown = sorted(set(cfg) - {"max_turns", "format_score", "min_steps", "max_steps"})
         if unknown:
-            raise ValueError(f"task.env.config has unknown keys {unknown} for WordProblemEnv; valid: max_turns, "
-                             "format_score, min_steps, max_steps")
+            raise ValueError(
+                f"task.env.config has unknown keys {unknown} for WordProblemEnv; valid: max_turns, "
+                "format_score, min_steps, max_steps"
+            )
         info = extras.get("extra_info") or {}
         self.truth = str(extras["reward_spec"]["ground_truth"]).strip()
         self.max_turns = int(info.get("max_turns", cfg.get("max_turns", 5)))
@@ -167,8 +204,12 @@ class WordProblemEnv:
         reward = 1.0 if right else self.format_score if answer is not None else 0.0
         done = right or self.turns >= self.max_turns
         observations = [] if done else [{"role": "user", "content": self._again(answer)}]
-        return {"observations": observations, "reward": reward, "done": done,
-                "metadata": {"answer": answer, "correct": right}}
+        return {
+            "observations": observations,
+            "reward": reward,
+            "done": done,
+            "metadata": {"answer": answer, "correct": right},
+        }
 
     def _again(self, answer: str | None) -> str:
         said = f"{answer} is not right." if answer is not None else "I found no '#### ANSWER' line."

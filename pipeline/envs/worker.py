@@ -51,18 +51,18 @@ class WorkerPool:
         self.started = 0  # workers started
         self.killed = 0  # workers killed at a timeout
 
-    def host(self) -> "ProcessHost":
+    def host(self) -> ProcessHost:
         """A host for one episode (its worker is taken or started at ``create``)."""
         return ProcessHost(self)
 
-    def take(self) -> "_Worker":
+    def take(self) -> _Worker:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
             self.started += 1
         return _Worker(self.spec)
 
-    def give_back(self, worker: "_Worker") -> None:
+    def give_back(self, worker: _Worker) -> None:
         with self._lock:
             if len(self._idle) < self.max_idle:
                 self._idle.append(worker)
@@ -120,7 +120,7 @@ class ProcessHost:
         else:  # the worker goes back to the pool once its instance is closed
             threading.Thread(target=self._drop, args=(worker,), name="env-worker-drop", daemon=True).start()
 
-    def _drop(self, worker: "_Worker") -> None:
+    def _drop(self, worker: _Worker) -> None:
         try:
             worker.request(("drop", None), CLOSE_TIMEOUT_S)
         except CallFailed:
@@ -152,13 +152,20 @@ class _Worker:
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "pipeline.envs.worker", str(child_sock.fileno()), spec],
-                pass_fds=(child_sock.fileno(),), env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+                pass_fds=(child_sock.fileno(),),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         finally:
             child_sock.close()
         self.conn = Connection(parent_sock.detach())
         try:
-            ready = self.conn.recv() if self.conn.poll(START_TIMEOUT_S) else ("error", f"no answer in {START_TIMEOUT_S:g} s")
+            ready = (
+                self.conn.recv()
+                if self.conn.poll(START_TIMEOUT_S)
+                else ("error", f"no answer in {START_TIMEOUT_S:g} s")
+            )
         except (EOFError, OSError):
             ready = ("error", "it exited")
         if ready != ("ready", None):
@@ -229,8 +236,13 @@ def _serve(conn: Connection, spec: str) -> None:
         except (EOFError, OSError):
             return
         except Exception as exc:  # the value cannot be pickled
-            conn.send((False, f"returned a value that cannot be sent between processes ({one_line(exc, 120)}); "
-                              "return plain data (str, numbers, lists, dicts)"))
+            conn.send(
+                (
+                    False,
+                    f"returned a value that cannot be sent between processes ({one_line(exc, 120)}); "
+                    "return plain data (str, numbers, lists, dicts)",
+                )
+            )
 
 
 if __name__ == "__main__":

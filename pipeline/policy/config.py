@@ -46,8 +46,10 @@ class BaseModelConfig:
     """torch threads while warm-starting."""
 
     def __post_init__(self) -> None:
-        require(self.d_model >= 8 and self.n_heads >= 1 and self.d_model % self.n_heads == 0,
-                f"model d_model={self.d_model} must be a multiple of n_heads={self.n_heads}")
+        require(
+            self.d_model >= 8 and self.n_heads >= 1 and self.d_model % self.n_heads == 0,
+            f"model d_model={self.d_model} must be a multiple of n_heads={self.n_heads}",
+        )
         require(self.n_layers >= 1, f"model.n_layers={self.n_layers} must be >= 1")
         require(self.max_len >= 8, f"model.max_len={self.max_len} must be >= 8")
         require(self.warm_start_steps >= 0, f"model.warm_start_steps={self.warm_start_steps} must be >= 0")
@@ -55,6 +57,13 @@ class BaseModelConfig:
         require(self.warm_start_lr > 0, f"model.warm_start_lr={self.warm_start_lr} must be > 0")
         require(0 <= self.warm_start_target < 1, f"model.warm_start_target={self.warm_start_target} must be in [0, 1)")
         require(self.threads >= 1, f"model.threads={self.threads} must be >= 1")
-        for key, limit in (("d_model", 1 << 16), ("n_layers", 1024), ("n_heads", 1024), ("max_len", 1 << 20),
-                           ("warm_start_batch", 1 << 16), ("warm_start_steps", 10**8), ("threads", 1024)):
+        for key, limit in (
+            ("d_model", 1 << 16),
+            ("n_layers", 1024),
+            ("n_heads", 1024),
+            ("max_len", 1 << 20),
+            ("warm_start_batch", 1 << 16),
+            ("warm_start_steps", 10**8),
+            ("threads", 1024),
+        ):
             at_most(f"model.{key}", getattr(self, key), limit)

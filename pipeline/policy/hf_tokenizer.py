@@ -98,8 +98,10 @@ class HFTokenizer:
         messages = prompt if is_messages(prompt) else None
         if messages is None:
             if not isinstance(prompt, str):
-                raise TokenizerError(f"prompt {str(prompt)[:60]!r} is neither text nor a list of chat messages "
-                                     "({'role': ..., 'content': ...}); fix the dataset's prompt field")
+                raise TokenizerError(
+                    f"prompt {str(prompt)[:60]!r} is neither text nor a list of chat messages "
+                    "({'role': ..., 'content': ...}); fix the dataset's prompt field"
+                )
             messages = [{"role": "user", "content": prompt}]
         if not self.has_chat_template:
             raise TokenizerError(
@@ -134,5 +136,6 @@ class HFTokenizer:
         return self._tok
 
     def __repr__(self) -> str:
-        return f"HFTokenizer({type(self._tok).__name__}, vocab_size={self.vocab_size}, chat_template={self.chat_template})"
-
+        return (
+            f"HFTokenizer({type(self._tok).__name__}, vocab_size={self.vocab_size}, chat_template={self.chat_template})"
+        )

@@ -45,8 +45,8 @@ from typing import Any
 import torch
 
 from pipeline.config.build import to_dict
-from pipeline.policy.hf_tokenizer import HFTokenizer
 from pipeline.policy.config import BaseModelConfig  # re-exported: the config class lives apart from torch
+from pipeline.policy.hf_tokenizer import HFTokenizer
 from pipeline.policy.tokenizer import VOCAB_FILE, CharTokenizer, TokenizerError
 
 META_FILE = "railgate_base.json"
@@ -75,7 +75,9 @@ class BaseModel:
             value = getattr(config, name, None)
             if isinstance(value, int) and value > 0:
                 return value
-        raise ModelDirError(f"{self.path}/config.json names no max_position_embeddings; add it (the model's context length)")
+        raise ModelDirError(
+            f"{self.path}/config.json names no max_position_embeddings; add it (the model's context length)"
+        )
 
 
 def build_model(
@@ -140,7 +142,9 @@ def load_model(directory: str | Path, chat_template: bool = False) -> BaseModel:
 
     d = Path(directory)
     if not d.is_dir():
-        raise ModelDirError(f"model directory {d} does not exist; set model.path to a Hugging Face model directory, or leave it empty to build one")
+        raise ModelDirError(
+            f"model directory {d} does not exist; set model.path to a Hugging Face model directory, or leave it empty to build one"
+        )
     missing = [name for name in ("config.json",) if not (d / name).is_file()]
     if not any((d / name).is_file() for name in WEIGHT_FILES) and not any(d.glob("model-*.safetensors")):
         missing.append(" or ".join(WEIGHT_FILES))
@@ -199,13 +203,15 @@ def read_model_config(directory: str | Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelDirError(f"{path} is not valid JSON ({str(exc)[:120]}): the model's configuration is damaged; "
-                            f"{_repair(d)}") from None
+        raise ModelDirError(
+            f"{path} is not valid JSON ({str(exc)[:120]}): the model's configuration is damaged; {_repair(d)}"
+        ) from None
     except OSError as exc:
         raise ModelDirError(f"{path} cannot be read ({exc.strerror}); {_repair(d)}") from None
     if not isinstance(data, dict):
-        raise ModelDirError(f"{path} holds a JSON {type(data).__name__}, not the model's configuration (an object); "
-                            f"{_repair(d)}")
+        raise ModelDirError(
+            f"{path} holds a JSON {type(data).__name__}, not the model's configuration (an object); {_repair(d)}"
+        )
     return data
 
 
@@ -224,8 +230,10 @@ def _repair(d: Path) -> str:
     """The fix for a damaged model directory: railgate's own cache is rebuilt; a user's is theirs."""
     if d.name == BASE_DIR_NAME and (d / META_FILE).is_file():
         return f"delete {d}: railgate builds and warm-starts it again"
-    return (f"{d} is your model directory: save the model into it again (save_pretrained), or point model.path at an "
-            "intact copy")
+    return (
+        f"{d} is your model directory: save the model into it again (save_pretrained), or point model.path at an "
+        "intact copy"
+    )
 
 
 def base_settings(task_cfg, model_cfg: BaseModelConfig) -> dict[str, Any]:
@@ -250,8 +258,9 @@ def base_settings(task_cfg, model_cfg: BaseModelConfig) -> dict[str, Any]:
     return {"task": task_settings, "model": model_settings}
 
 
-def ensure_base_model(run_dir: str | Path, task_cfg, model_cfg: BaseModelConfig | None = None, progress: bool = True,
-                      task: Any = None) -> BaseModel:
+def ensure_base_model(
+    run_dir: str | Path, task_cfg, model_cfg: BaseModelConfig | None = None, progress: bool = True, task: Any = None
+) -> BaseModel:
     """The base policy of a run: ``model_cfg.path`` if set, else ``run_dir/base_model``,
     built and warm-started on the first call and loaded from there afterwards.
 
@@ -285,26 +294,41 @@ def ensure_base_model(run_dir: str | Path, task_cfg, model_cfg: BaseModelConfig 
     return build_base_model(task_cfg, model_cfg, target, progress, task)
 
 
-def build_base_model(task_cfg, model_cfg: BaseModelConfig, target: str | Path, progress: bool = True,
-                     task: Any = None) -> BaseModel:
+def build_base_model(
+    task_cfg, model_cfg: BaseModelConfig, target: str | Path, progress: bool = True, task: Any = None
+) -> BaseModel:
     """Build the project's model for ``task_cfg``, warm-start it and save it as ``target`` (a
     model directory that ``model.path`` loads as it is). ``target`` must not exist, or be an
     empty directory; it appears atomically (built in a temporary sibling, then renamed). ``task``:
     the task ``task_cfg`` describes, when the caller has built it already."""
-    from pipeline.tasks import build_task
     from pipeline.policy.warmstart import warm_start
+    from pipeline.tasks import build_task
 
     target = Path(target)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise ModelDirError(f"{target} already exists and is not an empty directory; choose a new directory or delete it")
+        raise ModelDirError(
+            f"{target} already exists and is not an empty directory; choose a new directory or delete it"
+        )
     task = task or build_task(task_cfg)
     tokenizer = CharTokenizer.for_tasks(task)
     model = build_model(
-        tokenizer.vocab_size, model_cfg.d_model, model_cfg.n_layers, model_cfg.n_heads, model_cfg.max_len, model_cfg.seed
+        tokenizer.vocab_size,
+        model_cfg.d_model,
+        model_cfg.n_layers,
+        model_cfg.n_heads,
+        model_cfg.max_len,
+        model_cfg.seed,
     )
     report = warm_start(
-        task, tokenizer, model, steps=model_cfg.warm_start_steps, batch=model_cfg.warm_start_batch,
-        lr=model_cfg.warm_start_lr, seed=model_cfg.seed, progress=progress, threads=model_cfg.threads,
+        task,
+        tokenizer,
+        model,
+        steps=model_cfg.warm_start_steps,
+        batch=model_cfg.warm_start_batch,
+        lr=model_cfg.warm_start_lr,
+        seed=model_cfg.seed,
+        progress=progress,
+        threads=model_cfg.threads,
         target_accuracy=model_cfg.warm_start_target,
     )
     meta = {**base_settings(task_cfg, model_cfg), "warm_start": to_dict(report)}

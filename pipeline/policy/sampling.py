@@ -29,8 +29,15 @@ class PolicyStats:
 
 
 @torch.no_grad()
-def sample_groups(model, tokenizer: CharTokenizer, prompt_ids, group_size: int, temperature: float = 1.0,
-                  max_new_tokens: int = 32, seed: int = 0) -> list[list[list[int]]]:
+def sample_groups(
+    model,
+    tokenizer: CharTokenizer,
+    prompt_ids,
+    group_size: int,
+    temperature: float = 1.0,
+    max_new_tokens: int = 32,
+    seed: int = 0,
+) -> list[list[list[int]]]:
     """``group_size`` sampled responses per prompt (token ids, without ``<eos>``).
 
     A plain KV-cache loop rather than ``generate``: prompts are left-padded and every row
@@ -43,14 +50,16 @@ def sample_groups(model, tokenizer: CharTokenizer, prompt_ids, group_size: int, 
     limit = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
     if limit is not None:
         if width >= limit:
-            raise ValueError(f"a prompt of {width} tokens leaves no room under the model's max_len={limit}; raise model.max_len")
+            raise ValueError(
+                f"a prompt of {width} tokens leaves no room under the model's max_len={limit}; raise model.max_len"
+            )
         max_new_tokens = min(max_new_tokens, limit - width)
     n = len(rows)
     ids = torch.full((n, width), tokenizer.pad_id, dtype=torch.long)
     mask = torch.zeros((n, width), dtype=torch.long)
     for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r)
-        mask[i, width - len(r):] = 1
+        ids[i, width - len(r) :] = torch.tensor(r)
+        mask[i, width - len(r) :] = 1
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     gen = torch.Generator().manual_seed(seed)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
@@ -68,7 +77,12 @@ def sample_groups(model, tokenizer: CharTokenizer, prompt_ids, group_size: int, 
         if bool(done.all()):
             break
         mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long)], dim=1)
-        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_pos,
-                    past_key_values=out.past_key_values, use_cache=True)
+        out = model(
+            input_ids=token[:, None],
+            attention_mask=mask,
+            position_ids=next_pos,
+            past_key_values=out.past_key_values,
+            use_cache=True,
+        )
         next_pos = next_pos + 1
-    return [responses[i: i + group_size] for i in range(0, n, group_size)]
+    return [responses[i : i + group_size] for i in range(0, n, group_size)]

@@ -26,8 +26,8 @@ which loads the tokenizer that way) gives the same ids, ``<bos>`` added to every
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from pipeline.config.build import shorten
 
@@ -67,13 +67,15 @@ class CharTokenizer:
         chars = sorted(set(alphabet))
         for ch in chars:
             if len(ch) != 1:
-                raise TokenizerError(f"alphabet entry {ch!r} is not a single character; pass a string or single characters")
+                raise TokenizerError(
+                    f"alphabet entry {ch!r} is not a single character; pass a string or single characters"
+                )
         self.alphabet = "".join(chars)
         self._itos: list[str] = list(SPECIAL_TOKENS) + chars
         self._stoi: dict[str, int] = {ch: i for i, ch in enumerate(self._itos) if i >= len(SPECIAL_TOKENS)}
 
     @classmethod
-    def for_tasks(cls, *tasks) -> "CharTokenizer":
+    def for_tasks(cls, *tasks) -> CharTokenizer:
         """The tokenizer over the union of the tasks' alphabets (``task.alphabet``)."""
         return cls("".join(task.alphabet for task in tasks))
 
@@ -102,7 +104,11 @@ class CharTokenizer:
             return [stoi[ch] for ch in text]
         except KeyError:
             pos = next(i for i, ch in enumerate(text) if ch not in stoi)
-            where = repr(text) if len(text) <= 80 else f"...{text[max(0, pos - 30):pos + 30]!r}... of {len(text)} characters"
+            where = (
+                repr(text)
+                if len(text) <= 80
+                else f"...{text[max(0, pos - 30) : pos + 30]!r}... of {len(text)} characters"
+            )
             raise TokenizerError(
                 f"character {text[pos]!r} (at {pos} in {where}) is not in the tokenizer's vocabulary "
                 f"{shorten(self.alphabet, 200)}; build the tokenizer from an alphabet that contains it (CharTokenizer.for_tasks)"
@@ -161,11 +167,13 @@ class CharTokenizer:
         return path
 
     @classmethod
-    def load(cls, directory: str | Path) -> "CharTokenizer":
+    def load(cls, directory: str | Path) -> CharTokenizer:
         """Read the tokenizer that ``save`` wrote into ``directory``."""
         path = Path(directory) / VOCAB_FILE
         if not path.is_file():
-            raise TokenizerError(f"{path} does not exist; a model directory needs the tokenizer saved by CharTokenizer.save")
+            raise TokenizerError(
+                f"{path} does not exist; a model directory needs the tokenizer saved by CharTokenizer.save"
+            )
         try:
             payload = json.loads(path.read_text())
             tokens = payload["tokens"]
@@ -181,7 +189,7 @@ class CharTokenizer:
                 f"{path} {what}; the first tokens must be {list(SPECIAL_TOKENS)} (ids 0, 1, 2); "
                 "rebuild it with CharTokenizer(alphabet).save(dir)"
             )
-        chars = tokens[len(SPECIAL_TOKENS):]
+        chars = tokens[len(SPECIAL_TOKENS) :]
         tok = cls(chars)
         if tok._itos != tokens:
             raise TokenizerError(

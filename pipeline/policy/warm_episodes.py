@@ -52,8 +52,10 @@ def episode_batch(task: Any, tokenizer: Any, batch: int, seed: int, max_len: int
     rows = [episode_row(renderer, demo) for demo in task.sft_episodes(batch, seed=seed)]
     width = max(len(ids) for ids, _ in rows)
     if max_len is not None and width > max_len:
-        raise ValueError(f"a demonstration episode of {width} tokens exceeds the model's max_len={max_len}; raise "
-                         "model.max_len or shorten the episodes (fewer steps, task.env.max_turns)")
+        raise ValueError(
+            f"a demonstration episode of {width} tokens exceeds the model's max_len={max_len}; raise "
+            "model.max_len or shorten the episodes (fewer steps, task.env.max_turns)"
+        )
     ids = torch.full((len(rows), width), tokenizer.pad_id, dtype=torch.long)
     labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -65,14 +67,26 @@ def episode_batch(task: Any, tokenizer: Any, batch: int, seed: int, max_len: int
 
 
 @torch.no_grad()
-def measure_episodes(task: Any, tokenizer: Any, model: Any, n_prompts: int = 256, group_size: int = 4,
-                     temperature: float = 1.0, seed: int = 0, split: str = "eval", turn_tokens: int = 8) -> Any:
+def measure_episodes(
+    task: Any,
+    tokenizer: Any,
+    model: Any,
+    n_prompts: int = 256,
+    group_size: int = 4,
+    temperature: float = 1.0,
+    seed: int = 0,
+    split: str = "eval",
+    turn_tokens: int = 8,
+) -> Any:
     """Play ``group_size`` episodes of each of ``n_prompts`` prompts of ``split`` with ``model``;
     a ``warmstart.PolicyStats`` of the episodes' success (an environment failure is a failure)."""
     start = time.perf_counter()
     renderer = renderer_of(tokenizer)
-    prompts = task.eval_prompts(n_prompts, seed, renderer.prompt_ids) if split == "eval" else \
-        task.train_prompts(n_prompts, seed, renderer.prompt_ids)
+    prompts = (
+        task.eval_prompts(n_prompts, seed, renderer.prompt_ids)
+        if split == "eval"
+        else task.train_prompts(n_prompts, seed, renderer.prompt_ids)
+    )
     episodes = []  # [session, context, prompt index]
     for k, prompt in enumerate(prompts):
         row = task.row(prompt.prompt_id)
@@ -86,8 +100,9 @@ def measure_episodes(task: Any, tokenizer: Any, model: Any, n_prompts: int = 256
             live = [e for e in episodes if not e[0].done and not e[0].failed]
             if not live or turn >= task.config.max_turns:
                 break
-            answers = sample_groups(model, tokenizer, [e[1] for e in live], 1, temperature, turn_tokens,
-                                    seed=seed * 1009 + turn)
+            answers = sample_groups(
+                model, tokenizer, [e[1] for e in live], 1, temperature, turn_tokens, seed=seed * 1009 + turn
+            )
             for episode, [response] in zip(live, answers):
                 result = episode[0].step(renderer.action_text(response + [tokenizer.eos_id]))
                 episode[1] += response + [tokenizer.eos_id]
@@ -106,8 +121,12 @@ def measure_episodes(task: Any, tokenizer: Any, model: Any, n_prompts: int = 256
         by_d.setdefault(prompt.difficulty, []).append(rate)
     n = max(1, len(success))
     return PolicyStats(
-        accuracy=sum(success) / n, saturated=sum(r in (0.0, 1.0) for r in success) / n,
-        all_correct=sum(r == 1.0 for r in success) / n, all_wrong=sum(r == 0.0 for r in success) / n,
-        n_prompts=len(success), group_size=group_size,
-        by_difficulty=tuple((d, sum(v) / len(v)) for d, v in sorted(by_d.items())), wall_s=time.perf_counter() - start,
+        accuracy=sum(success) / n,
+        saturated=sum(r in (0.0, 1.0) for r in success) / n,
+        all_correct=sum(r == 1.0 for r in success) / n,
+        all_wrong=sum(r == 0.0 for r in success) / n,
+        n_prompts=len(success),
+        group_size=group_size,
+        by_difficulty=tuple((d, sum(v) / len(v)) for d, v in sorted(by_d.items())),
+        wall_s=time.perf_counter() - start,
     )

@@ -34,9 +34,9 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.policy.sampling import PolicyStats, sample_groups  # noqa: F401  (re-exported)
+from pipeline.policy.tokenizer import CharTokenizer
 from pipeline.policy.warm_episodes import episode_batch, measure_episodes
 from pipeline.tasks.base import Task
-from pipeline.policy.tokenizer import CharTokenizer
 from pipeline.types import Prompt
 
 IGNORE = -100
@@ -219,7 +219,7 @@ def warm_start(
         bar.close()
         model.eval()
         torch.set_num_threads(old_threads)
-    tail = losses[-max(1, len(losses) // 10):] if losses else [float("nan")]
+    tail = losses[-max(1, len(losses) // 10) :] if losses else [float("nan")]
     return WarmStartReport(
         steps=len(losses),
         batch=batch,
@@ -235,9 +235,18 @@ def warm_start(
     )
 
 
-def measure_policy(task: Task, tokenizer: CharTokenizer, model, n_prompts: int = 256, group_size: int = 8,
-                   temperature: float = 1.0, seed: int = 0, max_new_tokens: int | None = None,
-                   batch_prompts: int = 64, split: str = "eval") -> PolicyStats:
+def measure_policy(
+    task: Task,
+    tokenizer: CharTokenizer,
+    model,
+    n_prompts: int = 256,
+    group_size: int = 8,
+    temperature: float = 1.0,
+    seed: int = 0,
+    max_new_tokens: int | None = None,
+    batch_prompts: int = 64,
+    split: str = "eval",
+) -> PolicyStats:
     """Sample ``group_size`` responses for each of ``n_prompts`` prompts of ``split`` (held-out
     by default) and grade them with the task's reward. ``max_new_tokens``: default the task's
     ``sample_tokens`` (32; a scratchpad task's longest response)."""
@@ -249,9 +258,16 @@ def measure_policy(task: Task, tokenizer: CharTokenizer, model, n_prompts: int =
     rates: list[float] = []
     graded: list[Prompt] = []
     for lo in range(0, n_prompts, batch_prompts):
-        chunk = prompts[lo: lo + batch_prompts]
-        groups = sample_groups(model, tokenizer, [p.token_ids for p in chunk], group_size, temperature,
-                               max_new_tokens, seed=seed * 7919 + lo)
+        chunk = prompts[lo : lo + batch_prompts]
+        groups = sample_groups(
+            model,
+            tokenizer,
+            [p.token_ids for p in chunk],
+            group_size,
+            temperature,
+            max_new_tokens,
+            seed=seed * 7919 + lo,
+        )
         for prompt, group in zip(chunk, groups):
             rewards = [task.score(prompt, tokenizer.decode(r)) for r in group]
             rewards = [r for r in rewards if r is not None]  # None: no reward for that response (a user's function)

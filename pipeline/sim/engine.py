@@ -138,7 +138,11 @@ class SimEngine(EngineBase):
             prefix_lps = tuple(req.branch.prefix_logprobs)
         p = world.success_probability(state, req.prompt.prompt_id)
         traj = world.sample_trajectory(
-            rng, p, req.params.temperature, req.params.max_tokens, prefix=source,
+            rng,
+            p,
+            req.params.temperature,
+            req.params.max_tokens,
+            prefix=source,
             prefix_len=req.branch.prefix_len if req.branch else 0,
         )
         start_pos = min(req.branch.prefix_len if req.branch else 0, traj.length)
@@ -146,7 +150,9 @@ class SimEngine(EngineBase):
             prefix_tokens = tuple(range(3, 3 + start_pos))  # stand-in tokens when the caller sent none
             prefix_lps = (0.0,) * start_pos
         tokens, lps, ents = self._tables.render(rng, traj, start_pos, world)
-        return Rendered(req.request_id, traj, tuple(tokens), tuple(lps), tuple(ents), prefix_tokens, prefix_lps, start_pos)
+        return Rendered(
+            req.request_id, traj, tuple(tokens), tuple(lps), tuple(ents), prefix_tokens, prefix_lps, start_pos
+        )
 
     def _trajectory_of(self, request_id: str) -> Trajectory | None:
         s = self._open.get(request_id)

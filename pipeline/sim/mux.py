@@ -70,7 +70,20 @@ class SimHost(Protocol):
 class _Entry:
     """One running request: its response, how far it is, and when its next event is due."""
 
-    __slots__ = ("mux", "order", "request", "rendered", "error", "fail", "version", "pos", "chunk_start", "due", "aborted", "done")
+    __slots__ = (
+        "mux",
+        "order",
+        "request",
+        "rendered",
+        "error",
+        "fail",
+        "version",
+        "pos",
+        "chunk_start",
+        "due",
+        "aborted",
+        "done",
+    )
 
     def __init__(self, mux: SimMux, order: int, request: SampleRequest, version: int):
         self.mux = mux
@@ -122,7 +135,9 @@ class SimMux:
 
     def start(self, request: SampleRequest) -> None:
         if self._closed:
-            raise RuntimeError(f"start({request.request_id!r}) on a closed multiplexer; take a new one from engine.multiplexer()")
+            raise RuntimeError(
+                f"start({request.request_id!r}) on a closed multiplexer; take a new one from engine.multiplexer()"
+            )
         eng = self._engine
         rid, fail = eng._begin(request)
         entry = _Entry(self, next(self._order), request, eng.policy_version)
@@ -217,7 +232,9 @@ class SimMux:
         self._forget(entry)
         r, now = entry.rendered, self._clock.now()
         if r is None:
-            return SampleFinished(entry.request.request_id, (), (), FinishReason.ABORTED, entry.version, engine_time=now)
+            return SampleFinished(
+                entry.request.request_id, (), (), FinishReason.ABORTED, entry.version, engine_time=now
+            )
         produced = max(entry.pos, 0)
         if entry.pos >= 0:
             step = min(self._chunk, len(r.tokens) - entry.pos)

@@ -24,10 +24,28 @@ class Rendered:
     """One request's response, drawn whole: its new tokens (tuples once, so that each delta is a
     slice of them) after the branch prefix, if any."""
 
-    __slots__ = ("request_id", "trajectory", "tokens", "logprobs", "entropies", "prefix_tokens", "prefix_logprobs", "start_pos")
+    __slots__ = (
+        "request_id",
+        "trajectory",
+        "tokens",
+        "logprobs",
+        "entropies",
+        "prefix_tokens",
+        "prefix_logprobs",
+        "start_pos",
+    )
 
-    def __init__(self, request_id: str, trajectory: Trajectory, tokens: tuple[int, ...], logprobs: tuple[float, ...],
-                 entropies: tuple[float, ...], prefix_tokens: tuple[int, ...], prefix_logprobs: tuple[float, ...], start_pos: int):
+    def __init__(
+        self,
+        request_id: str,
+        trajectory: Trajectory,
+        tokens: tuple[int, ...],
+        logprobs: tuple[float, ...],
+        entropies: tuple[float, ...],
+        prefix_tokens: tuple[int, ...],
+        prefix_logprobs: tuple[float, ...],
+        start_pos: int,
+    ):
         self.request_id = request_id
         self.trajectory = trajectory
         self.tokens, self.logprobs, self.entropies = tokens, logprobs, entropies

@@ -63,7 +63,7 @@ class SimPolicyState:
     theta: float
     offsets: np.ndarray
 
-    def copy(self) -> "SimPolicyState":
+    def copy(self) -> SimPolicyState:
         return SimPolicyState(float(self.theta), self.offsets.copy())
 
 
@@ -140,7 +140,7 @@ class SimWorld:
 
     def eval_accuracy_hardest(self, state: SimPolicyState, fraction: float = 0.2) -> float:
         """Exact held-out accuracy on the hardest ``fraction`` of the held-out prompts."""
-        hardest = np.sort(self.eval_difficulty)[-max(1, int(round(fraction * len(self.eval_difficulty)))):]
+        hardest = np.sort(self.eval_difficulty)[-max(1, int(round(fraction * len(self.eval_difficulty)))) :]
         return float(np.mean(expit(state.theta - hardest)))
 
     @staticmethod
@@ -233,7 +233,9 @@ class SimWorld:
                     new.offsets[prompt_id] += cfg.prompt_learning_rate * s
         if signals:
             n_eff = len(signals)
-            new.theta += cfg.learning_rate * float(np.mean(signals)) * (n_eff / cfg.reference_batch) ** cfg.progress_exponent
+            new.theta += (
+                cfg.learning_rate * float(np.mean(signals)) * (n_eff / cfg.reference_batch) ** cfg.progress_exponent
+            )
         if cfg.drift_std > 0:
             self.difficulty += cfg.drift_std * rng.standard_normal(len(self.difficulty))
         return new

@@ -31,9 +31,9 @@ import json
 import os
 import re
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -292,8 +292,10 @@ def _superseded_rules(path: Path, kind: SegmentKind) -> list[tuple[str, int]]:
     try:
         lines = rules_file.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise SegmentFormatError(f"{rules_file} cannot be read ({exc}); restore it from a copy or delete it "
-                                 "(then rows a resumed run redid are read twice)") from None
+        raise SegmentFormatError(
+            f"{rules_file} cannot be read ({exc}); restore it from a copy or delete it "
+            "(then rows a resumed run redid are read twice)"
+        ) from None
     for i, line in enumerate(lines, start=1):
         try:
             rule = json.loads(line)

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -64,8 +64,11 @@ _V1_FIELDS = [
     ("group_launched", pa.int64()),
     ("group_tokens", pa.int64()),
 ]
-_TURN_FIELDS = [("turn_ends", pa.list_(pa.int32())), ("turn_rewards", pa.list_(pa.float64())),
-                ("policy_mask", pa.list_(pa.bool_()))]
+_TURN_FIELDS = [
+    ("turn_ends", pa.list_(pa.int32())),
+    ("turn_rewards", pa.list_(pa.float64())),
+    ("policy_mask", pa.list_(pa.bool_())),
+]
 _V1 = pa.schema(_V1_FIELDS)
 _V2 = pa.schema(_V1_FIELDS + _TURN_FIELDS)
 
@@ -126,7 +129,9 @@ class ArrowBuffer:
         if not persist:
             return
         if self.directory is None:
-            raise ValueError("ArrowBuffer(directory=None, persist=True) has nowhere to write; pass a directory or persist=False")
+            raise ValueError(
+                "ArrowBuffer(directory=None, persist=True) has nowhere to write; pass a directory or persist=False"
+            )
         self.directory.mkdir(parents=True, exist_ok=True)
         number = next_segment_number(self.directory, (STEPS.prefix,))
         while self._writer is None:
@@ -209,8 +214,10 @@ def to_record_batch(batch: TrainBatch, advantages: Sequence[Sequence[float]] | N
         "group_tokens": per_group(g.tokens for g in batch.groups),
         **_turn_columns(rollouts),
     }
-    arrays = [columns[f.name] if isinstance(columns[f.name], pa.Array) else pa.array(columns[f.name], type=f.type)
-              for f in STEPS.schema]
+    arrays = [
+        columns[f.name] if isinstance(columns[f.name], pa.Array) else pa.array(columns[f.name], type=f.type)
+        for f in STEPS.schema
+    ]
     return pa.record_batch(arrays, schema=STEPS.schema)
 
 
@@ -234,13 +241,19 @@ def _check_batch(batch: TrainBatch, advantages: Sequence[Sequence[float]] | None
     seen = set()
     for g in batch.groups:
         if not g.rollouts:
-            raise ValueError(f"group {g.group_id} of step {batch.step} has no rollouts; commit only groups with samples")
+            raise ValueError(
+                f"group {g.group_id} of step {batch.step} has no rollouts; commit only groups with samples"
+            )
         if g.group_id in seen:
-            raise ValueError(f"group_id {g.group_id} appears twice in TrainBatch(step={batch.step}); group ids must be unique")
+            raise ValueError(
+                f"group_id {g.group_id} appears twice in TrainBatch(step={batch.step}); group ids must be unique"
+            )
         seen.add(g.group_id)
     if advantages is not None:
         if len(advantages) != len(batch.groups):
-            raise ValueError(f"advantages has {len(advantages)} groups, the batch {len(batch.groups)}; give one list per group")
+            raise ValueError(
+                f"advantages has {len(advantages)} groups, the batch {len(batch.groups)}; give one list per group"
+            )
         for g, adv in zip(batch.groups, advantages):
             if len(adv) != len(g.rollouts):
                 raise ValueError(
@@ -265,23 +278,51 @@ def to_train_batch(record_batch: pa.RecordBatch | pa.Table) -> TrainBatch:
     steps = np.unique(col["step"].to_numpy())
     if len(steps) != 1:
         raise ValueError(f"the rows hold steps {steps.tolist()}; pass one step's rows (filter on 'step' first)")
-    py = {name: col[name].to_pylist() for name in ("prompt_id", "group_id", "sample_index", "request_id", "reward",
-                                                    "finish_reason", "policy_version", "group_launched", "group_tokens")}
+    py = {
+        name: col[name].to_pylist()
+        for name in (
+            "prompt_id",
+            "group_id",
+            "sample_index",
+            "request_id",
+            "reward",
+            "finish_reason",
+            "policy_version",
+            "group_launched",
+            "group_tokens",
+        )
+    }
     prompt_ids, token_ids, logprobs = _split(col["prompt_token_ids"]), _split(col["token_ids"]), _split(col["logprobs"])
-    turns = [None if ends is None else Turns(tuple(ends), tuple(rewards), tuple(mask))
-             for ends, rewards, mask in zip(*(col[name].to_pylist() for name, _ in _TURN_FIELDS))]
+    turns = [
+        None if ends is None else Turns(tuple(ends), tuple(rewards), tuple(mask))
+        for ends, rewards, mask in zip(*(col[name].to_pylist() for name, _ in _TURN_FIELDS))
+    ]
     rollouts = [
         Rollout(rid, si, pt, tk, lp, rw, _REASONS[fr], pv, tn)
         for rid, si, pt, tk, lp, rw, fr, pv, tn in zip(
-            py["request_id"], py["sample_index"], prompt_ids, token_ids, logprobs, py["reward"],
-            py["finish_reason"], py["policy_version"], turns,
+            py["request_id"],
+            py["sample_index"],
+            prompt_ids,
+            token_ids,
+            logprobs,
+            py["reward"],
+            py["finish_reason"],
+            py["policy_version"],
+            turns,
         )
     ]
     groups, start, gids = [], 0, py["group_id"]
     for i in range(1, len(gids) + 1):
         if i == len(gids) or gids[i] != gids[start]:
-            groups.append(CommittedGroup(gids[start], py["prompt_id"][start], tuple(rollouts[start:i]),
-                                         launched=py["group_launched"][start], tokens=py["group_tokens"][start]))
+            groups.append(
+                CommittedGroup(
+                    gids[start],
+                    py["prompt_id"][start],
+                    tuple(rollouts[start:i]),
+                    launched=py["group_launched"][start],
+                    tokens=py["group_tokens"][start],
+                )
+            )
             start = i
     return TrainBatch(step=int(steps[0]), groups=tuple(groups))
 

@@ -33,10 +33,9 @@ import itertools
 import os
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
-from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -126,8 +125,14 @@ class TraceLog:
     (('demo',), [{'decision_id': 0, 'chosen': 'commit', 'reward': 1.0}])
     """
 
-    def __init__(self, directory: str | os.PathLike, run_id: str, flush_every: int = 256, fsync: bool = False,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        run_id: str,
+        flush_every: int = 256,
+        fsync: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if flush_every < 1:
             raise ValueError(f"flush_every={flush_every} must be >= 1; use 1 to write every record at once")
         self.directory = Path(directory)
@@ -316,14 +321,16 @@ class Trace:
         if self.outcome_run_ids is None or len(self.outcome_run_ids) != len(o_ids):
             return d_ids, o_ids  # a hand-made Trace without outcome run ids: ids alone
         codes: dict[str, int] = {}
-        d_runs = np.array([codes.setdefault(r, len(codes)) for r in self.decisions.column("run_id").to_pylist()], np.int64)
+        d_runs = np.array(
+            [codes.setdefault(r, len(codes)) for r in self.decisions.column("run_id").to_pylist()], np.int64
+        )
         o_runs = np.array([codes.setdefault(r, len(codes)) for r in self.outcome_run_ids], np.int64)
         if len(codes) <= 1:
             return d_ids, o_ids
         pairs = np.stack([np.concatenate([d_runs, o_runs]), np.concatenate([d_ids, o_ids])], axis=1)
         _, inverse = np.unique(pairs, axis=0, return_inverse=True)
         inverse = inverse.reshape(-1)
-        return inverse[: len(d_ids)], inverse[len(d_ids):]
+        return inverse[: len(d_ids)], inverse[len(d_ids) :]
 
 
 def read_trace(directory_or_file: str | os.PathLike | Sequence[str | os.PathLike]) -> Trace:
@@ -352,7 +359,9 @@ def read_trace(directory_or_file: str | os.PathLike | Sequence[str | os.PathLike
     outcome_run_ids = tuple(r.run_id for (t, _), r in zip(parts, o_reads) for _ in range(t.num_rows))
     reads = d_reads + o_reads
     run_ids = tuple(dict.fromkeys(r.run_id for r in reads if r.run_id))
-    return Trace(decisions, outcomes, tuple(r.path for r in reads if r.torn), run_ids, outcome_run_ids, tuple(duplicates))
+    return Trace(
+        decisions, outcomes, tuple(r.path for r in reads if r.torn), run_ids, outcome_run_ids, tuple(duplicates)
+    )
 
 
 def trace_segment_paths(path: Path) -> list[Path]:

@@ -113,9 +113,7 @@ class ArithmeticTask(Task):
     ) -> None:
         super().__init__(eval_share)
         if not 1 <= min_digits <= max_digits:
-            raise ValueError(
-                f"min_digits={min_digits}, max_digits={max_digits}: need 1 <= min_digits <= max_digits"
-            )
+            raise ValueError(f"min_digits={min_digits}, max_digits={max_digits}: need 1 <= min_digits <= max_digits")
         bad = sorted(set(ops) - set(_OPS))
         if not ops or bad:
             raise ValueError(f"ops={ops!r} must be a non-empty subset of '+-*' (unknown: {bad})")
@@ -166,7 +164,9 @@ class ArithmeticTask(Task):
         text = f"{a:0{width}d}{op}{b:0{width}d}"
         solution = join_steps(_carry_steps(a, b, len(text.split(op)[0])), answer) if self.scratchpad else answer
         words = self.template.format(a=a, op=op, b=b) if self.template else text
-        return Problem(key=text, text=words, answer=answer, solution=solution, difficulty=float(max(len(str(a)), len(str(b)))))
+        return Problem(
+            key=text, text=words, answer=answer, solution=solution, difficulty=float(max(len(str(a)), len(str(b))))
+        )
 
     def sample_problem(self, rng: random.Random) -> Problem:
         op = rng.choice(self.ops)

@@ -37,8 +37,12 @@ def is_messages(prompt: Any) -> bool:
     >>> is_messages([{"role": "user", "content": "2+2?"}]), is_messages("2+2?")
     (True, False)
     """
-    return (isinstance(prompt, (list, tuple)) and len(prompt) > 0
-            and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt))
+    return (
+        isinstance(prompt, (list, tuple))
+        and len(prompt) > 0
+        and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt)
+    )
+
 
 _HASH_BUCKETS = 1_000_000
 _ID_MASK = (1 << 63) - 1  # prompt ids fit a signed 64-bit Arrow column
@@ -84,7 +88,9 @@ class Task(ABC):
 
     def __init__(self, eval_share: float = 0.1) -> None:
         if not 0 < eval_share < 1:
-            raise ValueError(f"eval_share={eval_share} must be in (0, 1); 0.1 reserves a tenth of the problems for evaluation")
+            raise ValueError(
+                f"eval_share={eval_share} must be in (0, 1); 0.1 reserves a tenth of the problems for evaluation"
+            )
         self.eval_share = eval_share
 
     # -- what subclasses define --------------------------------------------------------------

@@ -51,15 +51,30 @@ class ArithmeticConfig:
     """'exact': the response is the answer; 'numeric': the response's last number is."""
 
     def __post_init__(self) -> None:
-        require(1 <= self.min_digits <= self.max_digits, f"task.arithmetic min_digits={self.min_digits}, "
-                f"max_digits={self.max_digits}: need 1 <= min_digits <= max_digits")
-        require(bool(self.ops) and set(self.ops) <= set("+-*"), f"task.arithmetic.ops={self.ops!r} must be a non-empty subset of '+-*'")
-        require(not self.scratchpad or self.ops == "+", f"task.arithmetic.scratchpad=true writes the carries of additions; "
-                f"ops={self.ops!r} must be '+' (or set scratchpad=false)")
-        require(not (self.scratchpad and self.template), "task.arithmetic.scratchpad=true writes the compact form; "
-                "set task.arithmetic.template='' or scratchpad=false")
-        require(_template_ok(self.template), f"task.arithmetic.template={self.template!r} may hold only the fields "
-                "{a}, {op} and {b} (write literal braces as {{ and }})")
+        require(
+            1 <= self.min_digits <= self.max_digits,
+            f"task.arithmetic min_digits={self.min_digits}, "
+            f"max_digits={self.max_digits}: need 1 <= min_digits <= max_digits",
+        )
+        require(
+            bool(self.ops) and set(self.ops) <= set("+-*"),
+            f"task.arithmetic.ops={self.ops!r} must be a non-empty subset of '+-*'",
+        )
+        require(
+            not self.scratchpad or self.ops == "+",
+            f"task.arithmetic.scratchpad=true writes the carries of additions; "
+            f"ops={self.ops!r} must be '+' (or set scratchpad=false)",
+        )
+        require(
+            not (self.scratchpad and self.template),
+            "task.arithmetic.scratchpad=true writes the compact form; "
+            "set task.arithmetic.template='' or scratchpad=false",
+        )
+        require(
+            _template_ok(self.template),
+            f"task.arithmetic.template={self.template!r} may hold only the fields "
+            "{a}, {op} and {b} (write literal braces as {{ and }})",
+        )
 
     @property
     def response_tokens(self) -> int:
@@ -94,11 +109,17 @@ class CountdownConfig:
     config sets them."""
 
     def __post_init__(self) -> None:
-        require(2 <= self.min_numbers <= self.max_numbers, f"task.countdown min_numbers={self.min_numbers}, "
-                f"max_numbers={self.max_numbers}: need 2 <= min_numbers <= max_numbers")
+        require(
+            2 <= self.min_numbers <= self.max_numbers,
+            f"task.countdown min_numbers={self.min_numbers}, "
+            f"max_numbers={self.max_numbers}: need 2 <= min_numbers <= max_numbers",
+        )
         require(self.max_number >= 2, f"task.countdown.max_number={self.max_number} must be >= 2")
         require(self.max_target >= 1, f"task.countdown.max_target={self.max_target} must be >= 1")
-        require("+" in self.ops and set(self.ops) <= set("+-*/"), f"task.countdown.ops={self.ops!r} must be a subset of '+-*/' with '+'")
+        require(
+            "+" in self.ops and set(self.ops) <= set("+-*/"),
+            f"task.countdown.ops={self.ops!r} must be a subset of '+-*/' with '+'",
+        )
 
 
 @dataclass(frozen=True)
@@ -132,9 +153,11 @@ class DatasetConfig:
 
     def __post_init__(self) -> None:
         require("{prompt}" in self.template, f"task.dataset.template={self.template!r} must contain '{{prompt}}'")
-        require(self.reward in BUILTIN_REWARDS or bool(USER_REWARD.fullmatch(self.reward)),
-                f"task.dataset.reward={self.reward!r} must be one of {', '.join(BUILTIN_REWARDS)} or a function "
-                "of your own as 'module:function' (e.g. my_rewards:accuracy)")
+        require(
+            self.reward in BUILTIN_REWARDS or bool(USER_REWARD.fullmatch(self.reward)),
+            f"task.dataset.reward={self.reward!r} must be one of {', '.join(BUILTIN_REWARDS)} or a function "
+            "of your own as 'module:function' (e.g. my_rewards:accuracy)",
+        )
         require(self.max_prompt_chars >= 0, f"task.dataset.max_prompt_chars={self.max_prompt_chars} must be >= 0")
 
 
@@ -188,6 +211,11 @@ class TaskConfig:
 
     def __post_init__(self) -> None:
         require(0 < self.eval_share < 1, f"task.eval_share={self.eval_share} must be in (0, 1)")
-        require(math.isfinite(self.success_threshold), f"task.success_threshold={self.success_threshold} must be a finite number")
-        require(self.name != "dataset" or bool(self.dataset.train_path),
-                "task.name=dataset needs task.dataset.train_path; set it to a JSONL or Parquet file")
+        require(
+            math.isfinite(self.success_threshold),
+            f"task.success_threshold={self.success_threshold} must be a finite number",
+        )
+        require(
+            self.name != "dataset" or bool(self.dataset.train_path),
+            "task.name=dataset needs task.dataset.train_path; set it to a JSONL or Parquet file",
+        )

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import random
 
-from pipeline.tasks.rewards.countdown import check_countdown, format_spec
 from pipeline.tasks.base import Problem, Task
+from pipeline.tasks.rewards.countdown import check_countdown, format_spec
 from pipeline.tasks.scratchpad import SCRATCHPAD_CHARS, join_steps
 
 _PLUS_MINUS = 1  # precedence of a top-level + or - (needs parentheses under * or /)
@@ -76,7 +76,9 @@ class CountdownTask(Task):
     ) -> None:
         super().__init__(eval_share)
         if not 2 <= min_numbers <= max_numbers:
-            raise ValueError(f"min_numbers={min_numbers}, max_numbers={max_numbers}: need 2 <= min_numbers <= max_numbers")
+            raise ValueError(
+                f"min_numbers={min_numbers}, max_numbers={max_numbers}: need 2 <= min_numbers <= max_numbers"
+            )
         if max_number < 2:
             raise ValueError(f"max_number={max_number} must be >= 2")
         if max_target < 1:

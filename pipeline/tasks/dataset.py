@@ -25,19 +25,28 @@ import json
 import logging
 import random
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
-from pipeline.datafiles import (JSONL_SUFFIXES, PARQUET_SUFFIXES, DatasetError, Invalid, LoadReport,  # noqa: F401
-                                 not_unicode, read_records)
+from pipeline.datafiles import (  # noqa: F401
+    JSONL_SUFFIXES,
+    PARQUET_SUFFIXES,
+    DatasetError,
+    Invalid,
+    LoadReport,
+    not_unicode,
+    read_records,
+)
+from pipeline.tasks.base import Problem, Split, Task, is_messages
+from pipeline.tasks.rewards.base import TextReward
 from pipeline.tasks.rewards.isolation import IsolatedScore
 from pipeline.tasks.rewards.user import DatasetRow, UserReward, is_user_reward
-from pipeline.tasks.rewards.base import TextReward
-from pipeline.tasks.base import Problem, Split, Task, is_messages
 from pipeline.types import Prompt
 
 log = logging.getLogger(__name__)
+
 
 def load_problems(
     path: str | Path,
@@ -55,8 +64,17 @@ def load_problems(
     The SFT target is ``solution_field`` when given, else the answer; ``max_prompt_chars=0``
     means no limit; ``context_chars`` > 0: prompts longer than the model's context can hold are bad rows.
     """
-    problems, _, report = load_rows(path, prompt_field, answer_field, solution_field, difficulty_field, on_bad_row,
-                                    max_prompt_chars, answer_required, context_chars)
+    problems, _, report = load_rows(
+        path,
+        prompt_field,
+        answer_field,
+        solution_field,
+        difficulty_field,
+        on_bad_row,
+        max_prompt_chars,
+        answer_required,
+        context_chars,
+    )
     return problems, report
 
 
@@ -80,8 +98,9 @@ def load_rows(
     problems: list[Problem] = []
     rows: list[dict[str, Any]] = []
     reasons: Counter[str] = Counter()
-    spec = _Fields(prompt_field, answer_field, solution_field, difficulty_field, max_prompt_chars, answer_required,
-                   context_chars)
+    spec = _Fields(
+        prompt_field, answer_field, solution_field, difficulty_field, max_prompt_chars, answer_required, context_chars
+    )
     first: dict[str, str] = {}
     for where, record in read_records(p, needed + ([difficulty_field] if difficulty_field else [])):
         problem, reason = _problem_of(record, spec)
@@ -142,8 +161,10 @@ def _problem_of(record: Any, f: _Fields) -> tuple[Problem | None, str]:
     if prompt is None:
         return None, f"field {f.prompt!r} is missing (keys: {keys})"
     if not isinstance(prompt, str) and not is_messages(prompt):
-        return None, (f"field {f.prompt!r} is neither text nor a list of chat messages ({type(prompt).__name__} "
-                      f"{prompt!r:.40}); write it as a string or as [{{'role': ..., 'content': ...}}]")
+        return None, (
+            f"field {f.prompt!r} is neither text nor a list of chat messages ({type(prompt).__name__} "
+            f"{prompt!r:.40}); write it as a string or as [{{'role': ..., 'content': ...}}]"
+        )
     if isinstance(prompt, str) and not prompt.strip():
         return None, f"field {f.prompt!r} is empty"
     texts = {}
@@ -160,8 +181,9 @@ def _problem_of(record: Any, f: _Fields) -> tuple[Problem | None, str]:
         texts[name] = answer_text(value)
     length = len(prompt) if isinstance(prompt, str) else sum(len(str(m["content"])) for m in prompt)
     if f.context_chars and length > f.context_chars:
-        return None, (f"prompt is longer than the model's context can hold ({length} characters; at most "
-                      f"{f.context_chars} fit)")
+        return None, (
+            f"prompt is longer than the model's context can hold ({length} characters; at most {f.context_chars} fit)"
+        )
     if f.max_chars and length > f.max_chars:
         return None, f"prompt is longer than max_prompt_chars={f.max_chars} ({length} characters); raise the limit"
     bad = not_unicode(record, (f.prompt, f.answer, f.solution))
@@ -313,8 +335,9 @@ class DatasetTask(Task):
         if self._reward_spec is None:
             return super().score(prompt, response_text)
         if self._isolated is None:
-            self._isolated = IsolatedScore(self._reward_spec, self._rows, timeout_s=self.reward_timeout_s,
-                                           check_first=self.reward_check_first)
+            self._isolated = IsolatedScore(
+                self._reward_spec, self._rows, timeout_s=self.reward_timeout_s, check_first=self.reward_check_first
+            )
         return self._isolated(prompt, response_text)
 
     def prompt_source(self, problem: Problem) -> str | list[dict[str, Any]]:
@@ -349,7 +372,9 @@ class DatasetTask(Task):
                 f"{self._sources[split]}: the {split} split is empty; pass an eval file (eval_path) or raise eval_share"
             )
         if unique and n > len(pool):
-            raise DatasetError(f"n={n} distinct {split} rows asked of a pool of {len(pool)}; ask for fewer or pass unique=False")
+            raise DatasetError(
+                f"n={n} distinct {split} rows asked of a pool of {len(pool)}; ask for fewer or pass unique=False"
+            )
         rng = random.Random(f"{self.name}:{split}:{seed}")
         out: list[Problem] = []
         while len(out) < n:

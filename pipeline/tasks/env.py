@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from pipeline.envs.config import EnvConfig
 from pipeline.envs.demos import Demo, play_demo, sft_pairs, teacher_actions
@@ -69,8 +70,10 @@ class EnvTask(Task):
         if config.dataset:
             self._load(config)
         elif not callable(getattr(self.cls, "sample_row", None)):
-            raise EnvLoadError(f"task.env.dataset is empty and task.env.class={config.cls!r} has no sample_row(rng, "
-                               "env_config) to generate problems; set task.env.dataset to a JSONL or Parquet file of rows")
+            raise EnvLoadError(
+                f"task.env.dataset is empty and task.env.class={config.cls!r} has no sample_row(rng, "
+                "env_config) to generate problems; set task.env.dataset to a JSONL or Parquet file of rows"
+            )
 
     # -- problems ----------------------------------------------------------------------------
 
@@ -85,7 +88,9 @@ class EnvTask(Task):
             return super().problems(split, n, seed, unique)
         pool = self._pools[split]
         if not pool and n:
-            raise DatasetError(f"task.env: the {split} split is empty; give task.env.eval_dataset or raise task.eval_share")
+            raise DatasetError(
+                f"task.env: the {split} split is empty; give task.env.eval_dataset or raise task.eval_share"
+            )
         if unique and n > len(pool):
             raise DatasetError(f"n={n} distinct {split} rows asked of a pool of {len(pool)}; ask for fewer")
         rng = random.Random(f"{self.name}:{split}:{seed}")
@@ -106,8 +111,10 @@ class EnvTask(Task):
         try:
             return self._by_id[prompt_id]
         except KeyError:
-            raise KeyError(f"prompt_id={prompt_id} was not made by this task (EnvTask.train_prompts / eval_prompts); "
-                           "ask the task that made the prompt") from None
+            raise KeyError(
+                f"prompt_id={prompt_id} was not made by this task (EnvTask.train_prompts / eval_prompts); "
+                "ask the task that made the prompt"
+            ) from None
 
     def to_prompt(self, problem: Problem, encode: Callable[[Any], Sequence[int]] | None = None) -> Prompt:
         prompt = super().to_prompt(problem, encode)
@@ -139,8 +146,10 @@ class EnvTask(Task):
         return self._runner
 
     def scorer(self, decode):  # type: ignore[override]
-        raise TypeError("task.name=env is rewarded by its environment, turn by turn: run episodes through "
-                        "pipeline.envs.session.EnvSession (EnvTask.runner), not a text reward")
+        raise TypeError(
+            "task.name=env is rewarded by its environment, turn by turn: run episodes through "
+            "pipeline.envs.session.EnvSession (EnvTask.runner), not a text reward"
+        )
 
     def score(self, prompt: Prompt, response_text: str) -> float:
         """The reward of ``response_text`` as the first turn of an episode (0 for an env failure)."""
@@ -165,9 +174,11 @@ class EnvTask(Task):
             if demo is None and mistake:  # the env allows no retry here: the plain demonstration
                 demo = play_demo(self.runner, row, teacher_actions(self.cls, row, rng, False, self.config.config))
             if demo is None:
-                raise ValueError(f"task.env: the teacher's episode for row {row.key[:80]!r} failed in "
-                                 f"{self.cls.__qualname__} (an env failure, or it ended before the last answer); "
-                                 "check the env on this row")
+                raise ValueError(
+                    f"task.env: the teacher's episode for row {row.key[:80]!r} failed in "
+                    f"{self.cls.__qualname__} (an env failure, or it ended before the last answer); "
+                    "check the env on this row"
+                )
             demos.append(demo)
         return demos
 
@@ -189,9 +200,13 @@ class EnvTask(Task):
         truth = row.ground_truth
         difficulty = getattr(self.cls, "difficulty", None)
         record = {"prompt": row.prompt, **row.extras}
-        return Problem(key=key, text=json.dumps(row.prompt, ensure_ascii=False),
-                       answer="" if truth is None else truth if isinstance(truth, str) else json.dumps(truth),
-                       solution="", difficulty=float(difficulty(record)) if callable(difficulty) else 0.0)
+        return Problem(
+            key=key,
+            text=json.dumps(row.prompt, ensure_ascii=False),
+            answer="" if truth is None else truth if isinstance(truth, str) else json.dumps(truth),
+            solution="",
+            difficulty=float(difficulty(record)) if callable(difficulty) else 0.0,
+        )
 
     def _load(self, config: EnvConfig) -> None:
         limit = INIT_CHARS * config.max_observation_chars

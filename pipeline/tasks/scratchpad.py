@@ -30,7 +30,7 @@ with a wrong step and the right answer scores 1; one without ``>`` scores 0.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 ANSWER_MARK = ">"
 STEP_SEP = ","
@@ -40,7 +40,7 @@ SCRATCHPAD_CHARS = ANSWER_MARK + STEP_SEP + "="
 def final_answer(text: str) -> str:
     """What follows the last ``>`` of a scratchpad response (``""`` when there is none)."""
     cut = text.rfind(ANSWER_MARK)
-    return text[cut + 1:] if cut >= 0 else ""
+    return text[cut + 1 :] if cut >= 0 else ""
 
 
 def join_steps(steps: Sequence[str], answer: str) -> str:

@@ -40,10 +40,11 @@ import json
 import math
 import multiprocessing
 import time
+from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -74,11 +75,15 @@ class RunSpec:
     """``--set`` overrides applied to every run, after the policy's own."""
 
     def overrides(self) -> list[str]:
-        out = overrides(self.policy) + base_overrides(self.policy) + [
-            f"seed={self.seed}",
-            "orchestrator.steps=1000000",
-            f"orchestrator.max_rollouts={self.budget}",
-        ]
+        out = (
+            overrides(self.policy)
+            + base_overrides(self.policy)
+            + [
+                f"seed={self.seed}",
+                "orchestrator.steps=1000000",
+                f"orchestrator.max_rollouts={self.budget}",
+            ]
+        )
         if self.scenario:  # the simulator: every step is evaluated, exactly
             out += [f"sim.seed={self.seed}", f"sim.progress_exponent={MODELS[self.model]}", "orchestrator.eval_every=1"]
         if self.base_model:
@@ -115,8 +120,12 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
     gate = probe if probe is not None else comps.gate
     noise = NoiseScaleLog()  # the learner's noise-scale metrics of every step (none on the sim)
     rates = RateLog(comps.evaluator)  # per-prompt rates: paired differences between policies
-    orch = build_orchestrator(cfg, dataclasses.replace(comps, gate=gate, evaluator=rates), RunOutputs(on_step=noise),
-                              run_id=f"{spec.policy}-{spec.seed}")
+    orch = build_orchestrator(
+        cfg,
+        dataclasses.replace(comps, gate=gate, evaluator=rates),
+        RunOutputs(on_step=noise),
+        run_id=f"{spec.policy}-{spec.seed}",
+    )
     started = time.perf_counter()
     try:
         summary = anyio.run(orch.run)
@@ -125,12 +134,24 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
     m = summary.budget.as_metrics()
     gate_metrics = gate.metrics()
     return {
-        "engine": cfg.engine.kind, "scenario": spec.scenario, "model": spec.model, "policy": spec.policy,
-        "seed": spec.seed, "budget": spec.budget, "steps": summary.steps, "wall_s": time.perf_counter() - started,
+        "engine": cfg.engine.kind,
+        "scenario": spec.scenario,
+        "model": spec.model,
+        "policy": spec.policy,
+        "seed": spec.seed,
+        "budget": spec.budget,
+        "steps": summary.steps,
+        "wall_s": time.perf_counter() - started,
         "curve": [curve_point(e, sim) for e in summary.evals],
-        "effective_yield": (m["pipeline/groups_effective"] / max(1.0, m["pipeline/groups_opened"] - gate_metrics.get("gate/uncounted", 0.0))),
-        "rollouts": m["pipeline/rollouts_started"], "tokens": m["pipeline/tokens_generated"],
-        "false_abandonment": (probe.false_abandonment_sum / probe.abandoned_incomplete) if probe and probe.abandoned_incomplete else math.nan,
+        "effective_yield": (
+            m["pipeline/groups_effective"]
+            / max(1.0, m["pipeline/groups_opened"] - gate_metrics.get("gate/uncounted", 0.0))
+        ),
+        "rollouts": m["pipeline/rollouts_started"],
+        "tokens": m["pipeline/tokens_generated"],
+        "false_abandonment": (probe.false_abandonment_sum / probe.abandoned_incomplete)
+        if probe and probe.abandoned_incomplete
+        else math.nan,
         "abandoned_incomplete": probe.abandoned_incomplete if probe else 0,
         "controller": {k: v for k, v in summary.controller_metrics.items() if math.isfinite(v)},
         "gate": {k: float(v) for k, v in gate_metrics.items() if math.isfinite(v)},  # its verdict counters
@@ -147,9 +168,14 @@ def curve_point(e: dict[str, float], sim: bool) -> tuple[float, ...]:
     the time spent evaluating.
     """
     seconds = e["pipeline/engine_time"] if sim else e.get("pipeline/wall_s", math.nan) - e.get("eval/wall_s_total", 0.0)
-    return (e["pipeline/rollouts_started"] - e.get("gate/uncounted_rollouts", 0.0),
-            e["pipeline/tokens_generated"] - e.get("gate/uncounted_tokens", 0.0),
-            seconds, e["eval/accuracy"], e["step"], hardest_accuracy(e))
+    return (
+        e["pipeline/rollouts_started"] - e.get("gate/uncounted_rollouts", 0.0),
+        e["pipeline/tokens_generated"] - e.get("gate/uncounted_tokens", 0.0),
+        seconds,
+        e["eval/accuracy"],
+        e["step"],
+        hardest_accuracy(e),
+    )
 
 
 def hardest_accuracy(e: dict[str, float]) -> float:
@@ -217,8 +243,11 @@ def summarise(results: list[dict[str, Any]], target_gain: float) -> list[dict[st
     panels: dict[tuple, list[dict[str, Any]]] = {}
     for r in results:
         panels.setdefault((r["scenario"], r["model"]), []).append(r)
-    for (scenario, model, policy), per_seed in sorted(by_key.items(), key=lambda kv: (kv[0][0], kv[0][1], order(kv[0][2]))):
-        def ref(name: str, seed: int) -> float:
+    for (scenario, model, policy), per_seed in sorted(
+        by_key.items(), key=lambda kv: (kv[0][0], kv[0][1], order(kv[0][2]))
+    ):
+
+        def ref(name: str, seed: int, scenario: str = scenario, model: str = model) -> float:
             other = by_key.get((scenario, model, name), {}).get(seed)
             if other is None:
                 return math.nan
@@ -234,31 +263,47 @@ def summarise(results: list[dict[str, Any]], target_gain: float) -> list[dict[st
                 ratios[name].append(ro / ref(name, seed))
         runs = list(per_seed.values())
         ctl = [r.get("controller") or {} for r in runs]
-        rows.append({
-            "scenario": scenario or runs[0].get("engine", ""), "model": model or "real", "policy": policy,
-            "seeds": len(per_seed), "reached": sum(1 for x in reach if not math.isnan(x)),
-            "rollouts to target": _ms(reach), "tokens to target": _ms(tokens), "seconds to target": _ms(seconds, digits=1),
-            "vs GRPO": _ms(ratios["uniform"]), "vs DS": _ms(ratios["ds"]), "vs oracle": _ms(ratios["oracle"]),
-            "final acc": _ms([r["curve"][-1][3] for r in runs], digits=3),
-            "final acc (95%, seeds x prompts)": final_accuracy(panels[(scenario, model)], policy),
-            "final acc - GRPO (95%, paired)": difference(panels[(scenario, model)], policy, reference)
-            if (reference := reference_of([r["policy"] for r in panels[(scenario, model)]])) else "n/a",
-            "hardest acc": _ms([r["curve"][-1][5] if len(r["curve"][-1]) > 5 else math.nan for r in runs], digits=3),
-            "yield": _ms([r["effective_yield"] for r in runs], digits=2),
-            "false abandon": _ms([r["false_abandonment"] for r in runs], digits=3),
-            "recovered (all-fail)": _ms([_count(c, "controller/recovered_fail") for c in ctl], digits=1),
-            "recovered (all-pass)": _ms([_count(c, "controller/recovered_pass") for c in ctl], digits=1),
-            "interventions": _ms([_count(c, "controller/interventions") for c in ctl], digits=0),
-            "decision p50 µs": _ms([c.get("controller/decision_p50_us", math.nan) for c in ctl], digits=0),
-            "decision p99 µs": _ms([c.get("controller/decision_p99_us", math.nan) for c in ctl], digits=0),
-            "gain error vs frozen": _ms([-c.get("controller/gain_error_reduction", math.nan) for c in ctl], digits=2),
-            "steps": _ms([r["steps"] for r in runs], digits=0),
-            "noise scale": _ms([_value(r, "noise_scale") for r in runs], digits=0),
-            "noise scale 95%": _interval(runs, "noise_scale"),
-            "batch / noise scale": _ms([_value(r, "batch_rollouts") / _value(r, "noise_scale") for r in runs], digits=2),
-            "noise scale (micro-batches)": _ms([_value(r, "noise_scale_micro") for r in runs], digits=0),
-            "micro-batches 95%": _interval(runs, "noise_scale_micro"),
-        })
+        rows.append(
+            {
+                "scenario": scenario or runs[0].get("engine", ""),
+                "model": model or "real",
+                "policy": policy,
+                "seeds": len(per_seed),
+                "reached": sum(1 for x in reach if not math.isnan(x)),
+                "rollouts to target": _ms(reach),
+                "tokens to target": _ms(tokens),
+                "seconds to target": _ms(seconds, digits=1),
+                "vs GRPO": _ms(ratios["uniform"]),
+                "vs DS": _ms(ratios["ds"]),
+                "vs oracle": _ms(ratios["oracle"]),
+                "final acc": _ms([r["curve"][-1][3] for r in runs], digits=3),
+                "final acc (95%, seeds x prompts)": final_accuracy(panels[(scenario, model)], policy),
+                "final acc - GRPO (95%, paired)": difference(panels[(scenario, model)], policy, reference)
+                if (reference := reference_of([r["policy"] for r in panels[(scenario, model)]]))
+                else "n/a",
+                "hardest acc": _ms(
+                    [r["curve"][-1][5] if len(r["curve"][-1]) > 5 else math.nan for r in runs], digits=3
+                ),
+                "yield": _ms([r["effective_yield"] for r in runs], digits=2),
+                "false abandon": _ms([r["false_abandonment"] for r in runs], digits=3),
+                "recovered (all-fail)": _ms([_count(c, "controller/recovered_fail") for c in ctl], digits=1),
+                "recovered (all-pass)": _ms([_count(c, "controller/recovered_pass") for c in ctl], digits=1),
+                "interventions": _ms([_count(c, "controller/interventions") for c in ctl], digits=0),
+                "decision p50 µs": _ms([c.get("controller/decision_p50_us", math.nan) for c in ctl], digits=0),
+                "decision p99 µs": _ms([c.get("controller/decision_p99_us", math.nan) for c in ctl], digits=0),
+                "gain error vs frozen": _ms(
+                    [-c.get("controller/gain_error_reduction", math.nan) for c in ctl], digits=2
+                ),
+                "steps": _ms([r["steps"] for r in runs], digits=0),
+                "noise scale": _ms([_value(r, "noise_scale") for r in runs], digits=0),
+                "noise scale 95%": _interval(runs, "noise_scale"),
+                "batch / noise scale": _ms(
+                    [_value(r, "batch_rollouts") / _value(r, "noise_scale") for r in runs], digits=2
+                ),
+                "noise scale (micro-batches)": _ms([_value(r, "noise_scale_micro") for r in runs], digits=0),
+                "micro-batches 95%": _interval(runs, "noise_scale_micro"),
+            }
+        )
     empty = [h for h in rows[0] if all(row[h] == "n/a" for row in rows)] if rows else []
     return [{k: v for k, v in row.items() if k not in empty} for row in rows]
 
@@ -326,8 +371,18 @@ def is_sim_config(path: str | Path) -> bool:
     return load_yaml(path).get("engine", {}).get("kind", "sim") == "sim"
 
 
-def grid(base_config: Path, out: Path, scenarios: list[str], policies: list[str], seeds: int, budget: int,
-         models: list[str], progress: bool = True, extra: tuple[str, ...] = (), first_seed: int = 0) -> list[RunSpec]:
+def grid(
+    base_config: Path,
+    out: Path,
+    scenarios: list[str],
+    policies: list[str],
+    seeds: int,
+    budget: int,
+    models: list[str],
+    progress: bool = True,
+    extra: tuple[str, ...] = (),
+    first_seed: int = 0,
+) -> list[RunSpec]:
     """The runs of one benchmark, seeds ``first_seed`` to ``first_seed + seeds - 1`` (a later
     invocation with ``first_seed`` adds seeds to an earlier one's). On a real model this
     warm-starts the shared base model first."""
@@ -344,13 +399,19 @@ def grid(base_config: Path, out: Path, scenarios: list[str], policies: list[str]
             _scenario(scenario)
         specs = [
             RunSpec(str(base_config), scenario, model, policy, seed, budget, extra=extra)
-            for scenario in scenarios for model in models for seed in seed_range for policy in policies
+            for scenario in scenarios
+            for model in models
+            for seed in seed_range
+            for policy in policies
         ]
         specs[0].config()  # a bad --set fails here, not in a worker
         return specs
     specs = [
-        RunSpec(str(base_config), "", "", policy, seed, budget, run_dir=str(out / "runs" / f"{policy}-s{seed}"), extra=extra)
-        for seed in seed_range for policy in policies
+        RunSpec(
+            str(base_config), "", "", policy, seed, budget, run_dir=str(out / "runs" / f"{policy}-s{seed}"), extra=extra
+        )
+        for seed in seed_range
+        for policy in policies
     ]
     cfg = specs[0].config()  # a bad --set fails here, before the warm start
     base_model = str(ensure_shared_base_model(cfg, out, progress))
@@ -373,8 +434,18 @@ def run_allocation_bench(
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     out.mkdir(parents=True, exist_ok=True)
-    specs = grid(base_config, out, scenarios, policies, seeds, budget, models, progress=progress, extra=tuple(extra),
-                 first_seed=first_seed)
+    specs = grid(
+        base_config,
+        out,
+        scenarios,
+        policies,
+        seeds,
+        budget,
+        models,
+        progress=progress,
+        extra=tuple(extra),
+        first_seed=first_seed,
+    )
     from tqdm import tqdm
 
     results = []
@@ -385,9 +456,13 @@ def run_allocation_bench(
         for result in tqdm(pool.map(run_one, specs), total=len(specs), desc=title.lower(), disable=not progress):
             results.append(result)
             (out / "allocation.json").write_text(json.dumps(results))  # a crash keeps finished runs
-    setup = f"config {base_config}" + (f" with {' '.join(extra)}" if extra else "") + f", budget {budget} rollouts per run, {seeds} seeds" + (f" ({first_seed} to {first_seed + seeds - 1})" if first_seed else "")
-    text = report_text(results, target_gain, title, setup,
-                       time.perf_counter() - started)
+    setup = (
+        f"config {base_config}"
+        + (f" with {' '.join(extra)}" if extra else "")
+        + f", budget {budget} rollouts per run, {seeds} seeds"
+        + (f" ({first_seed} to {first_seed + seeds - 1})" if first_seed else "")
+    )
+    text = report_text(results, target_gain, title, setup, time.perf_counter() - started)
     (out / "allocation.md").write_text(text)
     plot(results, out / "allocation.png")
     print(text)
@@ -403,12 +478,17 @@ def report_text(results: list[dict[str, Any]], target_gain: float, title: str, s
     headers = list(rows[0].keys())
     table = markdown_table(headers, [[r[h] for h in headers] for r in rows])
     notes = regime_notes(results)
-    regime = ("\n**Regime.** 'noise scale' is the learner's simple gradient noise scale (McCandlish et al. 2018) in "
-              "rollouts, per run the run mean of tr(Σ) over the run mean of |G|², from consecutive steps' gradients "
-              "(|G|² as the mean of G_t · G_(t-1)); mean ± std over seeds, '95%' the widest of the seeds' Fieller "
-              "intervals; 'batch / noise scale' the rollouts trained per step over it; '(micro-batches)' the same from "
-              "the micro-batches within each step (biased far below the noise scale). "
-              + " ".join(notes) + "\n") if notes else ""
+    regime = (
+        (
+            "\n**Regime.** 'noise scale' is the learner's simple gradient noise scale (McCandlish et al. 2018) in "
+            "rollouts, per run the run mean of tr(Σ) over the run mean of |G|², from consecutive steps' gradients "
+            "(|G|² as the mean of G_t · G_(t-1)); mean ± std over seeds, '95%' the widest of the seeds' Fieller "
+            "intervals; 'batch / noise scale' the rollouts trained per step over it; '(micro-batches)' the same from "
+            "the micro-batches within each step (biased far below the noise scale). " + " ".join(notes) + "\n"
+        )
+        if notes
+        else ""
+    )
     return (
         f"# {title}\n\n{setup}, target = start accuracy + "
         f"{target_gain}; ratios are per seed (rollouts to target / the reference's), mean ± std. "

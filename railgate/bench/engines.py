@@ -28,8 +28,8 @@ from typing import Any
 
 import anyio
 
-from railgate.bench.throughput import bench_engine
 from pipeline.types import Prompt, SampleRequest, SamplingParams
+from railgate.bench.throughput import bench_engine
 
 
 def _prompts(n: int, vocab: int, length: int = 8, seed: int = 0) -> list[list[int]]:
@@ -39,13 +39,24 @@ def _prompts(n: int, vocab: int, length: int = 8, seed: int = 0) -> list[list[in
     return [[1] + [rng.randrange(3, vocab) for _ in range(length - i % 3)] for i in range(n)]
 
 
-async def raw_asyncllm(llm, prompts: Sequence[Sequence[int]], group_size: int, max_tokens: int, temperature: float, tag: str) -> dict:
+async def raw_asyncllm(
+    llm, prompts: Sequence[Sequence[int]], group_size: int, max_tokens: int, temperature: float, tag: str
+) -> dict:
     """The same workload straight through ``AsyncLLM.generate``: one request per sample, deltas read as they come."""
     from vllm.inputs.engine import tokens_input
-    from vllm.sampling_params import RequestOutputKind, SamplingParams as VllmParams
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.sampling_params import SamplingParams as VllmParams
 
-    params = VllmParams(n=1, temperature=temperature, max_tokens=max_tokens, logprobs=0, output_kind=RequestOutputKind.DELTA,
-                        detokenize=False, skip_special_tokens=False, ignore_eos=True)
+    params = VllmParams(
+        n=1,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        logprobs=0,
+        output_kind=RequestOutputKind.DELTA,
+        detokenize=False,
+        skip_special_tokens=False,
+        ignore_eos=True,
+    )
     tokens = 0
 
     async def one(rid: str, ids: Sequence[int]) -> None:
@@ -62,14 +73,18 @@ async def raw_asyncllm(llm, prompts: Sequence[Sequence[int]], group_size: int, m
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
 
 
-async def bench_vllm(engine, prompts, group_size: int, max_tokens: int, temperature: float = 1.0, rounds: int = 5) -> dict[str, Any]:
+async def bench_vllm(
+    engine, prompts, group_size: int, max_tokens: int, temperature: float = 1.0, rounds: int = 5
+) -> dict[str, Any]:
     """Median tokens/s of ``VllmEngine`` and of its raw ``AsyncLLM`` on the same requests (first round: warm-up).
 
     The engine must be unseeded (``seed=None``) and have ``eos_id=None`` so both paths sample
     alike and every sample runs ``max_tokens``.
     """
     if engine.seed is not None or engine.eos_id is not None:
-        raise ValueError("bench_vllm needs VllmEngine(..., seed=None, eos_id=None): both paths must sample the same way")
+        raise ValueError(
+            "bench_vllm needs VllmEngine(..., seed=None, eos_id=None): both paths must sample the same way"
+        )
     ours, raw = [], []
     for r in range(rounds + 1):
         a = await bench_engine(engine, prompts, group_size, max_tokens, temperature, seed=r)
@@ -78,16 +93,27 @@ async def bench_vllm(engine, prompts, group_size: int, max_tokens: int, temperat
             ours.append(a["tokens_per_s"])
             raw.append(b["tokens_per_s"])
     e, w = statistics.median(ours), statistics.median(raw)
-    return {"engine_tokens_per_s": e, "raw_tokens_per_s": w, "ratio": e / w, "rounds": rounds,
-            "engine_all": ours, "raw_all": raw}
+    return {
+        "engine_tokens_per_s": e,
+        "raw_tokens_per_s": w,
+        "ratio": e / w,
+        "rounds": rounds,
+        "engine_all": ours,
+        "raw_all": raw,
+    }
 
 
 async def _latency(engine, prompt: Sequence[int], n: int, tag: str) -> float:
     """Median seconds of one 1-token request, sent one after another."""
     times = []
     for i in range(n):
-        req = SampleRequest(f"lat{tag}.{i}", group_id=i, sample_index=0, prompt=Prompt(0, "", tuple(prompt)),
-                            params=SamplingParams(max_tokens=1, seed=i))
+        req = SampleRequest(
+            f"lat{tag}.{i}",
+            group_id=i,
+            sample_index=0,
+            prompt=Prompt(0, "", tuple(prompt)),
+            params=SamplingParams(max_tokens=1, seed=i),
+        )
         t0 = time.perf_counter()
         async for _ in engine.stream(req):
             pass
@@ -95,8 +121,15 @@ async def _latency(engine, prompt: Sequence[int], n: int, tag: str) -> float:
     return statistics.median(times)
 
 
-async def bench_ray(model_dir: str | Path, prompts, group_size: int, max_tokens: int, rounds: int = 3, latency_n: int = 50,
-                    delta_tokens: int = 1) -> dict[str, Any]:
+async def bench_ray(
+    model_dir: str | Path,
+    prompts,
+    group_size: int,
+    max_tokens: int,
+    rounds: int = 3,
+    latency_n: int = 50,
+    delta_tokens: int = 1,
+) -> dict[str, Any]:
     """Torch engine in 1 vs 2 Ray replicas (tokens/s), and the Ray hop's per-request overhead (us).
 
     ``delta_tokens`` is the torch engines' fewest tokens per delta (the in-process one too).
@@ -111,8 +144,12 @@ async def bench_ray(model_dir: str | Path, prompts, group_size: int, max_tokens:
     torch.set_num_threads(1)
     owns = not ray.is_initialized()
     if owns:
-        ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}})
+        ray.init(
+            num_cpus=3,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}},
+        )
     factory = TorchEngineFactory(str(model_dir), eos_id=None, engine_kwargs=(("delta_tokens", delta_tokens),))
     one, two = RayEngine(factory, replicas=1), RayEngine(factory, replicas=2)
     local = TorchEngine(AutoModelForCausalLM.from_pretrained(str(model_dir)), None, delta_tokens=delta_tokens)
@@ -132,9 +169,13 @@ async def bench_ray(model_dir: str | Path, prompts, group_size: int, max_tokens:
             ray.shutdown()
     med = {k: statistics.median(v) for k, v in tps.items()}
     return {
-        "replicas_1_tokens_per_s": med["1"], "replicas_2_tokens_per_s": med["2"], "local_tokens_per_s": med["local"],
-        "speedup_2_vs_1": med["2"] / med["1"], "ray_request_latency_us": lat_ray * 1e6,
-        "local_request_latency_us": lat_local * 1e6, "ray_overhead_us_per_request": (lat_ray - lat_local) * 1e6,
+        "replicas_1_tokens_per_s": med["1"],
+        "replicas_2_tokens_per_s": med["2"],
+        "local_tokens_per_s": med["local"],
+        "speedup_2_vs_1": med["2"] / med["1"],
+        "ray_request_latency_us": lat_ray * 1e6,
+        "local_request_latency_us": lat_local * 1e6,
+        "ray_overhead_us_per_request": (lat_ray - lat_local) * 1e6,
     }
 
 
@@ -143,8 +184,19 @@ def _tiny_model(directory: Path, vocab: int, hidden: int, layers: int, max_len: 
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=vocab, n_positions=max_len, n_embd=hidden, n_layer=layers, n_head=max(1, hidden // 32),
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, eos_token_id=2, bos_token_id=1, pad_token_id=0)
+    config = GPT2Config(
+        vocab_size=vocab,
+        n_positions=max_len,
+        n_embd=hidden,
+        n_layer=layers,
+        n_head=max(1, hidden // 32),
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        eos_token_id=2,
+        bos_token_id=1,
+        pad_token_id=0,
+    )
     GPT2LMHeadModel(config).save_pretrained(str(directory))
     return directory
 
@@ -163,7 +215,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--delta-tokens", type=int, default=1, help="ray: the torch engines' fewest tokens per delta")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix=f"railgate-bench-{args.which}-"))
-    model_dir = Path(args.model) if args.model else _tiny_model(work / "model", args.vocab, args.hidden, args.layers, 128)
+    model_dir = (
+        Path(args.model) if args.model else _tiny_model(work / "model", args.vocab, args.hidden, args.layers, 128)
+    )
     prompts = _prompts(args.prompts, args.vocab)
     load_before = os.getloadavg()
     if args.which == "vllm":
@@ -178,8 +232,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
         result = asyncio.run(run())
     else:
-        result = anyio.run(bench_ray, model_dir, prompts, args.group, args.max_tokens, args.rounds, 50, args.delta_tokens)
-    result.update(load_before=load_before, load_after=os.getloadavg(), workload=f"{args.prompts}x{args.group}x{args.max_tokens}")
+        result = anyio.run(
+            bench_ray, model_dir, prompts, args.group, args.max_tokens, args.rounds, 50, args.delta_tokens
+        )
+    result.update(
+        load_before=load_before, load_after=os.getloadavg(), workload=f"{args.prompts}x{args.group}x{args.max_tokens}"
+    )
     for k, v in result.items():
         print(f"{k}: {v}")
     return result

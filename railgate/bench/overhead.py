@@ -61,8 +61,9 @@ def _pipeline_pass(cfg: RunConfig, work_dir: Path, record: bool = False) -> tupl
     engine = Recorder(comps.engine) if record else comps.engine
     trace = TraceLog(work_dir / "trace", "bench")
     buffer = ArrowBuffer(work_dir / "buffer", run_id="bench")
-    orch = build_orchestrator(cfg, dataclasses.replace(comps, engine=engine, evaluator=None),
-                              RunOutputs(buffer=buffer, trace=trace))
+    orch = build_orchestrator(
+        cfg, dataclasses.replace(comps, engine=engine, evaluator=None), RunOutputs(buffer=buffer, trace=trace)
+    )
     started = time.perf_counter()
     summary = anyio.run(orch.run)
     elapsed = time.perf_counter() - started
@@ -86,8 +87,12 @@ THROUGHPUT_PASSES: tuple[tuple[str, bool, int | None, bool], ...] = (
 DRIVERS = {True: "multiplexed", False: "task per sample"}
 
 
-def throughput(cfg: RunConfig, out: Path, repeats: int = 3,
-               passes: tuple[tuple[str, bool, int | None, bool], ...] = THROUGHPUT_PASSES) -> list[dict[str, Any]]:
+def throughput(
+    cfg: RunConfig,
+    out: Path,
+    repeats: int = 3,
+    passes: tuple[tuple[str, bool, int | None, bool], ...] = THROUGHPUT_PASSES,
+) -> list[dict[str, Any]]:
     """The full pipeline against the raw engine on the same requests, best of ``repeats`` each."""
     rows = []
     for label, realtime, async_steps, multiplex in passes:
@@ -103,18 +108,20 @@ def throughput(cfg: RunConfig, out: Path, repeats: int = 3,
             pipe_times.append(_pipeline_pass(c, out / "work")[0])
             raw_times.append(raw_pass(c, recorder.requests[:n], recorder.cut_after()[:n]))
         pipe, raw = min(pipe_times), min(raw_times)
-        rows.append({
-            "engine time": label,
-            "driver": DRIVERS[multiplex],
-            "max_async_steps": orch.max_async_steps,
-            "rollouts": n,
-            "pipeline samples in flight": recorder.mean_in_flight(),
-            "concurrency limit": orch.max_concurrent_samples,
-            "raw rollouts/s": n / raw,
-            "pipeline rollouts/s": n / pipe,
-            "ratio": raw / pipe,
-            "overhead us/rollout": (pipe - raw) / n * 1e6,
-        })
+        rows.append(
+            {
+                "engine time": label,
+                "driver": DRIVERS[multiplex],
+                "max_async_steps": orch.max_async_steps,
+                "rollouts": n,
+                "pipeline samples in flight": recorder.mean_in_flight(),
+                "concurrency limit": orch.max_concurrent_samples,
+                "raw rollouts/s": n / raw,
+                "pipeline rollouts/s": n / pipe,
+                "ratio": raw / pipe,
+                "overhead us/rollout": (pipe - raw) / n * 1e6,
+            }
+        )
         print(rows[-1], flush=True)
     return rows
 
@@ -126,16 +133,29 @@ def throughput(cfg: RunConfig, out: Path, repeats: int = 3,
 # (``vw_snapshot_every=0``, ``batch_token_decisions=false``, ``batch_group_decisions=false``: the
 # path before any of them existed).
 HOOK_VARIANTS: tuple[tuple[str, str, bool], ...] = (
-    ("uniform", "none", True), ("uniform", "none", False), ("sara", "none", True),
-    ("sara", "rail", True), ("sara", "rail", False),
+    ("uniform", "none", True),
+    ("uniform", "none", False),
+    ("sara", "none", True),
+    ("sara", "rail", True),
+    ("sara", "rail", False),
 )
-CONTROLLER_LABELS = {"none": "none", "rail": "RAIL (vw snapshot, batched, live)", "rail_vw": "RAIL (vw per decision, live)"}
+CONTROLLER_LABELS = {
+    "none": "none",
+    "rail": "RAIL (vw snapshot, batched, live)",
+    "rail_vw": "RAIL (vw per decision, live)",
+}
 
 
 def _hook_config(cfg: RunConfig, groups: int, gate: str, controller: str, multiplex: bool = True) -> RunConfig:
     orch_cfg = dataclasses.replace(
-        cfg.orchestrator, batch_groups=groups, max_open_groups=groups, max_concurrent_samples=groups * cfg.orchestrator.group_size,
-        max_async_steps=0, steps=max(2, 2048 // groups), eval_every=0, multiplex_streams=multiplex,
+        cfg.orchestrator,
+        batch_groups=groups,
+        max_open_groups=groups,
+        max_concurrent_samples=groups * cfg.orchestrator.group_size,
+        max_async_steps=0,
+        steps=max(2, 2048 // groups),
+        eval_every=0,
+        multiplex_streams=multiplex,
     )
     sim = dataclasses.replace(cfg.sim, num_prompts=max(cfg.sim.num_prompts, 2 * groups))
     gate_cfg = dataclasses.replace(cfg.gate, kind=gate)
@@ -144,8 +164,13 @@ def _hook_config(cfg: RunConfig, groups: int, gate: str, controller: str, multip
         # RAIL acting (live) from the first decision, with its default VW backend.
         new_path = controller == "rail"  # the defaults' snapshot and batching, or neither
         rail = dataclasses.replace(
-            ctrl.rail, mode="live", auto_promote=False, backend="vw", batch_token_decisions=new_path,
-            batch_group_decisions=new_path, vw_snapshot_every=RailConfig().vw_snapshot_every if new_path else 0,
+            ctrl.rail,
+            mode="live",
+            auto_promote=False,
+            backend="vw",
+            batch_token_decisions=new_path,
+            batch_group_decisions=new_path,
+            vw_snapshot_every=RailConfig().vw_snapshot_every if new_path else 0,
         )
         ctrl = dataclasses.replace(ctrl, kind="rail", rail=rail)
     else:
@@ -161,7 +186,9 @@ def _percentile_us(samples: list[int], q: float) -> float:
 
 
 def hook_latency(
-    cfg: RunConfig, levels: tuple[int, ...] = (64, 512, 4096), variants: tuple[tuple[str, str, bool], ...] = HOOK_VARIANTS,
+    cfg: RunConfig,
+    levels: tuple[int, ...] = (64, 512, 4096),
+    variants: tuple[tuple[str, str, bool], ...] = HOOK_VARIANTS,
 ) -> list[dict[str, Any]]:
     """Per level and (gate, controller, driver): the decision hook's p50/p99 (snapshot + gate +
     controller per finished sample), RAIL's own decisions (group and token decision points;
@@ -187,41 +214,48 @@ def hook_latency(
             recorder = Recorder(comps.engine, timed=False) if k == 0 else None
             timer = HookTimer()
             engine = recorder if recorder is not None else comps.engine
-            orch = build_orchestrator(c, dataclasses.replace(comps, engine=engine, evaluator=None),
-                                      RunOutputs(hook_timer=timer))
+            orch = build_orchestrator(
+                c, dataclasses.replace(comps, engine=engine, evaluator=None), RunOutputs(hook_timer=timer)
+            )
             started, cpu = time.perf_counter(), time.process_time()
             summary = anyio.run(orch.run)
             elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
             n = max(1, summary.budget.rollouts_started)
             if recorder is not None:
                 for raw_multiplex in DRIVERS:
-                    raw_cfg = dataclasses.replace(c, orchestrator=dataclasses.replace(c.orchestrator, multiplex_streams=raw_multiplex))
+                    raw_cfg = dataclasses.replace(
+                        c, orchestrator=dataclasses.replace(c.orchestrator, multiplex_streams=raw_multiplex)
+                    )
                     raw_started = time.process_time()
                     raw_pass(raw_cfg, recorder.requests[:n])
                     raw_cpu_us[raw_multiplex] = (time.process_time() - raw_started) / n * 1e6
             decisions = list(getattr(comps.controller, "latency_ns", ()))
             cpu_us = cpu / n * 1e6
             raw_us = raw_cpu_us.get(multiplex, math.nan)
-            rows.append({
-                "concurrent groups": groups,
-                "gate": gate,
-                "controller": CONTROLLER_LABELS[controller],
-                "driver": DRIVERS[multiplex],
-                "hook calls": timer.calls,
-                "hook p50 us": timer.percentile_us(50),
-                "hook p99 us": timer.percentile_us(99),
-                "RAIL decisions": int(summary.controller_metrics.get("controller/decisions", len(decisions))) if controller != "none" else 0,
-                "decisions timed": len(decisions),
-                "decision p50 us": _percentile_us(decisions, 50),
-                "decision p99 us": _percentile_us(decisions, 99),
-                "decision p99 us, last 20,000": _percentile_us(decisions[-RailController.LATENCY_WINDOW:], 99),
-                "rollouts": summary.budget.rollouts_started,
-                "pipeline us/rollout": elapsed / n * 1e6,
-                # CPU time of this process: what the pipeline costs, less exposed to other load.
-                "pipeline CPU us/rollout": cpu_us,
-                "raw engine CPU us/rollout": raw_us,
-                "over raw CPU us/rollout": cpu_us - raw_us,
-            })
+            rows.append(
+                {
+                    "concurrent groups": groups,
+                    "gate": gate,
+                    "controller": CONTROLLER_LABELS[controller],
+                    "driver": DRIVERS[multiplex],
+                    "hook calls": timer.calls,
+                    "hook p50 us": timer.percentile_us(50),
+                    "hook p99 us": timer.percentile_us(99),
+                    "RAIL decisions": int(summary.controller_metrics.get("controller/decisions", len(decisions)))
+                    if controller != "none"
+                    else 0,
+                    "decisions timed": len(decisions),
+                    "decision p50 us": _percentile_us(decisions, 50),
+                    "decision p99 us": _percentile_us(decisions, 99),
+                    "decision p99 us, last 20,000": _percentile_us(decisions[-RailController.LATENCY_WINDOW :], 99),
+                    "rollouts": summary.budget.rollouts_started,
+                    "pipeline us/rollout": elapsed / n * 1e6,
+                    # CPU time of this process: what the pipeline costs, less exposed to other load.
+                    "pipeline CPU us/rollout": cpu_us,
+                    "raw engine CPU us/rollout": raw_us,
+                    "over raw CPU us/rollout": cpu_us - raw_us,
+                }
+            )
             print(rows[-1], flush=True)
     return rows
 
@@ -230,7 +264,9 @@ def _read_trace_elsewhere(trace_dir: Path) -> int:
     """The decisions in the trace being written, read by another process, as a user's monitor
     would: the reader's memory (Arrow's allocator keeps what it read) is then not counted in the
     run's RSS."""
-    code = "import sys; from pipeline.store.tracelog import read_trace; print(read_trace(sys.argv[1]).decisions.num_rows)"
+    code = (
+        "import sys; from pipeline.store.tracelog import read_trace; print(read_trace(sys.argv[1]).decisions.num_rows)"
+    )
     done = subprocess.run([sys.executable, "-c", code, str(trace_dir)], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"re-reading the trace {trace_dir} while it is written failed:\n{done.stderr.strip()}")
@@ -241,11 +277,20 @@ def long_run(cfg: RunConfig, out: Path, steps: int) -> dict[str, Any]:
     run_dir = out / "long_run"
     shutil.rmtree(run_dir, ignore_errors=True)
     orch_cfg = dataclasses.replace(
-        cfg.orchestrator, steps=steps, batch_groups=4, group_size=4, max_concurrent_samples=64,
-        max_open_groups=16, eval_every=max(1, steps // 20),
+        cfg.orchestrator,
+        steps=steps,
+        batch_groups=4,
+        group_size=4,
+        max_concurrent_samples=64,
+        max_open_groups=16,
+        eval_every=max(1, steps // 20),
     )
-    c = dataclasses.replace(cfg, orchestrator=orch_cfg, run_dir=str(run_dir),
-                            log=dataclasses.replace(cfg.log, tensorboard=False, progress=False))
+    c = dataclasses.replace(
+        cfg,
+        orchestrator=orch_cfg,
+        run_dir=str(run_dir),
+        log=dataclasses.replace(cfg.log, tensorboard=False, progress=False),
+    )
     process = psutil.Process()
     marks: dict[str, Any] = {"trace_reads": []}
     warm = max(1, steps // 10)
@@ -277,7 +322,9 @@ def long_run(cfg: RunConfig, out: Path, steps: int) -> dict[str, Any]:
     }
 
 
-def run_overhead_bench(cfg: RunConfig, out: Path, long_steps: int | None = None, progress: bool = True) -> dict[str, Any]:
+def run_overhead_bench(
+    cfg: RunConfig, out: Path, long_steps: int | None = None, progress: bool = True
+) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"load_average_start": list(os.getloadavg()), "cpus": os.cpu_count()}
     sections = []
@@ -292,18 +339,42 @@ def run_overhead_bench(cfg: RunConfig, out: Path, long_steps: int | None = None,
         report["long_run"] = long_run(cfg, out, steps)
         lr = report["long_run"]
         sections.append(
-            "## Long run\n\n" + markdown_table(
-                ["steps", "rollouts", "wall s", f"RSS MB at step {lr['rss_start_step']}", "RSS MB at end",
-                 "trace re-reads", "decisions in trace", "torn trace files"],
-                [[lr["steps"], lr["rollouts"], lr["wall_s"], lr["rss_start_mb"], lr["rss_end_mb"],
-                  len(lr["trace_reads"]), lr["trace_decisions_final"], lr["trace_torn_files"]]],
+            "## Long run\n\n"
+            + markdown_table(
+                [
+                    "steps",
+                    "rollouts",
+                    "wall s",
+                    f"RSS MB at step {lr['rss_start_step']}",
+                    "RSS MB at end",
+                    "trace re-reads",
+                    "decisions in trace",
+                    "torn trace files",
+                ],
+                [
+                    [
+                        lr["steps"],
+                        lr["rollouts"],
+                        lr["wall_s"],
+                        lr["rss_start_mb"],
+                        lr["rss_end_mb"],
+                        len(lr["trace_reads"]),
+                        lr["trace_decisions_final"],
+                        lr["trace_torn_files"],
+                    ]
+                ],
             )
         )
         print(sections[-1], flush=True)
     report["load_average_end"] = list(os.getloadavg())
-    sections.insert(0, "Load average (1, 5, 15 min) at the start: {} and at the end: {} ({} CPUs)".format(
-        ", ".join(f"{x:.2f}" for x in report["load_average_start"]),
-        ", ".join(f"{x:.2f}" for x in report["load_average_end"]), report["cpus"]))
+    sections.insert(
+        0,
+        "Load average (1, 5, 15 min) at the start: {} and at the end: {} ({} CPUs)".format(
+            ", ".join(f"{x:.2f}" for x in report["load_average_start"]),
+            ", ".join(f"{x:.2f}" for x in report["load_average_end"]),
+            report["cpus"],
+        ),
+    )
     (out / "overhead.md").write_text("\n\n".join(sections) + "\n")
     (out / "overhead.json").write_text(json.dumps(report, indent=2, default=str))
     print(f"\nwritten: {out / 'overhead.md'}")

@@ -21,7 +21,8 @@ prompt-to-prompt variation, Welch-Satterthwaite t). "Final" is each run's last e
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from pipeline.intervals import Interval, seeds_and_prompts
 

@@ -59,18 +59,38 @@ POLICIES: dict[str, tuple[str, ...]] = {
     "sara_ref": ("gate.kind=sara", "gate.sara.reference_prior=true"),
     "sara_ref_rollouts": ("gate.kind=sara", "gate.sara.reference_prior=true", "orchestrator.batch_rollouts=auto"),
     "sara_ref_skip": ("gate.kind=sara", "gate.sara.reference_prior=true", "gate.sara.reference_skip=0.8"),
-    "sara_ref_skip_rollouts": ("gate.kind=sara", "gate.sara.reference_prior=true", "gate.sara.reference_skip=0.8",
-                               "orchestrator.batch_rollouts=auto"),
+    "sara_ref_skip_rollouts": (
+        "gate.kind=sara",
+        "gate.sara.reference_prior=true",
+        "gate.sara.reference_skip=0.8",
+        "orchestrator.batch_rollouts=auto",
+    ),
     "dps": ("gate.kind=dps",),
     "sara_dps": ("gate.kind=sara_dps",),
     "oracle": ("gate.kind=oracle",),
-    "sara_arpo": _RAIL + ("controller.rail.mode=shadow", "controller.rail.behaviour=arpo",
-                          "controller.rail.behaviour_epsilon=0.0", "controller.rail.auto_promote=false"),
+    "sara_arpo": _RAIL
+    + (
+        "controller.rail.mode=shadow",
+        "controller.rail.behaviour=arpo",
+        "controller.rail.behaviour_epsilon=0.0",
+        "controller.rail.auto_promote=false",
+    ),
     "sara_rail": _RAIL + ("controller.rail.mode=live", "controller.rail.auto_promote=false"),
     "sara_rail_s2l": _RAIL + ("controller.rail.mode=shadow", "controller.rail.auto_promote=true"),
 }
 
-SIM_ALLOCATION = ("uniform", "ds", "pilot_commit", "hora", "sara", "sara_eager", "sara_stream", "dps", "sara_dps", "oracle")
+SIM_ALLOCATION = (
+    "uniform",
+    "ds",
+    "pilot_commit",
+    "hora",
+    "sara",
+    "sara_eager",
+    "sara_stream",
+    "dps",
+    "sara_dps",
+    "oracle",
+)
 """``bench allocation`` on the simulator: every allocation policy and launch mode."""
 MODEL_ALLOCATION = ("uniform", "ds", "pilot_commit", "hora", "sara", "sara_rollouts", "sara_dps", "oracle")
 """``bench allocation`` on a real model (each run costs minutes): the policies the issue names."""
@@ -78,7 +98,9 @@ RAIL = ("uniform", "sara", "sara_arpo", "sara_rail", "sara_rail_s2l", "oracle")
 """``bench rail``: SARA alone, with the heuristic, with the learned controller; GRPO and the floor."""
 
 
-STEP_BY_ROLLOUTS = frozenset(p for p, sets in POLICIES.items() if any(s.startswith("orchestrator.batch_rollouts=") for s in sets))
+STEP_BY_ROLLOUTS = frozenset(
+    p for p, sets in POLICIES.items() if any(s.startswith("orchestrator.batch_rollouts=") for s in sets)
+)
 """Policies that set their own learner step (``sara_rollouts``, ``sara_dps_rollouts``: ``batch_rollouts=auto``)."""
 
 

@@ -178,7 +178,9 @@ async def _raw_tasks(engine: SimEngine, requests: list[SampleRequest], cuts: lis
             tg.start_soon(consume, request, engine.stream(request), cut)
 
 
-async def _raw_multiplexed(engine: SimEngine, requests: list[SampleRequest], cuts: list[int | None], limit: int) -> None:
+async def _raw_multiplexed(
+    engine: SimEngine, requests: list[SampleRequest], cuts: list[int | None], limit: int
+) -> None:
     mux = engine.multiplexer()
     todo = list(zip(requests, cuts))[::-1]
     left: dict[str, int | None] = {}  # running request id -> tokens still to stream before its cut (None: no cut)

@@ -117,7 +117,9 @@ class LevelStats:
     branch: dict[str, Rate] = field(default_factory=lambda: {c: Rate() for c in CUTS})
     branch_all_fail: dict[str, Rate] = field(default_factory=lambda: {c: Rate() for c in CUTS})
     prefix_tokens: dict[str, int] = field(default_factory=lambda: {c: 0 for c in CUTS})
-    recovered_groups: dict[str, int] = field(default_factory=lambda: {c: 0 for c in CUTS})  # all-fail groups a branch turned mixed
+    recovered_groups: dict[str, int] = field(
+        default_factory=lambda: {c: 0 for c in CUTS}
+    )  # all-fail groups a branch turned mixed
     fresh_recovered_groups: int = 0
 
 
@@ -162,7 +164,9 @@ def reference_agreement(ids: tuple[int, ...], solution: str, decode) -> int:
     return agreed
 
 
-async def _sample_all(engine, requests: list[SampleRequest], concurrency: int) -> list[tuple[SampleFinished, tuple[float, ...]]]:
+async def _sample_all(
+    engine, requests: list[SampleRequest], concurrency: int
+) -> list[tuple[SampleFinished, tuple[float, ...]]]:
     """Stream every request through ``engine`` (at most ``concurrency`` at once); the final
     event of each, with the entropies of its generated tokens."""
     import anyio
@@ -192,8 +196,9 @@ def _response(event: SampleFinished, eos_id: int | None) -> tuple[tuple[int, ...
     return ids, lps
 
 
-def measure_recoverability(cfg, out: Path, prompts: int = 400, branches: int = 4, failed_per_prompt: int = 2,
-                           progress: bool = True) -> dict[str, Any]:
+def measure_recoverability(
+    cfg, out: Path, prompts: int = 400, branches: int = 4, failed_per_prompt: int = 2, progress: bool = True
+) -> dict[str, Any]:
     """Run the measurement of the module docstring for run config ``cfg``; returns the report
     (also written to ``OUT/recover.json`` and ``OUT/recover.md``)."""
     import copy
@@ -209,7 +214,9 @@ def measure_recoverability(cfg, out: Path, prompts: int = 400, branches: int = 4
     if prompts < 1 or branches < 1 or failed_per_prompt < 1:
         from pipeline.config.build import ConfigError
 
-        raise ConfigError(f"--prompts={prompts}, --branches={branches} and --failed-per-prompt={failed_per_prompt} must be >= 1")
+        raise ConfigError(
+            f"--prompts={prompts}, --branches={branches} and --failed-per-prompt={failed_per_prompt} must be >= 1"
+        )
     out.mkdir(parents=True, exist_ok=True)
     task = build_task(cfg.task)
     started = time.perf_counter()
@@ -250,7 +257,7 @@ def measure_recoverability(cfg, out: Path, prompts: int = 400, branches: int = 4
     try:
         t0 = time.perf_counter()
         groups = run([request(f"g{i}.s{k}", i, k) for i in range(len(plist)) for k in range(group_size)])
-        by_prompt: list[list[Trajectory]] = [groups[i * group_size:(i + 1) * group_size] for i in range(len(plist))]
+        by_prompt: list[list[Trajectory]] = [groups[i * group_size : (i + 1) * group_size] for i in range(len(plist))]
         branch_reqs: list[tuple[str, SampleRequest]] = []
         fresh_reqs: list[SampleRequest] = []
         for i, group in enumerate(by_prompt):
@@ -316,11 +323,20 @@ def measure_recoverability(cfg, out: Path, prompts: int = 400, branches: int = 4
             total.recovered_groups[cut] += 1
 
     report = {
-        "task": repr(task), "base_model": str(cfg.model.path or out / BASE_DIR_NAME),
-        "warm_start": base.meta.get("warm_start"), "warm_start_wall_s": warm_s, "sampling_wall_s": sample_s,
-        "prompts": len(plist), "group_size": group_size, "branches": branches, "failed_per_prompt": failed_per_prompt,
-        "max_tokens": max_tokens, "seed": cfg.seed, "samples": len(groups) + len(fresh) + len(branched),
-        "levels": {str(d): _stats_dict(s) for d, s in sorted(levels.items())}, "all": _stats_dict(total),
+        "task": repr(task),
+        "base_model": str(cfg.model.path or out / BASE_DIR_NAME),
+        "warm_start": base.meta.get("warm_start"),
+        "warm_start_wall_s": warm_s,
+        "sampling_wall_s": sample_s,
+        "prompts": len(plist),
+        "group_size": group_size,
+        "branches": branches,
+        "failed_per_prompt": failed_per_prompt,
+        "max_tokens": max_tokens,
+        "seed": cfg.seed,
+        "samples": len(groups) + len(fresh) + len(branched),
+        "levels": {str(d): _stats_dict(s) for d, s in sorted(levels.items())},
+        "all": _stats_dict(total),
     }
     (out / "recover.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "recover.md").write_text(render(report) + "\n")
@@ -350,29 +366,52 @@ def _cell(r: dict[str, Any]) -> str:
 def render(report: dict[str, Any]) -> str:
     """The report as Markdown tables: the base model's profile, then branch against fresh."""
     rows = list(report["levels"].items()) + [("all", report["all"])]
-    lines = [f"{report['task']}; {report['prompts']} held-out prompts, groups of {report['group_size']}, "
-             f"{report['branches']} branches per cut of up to {report['failed_per_prompt']} failed responses per prompt, "
-             f"seed {report['seed']}, {report['samples']} samples in {report['sampling_wall_s']:.0f} s", "",
-             "| level | prompts | step-0 accuracy | all-fail | mixed | all-pass | tokens/response |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"{report['task']}; {report['prompts']} held-out prompts, groups of {report['group_size']}, "
+        f"{report['branches']} branches per cut of up to {report['failed_per_prompt']} failed responses per prompt, "
+        f"seed {report['seed']}, {report['samples']} samples in {report['sampling_wall_s']:.0f} s",
+        "",
+        "| level | prompts | step-0 accuracy | all-fail | mixed | all-pass | tokens/response |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, s in rows:
         n = max(1, s["prompts"])
-        lines.append(f"| {name} | {s['prompts']} | {_cell(s['accuracy'])} | {s['all_fail'] / n:.2f} | {s['mixed'] / n:.2f} | "
-                     f"{s['all_pass'] / n:.2f} | {s['tokens_per_response']:.1f} |")
-    lines += ["", "Success rate of a branch from a failed response's prefix, against a fresh sample of the same prompts "
-              "(rate [95% interval] (successes/trials); prefix: mean tokens kept):", "",
-              f"| level | fresh | {' | '.join(CUTS)} | prefix {'/'.join(CUTS)} |", "|---" * (len(CUTS) + 3) + "|"]
+        lines.append(
+            f"| {name} | {s['prompts']} | {_cell(s['accuracy'])} | {s['all_fail'] / n:.2f} | {s['mixed'] / n:.2f} | "
+            f"{s['all_pass'] / n:.2f} | {s['tokens_per_response']:.1f} |"
+        )
+    lines += [
+        "",
+        "Success rate of a branch from a failed response's prefix, against a fresh sample of the same prompts "
+        "(rate [95% interval] (successes/trials); prefix: mean tokens kept):",
+        "",
+        f"| level | fresh | {' | '.join(CUTS)} | prefix {'/'.join(CUTS)} |",
+        "|---" * (len(CUTS) + 3) + "|",
+    ]
     for name, s in rows:
         p = s["mean_prefix_tokens"]
-        lines.append(f"| {name} | {_cell(s['fresh'])} | " + " | ".join(_cell(s["branch"][c]) for c in CUTS)
-                     + " | " + " / ".join(f"{p[c]:.1f}" for c in CUTS) + " |")
-    lines += ["", "The same on prompts whose group was all-fail; groups: all-fail groups that at least one of the "
-              "prompt's branches (or fresh samples) at that cut turned mixed:", "",
-              f"| level | all-fail groups | fresh | {' | '.join(CUTS)} | groups fresh / {' / '.join(CUTS)} |",
-              "|---" * (len(CUTS) + 4) + "|"]
+        lines.append(
+            f"| {name} | {_cell(s['fresh'])} | "
+            + " | ".join(_cell(s["branch"][c]) for c in CUTS)
+            + " | "
+            + " / ".join(f"{p[c]:.1f}" for c in CUTS)
+            + " |"
+        )
+    lines += [
+        "",
+        "The same on prompts whose group was all-fail; groups: all-fail groups that at least one of the "
+        "prompt's branches (or fresh samples) at that cut turned mixed:",
+        "",
+        f"| level | all-fail groups | fresh | {' | '.join(CUTS)} | groups fresh / {' / '.join(CUTS)} |",
+        "|---" * (len(CUTS) + 4) + "|",
+    ]
     for name, s in rows:
         g = s["recovered_groups"]
-        lines.append(f"| {name} | {s['all_fail']} | {_cell(s['fresh_all_fail'])} | "
-                     + " | ".join(_cell(s["branch_all_fail"][c]) for c in CUTS)
-                     + f" | {s['fresh_recovered_groups']} / " + " / ".join(str(g[c]) for c in CUTS) + " |")
+        lines.append(
+            f"| {name} | {s['all_fail']} | {_cell(s['fresh_all_fail'])} | "
+            + " | ".join(_cell(s["branch_all_fail"][c]) for c in CUTS)
+            + f" | {s['fresh_recovered_groups']} / "
+            + " / ".join(str(g[c]) for c in CUTS)
+            + " |"
+        )
     return "\n".join(lines)

@@ -53,7 +53,10 @@ async def bench_engine(
     """Stream ``group_size`` samples of every prompt through ``engine`` at once; tokens/s of the lot."""
     requests = [
         SampleRequest(
-            request_id=f"bench{seed}.p{i}.s{j}", group_id=i, sample_index=j, prompt=_as_prompt(i, p),
+            request_id=f"bench{seed}.p{i}.s{j}",
+            group_id=i,
+            sample_index=j,
+            prompt=_as_prompt(i, p),
             params=SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed),
         )
         for i, p in enumerate(prompts)
@@ -77,7 +80,13 @@ async def bench_engine(
 
 
 def bench_hf_generate(
-    model, prompts: Sequence[PromptLike], group_size: int, max_tokens: int, temperature: float, *, eos_id: int | None = None
+    model,
+    prompts: Sequence[PromptLike],
+    group_size: int,
+    max_tokens: int,
+    temperature: float,
+    *,
+    eos_id: int | None = None,
 ) -> dict:
     """Sample ``group_size`` responses of every prompt with one ``model.generate`` call; tokens/s."""
     ids = [list(_as_prompt(i, p).token_ids) for i, p in enumerate(prompts)]
@@ -88,9 +97,16 @@ def bench_hf_generate(
     start, cpu = time.perf_counter(), time.process_time()
     with torch.inference_mode():
         out = model.generate(
-            input_ids=input_ids, attention_mask=mask, do_sample=True, num_return_sequences=group_size,
-            max_new_tokens=max_tokens, temperature=temperature, top_p=1.0, top_k=0,
-            eos_token_id=eos_id, pad_token_id=0,
+            input_ids=input_ids,
+            attention_mask=mask,
+            do_sample=True,
+            num_return_sequences=group_size,
+            max_new_tokens=max_tokens,
+            temperature=temperature,
+            top_p=1.0,
+            top_k=0,
+            eos_token_id=eos_id,
+            pad_token_id=0,
         )
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     new = out[:, width:]
@@ -98,7 +114,9 @@ def bench_hf_generate(
         tokens = new.numel()
     else:  # tokens up to and including the first end-of-sequence token of each row
         is_eos = new == eos_id
-        first = torch.where(is_eos.any(-1), is_eos.float().argmax(-1) + 1, torch.full_like(is_eos[:, 0], new.shape[1], dtype=torch.long))
+        first = torch.where(
+            is_eos.any(-1), is_eos.float().argmax(-1) + 1, torch.full_like(is_eos[:, 0], new.shape[1], dtype=torch.long)
+        )
         tokens = int(first.sum())
     return _figures(new.shape[0], int(tokens), seconds, cpu)
 
@@ -121,8 +139,19 @@ class HFContinuousBatching:
     times one row's context.
     """
 
-    def __init__(self, model, group_size: int, max_tokens: int, temperature: float, *, eos_id: int | None,
-                 max_prompt_len: int, num_prompts: int, page_size: int = 16, seed: int = 0):
+    def __init__(
+        self,
+        model,
+        group_size: int,
+        max_tokens: int,
+        temperature: float,
+        *,
+        eos_id: int | None,
+        max_prompt_len: int,
+        num_prompts: int,
+        page_size: int = 16,
+        seed: int = 0,
+    ):
         from transformers import GenerationConfig
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
@@ -130,12 +159,21 @@ class HFContinuousBatching:
         pages = -(-(max_prompt_len + max_tokens + 1) // page_size) + 1
         self.group_size, self.max_tokens = group_size, max_tokens
         gen = GenerationConfig(
-            do_sample=True, temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_tokens,
-            num_return_sequences=group_size, eos_token_id=-1 if eos_id is None else eos_id, pad_token_id=0,
+            do_sample=True,
+            temperature=temperature,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_tokens,
+            num_return_sequences=group_size,
+            eos_token_id=-1 if eos_id is None else eos_id,
+            pad_token_id=0,
         )
         cb = ContinuousBatchingConfig(
-            page_size=page_size, num_blocks=requests * pages, max_requests_per_batch=requests,
-            max_batch_tokens=max(requests, num_prompts * max_prompt_len), seed=seed,
+            page_size=page_size,
+            num_blocks=requests * pages,
+            max_requests_per_batch=requests,
+            max_batch_tokens=max(requests, num_prompts * max_prompt_len),
+            seed=seed,
         )
         self.manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
         self.manager.start()
@@ -164,8 +202,13 @@ class HFContinuousBatching:
 
 def _figures(samples: int, tokens: int, seconds: float, cpu_seconds: float, **extra) -> dict:
     return {
-        "samples": samples, "tokens": tokens, "seconds": seconds, "cpu_seconds": cpu_seconds,
-        "tokens_per_s": tokens / seconds, "tokens_per_cpu_s": tokens / max(cpu_seconds, 1e-9), **extra,
+        "samples": samples,
+        "tokens": tokens,
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "tokens_per_s": tokens / seconds,
+        "tokens_per_cpu_s": tokens / max(cpu_seconds, 1e-9),
+        **extra,
     }
 
 
@@ -187,7 +230,9 @@ def _project_vocab() -> tuple[int, int]:
     return tok.vocab_size, tok.eos_id
 
 
-def _build_model(arch: str, hidden: int, layers: int, vocab: int, seed: int, *, heads: int | None = None, max_len: int = 512):
+def _build_model(
+    arch: str, hidden: int, layers: int, vocab: int, seed: int, *, heads: int | None = None, max_len: int = 512
+):
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -195,14 +240,28 @@ def _build_model(arch: str, hidden: int, layers: int, vocab: int, seed: int, *, 
     if arch == "project":
         from pipeline.policy.models import build_model
 
-        return build_model(vocab_size=vocab, d_model=hidden, n_layers=layers, n_heads=heads, max_len=max_len, seed=seed).eval()
+        return build_model(
+            vocab_size=vocab, d_model=hidden, n_layers=layers, n_heads=heads, max_len=max_len, seed=seed
+        ).eval()
     if arch == "gpt2":
-        config = GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads, n_positions=max_len,
-                            bos_token_id=1, eos_token_id=2)
+        config = GPT2Config(
+            vocab_size=vocab,
+            n_embd=hidden,
+            n_layer=layers,
+            n_head=heads,
+            n_positions=max_len,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
         return GPT2LMHeadModel(config).eval()
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=max_len,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_len,
     )
     return LlamaForCausalLM(config).eval()
 
@@ -243,9 +302,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     from pipeline.engines.torch_engine import TorchEngine
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", choices=(*PRESETS, "custom"), default="project",
-                    help="project: the project's 0.45M GPT-2; 30m: the same family at 31M parameters; "
-                         "custom: --arch/--hidden/--layers/--vocab")
+    ap.add_argument(
+        "--model",
+        choices=(*PRESETS, "custom"),
+        default="project",
+        help="project: the project's 0.45M GPT-2; 30m: the same family at 31M parameters; "
+        "custom: --arch/--hidden/--layers/--vocab",
+    )
     ap.add_argument("--arch", choices=("llama", "gpt2"), default="llama")
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
@@ -259,8 +322,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--delta-tokens", type=int, nargs="+", default=[1, 4])
-    ap.add_argument("--peers", nargs="+", choices=("generate", "continuous"), default=["generate", "continuous"],
-                    help="transformers baselines: generate (one padded batch), continuous (ContinuousBatchingManager)")
+    ap.add_argument(
+        "--peers",
+        nargs="+",
+        choices=("generate", "continuous"),
+        default=["generate", "continuous"],
+        help="transformers baselines: generate (one padded batch), continuous (ContinuousBatchingManager)",
+    )
     ap.add_argument("--eos", type=int, default=-1, help="end-of-sequence id; -1: none (every sample runs max_tokens)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -272,9 +340,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
         arch, hidden, layers, heads, max_len = (preset[k] for k in ("arch", "hidden", "layers", "heads", "max_len"))
         vocab = _project_vocab()[0]
     if args.prompt_len + args.max_tokens > max_len:
-        ap.error(f"--prompt-len {args.prompt_len} + --max-tokens {args.max_tokens} exceeds the model's "
-                 f"context of {max_len} tokens; lower one of them")  # exit status 2
-    model = _build_model(arch, hidden, layers, vocab, seed=0, heads=heads, max_len=max_len).to(getattr(torch, args.dtype))
+        ap.error(
+            f"--prompt-len {args.prompt_len} + --max-tokens {args.max_tokens} exceeds the model's "
+            f"context of {max_len} tokens; lower one of them"
+        )  # exit status 2
+    model = _build_model(arch, hidden, layers, vocab, seed=0, heads=heads, max_len=max_len).to(
+        getattr(torch, args.dtype)
+    )
     gen = torch.Generator().manual_seed(1)
     prompts = [
         torch.randint(3, vocab, (max(1, args.prompt_len - i % 4),), generator=gen).tolist() for i in range(args.prompts)
@@ -287,8 +359,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
         contenders["generate"] = (lambda: model, lambda m: bench_hf_generate(m, prompts, *work, eos_id=eos))
     if "continuous" in args.peers:
         contenders["continuous batching"] = (
-            lambda: HFContinuousBatching(copy.deepcopy(model), *work, eos_id=eos, max_prompt_len=max(map(len, prompts)),
-                                         num_prompts=len(prompts)),
+            lambda: HFContinuousBatching(
+                copy.deepcopy(model), *work, eos_id=eos, max_prompt_len=max(map(len, prompts)), num_prompts=len(prompts)
+            ),
             lambda c: c.run(prompts),
         )
     for d in args.delta_tokens:
@@ -297,16 +370,23 @@ def main(argv: Sequence[str] | None = None) -> dict:
             lambda e: anyio.run(bench_engine, e, prompts, *work),
         )
     runs = _interleaved(contenders, args.rounds)
-    med = {k: {m: statistics.median(x[m] for x in v) for m in ("tokens_per_s", "tokens_per_cpu_s")} for k, v in runs.items()}
+    med = {
+        k: {m: statistics.median(x[m] for x in v) for m in ("tokens_per_s", "tokens_per_cpu_s")}
+        for k, v in runs.items()
+    }
     params = sum(p.numel() for p in model.parameters())
     name = {"project": "the project's GPT-2", "30m": "GPT-2 (project family)"}.get(args.model, arch)
-    print(f"{name} {params / 1e6:.2f}M params, {args.dtype}, {args.threads} threads, "
-          f"{args.prompts} prompts x {args.group} samples x {args.max_tokens} tokens, median of {args.rounds} rounds")
+    print(
+        f"{name} {params / 1e6:.2f}M params, {args.dtype}, {args.threads} threads, "
+        f"{args.prompts} prompts x {args.group} samples x {args.max_tokens} tokens, median of {args.rounds} rounds"
+    )
     peers = [k for k in med if not k.startswith("engine")]
     best = {m: max((med[k][m] for k in peers), default=float("nan")) for m in ("tokens_per_s", "tokens_per_cpu_s")}
     for k, m in med.items():
-        print(f"  {k:24s} {m['tokens_per_s']:9,.0f} tok/s  ({m['tokens_per_s'] / best['tokens_per_s']:.2f}x)   "
-              f"{m['tokens_per_cpu_s']:9,.0f} tok/cpu-s  ({m['tokens_per_cpu_s'] / best['tokens_per_cpu_s']:.2f}x)")
+        print(
+            f"  {k:24s} {m['tokens_per_s']:9,.0f} tok/s  ({m['tokens_per_s'] / best['tokens_per_s']:.2f}x)   "
+            f"{m['tokens_per_cpu_s']:9,.0f} tok/cpu-s  ({m['tokens_per_cpu_s'] / best['tokens_per_cpu_s']:.2f}x)"
+        )
     print("  (ratios against the better transformers peer of each column)")
     return {"params": params, "median": med, "runs": runs, "best_peer": best}
 

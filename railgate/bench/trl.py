@@ -94,7 +94,8 @@ class RunRecord:
         for before, after in zip(self.points, self.points[1:]):
             if after.accuracy >= target > before.accuracy:
                 return before.rollouts + (target - before.accuracy) / (after.accuracy - before.accuracy) * (
-                    after.rollouts - before.rollouts)
+                    after.rollouts - before.rollouts
+                )
         return 0.0 if self.points and self.points[0].accuracy >= target else None
 
 
@@ -107,16 +108,21 @@ def run_trl_bench(spec: TrlBenchSpec, out: Path, progress: bool = True) -> dict[
     root.mkdir(parents=True, exist_ok=True)
     model_dir, task = _model_and_task(spec, root, progress)
     path = root / "trl.json"
-    runs = [RunRecord(**{**r, "points": [Point(**p) for p in r["points"]]})
-            for r in (json.loads(path.read_text())["runs"] if path.exists() else [])]
+    runs = [
+        RunRecord(**{**r, "points": [Point(**p) for p in r["points"]]})
+        for r in (json.loads(path.read_text())["runs"] if path.exists() else [])
+    ]
     for seed in range(spec.first_seed, spec.first_seed + spec.seeds):
         for trainer in TRAINERS:
             runs = [r for r in runs if (r.trainer, r.seed) != (trainer, seed)]
             record = run_one(trainer, seed, spec, task, model_dir, root)
             runs.append(record)
             if progress:
-                print(f"{spec.model} seed {seed} {trainer}: {record.rollouts} rollouts, final "
-                      f"{record.points[-1].accuracy:.3f}, {1000 * record.cpu_per_rollout:.2f} CPU-ms/rollout", flush=True)
+                print(
+                    f"{spec.model} seed {seed} {trainer}: {record.rollouts} rollouts, final "
+                    f"{record.points[-1].accuracy:.3f}, {1000 * record.cpu_per_rollout:.2f} CPU-ms/rollout",
+                    flush=True,
+                )
             _write(spec, runs, root)
     return _write(spec, runs, root)
 
@@ -157,33 +163,60 @@ def run_one(trainer: str, seed: int, spec: TrlBenchSpec, task: TrlTask, model_di
 
     step_rollouts = spec.prompts_per_step * spec.group_size
     matched = dict(
-        output_dir=str(root / "runs" / f"{trainer}-{seed}"), per_device_train_batch_size=step_rollouts,
-        num_generations=spec.group_size, max_completion_length=task.max_completion_length,
-        learning_rate=spec.learning_rate, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        optim="adamw_torch", beta=0.0, loss_type="dapo", scale_rewards="group", temperature=1.0, top_p=1.0,
-        bf16=False, gradient_checkpointing=False, use_cpu=True, seed=seed, data_seed=seed, save_strategy="no",
-        report_to=[], logging_steps=10, disable_tqdm=True)
+        output_dir=str(root / "runs" / f"{trainer}-{seed}"),
+        per_device_train_batch_size=step_rollouts,
+        num_generations=spec.group_size,
+        max_completion_length=task.max_completion_length,
+        learning_rate=spec.learning_rate,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        optim="adamw_torch",
+        beta=0.0,
+        loss_type="dapo",
+        scale_rewards="group",
+        temperature=1.0,
+        top_p=1.0,
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        seed=seed,
+        data_seed=seed,
+        save_strategy="no",
+        report_to=[],
+        logging_steps=10,
+        disable_tqdm=True,
+    )
     dataset = Dataset.from_list(task.train_rows)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    held_out = HeldOut(task.eval_rows, task.reward, tokenizer, task.max_completion_length, samples=spec.eval_samples,
-                       seed=1000 + seed)
+    held_out = HeldOut(
+        task.eval_rows, task.reward, tokenizer, task.max_completion_length, samples=spec.eval_samples, seed=1000 + seed
+    )
     if trainer == "grpo":
         args = GRPOConfig(max_steps=spec.budget // step_rollouts, **matched)
-        run = GRPOTrainer(model=str(model_dir), reward_funcs=task.reward, args=args, train_dataset=dataset,
-                          processing_class=tokenizer)
+        run = GRPOTrainer(
+            model=str(model_dir), reward_funcs=task.reward, args=args, train_dataset=dataset, processing_class=tokenizer
+        )
 
         def generated() -> tuple[int, int]:
             return run.state.global_step * step_rollouts, int(run.state.num_input_tokens_seen)
     else:
-        args = GatedGRPOConfig(max_steps=10 * spec.budget // step_rollouts, gate_max_rollouts=spec.budget,
-                               gate_probe_size=spec.probe_size,
-                               gate_reference_column="reference", gate_reference_exact=task.reference_exact,
-                               gate_reference_skip=task.reference_skip, **matched)
-        run = GatedGRPOTrainer(model=str(model_dir), reward_funcs=task.reward, args=args, train_dataset=dataset,
-                               processing_class=tokenizer)
+        args = GatedGRPOConfig(
+            max_steps=10 * spec.budget // step_rollouts,
+            gate_max_rollouts=spec.budget,
+            gate_probe_size=spec.probe_size,
+            gate_reference_column="reference",
+            gate_reference_exact=task.reference_exact,
+            gate_reference_skip=task.reference_skip,
+            **matched,
+        )
+        run = GatedGRPOTrainer(
+            model=str(model_dir), reward_funcs=task.reward, args=args, train_dataset=dataset, processing_class=tokenizer
+        )
 
         def generated() -> tuple[int, int]:
             return run.gate.rollouts_generated, int(run.state.num_input_tokens_seen)
+
     curve = Curve(held_out, spec.eval_every, generated)
     run.add_callback(curve)
     wall = time.time()
@@ -191,8 +224,18 @@ def run_one(trainer: str, seed: int, spec: TrlBenchSpec, task: TrlTask, model_di
     wall = time.time() - wall
     rollouts, tokens = generated()
     gate = run.gate.metrics() if trainer == "gated" else {}
-    return RunRecord(trainer, seed, curve.points, rollouts, tokens, curve.training_cpu_s(), wall, curve.eval_cpu_s,
-                     int(run.state.global_step), gate)
+    return RunRecord(
+        trainer,
+        seed,
+        curve.points,
+        rollouts,
+        tokens,
+        curve.training_cpu_s(),
+        wall,
+        curve.eval_cpu_s,
+        int(run.state.global_step),
+        gate,
+    )
 
 
 def _write(spec: TrlBenchSpec, runs: list[RunRecord], root: Path) -> dict[str, Any]:

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from transformers import TrainerCallback
@@ -29,8 +30,16 @@ from railgate.bench.trl_report import Point
 class HeldOut:
     """Accuracy of a model on held-out rows; see the module docstring."""
 
-    def __init__(self, rows: Sequence[dict[str, Any]], reward: Callable[..., list[float]], tokenizer: Any,
-                 max_new_tokens: int, samples: int = 4, seed: int = 0, batch_prompts: int = 64):
+    def __init__(
+        self,
+        rows: Sequence[dict[str, Any]],
+        reward: Callable[..., list[float]],
+        tokenizer: Any,
+        max_new_tokens: int,
+        samples: int = 4,
+        seed: int = 0,
+        batch_prompts: int = 64,
+    ):
         self.rows = list(rows)
         self.reward = reward
         self.tokenizer = tokenizer
@@ -48,7 +57,7 @@ class HeldOut:
             with torch.random.fork_rng(devices=[]), torch.no_grad():
                 torch.manual_seed(self.seed)
                 for i in range(0, len(self.rows), self.batch_prompts):
-                    per_prompt += self._batch(model, self.rows[i:i + self.batch_prompts])
+                    per_prompt += self._batch(model, self.rows[i : i + self.batch_prompts])
         finally:
             model.train(was_training)
         n = len(per_prompt)
@@ -58,19 +67,33 @@ class HeldOut:
 
     def _batch(self, model: Any, rows: list[dict[str, Any]]) -> list[float]:
         tok = self.tokenizer
-        texts = [tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
-                 if isinstance(r["prompt"], list) else r["prompt"] for r in rows]
+        texts = [
+            tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
+            if isinstance(r["prompt"], list)
+            else r["prompt"]
+            for r in rows
+        ]
         side, tok.padding_side = tok.padding_side, "left"
         try:
-            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=not isinstance(rows[0]["prompt"], list))
+            enc = tok(
+                texts, return_tensors="pt", padding=True, add_special_tokens=not isinstance(rows[0]["prompt"], list)
+            )
         finally:
             tok.padding_side = side
-        out = model.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=self.max_new_tokens,
-                             num_return_sequences=self.samples, pad_token_id=tok.pad_token_id)
-        completions = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        out = model.generate(
+            **enc,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            max_new_tokens=self.max_new_tokens,
+            num_return_sequences=self.samples,
+            pad_token_id=tok.pad_token_id,
+        )
+        completions = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         answers = [r["answer"] for r in rows for _ in range(self.samples)]
         rewards = self.reward([t for t in texts for _ in range(self.samples)], completions, answer=answers)
-        return [sum(rewards[i * self.samples:(i + 1) * self.samples]) / self.samples for i in range(len(rows))]
+        return [sum(rewards[i * self.samples : (i + 1) * self.samples]) / self.samples for i in range(len(rows))]
 
 
 @dataclass

@@ -16,9 +16,10 @@ then averaged; a target a run never reached is counted and left out of the means
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 TARGETS = (0.1, 0.2)
 
@@ -56,8 +57,10 @@ def summary(runs: Sequence[Any]) -> dict[str, Any]:
         }
     g, p = out["gated"], out["grpo"]
     out["ratio"] = {
-        "to_target": {k: [a / b for a, b in zip(g["to_target"][k], p["to_target"][k]) if a is not None and b]
-                      for k in g["to_target"]},
+        "to_target": {
+            k: [a / b for a, b in zip(g["to_target"][k], p["to_target"][k]) if a is not None and b]
+            for k in g["to_target"]
+        },
         "cpu_per_rollout": [a / b for a, b in zip(g["cpu_per_rollout"], p["cpu_per_rollout"])],
         "final_difference": [a - b for a, b in zip(g["final"], p["final"])],
     }
@@ -77,33 +80,45 @@ def _ms(values: Sequence[float | None], scale: float = 1.0, digits: int = 0) -> 
 
 def markdown(spec: Any, runs: Sequence[Any], s: dict[str, Any]) -> str:
     """The report: the table of means, the ratios, then every run."""
-    lines = [f"# bench trl: GRPOTrainer against GatedGRPOTrainer ({spec.model})", "",
-             f"Seeds {', '.join(map(str, s['seeds']))}; {spec.prompts_per_step} prompts x {spec.group_size} completions a "
-             f"step; budget {spec.budget} rollouts a run; held-out accuracy every {spec.eval_every} rollouts on "
-             f"{spec.eval_prompts} prompts x {spec.eval_samples} samples; {spec.threads} torch thread(s); "
-             f"learning rate {spec.learning_rate} (constant).", "",
-             "| trainer | start | rollouts to start + 0.1 | rollouts to start + 0.2 | final accuracy | CPU-ms / rollout | steps |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# bench trl: GRPOTrainer against GatedGRPOTrainer ({spec.model})",
+        "",
+        f"Seeds {', '.join(map(str, s['seeds']))}; {spec.prompts_per_step} prompts x {spec.group_size} completions a "
+        f"step; budget {spec.budget} rollouts a run; held-out accuracy every {spec.eval_every} rollouts on "
+        f"{spec.eval_prompts} prompts x {spec.eval_samples} samples; {spec.threads} torch thread(s); "
+        f"learning rate {spec.learning_rate} (constant).",
+        "",
+        "| trainer | start | rollouts to start + 0.1 | rollouts to start + 0.2 | final accuracy | CPU-ms / rollout | steps |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for trainer in ("grpo", "gated"):
         t = s[trainer]
-        lines.append(f"| {trainer} | {_ms(t['start'], digits=3)} | {_ms(t['to_target']['0.1'])} | "
-                     f"{_ms(t['to_target']['0.2'])} | {_ms(t['final'], digits=3)} | {_ms(t['cpu_per_rollout'], 1000, 2)} | "
-                     f"{_ms(t['steps'])} |")
+        lines.append(
+            f"| {trainer} | {_ms(t['start'], digits=3)} | {_ms(t['to_target']['0.1'])} | "
+            f"{_ms(t['to_target']['0.2'])} | {_ms(t['final'], digits=3)} | {_ms(t['cpu_per_rollout'], 1000, 2)} | "
+            f"{_ms(t['steps'])} |"
+        )
     r = s["ratio"]
-    lines += ["", "Gated / GRPO, per seed: rollouts to start + 0.1 "
-              f"{_ms(r['to_target']['0.1'], digits=2)}, to start + 0.2 {_ms(r['to_target']['0.2'], digits=2)}; "
-              f"CPU-s per generated rollout {_ms(r['cpu_per_rollout'], digits=2)}; final accuracy difference "
-              f"{_ms(r['final_difference'], digits=3)}.", "",
-              "| trainer | seed | rollouts | steps | to + 0.1 | to + 0.2 | final (95% CI over prompts) | CPU-s | CPU-ms / rollout | skipped | abandoned |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Gated / GRPO, per seed: rollouts to start + 0.1 "
+        f"{_ms(r['to_target']['0.1'], digits=2)}, to start + 0.2 {_ms(r['to_target']['0.2'], digits=2)}; "
+        f"CPU-s per generated rollout {_ms(r['cpu_per_rollout'], digits=2)}; final accuracy difference "
+        f"{_ms(r['final_difference'], digits=3)}.",
+        "",
+        "| trainer | seed | rollouts | steps | to + 0.1 | to + 0.2 | final (95% CI over prompts) | CPU-s | CPU-ms / rollout | skipped | abandoned |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for run in sorted(runs, key=lambda r: (r.seed, r.trainer != "grpo")):
         start = next((x for x in runs if x.trainer == "grpo" and x.seed == run.seed), run).points[0].accuracy
         to = [run.rollouts_to(start + t) for t in TARGETS]
         last = run.points[-1]
-        lines.append(f"| {run.trainer} | {run.seed} | {run.rollouts} | {run.steps} | "
-                     + " | ".join("-" if x is None else f"{x:.0f}" for x in to)
-                     + f" | {last.accuracy:.3f} ± {last.ci95:.3f} | {run.cpu_s:.0f} | {1000 * run.cpu_per_rollout:.2f} | "
-                     f"{run.gate.get('railgate/prompts_skipped', 0):.0f} | {run.gate.get('railgate/groups_abandoned', 0):.0f} |")
+        lines.append(
+            f"| {run.trainer} | {run.seed} | {run.rollouts} | {run.steps} | "
+            + " | ".join("-" if x is None else f"{x:.0f}" for x in to)
+            + f" | {last.accuracy:.3f} ± {last.ci95:.3f} | {run.cpu_s:.0f} | {1000 * run.cpu_per_rollout:.2f} | "
+            f"{run.gate.get('railgate/prompts_skipped', 0):.0f} | {run.gate.get('railgate/groups_abandoned', 0):.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -117,9 +132,14 @@ def figure(spec: Any, runs: Sequence[Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     colours = {"grpo": "tab:grey", "gated": "tab:blue"}
     for run in runs:
-        ax.plot([p.rollouts for p in run.points], [p.accuracy for p in run.points], color=colours[run.trainer],
-                linestyle="-" if run.trainer == "gated" else "--", alpha=0.8,
-                label=f"{'GatedGRPOTrainer' if run.trainer == 'gated' else 'GRPOTrainer'} seed {run.seed}")
+        ax.plot(
+            [p.rollouts for p in run.points],
+            [p.accuracy for p in run.points],
+            color=colours[run.trainer],
+            linestyle="-" if run.trainer == "gated" else "--",
+            alpha=0.8,
+            label=f"{'GatedGRPOTrainer' if run.trainer == 'gated' else 'GRPOTrainer'} seed {run.seed}",
+        )
     ax.set_xlabel("rollouts generated")
     ax.set_ylabel("held-out accuracy")
     ax.set_title(f"bench trl ({spec.model}): {spec.prompts_per_step} prompts x {spec.group_size} a step", fontsize=9)

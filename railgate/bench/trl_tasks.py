@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
@@ -65,8 +66,15 @@ def arithmetic_task(cfg: Any, eval_prompts: int) -> TrlTask:
     def exact_answer(prompts, completions, answer, **kwargs):
         return [task.score(Prompt(0, "", (), answer=a), c) for c, a in zip(completions, answer)]
 
-    return TrlTask("arithmetic", rows(train), rows(held_out), exact_answer, cfg.orchestrator.max_tokens,
-                   reference_exact=True, reference_skip=0.8)
+    return TrlTask(
+        "arithmetic",
+        rows(train),
+        rows(held_out),
+        exact_answer,
+        cfg.orchestrator.max_tokens,
+        reference_exact=True,
+        reference_skip=0.8,
+    )
 
 
 NAMES = ("Ava", "Ben", "Chen", "Dara", "Eli", "Fatima", "Gus", "Hana", "Ivan", "Juno", "Kofi", "Lena")
@@ -97,8 +105,15 @@ def word_problems(n_train: int, n_eval: int, seed: int) -> TrlTask:
         seen.add(text)
         question = f"{text} Reply with only the final number."
         out.append({"prompt": [{"role": "user", "content": question}], "answer": str(answer), "reference": str(answer)})
-    return TrlTask("word", out[:n_train], out[n_train:], last_number_reward, max_completion_length=12,
-                   reference_exact=False, reference_skip=0.45)
+    return TrlTask(
+        "word",
+        out[:n_train],
+        out[n_train:],
+        last_number_reward,
+        max_completion_length=12,
+        reference_exact=False,
+        reference_skip=0.45,
+    )
 
 
 def last_number_reward(prompts: list, completions: list, answer: list, **kwargs: Any) -> list[float]:

@@ -46,22 +46,33 @@ COMMANDS: tuple[Command, ...] = (
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="railgate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    top = argparse.ArgumentParser(
+        prog="railgate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = top.add_subparsers(dest="command", metavar="COMMAND")
     for command in COMMANDS:
         command.register(sub)
     return top
 
 
-USER_ERRORS: frozenset[tuple[str, str]] = frozenset({
-    ("controller.rail.replay", "ReplayError"), ("pipeline.engines.base", "EngineError"),
-    ("pipeline.policy.models", "ModelDirError"), ("pipeline.policy.tokenizer", "TokenizerError"),
-    ("pipeline.store.arrowio", "SegmentFormatError"), ("pipeline.datafiles", "DatasetError"),
-    ("pipeline.envs.loading", "EnvLoadError"), ("pipeline.envs.render", "RenderError"),
-    ("pipeline.tasks.rewards.health", "RewardsFailing"), ("pipeline.protocols", "GateStalled"),
-    ("railgate.checkpoint", "CheckpointError"), ("railgate.import_model", "ModelImportError"),
-    ("railgate.rundir", "RunDirError"), ("railgate.runid", "RunIdError"),
-})
+USER_ERRORS: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("controller.rail.replay", "ReplayError"),
+        ("pipeline.engines.base", "EngineError"),
+        ("pipeline.policy.models", "ModelDirError"),
+        ("pipeline.policy.tokenizer", "TokenizerError"),
+        ("pipeline.store.arrowio", "SegmentFormatError"),
+        ("pipeline.datafiles", "DatasetError"),
+        ("pipeline.envs.loading", "EnvLoadError"),
+        ("pipeline.envs.render", "RenderError"),
+        ("pipeline.tasks.rewards.health", "RewardsFailing"),
+        ("pipeline.protocols", "GateStalled"),
+        ("railgate.checkpoint", "CheckpointError"),
+        ("railgate.import_model", "ModelImportError"),
+        ("railgate.rundir", "RunDirError"),
+        ("railgate.runid", "RunIdError"),
+    }
+)
 """Errors caused by input (files, directories, traces, datasets, reward functions): one clear
 line, exit 2. Named, not imported: matching an error must not import anything (torch, say,
 half-imported when a Ctrl-C landed in it)."""
@@ -86,8 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         return 141
 
 
-INTERRUPTED = ("interrupted: stopped at once; a run directory keeps its newest checkpoint (train --resume RUN_DIR "
-               "continues from it)")
+INTERRUPTED = (
+    "interrupted: stopped at once; a run directory keeps its newest checkpoint (train --resume RUN_DIR "
+    "continues from it)"
+)
 
 
 def _main(argv: list[str] | None) -> int:

@@ -6,8 +6,8 @@ the rest are parsed (``engine_passthrough``)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from configs import CONFIG_DIR, SCENARIO_DIR
 from railgate.cli.command import Command, config_options, no_progress, overrides
@@ -32,10 +32,12 @@ def _recover_options(parser: argparse.ArgumentParser) -> None:
     config_options(parser, CONFIG_DIR / "default.yaml")
     parser.add_argument("--prompts", type=int, default=400, help="held-out prompts (default: %(default)s)")
     parser.add_argument("--branches", type=int, default=4, help="continuations per cut point (default: %(default)s)")
-    parser.add_argument("--failed-per-prompt", type=int, default=2,
-                        help="failed responses branched per prompt (default: %(default)s)")
-    parser.add_argument("--out", type=Path, default=Path("runs/bench_recover"),
-                        help="output directory (base model cached there)")
+    parser.add_argument(
+        "--failed-per-prompt", type=int, default=2, help="failed responses branched per prompt (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("runs/bench_recover"), help="output directory (base model cached there)"
+    )
 
 
 def _recover(args: argparse.Namespace) -> int:
@@ -45,10 +47,18 @@ def _recover(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     if cfg.engine.kind == "sim":
-        raise ConfigError(f"bench recover needs a real model; {args.config} sets engine.kind=sim: use "
-                          "configs/default.yaml or set engine.kind=torch")
-    report = measure_recoverability(cfg, args.out, prompts=args.prompts, branches=args.branches,
-                                    failed_per_prompt=args.failed_per_prompt, progress=not args.no_progress)
+        raise ConfigError(
+            f"bench recover needs a real model; {args.config} sets engine.kind=sim: use "
+            "configs/default.yaml or set engine.kind=torch"
+        )
+    report = measure_recoverability(
+        cfg,
+        args.out,
+        prompts=args.prompts,
+        branches=args.branches,
+        failed_per_prompt=args.failed_per_prompt,
+        progress=not args.no_progress,
+    )
     print(render(report))
     print(f"wrote {args.out / 'recover.md'} and {args.out / 'recover.json'}")
     return 0
@@ -57,16 +67,30 @@ def _recover(args: argparse.Namespace) -> int:
 def _allocation_options(name: str) -> Callable[[argparse.ArgumentParser], None]:
     def configure(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--config", type=Path, default=CONFIG_DIR / "bench_allocation.yaml", help="base config")
-        parser.add_argument("--scenarios", default="balanced",
-                            help="sim: comma-separated names from configs/scenarios/, or 'all' (default: %(default)s)")
-        parser.add_argument("--policies", default="all",
-                            help="comma-separated names from railgate/bench/policies.py, or 'all'")
-        parser.add_argument("--models", default="effective,normalised", help="sim training models (default: %(default)s)")
+        parser.add_argument(
+            "--scenarios",
+            default="balanced",
+            help="sim: comma-separated names from configs/scenarios/, or 'all' (default: %(default)s)",
+        )
+        parser.add_argument(
+            "--policies", default="all", help="comma-separated names from railgate/bench/policies.py, or 'all'"
+        )
+        parser.add_argument(
+            "--models", default="effective,normalised", help="sim training models (default: %(default)s)"
+        )
         parser.add_argument("--seeds", type=int, default=5 if name == "allocation" else 3)
-        parser.add_argument("--first-seed", type=int, default=0,
-                            help="seeds run from this one (default: %(default)s); add seeds to an earlier benchmark")
-        parser.add_argument("--budget", type=int, default=None,
-                            help="rollouts per run, equal for every policy (default: 16384 sim, 20480 real model)")
+        parser.add_argument(
+            "--first-seed",
+            type=int,
+            default=0,
+            help="seeds run from this one (default: %(default)s); add seeds to an earlier benchmark",
+        )
+        parser.add_argument(
+            "--budget",
+            type=int,
+            default=None,
+            help="rollouts per run, equal for every policy (default: 16384 sim, 20480 real model)",
+        )
         parser.add_argument("--target-gain", type=float, default=0.08, help="target = start accuracy + this")
         parser.add_argument("--workers", type=int, default=2, help="parallel runs")
         parser.add_argument("--out", type=Path, default=Path(f"runs/bench_{name}"))
@@ -81,8 +105,9 @@ def _allocation(args: argparse.Namespace) -> int:
     from railgate.bench.allocation import is_sim_config, run_allocation_bench
 
     sim = is_sim_config(args.config)
-    scenarios = (sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))
-                 if args.scenarios == "all" else args.scenarios.split(","))
+    scenarios = (
+        sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml")) if args.scenarios == "all" else args.scenarios.split(",")
+    )
     every = named.RAIL if args.bench == "rail" else (named.SIM_ALLOCATION if sim else named.MODEL_ALLOCATION)
     policies = list(every) if args.policies == "all" else args.policies.split(",")
     budget = args.budget if args.budget is not None else (16384 if sim else 20480)
@@ -91,10 +116,21 @@ def _allocation(args: argparse.Namespace) -> int:
     if args.first_seed < 0:
         raise ConfigError(f"--first-seed={args.first_seed} must be >= 0")
     title = "RAIL benchmark" if args.bench == "rail" else "Allocation benchmark"
-    run_allocation_bench(args.config, args.out, scenarios if sim else [""], policies, args.seeds, budget,
-                         args.target_gain, args.models.split(",") if sim else [""], workers=args.workers,
-                         title=title, extra=tuple(args.overrides), first_seed=args.first_seed,
-                         progress=not args.no_progress)
+    run_allocation_bench(
+        args.config,
+        args.out,
+        scenarios if sim else [""],
+        policies,
+        args.seeds,
+        budget,
+        args.target_gain,
+        args.models.split(",") if sim else [""],
+        workers=args.workers,
+        title=title,
+        extra=tuple(args.overrides),
+        first_seed=args.first_seed,
+        progress=not args.no_progress,
+    )
     return 0
 
 
@@ -102,22 +138,42 @@ def _trl_options(parser: argparse.ArgumentParser) -> None:
     from railgate.bench.trl import TrlBenchSpec
 
     d = TrlBenchSpec()
-    parser.add_argument("--model", choices=("cpu", "smollm"), default=d.model,
-                        help="cpu: the project's CPU model on arithmetic; smollm: SmolLM2-135M-Instruct on word problems")
-    parser.add_argument("--seeds", type=int, default=d.seeds, help="seeds, each running both trainers (default: %(default)s)")
+    parser.add_argument(
+        "--model",
+        choices=("cpu", "smollm"),
+        default=d.model,
+        help="cpu: the project's CPU model on arithmetic; smollm: SmolLM2-135M-Instruct on word problems",
+    )
+    parser.add_argument(
+        "--seeds", type=int, default=d.seeds, help="seeds, each running both trainers (default: %(default)s)"
+    )
     parser.add_argument("--first-seed", type=int, default=d.first_seed, help="the first seed (default: %(default)s)")
-    parser.add_argument("--budget", type=int, default=d.budget, help="rollouts each run generates (default: %(default)s)")
+    parser.add_argument(
+        "--budget", type=int, default=d.budget, help="rollouts each run generates (default: %(default)s)"
+    )
     parser.add_argument("--prompts-per-step", type=int, default=d.prompts_per_step, help="default: %(default)s")
     parser.add_argument("--group-size", type=int, default=d.group_size, help="num_generations (default: %(default)s)")
     parser.add_argument("--probe-size", type=int, default=d.probe_size, help="gate_probe_size (default: %(default)s)")
-    parser.add_argument("--eval-every", type=int, default=d.eval_every, help="rollouts between evaluations (default: %(default)s)")
-    parser.add_argument("--eval-prompts", type=int, default=d.eval_prompts, help="held-out prompts (default: %(default)s)")
-    parser.add_argument("--eval-samples", type=int, default=d.eval_samples, help="samples per held-out prompt (default: %(default)s)")
+    parser.add_argument(
+        "--eval-every", type=int, default=d.eval_every, help="rollouts between evaluations (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--eval-prompts", type=int, default=d.eval_prompts, help="held-out prompts (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--eval-samples", type=int, default=d.eval_samples, help="samples per held-out prompt (default: %(default)s)"
+    )
     parser.add_argument("--learning-rate", type=float, default=d.learning_rate, help="default: %(default)s")
     parser.add_argument("--threads", type=int, default=d.threads, help="torch threads (default: %(default)s)")
-    parser.add_argument("--train-prompts", type=int, default=d.train_prompts, help="smollm: word problems (default: %(default)s)")
-    parser.add_argument("--model-dir", default=d.model_dir, help="smollm: a SmolLM2-135M-Instruct directory (default: import it)")
-    parser.add_argument("--out", type=Path, default=Path("runs/bench_trl"), help="output directory (default: %(default)s)")
+    parser.add_argument(
+        "--train-prompts", type=int, default=d.train_prompts, help="smollm: word problems (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--model-dir", default=d.model_dir, help="smollm: a SmolLM2-135M-Instruct directory (default: import it)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("runs/bench_trl"), help="output directory (default: %(default)s)"
+    )
     no_progress(parser)
 
 
@@ -125,14 +181,33 @@ def _trl(args: argparse.Namespace) -> int:
     from pipeline.config.build import ConfigError
     from railgate.bench.trl import TrlBenchSpec, run_trl_bench
 
-    numbers = {k: getattr(args, k) for k in ("seeds", "budget", "prompts_per_step", "group_size", "probe_size", "eval_every",
-                                              "eval_prompts", "eval_samples", "threads")}
+    numbers = {
+        k: getattr(args, k)
+        for k in (
+            "seeds",
+            "budget",
+            "prompts_per_step",
+            "group_size",
+            "probe_size",
+            "eval_every",
+            "eval_prompts",
+            "eval_samples",
+            "threads",
+        )
+    }
     bad = {k: v for k, v in numbers.items() if v < (2 if k == "group_size" else 1)}
     if bad:
-        raise ConfigError(", ".join(f"--{k.replace('_', '-')}={v}" for k, v in bad.items()) + " must be >= 1 "
-                          "(--group-size >= 2)")
-    spec = TrlBenchSpec(model=args.model, first_seed=args.first_seed, learning_rate=args.learning_rate,
-                        train_prompts=args.train_prompts, model_dir=args.model_dir, **numbers)
+        raise ConfigError(
+            ", ".join(f"--{k.replace('_', '-')}={v}" for k, v in bad.items()) + " must be >= 1 (--group-size >= 2)"
+        )
+    spec = TrlBenchSpec(
+        model=args.model,
+        first_seed=args.first_seed,
+        learning_rate=args.learning_rate,
+        train_prompts=args.train_prompts,
+        model_dir=args.model_dir,
+        **numbers,
+    )
     report = run_trl_bench(spec, args.out, progress=not args.no_progress)
     print((args.out / args.model / "trl.md").read_text())
     return 0 if report["summary"]["seeds"] else 1
@@ -143,18 +218,40 @@ def _engine_placeholder(args: argparse.Namespace) -> int:  # reached only throug
 
 
 BENCHES: tuple[Command, ...] = (
-    Command("overhead", "pipeline vs raw engine throughput; hook latency; long-run memory", _overhead_options, _overhead),
-    Command("allocation", "every allocation policy side by side (sim; a real model with "
-            "--config configs/bench_allocation_torch.yaml)", _allocation_options("allocation"), _allocation),
-    Command("rail", "SARA alone, with the ARPO heuristic, with RAIL (live, shadow-to-live); GRPO and the oracle",
-            _allocation_options("rail"), _allocation),
-    Command("recover", "success of branches from failed responses' prefixes vs fresh samples (a fixed warm-started "
-            "base model)", _recover_options, _recover),
-    Command("trl", "TRL's GRPOTrainer against GatedGRPOTrainer on the same model, data, reward and budget "
-            "(needs the trl extra)", _trl_options, _trl),
-    Command("engine", "the torch engine's tokens/s against transformers generate and continuous batching, same run "
-            "(options: python run.py bench engine --help); 'bench engine vllm|ray' for those engines",
-            lambda parser: None, _engine_placeholder),
+    Command(
+        "overhead", "pipeline vs raw engine throughput; hook latency; long-run memory", _overhead_options, _overhead
+    ),
+    Command(
+        "allocation",
+        "every allocation policy side by side (sim; a real model with --config configs/bench_allocation_torch.yaml)",
+        _allocation_options("allocation"),
+        _allocation,
+    ),
+    Command(
+        "rail",
+        "SARA alone, with the ARPO heuristic, with RAIL (live, shadow-to-live); GRPO and the oracle",
+        _allocation_options("rail"),
+        _allocation,
+    ),
+    Command(
+        "recover",
+        "success of branches from failed responses' prefixes vs fresh samples (a fixed warm-started base model)",
+        _recover_options,
+        _recover,
+    ),
+    Command(
+        "trl",
+        "TRL's GRPOTrainer against GatedGRPOTrainer on the same model, data, reward and budget (needs the trl extra)",
+        _trl_options,
+        _trl,
+    ),
+    Command(
+        "engine",
+        "the torch engine's tokens/s against transformers generate and continuous batching, same run "
+        "(options: python run.py bench engine --help); 'bench engine vllm|ray' for those engines",
+        lambda parser: None,
+        _engine_placeholder,
+    ),
 )
 
 

@@ -17,9 +17,9 @@ hello world
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -39,8 +39,12 @@ class Command:
 
     def register(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         """Add the command's parser; every command that has no subcommands takes ``--no-progress``."""
-        parser = subparsers.add_parser(self.name, help=self.help, description=self.description or self.help,
-                                       formatter_class=argparse.RawDescriptionHelpFormatter)
+        parser = subparsers.add_parser(
+            self.name,
+            help=self.help,
+            description=self.description or self.help,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         self.configure(parser)
         if parser._subparsers is None and not any(a.dest == "no_progress" for a in parser._actions):
             no_progress(parser)
@@ -57,13 +61,20 @@ def config_options(parser: argparse.ArgumentParser, default_config: Path | None,
 
 
 def overrides(parser: argparse.ArgumentParser, help_text: str | None = None) -> None:
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help=help_text or "override one config value, e.g. --set orchestrator.steps=20 (repeatable)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=help_text or "override one config value, e.g. --set orchestrator.steps=20 (repeatable)",
+    )
 
 
 def no_progress(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--no-progress", action="store_true",
-                        help="print no progress bar (railgate's or any library's)")
+    parser.add_argument(
+        "--no-progress", action="store_true", help="print no progress bar (railgate's or any library's)"
+    )
 
 
 def progress_flag(args: argparse.Namespace) -> bool | None:

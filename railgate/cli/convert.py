@@ -10,8 +10,11 @@ from railgate.cli.command import Command
 
 def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", type=Path, metavar="RUN_DIR", help="run directory (or one step-NNNNNN.pt file)")
-    parser.add_argument("--trust-pickle", action="store_true",
-                        help="read the pickled files, which runs any code they hold: only for files whose origin you trust")
+    parser.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="read the pickled files, which runs any code they hold: only for files whose origin you trust",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -31,5 +34,10 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMAND = Command("convert-checkpoint", "rewrite a run's pickled checkpoints (older releases) as data; reading them "
-                  "runs code they hold, so only for runs whose origin you trust", _configure, _run)
+COMMAND = Command(
+    "convert-checkpoint",
+    "rewrite a run's pickled checkpoints (older releases) as data; reading them "
+    "runs code they hold, so only for runs whose origin you trust",
+    _configure,
+    _run,
+)

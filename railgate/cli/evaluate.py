@@ -24,13 +24,23 @@ difference_hi, prompts (prompts both scored), samples (samples per prompt).
 
 def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("policy", type=Path, metavar="A", help="a run directory or a model directory")
-    parser.add_argument("--against", type=Path, default=None, metavar="B",
-                        help="compare with B (a run or model directory) on the same prompts and random draws")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        metavar="B",
+        help="compare with B (a run or model directory) on the same prompts and random draws",
+    )
     parser.add_argument("--base", action="store_true", help="A is a run directory: evaluate its base policy")
-    parser.add_argument("--samples", type=int, default=None,
-                        help="samples per prompt (k of pass@k); default: data.eval_samples")
-    parser.add_argument("--config", type=Path, default=None,
-                        help="settings when neither A nor B is a run directory (default: configs/default.yaml)")
+    parser.add_argument(
+        "--samples", type=int, default=None, help="samples per prompt (k of pass@k); default: data.eval_samples"
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="settings when neither A nor B is a run directory (default: configs/default.yaml)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     overrides(parser)
 
@@ -43,5 +53,10 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMAND = Command("eval", "held-out accuracy of a run or model directory; --against B: the paired difference",
-                  _configure, _run, description=DESCRIPTION)
+COMMAND = Command(
+    "eval",
+    "held-out accuracy of a run or model directory; --against B: the paired difference",
+    _configure,
+    _run,
+    description=DESCRIPTION,
+)

@@ -11,10 +11,18 @@ from railgate.cli.command import Command, overrides
 def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="where the export goes")
-    parser.add_argument("--step", type=int, default=None, metavar="N",
-                        help="the policy after learner step N (a kept checkpoint; 0: the base policy); default: the newest")
-    parser.add_argument("--force", action="store_true",
-                        help="replace an earlier export in DIR (model/, buffer.parquet, trace.parquet, export.json)")
+    parser.add_argument(
+        "--step",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the policy after learner step N (a kept checkpoint; 0: the base policy); default: the newest",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an earlier export in DIR (model/, buffer.parquet, trace.parquet, export.json)",
+    )
     overrides(parser, "override the run's config.yaml, e.g. --set model.path=DIR when the base model moved")
 
 
@@ -29,8 +37,11 @@ def _run(args: argparse.Namespace) -> int:
     report = export_run(cfg, args.run_dir, args.out, step=args.step, force=args.force)
     for name, size in report.files.items():
         print(f"{size / 2**20:10.2f} MiB  {report.out / name}")
-    print(f"exported {args.run_dir} (policy after learner step {report.step}) to {report.out}"
-          if report.step is not None else f"exported {args.run_dir} (a simulator run: no model) to {report.out}")
+    print(
+        f"exported {args.run_dir} (policy after learner step {report.step}) to {report.out}"
+        if report.step is not None
+        else f"exported {args.run_dir} (a simulator run: no model) to {report.out}"
+    )
     return 0
 
 

@@ -9,11 +9,19 @@ from railgate.cli.command import Command, config_options
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("traces", type=Path, nargs="+", metavar="TRACE", help="trace directories (RUN_DIR/trace) or files")
+    parser.add_argument(
+        "traces", type=Path, nargs="+", metavar="TRACE", help="trace directories (RUN_DIR/trace) or files"
+    )
     config_options(parser, None)
     parser.add_argument("--run-id", default=None, help="which run of a trace holding several")
-    parser.add_argument("--run-dir", "--out", dest="out", type=Path, default=Path("runs/replay"),
-                        help="where the report goes, like the other commands' --run-dir (--out: the same)")
+    parser.add_argument(
+        "--run-dir",
+        "--out",
+        dest="out",
+        type=Path,
+        default=Path("runs/replay"),
+        help="where the report goes, like the other commands' --run-dir (--out: the same)",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:

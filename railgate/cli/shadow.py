@@ -24,4 +24,6 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMAND = Command("shadow", "train with RAIL in shadow mode; report the estimated value of promoting it", _configure, _run)
+COMMAND = Command(
+    "shadow", "train with RAIL in shadow mode; report the estimated value of promoting it", _configure, _run
+)

@@ -13,8 +13,12 @@ from railgate.cli.command import Command, config_options, progress_flag
 def _configure(parser: argparse.ArgumentParser) -> None:
     config_options(parser, DEFAULT_CONFIG)
     parser.add_argument("--run-dir", type=Path, help="run directory (overrides run_dir)")
-    parser.add_argument("--resume", type=Path, metavar="RUN_DIR",
-                        help="continue RUN_DIR from its newest checkpoint (its config.yaml, plus any --set)")
+    parser.add_argument(
+        "--resume",
+        type=Path,
+        metavar="RUN_DIR",
+        help="continue RUN_DIR from its newest checkpoint (its config.yaml, plus any --set)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="delete the run already in the run directory first")
 
 
@@ -36,8 +40,11 @@ def _run(args: argparse.Namespace) -> int:
     result = train(cfg, progress=progress_flag(args), resume=args.resume is not None, overwrite=args.overwrite)
     if result.summary.stop_reason == "interrupted":  # Ctrl-C (railgate.interrupt)
         saved = "checkpoint written" if cfg.log.checkpoint_every else "no checkpoint (log.checkpoint_every=0)"
-        print(f"interrupted after step {result.summary.steps}: {saved}, trace and buffer flushed; continue with: "
-              f"railgate train --resume {result.run_dir}", file=sys.stderr)
+        print(
+            f"interrupted after step {result.summary.steps}: {saved}, trace and buffer flushed; continue with: "
+            f"railgate train --resume {result.run_dir}",
+            file=sys.stderr,
+        )
         return 130
     print((result.run_dir / "report.md").read_text())
     print(f"run directory: {result.run_dir}")

@@ -10,8 +10,13 @@ from railgate.cli.command import Command, config_options, progress_flag
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, required=True, metavar="DIR",
-                        help="the model directory to write (must not exist, or be empty)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="the model directory to write (must not exist, or be empty)",
+    )
     config_options(parser, DEFAULT_CONFIG)
 
 
@@ -21,12 +26,15 @@ def _run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     held_out = warm_start_to(cfg, args.out, progress=progress_flag(args) is not False)
-    print(f"held-out accuracy: {held_out['accuracy']:.3f} (95% {held_out['accuracy_lo']:.3f} to "
-          f"{held_out['accuracy_hi']:.3f}) over {held_out['prompts']} prompts x {held_out['samples']} samples, seed "
-          f"{held_out['seed']}")
+    print(
+        f"held-out accuracy: {held_out['accuracy']:.3f} (95% {held_out['accuracy_lo']:.3f} to "
+        f"{held_out['accuracy_hi']:.3f}) over {held_out['prompts']} prompts x {held_out['samples']} samples, seed "
+        f"{held_out['seed']}"
+    )
     print(f"written: {args.out} (train from it with --set model.path={args.out})")
     return 0
 
 
-COMMAND = Command("warm-start", "the warm-started base model as a Hugging Face directory (model.path=DIR loads it)",
-                  _configure, _run)
+COMMAND = Command(
+    "warm-start", "the warm-started base model as a Hugging Face directory (model.path=DIR loads it)", _configure, _run
+)

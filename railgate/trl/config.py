@@ -31,12 +31,18 @@ GATE_KINDS = ("sara", "hora", "ds", "uniform")
 (every group committed whole: plain GRPO through the gated trainer)."""
 
 _RAILGATE_KEYS = {
-    "gate.sara.probe_size": "gate_probe_size", "gate.hora.probe_size": "gate_probe_size",
-    "gate.sara.tau_commit": "gate_tau_commit", "gate.sara.tau_abandon": "gate_tau_abandon",
-    "gate.sara.reference_skip": "gate_reference_skip", "gate.sara.reference_strength": "gate_reference_strength",
-    "gate.sara.reference_ahead": "gate_reference_ahead", "gate.hora.budget": "gate_hora_budget",
-    "gate.ds.oversample": "gate_ds_oversample", "gate.ds.max_rounds": "gate_ds_max_rounds",
-    "orchestrator.group_size": "num_generations", "orchestrator.batch_groups": "prompts per step",
+    "gate.sara.probe_size": "gate_probe_size",
+    "gate.hora.probe_size": "gate_probe_size",
+    "gate.sara.tau_commit": "gate_tau_commit",
+    "gate.sara.tau_abandon": "gate_tau_abandon",
+    "gate.sara.reference_skip": "gate_reference_skip",
+    "gate.sara.reference_strength": "gate_reference_strength",
+    "gate.sara.reference_ahead": "gate_reference_ahead",
+    "gate.hora.budget": "gate_hora_budget",
+    "gate.ds.oversample": "gate_ds_oversample",
+    "gate.ds.max_rounds": "gate_ds_max_rounds",
+    "orchestrator.group_size": "num_generations",
+    "orchestrator.batch_groups": "prompts per step",
 }
 """railgate's config keys as the ``GatedGRPOConfig`` fields that set them (for error messages)."""
 
@@ -108,18 +114,24 @@ class GatedGRPOConfig(GRPOConfig):
         if self.gate_kind not in GATE_KINDS:
             raise ValueError(f"gate_kind={self.gate_kind!r} is not one of {', '.join(GATE_KINDS)}; pick one of them")
         if self.gate_kind in ("sara", "hora") and self.gate_probe_size >= self.num_generations:
-            raise ValueError(f"gate_probe_size={self.gate_probe_size} is not below num_generations={self.num_generations}: "
-                             "the gate could never stop a group before it is full; lower gate_probe_size or raise "
-                             "num_generations")
+            raise ValueError(
+                f"gate_probe_size={self.gate_probe_size} is not below num_generations={self.num_generations}: "
+                "the gate could never stop a group before it is full; lower gate_probe_size or raise "
+                "num_generations"
+            )
         if self.gate_step_rollouts < 1:
-            raise ValueError(f"gate_step_rollouts={self.gate_step_rollouts} must be >= 1 (a step may always generate "
-                             "one full group per prompt); raise it")
+            raise ValueError(
+                f"gate_step_rollouts={self.gate_step_rollouts} must be >= 1 (a step may always generate "
+                "one full group per prompt); raise it"
+            )
         if self.gate_max_rollouts < 0:
             raise ValueError(f"gate_max_rollouts={self.gate_max_rollouts} must be >= 0 (0: no limit)")
         if self.uses_reference and (self.temperature != 1.0 or self.top_p != 1.0):
-            raise ValueError(f"gate_reference_prior=True reads a prompt's odds from the policy's own probabilities, which "
-                             f"are the sampling probabilities only at temperature 1 and top_p 1, not temperature="
-                             f"{self.temperature} and top_p={self.top_p}; sample at 1 and 1 or set gate_reference_prior=False")
+            raise ValueError(
+                f"gate_reference_prior=True reads a prompt's odds from the policy's own probabilities, which "
+                f"are the sampling probabilities only at temperature 1 and top_p 1, not temperature="
+                f"{self.temperature} and top_p={self.top_p}; sample at 1 and 1 or set gate_reference_prior=False"
+            )
         self.gate_config()  # the rules of railgate's own configs, with these fields' names
 
     @property
@@ -138,13 +150,21 @@ class GatedGRPOConfig(GRPOConfig):
         b, g, k = self.prompts_per_step, self.num_generations, self.gate_probe_size
         use_reference = self.uses_reference if reference_prior is None else reference_prior
         sections = {
-            "sara": lambda: {"sara": SaraConfig(
-                probe_size=k, tau_commit=self.gate_tau_commit, tau_abandon=self.gate_tau_abandon,
-                reference_prior=use_reference, reference_skip=self.gate_reference_skip,
-                reference_strength=self.gate_reference_strength, reference_ahead=self.gate_reference_ahead,
-                whole_when_certain=True)},  # a batched generator: one call for a group its prior settles
-            "hora": lambda: {"hora": HoraConfig(probe_size=k, budget=self.gate_hora_budget or b * (k + g) // 2,
-                                                max_group_size=g)},
+            "sara": lambda: {
+                "sara": SaraConfig(
+                    probe_size=k,
+                    tau_commit=self.gate_tau_commit,
+                    tau_abandon=self.gate_tau_abandon,
+                    reference_prior=use_reference,
+                    reference_skip=self.gate_reference_skip,
+                    reference_strength=self.gate_reference_strength,
+                    reference_ahead=self.gate_reference_ahead,
+                    whole_when_certain=True,
+                )
+            },  # a batched generator: one call for a group its prior settles
+            "hora": lambda: {
+                "hora": HoraConfig(probe_size=k, budget=self.gate_hora_budget or b * (k + g) // 2, max_group_size=g)
+            },
             "ds": lambda: {"ds": DsConfig(oversample=self.gate_ds_oversample, max_rounds=self.gate_ds_max_rounds)},
             "uniform": dict,
         }

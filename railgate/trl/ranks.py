@@ -18,8 +18,9 @@ runs on each rank, makes the same decisions (``digest`` checks that they did).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from accelerate.utils import gather_object
 
@@ -35,7 +36,7 @@ class Split:
     fillers: int
 
     @classmethod
-    def of(cls, runs: int, run_length: int, processes: int) -> "Split":
+    def of(cls, runs: int, run_length: int, processes: int) -> Split:
         extra = 0
         while ((runs + extra) * run_length) % processes:
             extra += 1

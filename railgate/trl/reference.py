@@ -19,8 +19,9 @@ prior says will not be mixed. In a TRL run the reference is a dataset column
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 from trl.trainer.utils import pad
@@ -48,8 +49,10 @@ def reference_column(setting: str, columns: Sequence[str]) -> str | None:
     """
     if setting != "auto":
         if setting not in columns:
-            raise ValueError(f"gate_reference_column={setting!r} is not a column of the train dataset ({', '.join(columns)}); "
-                             "name the column holding each prompt's reference completion, or set gate_reference_prior=False")
+            raise ValueError(
+                f"gate_reference_column={setting!r} is not a column of the train dataset ({', '.join(columns)}); "
+                "name the column holding each prompt's reference completion, or set gate_reference_prior=False"
+            )
         return setting
     return next((c for c in REFERENCE_COLUMNS if c in columns), None)
 
@@ -62,7 +65,9 @@ class ReferenceScorer:
         self.column = column
         dataset = trainer.train_dataset
         texts = {i: str(v) for i, v in enumerate(dataset[column]) if v is not None and str(v).strip()}
-        ids = trainer.processing_class(text=list(texts.values()), add_special_tokens=False)["input_ids"] if texts else []
+        ids = (
+            trainer.processing_class(text=list(texts.values()), add_special_tokens=False)["input_ids"] if texts else []
+        )
         eos = trainer.eos_token_ids[0]
         self.texts = texts
         self.references = {i: tuple(t) + (eos,) for i, t in zip(texts, ids)}
@@ -90,14 +95,19 @@ class ReferenceScorer:
         ids = [p.prompt_id for p in prompts]
         everyone = padded(ids, acc.num_processes)
         share = len(everyone) // acc.num_processes
-        mine = everyone[acc.process_index * share:(acc.process_index + 1) * share]
+        mine = everyone[acc.process_index * share : (acc.process_index + 1) * share]
         inputs = [dict(trainer.train_dataset[i]) for i in mine]
         prompt_texts = [x["prompt"] for x in inputs]
         conversational = isinstance(prompt_texts[0], list)
-        completions = [[{"role": "assistant", "content": self.texts[i]}] if conversational else self.texts[i] for i in mine]
+        completions = [
+            [{"role": "assistant", "content": self.texts[i]}] if conversational else self.texts[i] for i in mine
+        ]
         with _quiet(trainer):
-            rewards = trainer._calculate_rewards(inputs, prompt_texts, completions,
-                                                 [list(self.references[i]) for i in mine]).cpu().tolist()
+            rewards = (
+                trainer._calculate_rewards(inputs, prompt_texts, completions, [list(self.references[i]) for i in mine])
+                .cpu()
+                .tolist()
+            )
         weights = [float(w) for w in trainer.reward_weights]
         threshold = trainer.args.gate_success_threshold
         for pid, r in zip(ids, rewards):
@@ -106,10 +116,14 @@ class ReferenceScorer:
                 self.screen.references.pop(pid, None)
                 self.dropped += 1
         if self.dropped and self.dropped == len(self.checked):
-            logger.warning("none of the %d references of column %r checked so far earns the reward (above "
-                           "gate_success_threshold=%s); the reference prior has nothing to score. Point "
-                           "gate_reference_column at completions the reward accepts.", self.dropped, self.column,
-                           threshold)
+            logger.warning(
+                "none of the %d references of column %r checked so far earns the reward (above "
+                "gate_success_threshold=%s); the reference prior has nothing to score. Point "
+                "gate_reference_column at completions the reward accepts.",
+                self.dropped,
+                self.column,
+                threshold,
+            )
 
     def _score(self, prompts: Sequence[Prompt]) -> tuple[dict[int, float], int]:
         """The policy's summed log-probability of each prompt's reference, and the tokens scored."""
@@ -118,13 +132,17 @@ class ReferenceScorer:
         ids = [p.prompt_id for p in prompts]
         everyone = padded(ids, acc.num_processes)
         share = len(everyone) // acc.num_processes
-        mine = everyone[acc.process_index * share:(acc.process_index + 1) * share]
+        mine = everyone[acc.process_index * share : (acc.process_index + 1) * share]
         prompt_ids, _, _ = trainer._tokenize_prompts([trainer.train_dataset[i]["prompt"] for i in mine])
         refs = [self.references[i] for i in mine]
         device = acc.device
-        prompt_t = pad([torch.tensor(p) for p in prompt_ids], padding_value=trainer._tokenizer.pad_token_id, padding_side="left")
+        prompt_t = pad(
+            [torch.tensor(p) for p in prompt_ids], padding_value=trainer._tokenizer.pad_token_id, padding_side="left"
+        )
         prompt_m = pad([torch.ones(len(p), dtype=torch.long) for p in prompt_ids], padding_value=0, padding_side="left")
-        ref_t = pad([torch.tensor(r) for r in refs], padding_value=trainer._tokenizer.pad_token_id, padding_side="right")
+        ref_t = pad(
+            [torch.tensor(r) for r in refs], padding_value=trainer._tokenizer.pad_token_id, padding_side="right"
+        )
         ref_m = pad([torch.ones(len(r), dtype=torch.long) for r in refs], padding_value=0, padding_side="right")
         input_ids = torch.cat([prompt_t, ref_t], dim=1).to(device)
         mask = torch.cat([prompt_m, ref_m], dim=1).to(device)
@@ -134,7 +152,8 @@ class ReferenceScorer:
         try:
             with torch.no_grad():
                 logps, _, _ = trainer._get_per_token_logps_and_entropies(
-                    model, input_ids, mask, ref_t.size(1), batch_size=trainer.args.per_device_train_batch_size)
+                    model, input_ids, mask, ref_t.size(1), batch_size=trainer.args.per_device_train_batch_size
+                )
         finally:
             model.train(training)
         sums = (logps.float().cpu() * ref_m).sum(dim=1).tolist()

@@ -20,8 +20,9 @@ standard deviation and gives advantage 0 -- and, when a step could not fill ever
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 NO_REWARD = math.nan
 
@@ -41,23 +42,39 @@ class Row:
     is_pad: bool = False
     extras: tuple[tuple[str, Any], ...] = ()  # what the reward functions logged for it (``log_extra``)
 
-    def as_pad(self, pad_token: int, blank: Any) -> "Row":
+    def as_pad(self, pad_token: int, blank: Any) -> Row:
         """A pad row of this row's prompt: one token, no reward, never generated."""
         logprobs = None if self.logprobs is None else (0.0,)
-        return replace(self, completion_ids=(pad_token,), completion=blank, logprobs=logprobs,
-                       rewards=(NO_REWARD,) * len(self.rewards), is_pad=True, extras=())
+        return replace(
+            self,
+            completion_ids=(pad_token,),
+            completion=blank,
+            logprobs=logprobs,
+            rewards=(NO_REWARD,) * len(self.rewards),
+            is_pad=True,
+            extras=(),
+        )
 
 
-def layout(groups: Sequence[Sequence[str]], rows: Mapping[str, Row], group_size: int, prompts: int,
-           pad_token: int, blank: Any, filler: Row | None = None) -> list[Row]:
+def layout(
+    groups: Sequence[Sequence[str]],
+    rows: Mapping[str, Row],
+    group_size: int,
+    prompts: int,
+    pad_token: int,
+    blank: Any,
+    filler: Row | None = None,
+) -> list[Row]:
     """The step's ``prompts x group_size`` rows: ``groups`` (each a committed group's request ids in
     sample order) padded to ``group_size``, then whole pad groups of ``filler`` (any row of a
     prompt, for the pad groups of a short step); see the module docstring."""
     out: list[Row] = []
     for ids in groups:
         if len(ids) > group_size:
-            raise ValueError(f"a committed group holds {len(ids)} completions, more than num_generations={group_size} "
-                             "slots; the gate must not grow a group past num_generations")
+            raise ValueError(
+                f"a committed group holds {len(ids)} completions, more than num_generations={group_size} "
+                "slots; the gate must not grow a group past num_generations"
+            )
         members = [rows[i] for i in ids]
         out += members + [members[0].as_pad(pad_token, blank)] * (group_size - len(members))
     missing = prompts - len(groups)
@@ -76,7 +93,7 @@ def local_share(rows: Sequence[Row], rank: int, processes: int) -> list[Row]:
     share, rest = divmod(len(rows), processes)
     if rest:
         raise ValueError(f"{len(rows)} rows do not split into {processes} equal shares")
-    return list(rows[rank * share:(rank + 1) * share])
+    return list(rows[rank * share : (rank + 1) * share])
 
 
 def scalar_reward(rewards: Sequence[float], weights: Sequence[float]) -> float:

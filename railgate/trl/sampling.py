@@ -21,8 +21,9 @@ two requests against a fake server).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from pipeline.rounds import Generated
 from pipeline.types import FinishReason, SampleRequest
@@ -67,9 +68,12 @@ class TrlSampler:
         before = {k: len(v) for k, v in pending.items()}
         rewards = trainer._calculate_rewards(inputs, prompts, completions, completion_ids).cpu().tolist()
         extras = _take_extras(pending, before, len(mine))
-        local = [(tuple(p), tuple(c), comp, None if logprobs is None else tuple(lp), extra)
-                 for p, c, comp, lp, extra in zip(prompt_ids, completion_ids, completions, logprobs or [None] * len(mine),
-                                                  extras)]
+        local = [
+            (tuple(p), tuple(c), comp, None if logprobs is None else tuple(lp), extra)
+            for p, c, comp, lp, extra in zip(
+                prompt_ids, completion_ids, completions, logprobs or [None] * len(mine), extras
+            )
+        ]
         everything = gather_all(local)
         self.calls += 1
         out = {}
@@ -81,12 +85,15 @@ class TrlSampler:
             row = Row(request.prompt.prompt_id, p, c, comp, lp, tuple(float(x) for x in rewards[i]), extras=extra)
             self.rows[request.request_id] = row
             truncated = bool(c) and c[-1] not in self._stops
-            out[request.request_id] = Generated(token_ids=c, reward=scalar_reward(row.rewards, self._weights),
-                                                finish_reason=FinishReason.LENGTH if truncated else FinishReason.STOP)
+            out[request.request_id] = Generated(
+                token_ids=c,
+                reward=scalar_reward(row.rewards, self._weights),
+                finish_reason=FinishReason.LENGTH if truncated else FinishReason.STOP,
+            )
         return out
 
 
-def _runs_by_length(requests: Sequence[SampleRequest]) -> "OrderedDict[int, list[list[SampleRequest]]]":
+def _runs_by_length(requests: Sequence[SampleRequest]) -> OrderedDict[int, list[list[SampleRequest]]]:
     """Consecutive requests of one group as runs, the runs bucketed by length in order of first
     appearance (a run of one prompt stays together in the call of its length).
 
@@ -132,4 +139,3 @@ def _group_size(trainer: Any, n: int) -> Iterator[None]:
         yield
     finally:
         trainer.num_generations = saved
-

@@ -68,32 +68,56 @@ class GateSession:
         dataset = trainer.train_dataset
         column = reference_column(args.gate_reference_column, dataset.column_names) if args.uses_reference else None
         if args.uses_reference and column is None:
-            logger.warning("gate_reference_prior=True found no reference column (looked for %s); SARA runs with its "
-                           "uniform prior. Set gate_reference_column to the column of reference completions.",
-                           ", ".join(("reference", "solution", "answer", "completion")))
+            logger.warning(
+                "gate_reference_prior=True found no reference column (looked for %s); SARA runs with its "
+                "uniform prior. Set gate_reference_column to the column of reference completions.",
+                ", ".join(("reference", "solution", "answer", "completion")),
+            )
         self.config = args.gate_config(reference_prior=column is not None)
-        prompts = [Prompt(i, _text(row["prompt"]), (), success_threshold=args.gate_success_threshold)
-                   for i, row in enumerate(dataset.select_columns(["prompt"]))]
+        prompts = [
+            Prompt(i, _text(row["prompt"]), (), success_threshold=args.gate_success_threshold)
+            for i, row in enumerate(dataset.select_columns(["prompt"]))
+        ]
         pool_type = PromptPool if args.shuffle_dataset else DatasetOrder
         self.pool = pool_type(prompts, seed=derive_seed(args.seed, "prompts"))
-        self.gate = build_gate(self.config, self.pool, group_size=self.group_size, batch_groups=self.prompts,
-                               seed=derive_seed(args.seed, "gate"))
+        self.gate = build_gate(
+            self.config,
+            self.pool,
+            group_size=self.group_size,
+            batch_groups=self.prompts,
+            seed=derive_seed(args.seed, "gate"),
+        )
         self.reference = None
         if column is not None:
             self.reference = ReferenceScorer(trainer, column)
-            screen = ReferenceScreen(self.reference.references, self.gate.source.peek, exact=args.gate_reference_exact,
-                                     strength=args.gate_reference_strength,
-                                     ahead=self.config.sara.scored_ahead(self.prompts))
+            screen = ReferenceScreen(
+                self.reference.references,
+                self.gate.source.peek,
+                exact=args.gate_reference_exact,
+                strength=args.gate_reference_strength,
+                ahead=self.config.sara.scored_ahead(self.prompts),
+            )
             self.gate.attach_reference(screen)
             self.reference.screen = screen
         run_id = args.run_name or Path(args.output_dir).name
         self._started = time.monotonic()
-        self.trace = (TraceLog(Path(args.output_dir) / TRACE_DIR, run_id=run_id, clock=self._clock)
-                      if args.gate_trace and acc.is_main_process else NullSink())
+        self.trace = (
+            TraceLog(Path(args.output_dir) / TRACE_DIR, run_id=run_id, clock=self._clock)
+            if args.gate_trace and acc.is_main_process
+            else NullSink()
+        )
         self.driver = RoundDriver(
-            self.gate, self._controller(args, run_id), self._orchestrator(args), step_rollouts=args.step_rollouts(),
-            before_admit=self.reference.refresh if self.reference else None, seed=args.seed, run_id=run_id,
-            trace=self.trace, now=self._clock, policy_version=lambda: int(trainer.state.global_step))
+            self.gate,
+            self._controller(args, run_id),
+            self._orchestrator(args),
+            step_rollouts=args.step_rollouts(),
+            before_admit=self.reference.refresh if self.reference else None,
+            seed=args.seed,
+            run_id=run_id,
+            trace=self.trace,
+            now=self._clock,
+            policy_version=lambda: int(trainer.state.global_step),
+        )
         self.tracker = self.driver.tracker
         self.sampler = TrlSampler(trainer)
         self.rollouts_trained = 0
@@ -107,9 +131,16 @@ class GateSession:
     def _orchestrator(self, args: Any) -> OrchestratorConfig:
         """The tracker's limits: one step at a time (no step-ahead), no cap on concurrency."""
         return OrchestratorConfig(
-            batch_groups=self.prompts, group_size=self.group_size, max_tokens=args.max_completion_length,
-            temperature=args.temperature, top_p=args.top_p if args.top_p is not None else 1.0,
-            max_concurrent_samples=1 << 20, max_open_groups=1 << 20, max_async_steps=0, steps=10**8)
+            batch_groups=self.prompts,
+            group_size=self.group_size,
+            max_tokens=args.max_completion_length,
+            temperature=args.temperature,
+            top_p=args.top_p if args.top_p is not None else 1.0,
+            max_concurrent_samples=1 << 20,
+            max_open_groups=1 << 20,
+            max_async_steps=0,
+            steps=10**8,
+        )
 
     def _controller(self, args: Any, run_id: str) -> Any:
         """RAIL deciding beside the gate and never acting (``gate_rail_shadow``), or nothing."""
@@ -120,11 +151,24 @@ class GateSession:
 
         # Observe-only: TRL's fixed batch cannot take an intervention's extra samples, so the
         # behaviour policy is the no-op (propensity 1) and the learned policy is only logged.
-        rail = RailConfig(mode="shadow", behaviour="none", behaviour_epsilon=0.0, auto_promote=False,
-                          token_decisions=False, branch_sizes=(), batch_group_decisions=False)
+        rail = RailConfig(
+            mode="shadow",
+            behaviour="none",
+            behaviour_epsilon=0.0,
+            auto_promote=False,
+            token_decisions=False,
+            branch_sizes=(),
+            batch_group_decisions=False,
+        )
         params = SamplingParams(temperature=args.temperature, max_tokens=args.max_completion_length)
-        return RailController(rail, sink=self.trace, default_params=params, seed=derive_seed(args.seed, "controller"),
-                              run_id=run_id, clock=self._clock)
+        return RailController(
+            rail,
+            sink=self.trace,
+            default_params=params,
+            seed=derive_seed(args.seed, "controller"),
+            run_id=run_id,
+            clock=self._clock,
+        )
 
     # --- one TRL generation batch ---------------------------------------------------------
 
@@ -139,8 +183,15 @@ class GateSession:
         rows = self.sampler.rows
         if rows and self._filler is None:
             self._filler = next(iter(rows.values()))
-        out = layout(groups, rows, self.group_size, self.prompts, pad_token=self.trainer.eos_token_ids[0],
-                     blank=self._blank(), filler=self._filler)
+        out = layout(
+            groups,
+            rows,
+            self.group_size,
+            self.prompts,
+            pad_token=self.trainer.eos_token_ids[0],
+            blank=self._blank(),
+            filler=self._filler,
+        )
         self.rollouts_trained += sum(not r.is_pad for r in out)
         self.pad_rows += sum(r.is_pad for r in out)
         self._check_ranks(batch)
@@ -149,18 +200,23 @@ class GateSession:
     def _blank(self) -> Any:
         """A pad row's completion: empty text, or an empty assistant message for chat prompts."""
         first = next(iter(self.sampler.rows.values()), self._filler)
-        return [{"role": "assistant", "content": ""}] if first is not None and isinstance(first.completion, list) else ""
+        return (
+            [{"role": "assistant", "content": ""}] if first is not None and isinstance(first.completion, list) else ""
+        )
 
     def _check_ranks(self, batch: TrainBatch) -> None:
         """Every rank's gate made the same decisions (they see the same gathered rewards)."""
         if self.trainer.accelerator.num_processes == 1:
             return
-        mine = digest(batch.step, [(g.group_id, g.prompt_id, g.rewards) for g in batch.groups],
-                      self.tracker.budget.state_dict())
+        mine = digest(
+            batch.step, [(g.group_id, g.prompt_id, g.rewards) for g in batch.groups], self.tracker.budget.state_dict()
+        )
         every = gather_all([mine])
         if len(set(every)) != 1:
-            raise RuntimeError(f"the gate's decisions differ across processes at step {batch.step} (fingerprints "
-                               f"{every}); every rank must see the same prompts, rewards and seed")
+            raise RuntimeError(
+                f"the gate's decisions differ across processes at step {batch.step} (fingerprints "
+                f"{every}); every rank must see the same prompts, rewards and seed"
+            )
 
     # --- what the logs and the callbacks read ----------------------------------------------
 

@@ -109,10 +109,14 @@ class GatedGRPOTrainer(GRPOTrainer):
         if served is None:
             return super()._generate(prompts)
         if len(prompts) != len(served.generated[0]):
-            raise RuntimeError(f"TRL asked for {len(prompts)} completions of a gated batch of {len(served.generated[0])}")
+            raise RuntimeError(
+                f"TRL asked for {len(prompts)} completions of a gated batch of {len(served.generated[0])}"
+            )
         return served.generated
 
-    def _calculate_rewards(self, inputs: list, prompts: list, completions: list, completion_ids_list: list) -> torch.Tensor:
+    def _calculate_rewards(
+        self, inputs: list, prompts: list, completions: list, completion_ids_list: list
+    ) -> torch.Tensor:
         if self._served is None:
             return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         return self._served.rewards
@@ -127,8 +131,16 @@ def _serve(local: list[Row], rows: list[Row], device: torch.device) -> _Served:
     """What TRL's ``_generate`` (for the local rows) and ``_calculate_rewards`` (for all rows,
     gathered) would have returned for this batch."""
     logprobs = None if any(r.logprobs is None for r in local) else [list(r.logprobs) for r in local]
-    generated = ([list(r.prompt_ids) for r in local], [list(r.completion_ids) for r in local], None,
-                 [r.completion for r in local], logprobs, {}, None, [])
+    generated = (
+        [list(r.prompt_ids) for r in local],
+        [list(r.completion_ids) for r in local],
+        None,
+        [r.completion for r in local],
+        logprobs,
+        {},
+        None,
+        [],
+    )
     rewards = torch.tensor([r.rewards for r in rows], dtype=torch.float32, device=device)
     return _Served(generated, rewards)
 

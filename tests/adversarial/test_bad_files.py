@@ -9,11 +9,11 @@ import json
 import os
 
 import pytest
+from run_helpers import cli, sim_run, tree_digest
 
 import railgate.evaluate
 from pipeline.tasks.dataset import DatasetError, load_problems
 from railgate.cli import main
-from run_helpers import cli, sim_run, tree_digest
 
 ROWS = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(5)]
 
@@ -40,7 +40,7 @@ def test_bytes_that_are_not_utf8_are_named_with_the_row(tmp_path):
 
 
 def test_json_that_python_refuses_is_a_bad_row(tmp_path):
-    path = _jsonl(tmp_path / "deep.jsonl", ROWS, bad_line=b"[" * 100_000 + b"]" * 100_000)
+    _jsonl(tmp_path / "deep.jsonl", ROWS, bad_line=b"[" * 100_000 + b"]" * 100_000)
     _jsonl(tmp_path / "digits.jsonl", ROWS, bad_line=b'{"prompt": "x", "answer": ' + b"9" * 5000 + b"}")
     for name in ("deep.jsonl", "digits.jsonl"):
         _, report = load_problems(tmp_path / name)
@@ -63,7 +63,9 @@ def test_eval_refuses_a_read_only_run_directory_before_evaluating(tmp_path, monk
     run = sim_run(tmp_path / "run", 3)
     before = tree_digest(run)
     monkeypatch.setattr(os, "open", _read_only(run))
-    monkeypatch.setattr(railgate.evaluate, "build_components", lambda *a, **k: pytest.fail("evaluated before the check"))
+    monkeypatch.setattr(
+        railgate.evaluate, "build_components", lambda *a, **k: pytest.fail("evaluated before the check")
+    )
     assert main(["eval", str(run)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"cannot write into {run}: Read-only file system" in err[0], err
@@ -91,9 +93,20 @@ def test_dataset_problems_through_the_cli(tmp_path, problem):
         data = _jsonl(tmp_path / "data.jsonl", ROWS * 4 + [{"prompt": "7" * 1_000_000, "answer": "1"}])
         sets, expect = ["task.dataset.on_bad_row=error"], "line 21: prompt is longer than the model's context can hold"
     run = tmp_path / "fresh"
-    result = cli("train", "--run-dir", str(run), "--no-progress", "--set", "task.name=dataset",
-                 "--set", f"task.dataset.train_path={data}", "--set", "task.dataset.reward=exact",
-                 *[a for s in sets for a in ("--set", s)], timeout=600)
+    result = cli(
+        "train",
+        "--run-dir",
+        str(run),
+        "--no-progress",
+        "--set",
+        "task.name=dataset",
+        "--set",
+        f"task.dataset.train_path={data}",
+        "--set",
+        "task.dataset.reward=exact",
+        *[a for s in sets for a in ("--set", s)],
+        timeout=600,
+    )
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert expect in lines[0] and len(lines[0]) < 1000, lines[0][:300]

@@ -15,12 +15,12 @@ import json
 import os
 import pickle
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
-
 from run_helpers import SMALL, cli, sim_run, tree_digest
 
 MAX_LINE = 1000
@@ -49,6 +49,7 @@ class Case:
 def fresh_train(*sets: str) -> Callable[[Path, Path], list[str]]:
     def args(run: Path, tmp: Path) -> list[str]:
         return ["train", *SIM, "--run-dir", str(tmp / "fresh"), *SMALL, *[a for s in sets for a in ("--set", s)]]
+
     return args
 
 
@@ -56,6 +57,7 @@ def config_file(text: str | bytes) -> Callable[[Path, Path], Any]:
     def setup(run: Path, tmp: Path) -> None:
         path = tmp / "bad.yaml"
         path.write_bytes(text if isinstance(text, bytes) else text.encode())
+
     return setup
 
 
@@ -131,7 +133,9 @@ def file_in_the_way(run: Path, tmp: Path) -> None:
 
 def malformed_superseded(run: Path, tmp: Path) -> None:
     with open(run / "trace" / "superseded.jsonl", "a") as f:
-        f.write('["not", "a", "rule"]\n{"prefix": "decisions", "before_segment": 1, "column": "decision_id", "start": 0}\n')
+        f.write(
+            '["not", "a", "rule"]\n{"prefix": "decisions", "before_segment": 1, "column": "decision_id", "start": 0}\n'
+        )
 
 
 def two_runs_in_one_trace(run: Path, tmp: Path) -> None:
@@ -144,10 +148,14 @@ def not_arrow(run: Path, tmp: Path) -> None:
     (tmp / "notes.arrows").write_text("these are my notes\n")
 
 
-ALIAS_BOMB = "a: &a [x, x]\n" + "".join(f"{c}: &{c} [*{p}, *{p}]\n" for p, c in zip("abcdefghijklmnopqrstuvw", "bcdefghijklmnopqrstuvwx"))
+ALIAS_BOMB = "a: &a [x, x]\n" + "".join(
+    f"{c}: &{c} [*{p}, *{p}]\n" for p, c in zip("abcdefghijklmnopqrstuvw", "bcdefghijklmnopqrstuvwx")
+)
 ALIAS_BOMB += "y: [" + ", ".join(["*x"] * 200) + "]\n"
 
-NESTED_BOMB = "a: &a [x, x]\n" + "".join(f"l{i}: &l{i} [*{p}, *{p}]\n" for i, p in enumerate(["a"] + [f"l{j}" for j in range(29)]))
+NESTED_BOMB = "a: &a [x, x]\n" + "".join(
+    f"l{i}: &l{i} [*{p}, *{p}]\n" for i, p in enumerate(["a"] + [f"l{j}" for j in range(29)])
+)
 assert NESTED_BOMB.count("*") == 60  # far under the alias limit; 2^30 values once expanded
 
 CASES = [
@@ -159,8 +167,15 @@ CASES = [
     Case("infinite timeout", fresh_train("orchestrator.reward_timeout_s=.inf"), "finite", fresh=True),
     Case("infinite integer", fresh_train("orchestrator.steps=.inf"), "must be an integer", fresh=True),
     Case("integer overflow", fresh_train("orchestrator.steps=1e400"), "must be an integer", fresh=True),
-    Case("NaN difficulty", fresh_train("sim.difficulty=[{weight: 1, mean: .nan, std: 1}]"), "difficulty[0].mean", fresh=True),
-    Case("negative max_rollouts", fresh_train("orchestrator.max_rollouts=-5"), "max_rollouts=-5 must be >= 0", fresh=True),
+    Case(
+        "NaN difficulty",
+        fresh_train("sim.difficulty=[{weight: 1, mean: .nan, std: 1}]"),
+        "difficulty[0].mean",
+        fresh=True,
+    ),
+    Case(
+        "negative max_rollouts", fresh_train("orchestrator.max_rollouts=-5"), "max_rollouts=-5 must be >= 0", fresh=True
+    ),
     Case("negative eval_every", fresh_train("orchestrator.eval_every=-1"), "eval_every=-1", fresh=True),
     Case("huge batch_groups", fresh_train("orchestrator.batch_groups=1000000000"), "above its limit", fresh=True),
     Case("huge sim pool", fresh_train("sim.num_prompts=1000000000"), "above its limit", fresh=True),
@@ -169,40 +184,93 @@ CASES = [
     Case("unknown gate kind", fresh_train("gate.kind=bogus"), "is not one of", fresh=True),
     Case("100k-character value", fresh_train("gate.kind=" + "x" * 100_000), "characters)", fresh=True),
     Case("--set not YAML", fresh_train("orchestrator.steps=["), "not a YAML scalar", fresh=True),
-    Case("--set without =", lambda run, tmp: ["train", *SIM, "--run-dir", str(tmp / "fresh"), "--set", "novalue"],
-         "must look like key.sub=value", fresh=True),
+    Case(
+        "--set without =",
+        lambda run, tmp: ["train", *SIM, "--run-dir", str(tmp / "fresh"), "--set", "novalue"],
+        "must look like key.sub=value",
+        fresh=True,
+    ),
     Case("--set empty key", fresh_train("=3"), "empty key", fresh=True),
     Case("--set into a value", fresh_train("seed.x=1"), "is a value, not a section", fresh=True),
     Case("--set alias bomb", fresh_train("x=[&a [1, 1], " + ", ".join(["*a"] * 150) + "]"), "aliases", fresh=True),
-    Case("empty run_dir", lambda run, tmp: ["train", *SIM, "--set", "run_dir="], "run_dir must not be empty", fresh=True),
+    Case(
+        "empty run_dir", lambda run, tmp: ["train", *SIM, "--set", "run_dir="], "run_dir must not be empty", fresh=True
+    ),
     # configuration files
-    Case("config file missing", lambda run, tmp: ["train", "--config", str(tmp / "nope.yaml"), "--run-dir", str(tmp / "fresh")],
-         "does not exist", fresh=True),
+    Case(
+        "config file missing",
+        lambda run, tmp: ["train", "--config", str(tmp / "nope.yaml"), "--run-dir", str(tmp / "fresh")],
+        "does not exist",
+        fresh=True,
+    ),
     Case("config not YAML", with_config, "is not valid YAML", setup=config_file("gate: [unclosed\n"), fresh=True),
-    Case("config with a python tag", with_config, "is not valid YAML",
-         setup=lambda run, tmp: config_file(f"x: !!python/object/apply:os.system ['touch {tmp / 'pwned'}']\n")(run, tmp),
-         fresh=True),
+    Case(
+        "config with a python tag",
+        with_config,
+        "is not valid YAML",
+        setup=lambda run, tmp: config_file(f"x: !!python/object/apply:os.system ['touch {tmp / 'pwned'}']\n")(run, tmp),
+        fresh=True,
+    ),
     Case("config alias bomb", with_config, "aliases", setup=config_file(ALIAS_BOMB), fresh=True),
     Case("config not a mapping", with_config, "must hold a mapping", setup=config_file("- 1\n- 2\n"), fresh=True),
-    Case("config alias bomb of 60 aliases", with_config, "expands to 8.59e+09 values", setup=config_file(NESTED_BOMB),
-         fresh=True),
+    Case(
+        "config alias bomb of 60 aliases",
+        with_config,
+        "expands to 8.59e+09 values",
+        setup=config_file(NESTED_BOMB),
+        fresh=True,
+    ),
     Case("config alias inside itself", with_config, "it never ends", setup=config_file("a: &a [1, *a]\n"), fresh=True),
-    Case("--set alias bomb of 60 aliases", fresh_train("x=[&a [1, 1], " + ", ".join(
-        f"&b{i} [{'*a' if i == 0 else f'*b{i - 1}'}, {'*a' if i == 0 else f'*b{i - 1}'}]" for i in range(29)) + "]"),
-         "expands to", fresh=True),
-    Case("vw option that writes a file", fresh_train("controller.rail.vw_extra_args=--l2 1e-6 -f /tmp/model.vw"),
-         "'-f' is not an option railgate passes to vowpalwabbit", fresh=True),
-    Case("reward timeout of 1e300", fresh_train("orchestrator.reward_timeout_s=1e300"), "must be in (0, 3600] seconds",
-         fresh=True),
+    Case(
+        "--set alias bomb of 60 aliases",
+        fresh_train(
+            "x=[&a [1, 1], "
+            + ", ".join(
+                f"&b{i} [{'*a' if i == 0 else f'*b{i - 1}'}, {'*a' if i == 0 else f'*b{i - 1}'}]" for i in range(29)
+            )
+            + "]"
+        ),
+        "expands to",
+        fresh=True,
+    ),
+    Case(
+        "vw option that writes a file",
+        fresh_train("controller.rail.vw_extra_args=--l2 1e-6 -f /tmp/model.vw"),
+        "'-f' is not an option railgate passes to vowpalwabbit",
+        fresh=True,
+    ),
+    Case(
+        "reward timeout of 1e300",
+        fresh_train("orchestrator.reward_timeout_s=1e300"),
+        "must be in (0, 3600] seconds",
+        fresh=True,
+    ),
     Case("config not UTF-8", with_config, "not UTF-8", setup=config_file(b"seed: 1\nrun_id: caf\xe9\n"), fresh=True),
     # run directories
-    Case("train into a used directory", lambda run, tmp: ["train", *SIM, "--run-dir", str(run), *SMALL], "already holds a run"),
-    Case("train while another holds the lock", lambda run, tmp: ["train", *SIM, "--run-dir", str(run), "--overwrite", *SMALL],
-         "in use by another railgate process (pid 4242 on elsewhere", setup=hold_lock),
-    Case("run dir under a file", lambda run, tmp: ["train", *SIM, "--run-dir", str(tmp / "a_file" / "run"), *SMALL],
-         "cannot create the run directory", setup=file_in_the_way),
+    Case(
+        "train into a used directory",
+        lambda run, tmp: ["train", *SIM, "--run-dir", str(run), *SMALL],
+        "already holds a run",
+    ),
+    Case(
+        "train while another holds the lock",
+        lambda run, tmp: ["train", *SIM, "--run-dir", str(run), "--overwrite", *SMALL],
+        "in use by another railgate process (pid 4242 on elsewhere",
+        setup=hold_lock,
+    ),
+    Case(
+        "run dir under a file",
+        lambda run, tmp: ["train", *SIM, "--run-dir", str(tmp / "a_file" / "run"), *SMALL],
+        "cannot create the run directory",
+        setup=file_in_the_way,
+    ),
     Case("--resume and --overwrite", resume("--overwrite"), "pass one of them"),
-    Case("--resume a missing directory", lambda run, tmp: ["train", "--resume", str(tmp / "nope")], "does not exist", fresh=True),
+    Case(
+        "--resume a missing directory",
+        lambda run, tmp: ["train", "--resume", str(tmp / "nope")],
+        "does not exist",
+        fresh=True,
+    ),
     Case("--resume without a checkpoint", resume(), "no checkpoint", setup=no_checkpoint),
     Case("--resume with another gate", resume("--set", "gate.kind=sara"), "gate.kind was 'uniform'"),
     Case("--resume with another seed", resume("--set", "seed=5"), "seed was 0 and would be 5"),
@@ -212,32 +280,73 @@ CASES = [
     Case("--resume a crafted pickle", resume(), "convert-checkpoint", setup=plant_pickle),
     Case("--resume when latest escapes", resume(), "not a checkpoint file name", setup=latest_escapes),
     Case("--resume when latest is a link", resume(), "link or leads outside", setup=latest_is_link),
-    Case("--resume when latest names a missing file", resume(), "no other checkpoint exists", setup=latest_names_missing),
+    Case(
+        "--resume when latest names a missing file", resume(), "no other checkpoint exists", setup=latest_names_missing
+    ),
     Case("eval a crafted pickle", evaluate, "convert-checkpoint", setup=plant_pickle),
     Case("eval a truncated checkpoint", evaluate, "damaged", setup=truncate),
-    Case("eval with zero samples", lambda run, tmp: ["eval", str(run), "--samples", "0"], "eval_samples=0 must be >= 1"),
+    Case(
+        "eval with zero samples", lambda run, tmp: ["eval", str(run), "--samples", "0"], "eval_samples=0 must be >= 1"
+    ),
     Case("eval a directory without config", lambda run, tmp: ["eval", str(tmp / "nope")], "does not exist", fresh=True),
-    Case("convert-checkpoint with nothing to convert", lambda run, tmp: ["convert-checkpoint", str(run)], "no old-format"),
-    Case("convert-checkpoint without --trust-pickle", lambda run, tmp: ["convert-checkpoint", str(run)],
-         "unpickling runs any code a file holds", setup=plant_pickle),
-    Case("shadow into a used directory", lambda run, tmp: ["shadow", *SIM, "--run-dir", str(run), *SMALL],
-         "replace it with shadow --overwrite, or shadow into another --run-dir"),
-    Case("replay into a run's directory", lambda run, tmp: ["replay", str(run / "trace"), "--out", str(run)],
-         "pass another --out"),
-    Case("export into a run's directory", lambda run, tmp: ["export", str(run), "--out", str(run), "--force"],
-         "it holds a run"),
+    Case(
+        "convert-checkpoint with nothing to convert", lambda run, tmp: ["convert-checkpoint", str(run)], "no old-format"
+    ),
+    Case(
+        "convert-checkpoint without --trust-pickle",
+        lambda run, tmp: ["convert-checkpoint", str(run)],
+        "unpickling runs any code a file holds",
+        setup=plant_pickle,
+    ),
+    Case(
+        "shadow into a used directory",
+        lambda run, tmp: ["shadow", *SIM, "--run-dir", str(run), *SMALL],
+        "replace it with shadow --overwrite, or shadow into another --run-dir",
+    ),
+    Case(
+        "replay into a run's directory",
+        lambda run, tmp: ["replay", str(run / "trace"), "--out", str(run)],
+        "pass another --out",
+    ),
+    Case(
+        "export into a run's directory",
+        lambda run, tmp: ["export", str(run), "--out", str(run), "--force"],
+        "it holds a run",
+    ),
     # traces
-    Case("replay a missing path", lambda run, tmp: ["replay", str(tmp / "nope"), "--out", str(tmp / "out")], "does not exist"),
-    Case("replay a file that is not Arrow", lambda run, tmp: ["replay", str(tmp / "notes.arrows"), "--out", str(tmp / "out")],
-         "not an Arrow IPC stream", setup=not_arrow),
-    Case("replay a malformed superseded.jsonl", lambda run, tmp: ["replay", str(run / "trace"), "--out", str(tmp / "out")],
-         "superseded.jsonl line 1 is not a supersede rule", setup=malformed_superseded),
-    Case("replay two runs without --run-id", lambda run, tmp: ["replay", str(run / "trace"), "--out", str(tmp / "out")],
-         "pick one with --run-id, e.g. --run-id run-", setup=two_runs_in_one_trace),
-    Case("replay an unknown --run-id", lambda run, tmp: ["replay", str(run / "trace"), "--run-id", "nope", "--out", str(tmp / "out")],
-         "holds no run 'nope'"),
-    Case("replay a trace without RAIL decisions", lambda run, tmp: ["replay", str(run / "trace"), "--out", str(tmp / "out")],
-         "no usable RAIL decisions"),
+    Case(
+        "replay a missing path",
+        lambda run, tmp: ["replay", str(tmp / "nope"), "--out", str(tmp / "out")],
+        "does not exist",
+    ),
+    Case(
+        "replay a file that is not Arrow",
+        lambda run, tmp: ["replay", str(tmp / "notes.arrows"), "--out", str(tmp / "out")],
+        "not an Arrow IPC stream",
+        setup=not_arrow,
+    ),
+    Case(
+        "replay a malformed superseded.jsonl",
+        lambda run, tmp: ["replay", str(run / "trace"), "--out", str(tmp / "out")],
+        "superseded.jsonl line 1 is not a supersede rule",
+        setup=malformed_superseded,
+    ),
+    Case(
+        "replay two runs without --run-id",
+        lambda run, tmp: ["replay", str(run / "trace"), "--out", str(tmp / "out")],
+        "pick one with --run-id, e.g. --run-id run-",
+        setup=two_runs_in_one_trace,
+    ),
+    Case(
+        "replay an unknown --run-id",
+        lambda run, tmp: ["replay", str(run / "trace"), "--run-id", "nope", "--out", str(tmp / "out")],
+        "holds no run 'nope'",
+    ),
+    Case(
+        "replay a trace without RAIL decisions",
+        lambda run, tmp: ["replay", str(run / "trace"), "--out", str(tmp / "out")],
+        "no usable RAIL decisions",
+    ),
 ]
 
 

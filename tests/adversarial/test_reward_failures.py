@@ -11,8 +11,9 @@ from pathlib import Path
 
 import anyio
 import pytest
-
 from hf_models import save_tiny_llama
+from run_helpers import cli
+
 from pipeline.config.build import ConfigError
 from pipeline.config.sections import SimConfig
 from pipeline.evaluation import SamplingEvaluator
@@ -23,9 +24,8 @@ from pipeline.tasks.rewards.isolation import check_reward_function
 from pipeline.tasks.rewards.scoring import ScoringService
 from pipeline.types import Prompt
 from railgate.config import load_config
-from run_helpers import cli
 
-REWARDS = '''
+REWARDS = """
 import os, time
 
 def boom(prompts, completions, **kw):
@@ -42,7 +42,7 @@ def slow(prompts, completions, **kw):
 
 def sometimes(prompts, completions, **kw):
     return [None if len(c) % 2 else 1.0 for c in completions]
-'''
+"""
 EXITS_ON_IMPORT = "import os\nos._exit(4)\n"
 
 
@@ -67,6 +67,7 @@ class Scorer:
 def _score(service: ScoringService, n: int) -> list[tuple[float, str]]:
     async def run():
         return [await service.score(Prompt(0, "", ()), (1,)) for _ in range(n)]
+
     return anyio.run(run)
 
 
@@ -113,6 +114,7 @@ def test_held_out_evaluation_reports_reward_failures_and_fails_when_all_did():
     prompts = [engine().prompt(i) for i in range(4)]
     scorer = Scorer("ok")
     some = SamplingEvaluator(engine(), prompts, scorer, samples_per_prompt=2, max_tokens=512)
+
     async def twice():
         scorer.behaviour = "alternate"
         first = await some.evaluate(0)
@@ -122,10 +124,20 @@ def test_held_out_evaluation_reports_reward_failures_and_fails_when_all_did():
     result, again = anyio.run(twice)
     assert (result["eval/reward_errors"], result["eval/reward_timeouts"], result["eval/rewards_none"]) == (0, 0, 4)
     assert again["eval/rewards_none"] == 0  # each evaluation's own counts
-    timeouts = SamplingEvaluator(engine(), prompts, Scorer("sleep"), samples_per_prompt=2, max_tokens=512,
-                                 reward_timeout_s=0.05, reward_threads=8)
-    with pytest.raises(RewardsFailing, match="held-out evaluation at step 3: reward test:sleep failed on each of all "
-                                             "8 samples .*8 timed out.*raise orchestrator.reward_timeout_s"):
+    timeouts = SamplingEvaluator(
+        engine(),
+        prompts,
+        Scorer("sleep"),
+        samples_per_prompt=2,
+        max_tokens=512,
+        reward_timeout_s=0.05,
+        reward_threads=8,
+    )
+    with pytest.raises(
+        RewardsFailing,
+        match="held-out evaluation at step 3: reward test:sleep failed on each of all "
+        "8 samples .*8 timed out.*raise orchestrator.reward_timeout_s",
+    ):
         anyio.run(timeouts.evaluate, 3)
 
 
@@ -148,20 +160,55 @@ def dataset_dir(tmp_path_factory) -> Path:
 
 
 def _train(root: Path, run: Path, reward: str, *sets: str):
-    args = ["train", "--no-progress", "--run-dir", str(run), "--set", f"model.path={root / 'llama'}",
-            "--set", "task.name=dataset", "--set", "task.dataset.train_path=rows.jsonl",
-            "--set", f"task.dataset.reward={reward}", "--set", "gate.kind=sara", "--set", "gate.sara.reference_prior=false",
-            "--set", "orchestrator.steps=3",
-            "--set", "orchestrator.batch_groups=4", "--set", "orchestrator.group_size=4", "--set", "orchestrator.max_tokens=6",
-            "--set", "data.num_train_prompts=32", "--set", "data.num_eval_prompts=4", "--set", "data.eval_samples=2",
-            "--set", "orchestrator.eval_every=0", "--set", "orchestrator.max_rollouts=96", "--set", "log.tensorboard=false"]
+    args = [
+        "train",
+        "--no-progress",
+        "--run-dir",
+        str(run),
+        "--set",
+        f"model.path={root / 'llama'}",
+        "--set",
+        "task.name=dataset",
+        "--set",
+        "task.dataset.train_path=rows.jsonl",
+        "--set",
+        f"task.dataset.reward={reward}",
+        "--set",
+        "gate.kind=sara",
+        "--set",
+        "gate.sara.reference_prior=false",
+        "--set",
+        "orchestrator.steps=3",
+        "--set",
+        "orchestrator.batch_groups=4",
+        "--set",
+        "orchestrator.group_size=4",
+        "--set",
+        "orchestrator.max_tokens=6",
+        "--set",
+        "data.num_train_prompts=32",
+        "--set",
+        "data.num_eval_prompts=4",
+        "--set",
+        "data.eval_samples=2",
+        "--set",
+        "orchestrator.eval_every=0",
+        "--set",
+        "orchestrator.max_rollouts=96",
+        "--set",
+        "log.tensorboard=false",
+    ]
     return cli(*args, *[a for s in sets for a in ("--set", s)], cwd=root, timeout=600)
 
 
-@pytest.mark.parametrize("reward, first", [("my_rewards:boom", "ValueError: no field 'answr' in this row"),
-                                           ("my_rewards:none", "returned None"),
-                                           pytest.param("my_rewards:exits", "worker process ended with exit status 3",
-                                                        marks=pytest.mark.slow)])  # a new worker process per reward
+@pytest.mark.parametrize(
+    "reward, first",
+    [
+        ("my_rewards:boom", "ValueError: no field 'answr' in this row"),
+        ("my_rewards:none", "returned None"),
+        pytest.param("my_rewards:exits", "worker process ended with exit status 3", marks=pytest.mark.slow),
+    ],
+)  # a new worker process per reward
 def test_a_reward_that_never_works_stops_the_run_with_the_reason(dataset_dir, tmp_path, reward, first):
     """With a skipping gate (SARA) this used to end with rc 0, no learner step, the whole budget
     spent and "errors 0" in the summary."""
@@ -192,8 +239,13 @@ def test_reward_code_that_exits_on_import_is_one_line_before_anything_is_written
 @pytest.mark.slow  # every reward starts a new worker process (the last one ended itself)
 def test_reward_code_that_exits_in_a_call_never_takes_the_run_down(dataset_dir, tmp_path):
     """os._exit in a call ends a worker process, not the run."""
-    called = _train(dataset_dir, tmp_path / "called", "my_rewards:exits", "orchestrator.reward_check_first=0",
-                    "orchestrator.max_rollouts=16")
+    called = _train(
+        dataset_dir,
+        tmp_path / "called",
+        "my_rewards:exits",
+        "orchestrator.reward_check_first=0",
+        "orchestrator.max_rollouts=16",
+    )
     assert called.returncode == 0, called.stderr[-3000:]
     budget = json.loads((tmp_path / "called" / "summary.json").read_text())["budget"]
     assert budget["pipeline/reward_errors"] == budget["pipeline/rollouts_finished"] > 0

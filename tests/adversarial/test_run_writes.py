@@ -14,21 +14,22 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hf_models import save_tiny_llama
+from run_helpers import cli, sim_run, tree_digest
 
 import pipeline.store.atomic
-from hf_models import save_tiny_llama
 from pipeline.config.build import ConfigError
 from pipeline.metrics import read_metrics
 from pipeline.store.atomic import atomic_write
 from railgate.checkpoint import CheckpointError, CheckpointWriter
 from railgate.config import load_config
 from railgate.export import export_model
-from run_helpers import cli, sim_run, tree_digest
 
 
 def _file_size_limit(limit: int):
     def set_limit() -> None:  # as `ulimit -f`: a write past it fails with EFBIG (Python ignores SIGXFSZ)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
     return set_limit
 
 
@@ -56,8 +57,15 @@ def test_a_full_disk_during_resume_leaves_config_yaml_whole_and_records_nothing_
     run = shutil.copytree(finished, tmp_path / "run")
     config = (run / "config.yaml").read_bytes()
     assert len(config) > 4000
-    failed = cli("train", "--resume", str(run), "--no-progress", "--set", "orchestrator.steps=6",
-                 preexec_fn=_file_size_limit(4000))
+    failed = cli(
+        "train",
+        "--resume",
+        str(run),
+        "--no-progress",
+        "--set",
+        "orchestrator.steps=6",
+        preexec_fn=_file_size_limit(4000),
+    )
     lines = failed.stderr.strip().splitlines()
     assert failed.returncode == 2 and len(lines) == 1 and "file-size limit" in lines[0], failed.stderr[-2000:]
     assert (run / "config.yaml").read_bytes() == config  # whole, and still the settings that ran (steps: 3)
@@ -65,7 +73,15 @@ def test_a_full_disk_during_resume_leaves_config_yaml_whole_and_records_nothing_
     resumed = cli("train", "--resume", str(run), "--no-progress", "--set", "orchestrator.steps=6")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert yaml.safe_load((run / "config.yaml").read_text())["orchestrator"]["steps"] == 6
-    assert [m["step"] for m in read_metrics(run / "metrics.jsonl")] == [0, 1, 2, 3, 4, 5, 6]  # step 0: the evaluation before training
+    assert [m["step"] for m in read_metrics(run / "metrics.jsonl")] == [
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+    ]  # step 0: the evaluation before training
 
 
 def test_the_steps_a_resume_redoes_are_marked_superseded(finished, tmp_path):
@@ -77,7 +93,13 @@ def test_the_steps_a_resume_redoes_are_marked_superseded(finished, tmp_path):
     resumed = cli("train", "--resume", str(run), "--no-progress")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]  # every line parses
-    assert [(m["step"], m.get("superseded", False)) for m in lines] == [(0, False), (1, False), (2, False), (3, True), (3, False)]
+    assert [(m["step"], m.get("superseded", False)) for m in lines] == [
+        (0, False),
+        (1, False),
+        (2, False),
+        (3, True),
+        (3, False),
+    ]
     kept = read_metrics(run / "metrics.jsonl")
     assert [m["step"] for m in kept] == [0, 1, 2, 3] and kept[-1] == lines[-1]
 
@@ -103,21 +125,46 @@ def test_replay_takes_what_users_type_and_says_what_to_type(tmp_path):
     run = sim_run(tmp_path / "run", 2, "--set", "controller.kind=rail")
     trace = run / "trace"
     assert cli("replay", str(run), "--out", str(tmp_path / "o1")).returncode == 0  # a run directory: its trace
-    pair = cli("replay", str(trace / "decisions-00000.arrows"), str(trace / "outcomes-00000.arrows"),
-               "--out", str(tmp_path / "o2"))
+    pair = cli(
+        "replay",
+        str(trace / "decisions-00000.arrows"),
+        str(trace / "outcomes-00000.arrows"),
+        "--out",
+        str(tmp_path / "o2"),
+    )
     assert pair.returncode == 0, pair.stderr[-2000:]  # the two files of one trace are one trace
     alone = cli("replay", str(trace / "decisions-00000.arrows"), "--out", str(tmp_path / "o3"))
-    assert alone.returncode == 2 and f"pass the trace directory, which holds both: railgate replay {trace}" in alone.stderr
+    assert (
+        alone.returncode == 2 and f"pass the trace directory, which holds both: railgate replay {trace}" in alone.stderr
+    )
     (tmp_path / "empty").mkdir()
     empty = cli("replay", str(tmp_path / "empty"), "--out", str(tmp_path / "o4"))
-    assert empty.returncode == 2 and "no trace there" in empty.stderr and "railgate replay runs/NAME/trace" in empty.stderr
+    assert (
+        empty.returncode == 2 and "no trace there" in empty.stderr and "railgate replay runs/NAME/trace" in empty.stderr
+    )
 
 
 def test_replay_out_never_overwrites_a_runs_report(tmp_path):
-    shadow = cli("shadow", "--config", "configs/sim.yaml", "--run-dir", str(tmp_path / "shadow"), "--set",
-                 "orchestrator.steps=2", "--set", "orchestrator.batch_groups=8", "--set", "orchestrator.group_size=4",
-                 "--set", "sim.num_prompts=256", "--set", "sim.num_eval_prompts=64", "--set", "log.tensorboard=false",
-                 "--no-progress")
+    shadow = cli(
+        "shadow",
+        "--config",
+        "configs/sim.yaml",
+        "--run-dir",
+        str(tmp_path / "shadow"),
+        "--set",
+        "orchestrator.steps=2",
+        "--set",
+        "orchestrator.batch_groups=8",
+        "--set",
+        "orchestrator.group_size=4",
+        "--set",
+        "sim.num_prompts=256",
+        "--set",
+        "sim.num_eval_prompts=64",
+        "--set",
+        "log.tensorboard=false",
+        "--no-progress",
+    )
     assert shadow.returncode == 0, shadow.stderr[-2000:]
     run = tmp_path / "shadow"
     before = tree_digest(run)
@@ -168,5 +215,6 @@ def test_an_export_into_a_new_directory_under_a_file_is_one_line(finished, tmp_p
     assert "Traceback" not in result.stderr
     with pytest.raises(ConfigError):  # the python API says the same
         from railgate.export import check_out
+
         check_out(tmp_path / "a_file", force=True)
     assert os.path.isfile(tmp_path / "a_file")

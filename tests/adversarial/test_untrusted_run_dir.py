@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import vowpalwabbit
 import yaml
+from run_helpers import cli, sim_run, tree_digest
+from vw_craft import with_options
 
 from controller.rail.bandit import ControllerStateError
 from controller.rail.vw_args import VWArgsError, check_extra_args, check_model_options
@@ -17,13 +19,27 @@ from controller.rail.vw_backend import VWLearner
 from pipeline.config.build import ConfigError
 from railgate.checkpoint import CheckpointWriter, latest_checkpoint, load_checkpoint
 from railgate.config import load_config
-from run_helpers import cli, sim_run, tree_digest
-from vw_craft import with_options
 
-FILE_OPTIONS = ["-d data.txt", "-f model.vw", "--final_regressor model.vw", "-i model.vw", "--cache_file c",
-                "-c", "--readable_model r.txt", "-p preds.txt", "--predictions preds.txt", "--invert_hash ih.txt",
-                "-r raw.txt", "--audit_regressor a.txt", "--daemon", "--port 26542", "--sendto localhost",
-                "--save_resume", "--output_feature_regularizer_binary x", "--feature_mask m.vw"]
+FILE_OPTIONS = [
+    "-d data.txt",
+    "-f model.vw",
+    "--final_regressor model.vw",
+    "-i model.vw",
+    "--cache_file c",
+    "-c",
+    "--readable_model r.txt",
+    "-p preds.txt",
+    "--predictions preds.txt",
+    "--invert_hash ih.txt",
+    "-r raw.txt",
+    "--audit_regressor a.txt",
+    "--daemon",
+    "--port 26542",
+    "--sendto localhost",
+    "--save_resume",
+    "--output_feature_regularizer_binary x",
+    "--feature_mask m.vw",
+]
 
 
 @pytest.mark.parametrize("option", FILE_OPTIONS)
@@ -36,10 +52,24 @@ def test_vw_options_that_name_files_or_hosts_are_refused_at_config_load(option, 
 
 def test_learning_options_pass_and_values_are_checked():
     assert check_extra_args("--l2 1e-6 --power_t=0.5 -q sa --cb_type mtr --noconstant") == [
-        "--l2", "1e-6", "--power_t", "0.5", "-q", "sa", "--cb_type", "mtr", "--noconstant"]
-    for bad, why in (("--l2 /tmp/x", "takes a number"), ("-q ../../etc", "takes namespace letters"),
-                     ("--loss_function evil", "takes a name"), ("--noconstant=1", "takes no value"),
-                     ("1e-6", "a value without its option"), ("--l2 'unclosed", "cannot be split")):
+        "--l2",
+        "1e-6",
+        "--power_t",
+        "0.5",
+        "-q",
+        "sa",
+        "--cb_type",
+        "mtr",
+        "--noconstant",
+    ]
+    for bad, why in (
+        ("--l2 /tmp/x", "takes a number"),
+        ("-q ../../etc", "takes namespace letters"),
+        ("--loss_function evil", "takes a name"),
+        ("--noconstant=1", "takes no value"),
+        ("1e-6", "a value without its option"),
+        ("--l2 'unclosed", "cannot be split"),
+    ):
         with pytest.raises(VWArgsError, match=why):
             check_extra_args(bad)
     cfg = load_config(None, ["controller.kind=rail", "controller.rail.vw_extra_args=--l2 1e-6 -q ss"])
@@ -58,8 +88,11 @@ def test_a_crafted_vw_model_in_a_checkpoint_writes_no_file(tmp_path):
     vowpalwabbit.Workspace(f"--quiet -i {tmp_path / 'm.vw'}").finish()
     assert target.exists()
     target.unlink()
-    bad = dict(state, model=__import__("base64").b64encode(crafted).decode(),
-               sha256=__import__("hashlib").sha256(crafted).hexdigest())
+    bad = dict(
+        state,
+        model=__import__("base64").b64encode(crafted).decode(),
+        sha256=__import__("hashlib").sha256(crafted).hexdigest(),
+    )
     with pytest.raises(ControllerStateError, match="'--readable_model' is not an option railgate passes"):
         VWLearner(seed=1).load_state_dict(bad)
     assert not target.exists()
@@ -70,15 +103,24 @@ def test_a_crafted_vw_model_in_a_checkpoint_writes_no_file(tmp_path):
 @pytest.fixture(scope="module")
 def rail_run(tmp_path_factory) -> Path:
     """A finished RAIL run whose config.yaml says vw_extra_args="--l2 1e-6"."""
-    return sim_run(tmp_path_factory.mktemp("untrusted") / "run", 2, "--set", "controller.kind=rail",
-                   "--set", "controller.rail.vw_extra_args=--l2 1e-6")
+    return sim_run(
+        tmp_path_factory.mktemp("untrusted") / "run",
+        2,
+        "--set",
+        "controller.kind=rail",
+        "--set",
+        "controller.rail.vw_extra_args=--l2 1e-6",
+    )
 
 
 @pytest.mark.parametrize("command", ["eval", "resume"])
 def test_a_run_dirs_vw_args_reach_vw_only_when_the_user_passes_them(command, rail_run, tmp_path):
     run = shutil.copytree(rail_run, tmp_path / "run")
-    args = ["eval", str(run)] if command == "eval" else ["train", "--resume", str(run), "--no-progress",
-                                                          "--set", "orchestrator.steps=3"]
+    args = (
+        ["eval", str(run)]
+        if command == "eval"
+        else ["train", "--resume", str(run), "--no-progress", "--set", "orchestrator.steps=3"]
+    )
     before = tree_digest(run)
     refused = cli(*args)
     lines = refused.stderr.strip().splitlines()
@@ -90,11 +132,14 @@ def test_a_run_dirs_vw_args_reach_vw_only_when_the_user_passes_them(command, rai
     assert accepted.returncode == 0, accepted.stderr[-2000:]
 
 
-@pytest.mark.parametrize("key, value, why", [
-    ("task.dataset.reward", "my_rewards:score", "names Python code to import and run"),
-    ("engine.ray.address", "10.0.0.1:6379", "connects to a Ray cluster"),
-    ("task.env.class", "my_envs:Env", "names Python code to import and run"),
-])
+@pytest.mark.parametrize(
+    "key, value, why",
+    [
+        ("task.dataset.reward", "my_rewards:score", "names Python code to import and run"),
+        ("engine.ray.address", "10.0.0.1:6379", "connects to a Ray cluster"),
+        ("task.env.class", "my_envs:Env", "names Python code to import and run"),
+    ],
+)
 def test_a_run_dirs_code_and_hosts_are_not_taken_from_it(key, value, why, tmp_path):
     run = tmp_path / "run"
     run.mkdir()
@@ -156,8 +201,11 @@ def test_links_in_a_run_directory_lead_no_write_outside_it(entry, command, tmp_p
     if link.exists():
         link.unlink()
     link.symlink_to(victim)
-    args = ["eval", str(run)] if command == "eval" else ["train", "--resume", str(run), "--no-progress",
-                                                          "--set", "orchestrator.steps=3"]
+    args = (
+        ["eval", str(run)]
+        if command == "eval"
+        else ["train", "--resume", str(run), "--no-progress", "--set", "orchestrator.steps=3"]
+    )
     result = cli(*args)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]

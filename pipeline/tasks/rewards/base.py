@@ -12,7 +12,7 @@ never sets alarms or signals.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from pipeline.types import Prompt
 
@@ -42,7 +42,9 @@ class TextReward:
 
     def __init__(self, decode: Decode) -> None:
         if not callable(decode):
-            raise TypeError(f"decode={decode!r} is not callable; pass a function from token ids to text, e.g. tokenizer.decode")
+            raise TypeError(
+                f"decode={decode!r} is not callable; pass a function from token ids to text, e.g. tokenizer.decode"
+            )
         self.decode = decode
 
     def __call__(self, prompt: Prompt, token_ids: Sequence[int]) -> float:

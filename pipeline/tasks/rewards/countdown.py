@@ -23,8 +23,8 @@ False
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from fractions import Fraction
-from typing import Sequence
 
 from pipeline.tasks.rewards.base import Decode, TextReward
 from pipeline.types import Prompt
@@ -93,7 +93,7 @@ class _Parser:
             self.pos += 1
         if start == self.pos:
             raise ExpressionError(f"expected a number or '(' at {self.pos} in {self.text!r}, got {ch!r}")
-        number = int(self.text[start:self.pos])
+        number = int(self.text[start : self.pos])
         self.numbers.append(number)
         return Fraction(number)
 

@@ -24,7 +24,8 @@ pipeline.tasks.rewards.health.RewardsFailing: reward my_rewards:score failed on 
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 Failure = Literal["error", "timeout", "none"]
 
@@ -84,21 +85,25 @@ class RewardHealth:
                 self.none += 1
             if not self.first_failure:
                 self.first_failure = detail or "returned None"
-            trip = (self.check_first and not self._tripped and self.ok == 0 and self.failures >= self.check_first)
+            trip = self.check_first and not self._tripped and self.ok == 0 and self.failures >= self.check_first
             self._tripped = self._tripped or bool(trip)
         for listener in self.listeners:
             listener(self)
         if trip:
             raise RewardsFailing(self.message(self.check_first))
 
-    def message(self, n: int, counts: dict[str, int] | None = None, which: str = "its first", regardless: bool = True) -> str:
+    def message(
+        self, n: int, counts: dict[str, int] | None = None, which: str = "its first", regardless: bool = True
+    ) -> str:
         """Why ``n`` failed rewards stop the work (``counts``: of those, default all so far), and the fix."""
         c = counts or self.counts()
         fix = self._fix(c)
         if regardless:
             fix += ", or set orchestrator.reward_check_first=0 to train on regardless"
-        return (f"reward {self.name} failed on each of {which} {n} samples ({c['errors']} raised, {c['timeouts']} timed "
-                f"out, {c['none']} returned None); the first: {self.first_failure[:300]}; {fix}")
+        return (
+            f"reward {self.name} failed on each of {which} {n} samples ({c['errors']} raised, {c['timeouts']} timed "
+            f"out, {c['none']} returned None); the first: {self.first_failure[:300]}; {fix}"
+        )
 
     @staticmethod
     def _fix(c: dict[str, int]) -> str:

@@ -25,7 +25,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from pipeline.config.build import ConfigError
 from pipeline.tasks.rewards.health import RewardHealth
@@ -55,21 +56,32 @@ def check_reward_function(spec: str, key: str = "task.dataset.reward") -> None:
     if (spec, os.getcwd()) in _PASSED:
         return
     try:
-        result = subprocess.run([sys.executable, "-c", _PROBE, spec, key], cwd=os.getcwd(), env=worker_env(),
-                                stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
-                                timeout=IMPORT_TIMEOUT_S)
+        result = subprocess.run(
+            [sys.executable, "-c", _PROBE, spec, key],
+            cwd=os.getcwd(),
+            env=worker_env(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=IMPORT_TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired:
-        raise ConfigError(f"{key}={spec!r}: importing its module took over {IMPORT_TIMEOUT_S:g}s; make the import fast "
-                          "(no work at import time)") from None
+        raise ConfigError(
+            f"{key}={spec!r}: importing its module took over {IMPORT_TIMEOUT_S:g}s; make the import fast "
+            "(no work at import time)"
+        ) from None
     if result.returncode == 0:
         _PASSED.add((spec, os.getcwd()))
         return
     for line in result.stderr.splitlines():
         if line.startswith(_MARK):
-            raise ConfigError(line[len(_MARK):])
+            raise ConfigError(line[len(_MARK) :])
     last = next((line.strip() for line in reversed(result.stderr.splitlines()) if line.strip()), "no message")
-    raise ConfigError(f"{key}={spec!r}: importing module {spec.split(':')[0]!r} ended its process with exit status "
-                      f"{result.returncode} ({last[:200]}); fix the module so that importing it returns")
+    raise ConfigError(
+        f"{key}={spec!r}: importing module {spec.split(':')[0]!r} ended its process with exit status "
+        f"{result.returncode} ({last[:200]}); fix the module so that importing it returns"
+    )
 
 
 class IsolatedScore:
@@ -84,7 +96,9 @@ class IsolatedScore:
     >>> score.close()
     """
 
-    def __init__(self, spec: str, rows: Mapping[int, DatasetRow], timeout_s: float = 5.0, check_first: int = 32) -> None:
+    def __init__(
+        self, spec: str, rows: Mapping[int, DatasetRow], timeout_s: float = 5.0, check_first: int = 32
+    ) -> None:
         self.timeout_s = timeout_s
         self.health = RewardHealth(spec, check_first)
         self._workers = RewardWorkers(UserReward(spec, _text_of, rows), workers=1)

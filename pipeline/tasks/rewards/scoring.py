@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import anyio
 import anyio.to_thread
@@ -91,14 +91,18 @@ class ScoringService:
             return self._checked(lambda: self.scorer(prompt, token_ids))
         if self._workers is not None:  # the worker enforces the timeout; a thread only waits for it
             return await anyio.to_thread.run_sync(
-                self._checked, lambda: self._workers.call(prompt, token_ids, self.timeout_s),
-                limiter=self._limiter, abandon_on_cancel=True,
+                self._checked,
+                lambda: self._workers.call(prompt, token_ids, self.timeout_s),
+                limiter=self._limiter,
+                abandon_on_cancel=True,
             )
         result: tuple[float, str] | None = None
         with anyio.move_on_after(self.timeout_s):
             result = await anyio.to_thread.run_sync(
-                self._checked, lambda: self.scorer(prompt, token_ids),
-                limiter=self._limiter, abandon_on_cancel=True,
+                self._checked,
+                lambda: self.scorer(prompt, token_ids),
+                limiter=self._limiter,
+                abandon_on_cancel=True,
             )
         if result is None:
             message = f"reward timed out after {self.timeout_s}s"

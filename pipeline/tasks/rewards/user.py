@@ -40,14 +40,14 @@ import importlib
 import math
 import os
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from pipeline.config.build import ConfigError
-from pipeline.tasks.rewards.base import Decode
 from pipeline.tasks.config import USER_REWARD
+from pipeline.tasks.rewards.base import Decode
 from pipeline.types import Prompt
-
 
 
 def is_user_reward(name: str) -> bool:
@@ -116,8 +116,13 @@ class UserReward:
     runs_inline = False
     runs_in_process = True  # user code may hold the GIL past any timeout: pipeline.tasks.rewards.workers
 
-    def __init__(self, function: Callable[..., Sequence[Any]] | str, decode: Decode, rows: Mapping[int, DatasetRow],
-                 name: str = "") -> None:
+    def __init__(
+        self,
+        function: Callable[..., Sequence[Any]] | str,
+        decode: Decode,
+        rows: Mapping[int, DatasetRow],
+        name: str = "",
+    ) -> None:
         if isinstance(function, str):
             if not is_user_reward(function):
                 raise ValueError(f"reward function {function!r} is not of the form 'module:function'")
@@ -168,11 +173,15 @@ class UserReward:
         try:
             values = list(values)
         except TypeError:
-            raise TypeError(f"reward function {self.name} returned {type(values).__name__}, not a list of "
-                            "floats or None (one per completion)") from None
+            raise TypeError(
+                f"reward function {self.name} returned {type(values).__name__}, not a list of "
+                "floats or None (one per completion)"
+            ) from None
         if len(values) != len(rows):
-            raise ValueError(f"reward function {self.name} returned {len(values)} values for {len(rows)} completions; "
-                             "return one per completion (None for no reward)")
+            raise ValueError(
+                f"reward function {self.name} returned {len(values)} values for {len(rows)} completions; "
+                "return one per completion (None for no reward)"
+            )
         return [None if v is None else _finite(v, self.name) for v in values]
 
     def _row(self, prompt: Prompt) -> DatasetRow:

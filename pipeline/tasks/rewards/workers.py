@@ -33,8 +33,9 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
-from typing import Any, Sequence
+from typing import Any
 
 _START_TIMEOUT_S = 300.0  # a fresh interpreter importing math-verify, on a loaded machine
 
@@ -62,8 +63,10 @@ class RewardWorkers:
         try:
             self._payload = pickle.dumps(scorer)
         except Exception as exc:
-            raise TypeError(f"the reward {scorer!r} cannot be sent to a worker process ({str(exc)[:200]}); define its "
-                            "functions in a module (not in __main__, a notebook or a lambda)") from None
+            raise TypeError(
+                f"the reward {scorer!r} cannot be sent to a worker process ({str(exc)[:200]}); define its "
+                "functions in a module (not in __main__, a notebook or a lambda)"
+            ) from None
         self._idle: list[_Worker] = []
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(workers)
@@ -88,8 +91,11 @@ class RewardWorkers:
                     ended = worker.exit_text()
                     worker.kill()
                     worker = None
-                raise RewardFailed("WorkerDied", f"the reward's worker process ended{ended} during the call "
-                                   f"({type(exc).__name__}): os._exit, a crash or a kill in the reward code") from None
+                raise RewardFailed(
+                    "WorkerDied",
+                    f"the reward's worker process ended{ended} during the call "
+                    f"({type(exc).__name__}): os._exit, a crash or a kill in the reward code",
+                ) from None
             finally:
                 if worker is not None:
                     with self._lock:
@@ -128,7 +134,10 @@ class _Worker:
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "pipeline.tasks.rewards.workers", str(child_sock.fileno())],
-                pass_fds=(child_sock.fileno(),), env=worker_env(), stdin=subprocess.DEVNULL, start_new_session=True,
+                pass_fds=(child_sock.fileno(),),
+                env=worker_env(),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         finally:
             child_sock.close()
