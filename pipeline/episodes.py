@@ -186,14 +186,22 @@ class Episodes:
         start.group.in_flight[request.request_id] = first
         return Start(start.group, first)
 
-    def next_request(self, request: SampleRequest) -> SampleRequest:
-        return self.book.next_request(request)
-
-    def turn_done(self, msg: TurnDone, out: list) -> ScoredSample | None:
-        """Book a turn; the episode's sample when it ended (counted, its environment closed)."""
-        scored = self.book.turn_done(msg.request, msg.finished, msg.observation, msg.reward, msg.done, msg.error)
+    def after_turn(self, msg: TurnDone, out: list) -> ScoredSample | tuple[SampleRequest, TurnPoint]:
+        """Book a turn. The episode's sample when it ended (counted, its environment closed);
+        else its next turn's request and the turn boundary this turn made (for the controller)."""
+        request = msg.request
+        scored = self.book.turn_done(request, msg.finished, msg.observation, msg.reward, msg.done, msg.error)
         if scored is None:
-            return None
+            episode = self.book.get(episode_key(request))
+            point = TurnPoint(
+                episode_key(request),
+                episode.turns,
+                len(episode.tokens),
+                float(msg.reward),
+                len(msg.observation),
+                tuple(episode.rewards),
+            )
+            return self.book.next_request(request), point
         b, reason = self.budget, scored.result.finish_reason
         if msg.error:
             b.env_failures += 1
@@ -205,14 +213,6 @@ class Episodes:
             b.rollouts_finished += 1
         out.append(CloseEpisode(scored.request.request_id))
         return scored
-
-    def point(self, request: SampleRequest, msg: TurnDone) -> TurnPoint:
-        """The turn boundary ``msg`` just made of ``request``'s episode."""
-        key = episode_key(request)
-        episode = self.book.get(key)
-        return TurnPoint(
-            key, episode.turns, len(episode.tokens), float(msg.reward), len(msg.observation), tuple(episode.rewards)
-        )
 
     def abandon(self, request_id: str, streaming: bool, out: list) -> bool:
         """The episode of ``request_id`` was abandoned with its group: its environment closes.

@@ -41,6 +41,10 @@ class LaunchQueue:
         self.in_flight = 0
         """Samples started and not yet seen scored or gone (the tracker counts them down)."""
 
+    def freed(self) -> None:
+        """A started sample's engine slot is free again (it was scored, or its stream ended)."""
+        self.in_flight -= 1
+
     def __len__(self) -> int:
         return len(self._queue)
 

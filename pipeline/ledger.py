@@ -27,7 +27,7 @@ from typing import Any
 
 from pipeline.actions import EnvStep, Post, Score
 from pipeline.group import GroupRun
-from pipeline.messages import ControllerActions
+from pipeline.messages import ControllerActions, EngineEvents, StreamCut, StreamFailed, StreamsClosed
 from pipeline.metrics import Budget
 from pipeline.protocols import Controller
 from pipeline.types import FinishReason, SampleFinished, SampleRequest, TokenDelta
@@ -55,6 +55,10 @@ def failed_final(request: SampleRequest, error: str, policy_version: int) -> Sam
         policy_version=policy_version,
         error=error,
     )
+
+
+STREAM_MESSAGES = frozenset({TokenDelta, SampleFinished, EngineEvents, StreamFailed, StreamCut, StreamsClosed})
+"""The messages of the stream side, which ``SampleLedger.handle`` takes."""
 
 
 class SampleLedger:
@@ -94,6 +98,27 @@ class SampleLedger:
             run.cancelled = True
 
     # --- events -------------------------------------------------------------------------
+
+    def handle(self, msg: Any, out: list) -> None:
+        """One message of ``STREAM_MESSAGES``: counted, its sample scored or its actions posted."""
+        kind = type(msg)
+        if kind is TokenDelta:
+            self.tokens(msg, out)
+        elif kind is SampleFinished:
+            self.finished(msg, out)
+        elif kind is EngineEvents:
+            self.events(msg.events, out)
+        elif kind is StreamFailed:
+            self.failed(msg.request_id, msg.error, out, msg.tokens_after, msg.final_after)
+        elif kind is StreamCut:
+            self.cut(msg.request_id, msg.tokens, msg.final)
+        elif kind is StreamsClosed:
+            for final in msg.finals:
+                self.cut(final.request_id, 0, final)
+        else:
+            raise TypeError(
+                f"SampleLedger.handle got a {kind.__name__}; it takes {sorted(t.__name__ for t in STREAM_MESSAGES)}"
+            )
 
     def tokens(self, delta: TokenDelta, out: list) -> None:
         """A streamed delta (``out`` takes a ``Post`` of the token hook's actions)."""

@@ -65,6 +65,17 @@ if TYPE_CHECKING:
 class GateProtocolError(RuntimeError):
     """A gate or controller broke the group lifecycle above."""
 
+    @classmethod
+    def not_open(cls, source: str, actor: object, group_id: int) -> GateProtocolError:
+        return cls(
+            f"{source} ({type(actor).__name__}) acted on group {group_id}, which is not open; a gate may only "
+            "act on groups it opened and has not committed or abandoned"
+        )
+
+    @classmethod
+    def launch_after_commit(cls, source: str, n: int, group_id: int) -> GateProtocolError:
+        return cls(f"{source} launched {n} samples on sealed group {group_id}; emit LAUNCH before COMMIT")
+
 
 class GateStalled(RuntimeError):
     """Nothing is running and the gate opens no group: the run cannot make progress."""

@@ -54,6 +54,7 @@ from pipeline.actions import (
     Stop,
     Train,
 )
+from pipeline.admission import Occupancy, admit, open_slots, stall_error
 from pipeline.batches import StepCutter
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.deciding import Deciders
@@ -61,7 +62,7 @@ from pipeline.episodes import Episodes
 from pipeline.group import GroupRun
 from pipeline.hooktimer import HookTimer
 from pipeline.launches import LaunchQueue
-from pipeline.ledger import SampleLedger
+from pipeline.ledger import STREAM_MESSAGES, SampleLedger
 from pipeline.messages import (
     ControllerActions,
     DecideQueued,
@@ -71,21 +72,18 @@ from pipeline.messages import (
     Started,
     StepDone,
     StopRequested,
-    StreamCut,
-    StreamFailed,
-    StreamsClosed,
     Tick,
     TurnDone,
 )
 from pipeline.metrics import Budget
-from pipeline.protocols import Controller, DecisionSink, Gate, GateProtocolError, GateStalled
+from pipeline.protocols import Controller, DecisionSink, Gate, GateProtocolError
 from pipeline.steplog import StepLog
+from pipeline.tracker_state import restore_tracker, tracker_state
 from pipeline.types import (
     ActionKind,
     CommittedGroup,
     FinishReason,
     GroupAction,
-    SampleFinished,
     ScoredSample,
     TokenDelta,
 )
@@ -123,13 +121,13 @@ class GroupTracker:
         self.stop_reason = ""
         self.batches = StepCutter(config.batch_groups, config.batch_rollouts)  # committed groups -> batches
         self.steplog = StepLog(self.budget, config)
+        self.launches = LaunchQueue(config, seed, self.budget, now)
         self.ledger = SampleLedger(
-            self.budget, controller, policy_version, on_gone=self._sample_gone, episodic=shell.episodes is not None
+            self.budget, controller, policy_version, on_gone=self.launches.freed, episodic=shell.episodes is not None
         )
         self.episodes = Episodes(shell.episodes, self.budget) if shell.episodes is not None else None
         self._groups: dict[int, GroupRun] = {}
         self._next_group_id = 0
-        self.launches = LaunchQueue(config, seed, self.budget, now)
         self._sealed_open = 0  # open groups that are sealed (committed, still finishing)
         self._touched: set[int] = set()  # groups that may have become ready to ship
         self._steps_done = 0
@@ -180,26 +178,11 @@ class GroupTracker:
         The tracking loop follows each of its messages with a ``Tick``."""
         kind = type(msg)
         out = self._out
-        # The stream side: counted, and scored or posted to the tracking loop.
-        if kind is TokenDelta:
-            self.ledger.tokens(msg, out)
-            if not out and self.deciders.flush_wanted():
-                out.append(Post(DecideQueued()))
-        elif kind is SampleFinished:
-            self.ledger.finished(msg, out)
-        elif kind is EngineEvents:
-            self.ledger.events(msg.events, out)
-            if self.deciders.flush_wanted():  # one wake-up for the decision points these events queued
-                out.append(Post(DecideQueued()))
-        elif kind is StreamFailed:
-            self.ledger.failed(msg.request_id, msg.error, out, msg.tokens_after, msg.final_after)
-        elif kind is StreamCut:
-            self.ledger.cut(msg.request_id, msg.tokens, msg.final)
-        elif kind is StreamsClosed:
-            for final in msg.finals:
-                self.ledger.cut(final.request_id, 0, final)
-        # The tracking loop's messages.
-        elif kind is Tick:
+        if kind in STREAM_MESSAGES:  # the stream side: counted, and scored or posted to the tracking loop
+            self.ledger.handle(msg, out)
+            if (kind is EngineEvents or (kind is TokenDelta and not out)) and self.deciders.flush_wanted():
+                out.append(Post(DecideQueued()))  # one wake-up for the decision points they queued
+        elif kind is Tick:  # the tracking loop's messages
             self._tick(msg.backlog)
         elif kind is SampleDone:
             self._on_sample(msg.scored)
@@ -286,42 +269,18 @@ class GroupTracker:
     # --- admission and launches ----------------------------------------------------------
 
     def _admit(self) -> None:
-        """Open the groups the gate wants while the step-ahead, open-group and concurrency
-        limits leave room."""
-        cfg = self.config
-        b = cfg.step_groups
-        # Every open group may still commit, so open groups count against the step-ahead limit.
-        committed_ahead = (self.batches.batches_sent - self._steps_done) * b + len(self.pending) + len(self._groups)
-        # Open groups on their way to a batch: the sealed ones, or all for a gate that never abandons
-        # (it opens no group no step trains on; the report counts what the others start unused).
-        abandons = getattr(self.gate, "abandons", True)
-        shipping = self._sealed_open if abandons else len(self._groups)
-        still_needed = cfg.steps * b - (self.batches.batches_sent * b + len(self.pending) + shipping)
-        if (
-            committed_ahead >= (cfg.max_async_steps + 1) * b
-            or still_needed <= 0
-            or self.stop_reason
-            or self.budget_spent()
-        ):
+        """Open the groups the gate wants while the limits of ``pipeline.admission`` leave room."""
+        if self.stop_reason or self.budget_spent():
             return
-        free = cfg.max_concurrent_samples - self.launches.in_flight - len(self.launches)
-        room = (cfg.max_async_steps + 1) * b - committed_ahead
-        slots = min(
-            cfg.max_open_groups - len(self._groups),
-            free // cfg.group_size,
-            room if abandons else min(room, still_needed),
+        free = self.config.max_concurrent_samples - self.launches.in_flight - len(self.launches)
+        sent = self.batches.batches_sent
+        occupancy = Occupancy(
+            sent - self._steps_done, len(self.pending), len(self._groups), self._sealed_open, free, sent
         )
+        slots = open_slots(self.config, occupancy, abandons=getattr(self.gate, "abandons", True))
         if slots <= 0:
             return
-        offered = range(self._next_group_id, self._next_group_id + slots)
-        plans = self.gate.admit(offered, self.batches.batches_sent)
-        if [plan.group_id for plan in plans] != list(offered[: len(plans)]):
-            raise GateProtocolError(
-                f"{type(self.gate).__name__}.admit({offered}) returned plans for groups {[p.group_id for p in plans]}; "
-                "the i-th plan must take the i-th offered id"
-            )
-        for plan in plans:
-            group = GroupRun(plan.group_id, plan.prompt, plan.target_size, self.batches.batches_sent)
+        for group, plan in admit(self.gate, self._next_group_id, slots, sent):
             self._next_group_id += 1
             self._groups[group.group_id] = group
             self.budget.groups_opened += 1
@@ -341,15 +300,11 @@ class GroupTracker:
             self.ledger.started(start.group, start.request)
             self._out.append(start)
 
-    def _sample_gone(self) -> None:
-        """A cancelled sample's stream ended: its engine slot is free."""
-        self.launches.in_flight -= 1
-
     # --- decisions -----------------------------------------------------------------------
 
     def _on_sample(self, scored: ScoredSample) -> None:
         """A sample ended and was scored: the gate and the controller decide; their actions run."""
-        self.launches.in_flight -= 1  # counted until the tracker has seen it, so a stall check cannot race it
+        self.launches.freed()  # counted until the tracker has seen it, so a stall check cannot race it
         group = self._groups.get(scored.request.group_id)
         reason = scored.result.finish_reason
         if group is None or group.closed:
@@ -370,16 +325,16 @@ class GroupTracker:
         group = self._groups.get(request.group_id)
         if group is None or group.closed:  # abandoned while the environment answered: counted then
             return
+        if self.episodes is None:
+            raise TypeError(f"GroupTracker.handle got a TurnDone for {request.request_id} in a run without episodes")
         group.in_flight.pop(request.request_id, None)
-        scored = self.episodes.turn_done(msg, self._out)
-        if scored is not None:
-            self._on_sample(scored)
-            return
-        following = self.episodes.next_request(request)
+        outcome = self.episodes.after_turn(msg, self._out)
+        if isinstance(outcome, ScoredSample):
+            return self._on_sample(outcome)
+        following, point = outcome
         group.in_flight[following.request_id] = following
         self.ledger.started(group, following)
         self._out.append(Start(group, following))
-        point = self.episodes.point(request, msg)
         self._execute(self.deciders.on_turn(group, request.sample_index, point), source="controller")
 
     def _execute(self, actions: Sequence[GroupAction], source: str) -> None:
@@ -390,16 +345,11 @@ class GroupTracker:
                 self.budget.interventions_dropped += 1
                 continue
             if group is None:
-                raise GateProtocolError(
-                    f"{source} ({type(self.gate if source == 'gate' else self.controller).__name__}) "
-                    f"acted on group {action.group_id}, which is not open; a gate may only act on groups it opened "
-                    "and has not committed or abandoned"
-                )
+                actor = self.gate if source == "gate" else self.controller
+                raise GateProtocolError.not_open(source, actor, action.group_id)
             if action.kind is ActionKind.LAUNCH:
                 if group.sealed and action.origin < 0:
-                    raise GateProtocolError(
-                        f"{source} launched {action.n} samples on sealed group {group.group_id}; emit LAUNCH before COMMIT"
-                    )
+                    raise GateProtocolError.launch_after_commit(source, action.n, group.group_id)
                 self.launches.enqueue(group, action.n, action.params, action.branch, action.origin)
             elif action.kind is ActionKind.COMMIT:
                 if not group.sealed:
@@ -432,7 +382,7 @@ class GroupTracker:
             if self.episodes is not None and self.episodes.abandon(
                 request_id, request_id in self.ledger.running, self._out
             ):
-                self.launches.in_flight -= 1
+                self.launches.freed()
         effective = False
         if committed:
             shipped = group.committed()
@@ -480,54 +430,21 @@ class GroupTracker:
     def _check_progress(self) -> None:
         """Stop (budget spent) or raise ``GateStalled`` instead of waiting forever when nothing
         can produce another message."""
-        if self.launches.in_flight or len(self.launches) or self.batches.batches_sent > self._steps_done:
-            return
-        if self.decisions_queued:
-            return  # held groups wait for the controller's batch
-        if self.batches.batch_len():
+        running = self.launches.in_flight or len(self.launches) or self.batches.batches_sent > self._steps_done
+        if running or self.decisions_queued or self.batches.batch_len():  # held groups: the controller's batch
             return
         if self.budget_spent():
             self.stop_reason = f"rollout budget of {self.config.max_rollouts} spent"
             return
         held = sum(1 for g in self._groups.values() if not g.in_flight)
-        raise GateStalled(
-            f"the gate ({type(self.gate).__name__}) opened no group while nothing is running "
-            f"({len(self._groups)} open groups, {held} of them held with nothing in flight, "
-            f"{len(self.pending)} committed groups waiting for a batch of {self.batches.describe()}); "
-            "the prompt pool may be exhausted or emptied by eviction -- add prompts, relax eviction, "
-            "or lower orchestrator.batch_groups"
-        )
+        raise stall_error(self.gate, len(self._groups), held, len(self.pending), self.batches.describe())
 
-    # --- checkpoint ----------------------------------------------------------------------
+    # --- checkpoint (both directions in pipeline.tracker_state) -----------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The tracker's part of a checkpoint after the step just finished: its own state, the
-        gate's, the controller's and the evaluations so far. Groups still open are listed so
-        that a resumed run can tell the gate they are gone; committed groups not yet trained
-        (pending, or in batches sent to the learner) are kept whole."""
-        self.trace.flush()  # decisions before the checkpoint must be on disk with it
-        return {
-            "step": self._steps_done,
-            "decision_watermark": self.trace.watermark(),
-            "next_group_id": self._next_group_id,
-            "budget": self.budget.state_dict(),
-            "open_group_ids": sorted(self._groups),
-            **self.batches.state_dict(),
-            "gate": self.gate.state_dict(),
-            "controller": self.controller.state_dict(),
-            "policy_version": self.policy_version(),
-            "evals": list(self.evals),
-        }
+        """The tracker's part of a checkpoint after the step just finished (``pipeline.tracker_state``)."""
+        return tracker_state(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from ``state_dict``: the gate and the controller are restored, the groups that
-        were open are gone (the gate is told), untrained committed groups go first."""
-        self.gate.load_state_dict(state["gate"])
-        self.controller.load_state_dict(state["controller"])
-        self._steps_done = int(state["step"])
-        self._next_group_id = int(state["next_group_id"])
-        self.budget.load_state_dict(state["budget"])
-        self.batches.load_state_dict(state, self._steps_done)  # untrained groups go first, in order
-        self.steplog.evals[:] = list(state.get("evals", []))
-        for group_id in state["open_group_ids"]:
-            self.gate.on_closed(group_id, False)
+        """Resume from ``state_dict`` (``pipeline.tracker_state``)."""
+        restore_tracker(self, state)
