@@ -167,13 +167,23 @@ class EpisodeBook:
         return ScoredSample(request, result, reward if not error else 0.0, error, turns=turns)
 
 
+class EnvironmentFailing(RuntimeError):
+    """Each of a run's first episodes ended in an environment failure; the message names the
+    first failure (the environment's class and step) and the fix."""
+
+
 class Episodes:
     """The group tracker's side of episodes: the book, the budget's episode counters, and the
-    environment actions (``ForkEpisode``, ``CloseEpisode``) that go with starts and ends."""
+    environment actions (``ForkEpisode``, ``CloseEpisode``) that go with starts and ends. When each
+    of the first ``settings.check_first`` episodes ended in an environment failure the run stops
+    with ``EnvironmentFailing``: no episode can teach anything."""
 
     def __init__(self, settings: EpisodeSettings, budget: Budget):
         self.book = EpisodeBook(settings)
         self.budget = budget
+        self.check_first = settings.check_first
+        self._ended_well = 0  # episodes that ended without an environment failure
+        self._first_failure = ""
 
     def start(self, start: Start, out: list) -> Start:
         """An episode's first turn (a branch's: after a ``ForkEpisode`` of its environment)."""
@@ -205,6 +215,15 @@ class Episodes:
         b, reason = self.budget, scored.result.finish_reason
         if msg.error:
             b.env_failures += 1
+            self._first_failure = self._first_failure or msg.error
+            if self.check_first and not self._ended_well and b.env_failures == self.check_first:
+                raise EnvironmentFailing(
+                    f"each of the first {self.check_first} episodes ended in an environment failure, the first: "
+                    f"{self._first_failure}; fix the environment (task.env.class) or its settings (task.env.config), "
+                    "or set orchestrator.reward_check_first=0 to run on regardless"
+                )
+        else:
+            self._ended_well += 1
         if reason is FinishReason.ABORTED:
             b.rollouts_aborted += 1
         elif reason is FinishReason.ERROR:

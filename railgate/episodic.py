@@ -55,7 +55,11 @@ def env_parts(cfg: RunConfig, task: Any, tokenizer: Any) -> EnvParts:
         )
     o = cfg.orchestrator
     settings = EpisodeSettings(
-        max_turns=env.max_turns, max_episode_tokens=env.max_episode_tokens, turn_tokens=o.max_tokens, reward=env.reward
+        max_turns=env.max_turns,
+        max_episode_tokens=env.max_episode_tokens,
+        turn_tokens=o.max_tokens,
+        reward=env.reward,
+        check_first=o.reward_check_first,
     )
     renderer = renderer_for(tokenizer)
     return EnvParts(renderer, EnvService(task, renderer, settings, threads=max(1, o.reward_threads)), settings)

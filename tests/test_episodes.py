@@ -162,6 +162,26 @@ def test_an_environment_failure_ends_the_episode_as_a_failed_sample_and_is_count
     assert h.closed == ["g0-s0"]
 
 
+def test_episodes_that_all_fail_by_their_environment_stop_the_run_with_the_first_failure():
+    from pipeline.episodes import EnvironmentFailing
+
+    h = Harness(check_first=2)
+    a, b = h.start()
+    h.answer(h.finish_turn(a), error="ChainEnv step 1: step() returned a list, not a dict")
+    with pytest.raises(
+        EnvironmentFailing, match=r"first 2 episodes .* the first: ChainEnv step 1: step\(\) returned a list"
+    ):
+        h.answer(h.finish_turn(b), error="ChainEnv step 1: timed out")
+
+
+def test_one_episode_that_ends_well_first_means_no_stop():
+    h = Harness(check_first=1)
+    a, b = h.start()
+    h.answer(h.finish_turn(a), done=True)
+    h.answer(h.finish_turn(b), error="ChainEnv step 1: timed out")  # no EnvironmentFailing
+    assert h.tracker.budget.env_failures == 1
+
+
 class _AbandonAtFirstEnd(UniformGate):
     def update(self, snapshot):
         return [GroupAction(ActionKind.ABANDON, snapshot.group_id)]

@@ -188,7 +188,9 @@ class OrchestratorConfig:
     reward_check_first: int = 32
     """Stop the run (``RewardsFailing``, naming the reward function and its first failure) when
     each of its first this many rewards raised, timed out or returned None: a reward that never
-    works would spend the whole budget on samples that cannot train. 0: never stop."""
+    works would spend the whole budget on samples that cannot train. In an environment task
+    (``task.name: env``) the same count stops the run when each of the first episodes ended in
+    an environment failure (``EnvironmentFailing``). 0: never stop."""
     steps: int = 200
     """Learner steps to run."""
     eval_every: int = 10
@@ -349,3 +351,6 @@ class EpisodeSettings:
     """Tokens one turn may generate (``orchestrator.max_tokens``)."""
     reward: Literal["final", "sum"] = "final"
     """What trains: the environment's reward for the last turn, or the sum over the turns."""
+    check_first: int = 0
+    """Stop the run (``EnvironmentFailing``) when each of the first this many episodes ended in an
+    environment failure; 0: never (``orchestrator.reward_check_first`` in a run)."""

@@ -64,6 +64,7 @@ USER_ERRORS: frozenset[tuple[str, str]] = frozenset(
         ("pipeline.store.arrowio", "SegmentFormatError"),
         ("pipeline.datafiles", "DatasetError"),
         ("pipeline.envs.loading", "EnvLoadError"),
+        ("pipeline.episodes", "EnvironmentFailing"),
         ("pipeline.envs.render", "RenderError"),
         ("pipeline.tasks.rewards.health", "RewardsFailing"),
         ("pipeline.protocols", "GateStalled"),
