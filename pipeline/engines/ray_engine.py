@@ -34,9 +34,9 @@ call by a new actor that installs the latest weights before its first request.
 CPUs; ~3 s idle, 15 s loaded) unless Ray is already initialised; otherwise the address is
 checked with a TCP connection first (``connect_timeout_s``), because ``ray.init`` waits
 without end for an address that does not answer. The engine shuts Ray down on ``aclose``
-only if it started it.
+only if it started it. Two replicas of a saved model (``tests/test_ray_engine.py`` runs it)::
 
->>> engine = RayEngine(TorchEngineFactory("runs/x/base_model", eos_id=2), replicas=2)  # doctest: +SKIP
+    engine = RayEngine(TorchEngineFactory("runs/x/base_model", eos_id=2), replicas=2)
 """
 
 from __future__ import annotations

@@ -44,7 +44,10 @@ blocks for 17 s (idle machine) to 90 s (loaded). Greedy below temperature 1e-5.
 
 >>> FINISH_REASONS["length"], FINISH_REASONS["abort"]
 (<FinishReason.LENGTH: 1>, <FinishReason.ABORTED: 2>)
->>> engine = VllmEngine("runs/x/base_model", cache_dir="runs/x/cache")  # doctest: +SKIP
+
+A saved model (``tests/test_vllm_engine.py`` runs it)::
+
+    engine = VllmEngine("runs/x/base_model", cache_dir="runs/x/cache")
 """
 
 from __future__ import annotations
