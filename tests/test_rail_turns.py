@@ -141,3 +141,65 @@ def test_a_branch_waiting_for_capacity_whose_source_ended_starts_as_a_fresh_epis
     [fresh] = [s for s in ended if isinstance(s, Start)]
     assert fresh.request.request_id == "g0-s2" and fresh.request.branch is None
     assert fresh.request.prompt.token_ids == (1, 2) and not [x for x in ended if isinstance(x, ForkEpisode)]
+
+
+def test_a_short_agent_run_with_rail_live_forks_branch_episodes_at_failed_turns_and_trains_them(tmp_path):
+    import json
+
+    from configs import CONFIG_DIR
+    from pipeline.policy.models import build_model, save_model
+    from pipeline.policy.tokenizer import CharTokenizer
+    from pipeline.store.buffer import read_all
+    from pipeline.store.tracelog import read_trace
+    from pipeline.tasks import build_task
+    from railgate.config import load_config
+    from railgate.train import train
+
+    cfg = load_config(CONFIG_DIR / "agent.yaml", [])
+    tok = CharTokenizer.for_tasks(build_task(cfg.task))
+    model = build_model(tok.vocab_size, d_model=16, n_layers=1, n_heads=2, max_len=cfg.model.max_len, seed=0)
+    path = save_model(model, tok, tmp_path / "model")
+    run = tmp_path / "run"
+    settings = [
+        f"model.path={path}",
+        f"run_dir={run}",
+        "orchestrator.steps=2",
+        "orchestrator.batch_groups=2",
+        "orchestrator.group_size=4",
+        "orchestrator.eval_every=0",
+        "data.num_train_prompts=64",
+        "data.num_eval_prompts=8",
+        "gate.kind=uniform",  # every group trains: an untrained model fails every episode
+        "torch_engine.threads=1",
+        "controller.kind=rail",
+        "controller.rail.mode=live",
+        "controller.rail.backend=river",
+        "controller.rail.gain_threshold=-1.0",  # a fresh learner intervenes freely
+        "controller.rail.token_decisions=false",
+        "controller.rail.rescue_on_abandon=false",
+        "controller.rail.extend_on_commit=false",
+        "controller.rail.branch_sizes=[2]",
+        "controller.rail.branch_temperatures=[1.0]",
+        "controller.rail.resample_sizes=[]",
+        "log.checkpoint_every=0",
+        "log.tensorboard=false",
+    ]
+    train(load_config(CONFIG_DIR / "agent.yaml", settings), progress=False)
+    rows = read_trace(run / "trace").joined().to_pylist()
+    turns = [r for r in rows if r["decision_point"] == "turn"]
+    assert turns and all(r["mode"] == "live" and r["reward"] is not None for r in turns)
+    trained = read_all(run / "buffer").to_pylist()
+    forked = 0
+    for d in (r for r in turns if r["chosen"] == "branch_b2_t1"):
+        group = [r for r in trained if r["group_id"] == d["group_id"]]
+        [source] = [r for r in group if r["sample_index"] == d["sample_index"]]
+        keep = d["token_position"]  # the source's turns and the environment's feedback so far
+        turns_kept = sum(1 for end in source["turn_ends"] if end <= keep)
+        for branch in (r for r in group if r["sample_index"] >= 4):
+            if branch["token_ids"][:keep] == source["token_ids"][:keep]:
+                forked += 1
+                assert branch["turn_rewards"][:turns_kept] == source["turn_rewards"][:turns_kept]
+                assert len(branch["turn_ends"]) > turns_kept  # it played on in the forked environment
+    assert forked >= 2  # every branch decision launches two episodes; each trained with its group
+    budget = json.loads((run / "summary.json").read_text())["budget"]
+    assert budget["pipeline/env_failures"] == 0 and budget["pipeline/rollouts_intervention"] >= forked
