@@ -1,7 +1,8 @@
 """What the RAIL controller reports: its trace records and its step metrics.
 
 * a **decision** record per decision point (``decision_point`` ``group_rescue``,
-  ``group_extend`` or ``token``): the context features (plus the shadow-only ``shadow.*``
+  ``group_extend``, ``token`` or ``turn``; a turn's ``sample_index`` is its episode's and its
+  ``token_position`` the boundary's ``prefix_len``): the context features (plus the shadow-only ``shadow.*``
   keys, ``controller.rail.decider``), the available arms, the executed arm, its propensities
   and the learned model's predicted gain;
 * a **promotion** record per mode switch (``chosen`` = the new mode, ``actions`` = both modes),
