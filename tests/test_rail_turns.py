@@ -188,6 +188,11 @@ def test_a_short_agent_run_with_rail_live_forks_branch_episodes_at_failed_turns_
     rows = read_trace(run / "trace").joined().to_pylist()
     turns = [r for r in rows if r["decision_point"] == "turn"]
     assert turns and all(r["mode"] == "live" and r["reward"] is not None for r in turns)
+    from controller.rail.replay import load_logged
+
+    replayed = load_logged(run / "trace").records  # offline replay and OPE read them
+    assert sorted(r.decision_id for r in replayed) == sorted(r["decision_id"] for r in turns)
+    assert {r.context.point for r in replayed} == {"turn"}
     trained = read_all(run / "buffer").to_pylist()
     forked = 0
     for d in (r for r in turns if r["chosen"] == "branch_b2_t1"):
