@@ -188,6 +188,10 @@ class Episodes:
     def start(self, start: Start, out: list) -> Start:
         """An episode's first turn (a branch's: after a ``ForkEpisode`` of its environment)."""
         request, branch = start.request, start.request.branch
+        if branch is not None and branch.turns and self.book.get(branch.source_request_id) is None:
+            # Its source ended while it waited for engine capacity (its environment closed with
+            # it): nothing is left to continue, so it starts as a fresh episode of the prompt.
+            request, branch = dataclasses.replace(request, branch=None), None
         if branch is not None and branch.turns:
             out.append(ForkEpisode(branch.source_request_id, branch.turns, episode_key(request)))
             first = self.book.begin(request, branch.source_request_id, branch.turns)

@@ -98,6 +98,15 @@ class RailConfig:
     not count against it (they have their own cap), but they count toward it."""
     max_rescues_per_group: int = 1
     """Replaced abandons per group; each rescue makes the gate decide again, so this bounds it."""
+    turn_decisions: Literal["off", "failed", "all"] = "failed"
+    """Decision points at an episode's turn boundaries (``task.name: env``; ``controller.rail.turns``):
+    after a failed turn (its reward at most ``turn_fail_reward``: the environment said wrong and
+    its feedback is in the context), after every turn, or none. Only episodes ask."""
+    turn_fail_reward: float = 0.0
+    """A turn whose reward is at most this failed (ChainEnv: 0 for a wrong step, 1 for a right one)."""
+    max_turn_decisions_per_group: int = 4
+    """Turn-level decision points per group (no-ops included); interventions count against
+    ``max_interventions_per_group`` as at token points."""
 
     cost_lambda: float = 0.1
     """Price of one rollout-equivalent: reward = realised variance gain - cost_lambda *
@@ -185,6 +194,11 @@ class RailConfig:
             "resample_temperatures are all empty); give at least one size and one temperature",
         )
         require(
+            self.turn_decisions in ("off", "failed", "all"),
+            f"{KEY}.turn_decisions={self.turn_decisions!r} must be 'off', 'failed' or 'all'",
+        )
+        require(math.isfinite(self.turn_fail_reward), f"{KEY}.turn_fail_reward={self.turn_fail_reward} must be finite")
+        require(
             self.entropy_threshold >= 0 and math.isfinite(self.entropy_threshold),
             f"{KEY}.entropy_threshold={self.entropy_threshold} must be a finite entropy >= 0 (nats)",
         )
@@ -193,6 +207,7 @@ class RailConfig:
             "max_token_decisions_per_group",
             "max_interventions_per_group",
             "max_rescues_per_group",
+            "max_turn_decisions_per_group",
         ):
             value = getattr(self, name)
             require(value >= 0, f"{KEY}.{name}={value} must be >= 0")

@@ -1,7 +1,8 @@
 """RAIL: a learned intervention controller behind the orchestrator's ``Controller`` protocol.
 
 ``on_group`` (rescue, extend) and ``on_tokens`` (token) find the decision points
-(``controller.rail.points`` says what each is and how they are batched), and ``flush_decisions``
+(``controller.rail.points`` says what each is and how they are batched), ``on_turn`` an
+episode's turn boundaries (turn, decided at once: ``controller.rail.turns``), and ``flush_decisions``
 decides the queued ones in one scoring call. Every decision is logged (``DecisionRecord``, its features, the arms, the chosen arm and its
 propensity; ``controller.rail.decider`` says what each field holds in live and shadow mode);
 its reward is logged and learned from when the group closes, and shadow <-> live switches on
@@ -34,7 +35,7 @@ from typing import Any
 from controller.gates.common import hold
 from controller.rail import state as state_io
 from controller.rail.arms import Arm, build_arms
-from controller.rail.bandit import BanditLearner, ControllerStateError
+from controller.rail.bandit import BanditLearner
 from controller.rail.behaviour import build_behaviour
 from controller.rail.buffers import PrefixBuffers, RequestBuffer
 from controller.rail.config import RailConfig
@@ -43,7 +44,8 @@ from controller.rail.features import Context, PrefixInfo, group_features
 from controller.rail.learners import build_learner
 from controller.rail.outcomes import Outcomes, PendingDecision
 from controller.rail.points import DECISIONS_AT, INTERVENTIONS_OF, QUEUED, GroupState, Point, QueuedPoint, group_point
-from controller.rail.records import decision_record, latency_metrics
+from controller.rail.records import controller_metrics, decision_record
+from controller.rail.turns import TURN, turn_branch, turn_context, turn_due
 from pipeline.protocols import DecisionSink
 from pipeline.seeding import derive_seed
 from pipeline.types import (
@@ -154,7 +156,7 @@ class RailController:
                 held = tuple(a for a in proposed if a.group_id == gid and a.kind is ActionKind.ABANDON)
                 if self._queue_group_point(snapshot, group, "rescue", held):
                     return rest + [hold(gid, QUEUED)]
-                actions = self._rescued(snapshot, group, self._group_decision(snapshot, group, "rescue"), held=())
+                actions = group.rescued(snapshot, self._group_decision(snapshot, group, "rescue"), (), self.counts)
                 return rest + actions if actions else proposed
             return proposed
         if ActionKind.COMMIT in mine and group.may_extend(cfg):
@@ -163,19 +165,6 @@ class RailController:
                 return [a for a in proposed if a.group_id != gid] + [hold(gid, QUEUED)]
             return proposed + self._group_decision(snapshot, group, "extend")
         return proposed
-
-    def _rescued(
-        self, snapshot: GroupSnapshot, group: GroupState, actions: list[GroupAction], held: tuple[GroupAction, ...]
-    ) -> list[GroupAction]:
-        """A rescue decision's outcome: its intervention in place of the held abandon, or the
-        abandon when it chose the no-op."""
-        if not actions:
-            return list(held)
-        group.rescues += 1
-        if not group.rescued_from:
-            group.rescued_from = "fail" if snapshot.successes == 0 else "pass"
-            self.counts[f"rescued_{group.rescued_from}"] += 1
-        return actions
 
     def on_tokens(self, snapshot: GroupSnapshot, sample_index: int, delta: TokenDelta) -> list[GroupAction]:
         gid = snapshot.group_id
@@ -214,8 +203,22 @@ class RailController:
         return []
 
     def on_turn(self, snapshot: GroupSnapshot, sample_index: int, point: TurnPoint) -> list[GroupAction]:
-        """RAIL has no turn-level decision points yet (the protocol's default: none)."""
-        return []
+        """An episode's turn boundary: a ``turn`` decision point, decided at once, when
+        ``controller.rail.turns`` says it is one (its arms: the no-op, branches from this
+        boundary, fresh episodes)."""
+        cfg = self.config
+        if not turn_due(point, self._groups.get(snapshot.group_id), cfg):
+            return []
+        started = time.perf_counter_ns()
+        group = self._group(snapshot)
+        group.turn_decisions += 1
+        context = turn_context(snapshot, group, point, self.arms, self.length_estimate, cfg.turn_fail_reward)
+        choice = self.decider.choose(context, self.mode)
+        actions = self._act(
+            TURN, snapshot, group, context, choice, None, point.prefix_len, turn_branch(point), sample_index
+        )
+        self.latency_ns.append(time.perf_counter_ns() - started)
+        return actions
 
     @property
     def queued_decisions(self) -> int:
@@ -250,7 +253,7 @@ class RailController:
                 continue
             chosen = self._act(q.point, q.snapshot, q.group, q.context, choice, q.source, q.position)
             if q.point == "rescue":
-                chosen = self._rescued(q.snapshot, q.group, chosen, q.held)
+                chosen = q.group.rescued(q.snapshot, chosen, q.held, self.counts)
             elif q.point == "extend":
                 chosen = list(q.held) + chosen
             actions += chosen
@@ -354,12 +357,15 @@ class RailController:
         choice: Choice,
         source: RequestBuffer | None,
         position: int,
+        branch: BranchSpec | None = None,
+        sample: int = -1,
     ) -> list[GroupAction]:
-        """Log the decision, keep it for its reward, and turn the chosen arm into actions."""
+        """Log the decision, keep it for its reward, and turn the chosen arm into actions (a
+        branch continues ``branch``, else ``source``'s prefix up to ``position``)."""
         i = choice.acted.action
         arm = context.arms[i]
         decision_id = self.sink.next_decision_id()
-        sample = source.sample_index if source is not None else -1
+        sample = source.sample_index if source is not None else sample
         self.sink.log_decision(
             decision_record(
                 decision_id,
@@ -396,8 +402,7 @@ class RailController:
         group.interventions += 1
         counts["interventions"] += 1
         counts[INTERVENTIONS_OF[arm.kind]] += 1
-        branch = None
-        if arm.kind == "branch":
+        if arm.kind == "branch" and branch is None:
             assert source is not None  # branch arms are only offered with a known prefix
             tokens, logprobs = source.prefix(position)
             branch = BranchSpec(source.request_id, position, tokens, logprobs)
@@ -414,55 +419,19 @@ class RailController:
         """``controller/...`` metrics for the step log: the counters, the mode and the switches,
         the length estimate, the prefix buffers, open groups, the mean recent reward, decision
         latency percentiles, the latest promotion evidence and the gain-prediction errors."""
-        out = {f"controller/{k}": float(v) for k, v in sorted(self.counts.items())}
-        out["controller/length_estimate"] = float(self.length_estimate)
-        out["controller/buffered_requests"] = float(len(self.buffers))
-        out["controller/buffer_evictions"] = float(self.buffers.evicted)
-        out["controller/open_groups"] = float(len(self._groups))
-        out.update(latency_metrics(self.latency_ns))
-        out.update(self.outcomes.metrics())
-        return out
+        return controller_metrics(
+            self.counts, self.length_estimate, self.buffers, len(self._groups), self.latency_ns, self.outcomes
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state; ``controller.rail.state`` says what is kept (not the open groups: a
         resumed run starts them afresh)."""
-        return {
-            **state_io.HEADER,
-            "backend": self.config.backend,
-            "learner": self.learner.state_dict(),
-            "frozen": self.frozen.state_dict() if self.frozen is not None else None,
-            "behaviour": self.behaviour.state_dict(),
-            "decider": self.decider.state_dict(),
-            "promoter": self.promoter.state_dict(),
-            "gain_errors": self.outcomes.gain_errors.state_dict(),
-            "length": self.length_estimate,
-            "counts": dict(self.counts),
-        }
+        return state_io.controller_state(self)
 
     def load_state_dict(self, state: dict[str, Any], where: str = "controller state") -> None:
         """Restore ``state_dict()``'s output. ``ControllerStateError`` naming ``where`` for a state
         of another format, version or backend (nothing loaded) or a corrupt one."""
-        state_io.check_header(state, where, self.config.backend)
-        outcomes = self.outcomes
-        try:
-            frozen = outcomes.frozen_from_state(state["frozen"])
-            # Validate everything that can fail before touching the live learner.
-            promoter = dict(state["promoter"])
-            length = float(state["length"])
-            counts = {str(k): int(v) for k, v in state["counts"].items()}
-            self.learner.load_state_dict(state["learner"])
-            self.behaviour.load_state_dict(state["behaviour"])
-            self.decider.load_state_dict(state["decider"])
-            outcomes.promoter.load_state_dict(promoter)
-            outcomes.gain_errors.load_state_dict(state["gain_errors"])
-        except ControllerStateError:
-            raise
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise state_io.corrupt(where, exc) from exc
-        outcomes.frozen = frozen
-        self.length_estimate = length
-        self.counts.clear()
-        self.counts.update(counts)
+        state_io.load_controller_state(self, state, where)
 
     def save(self, path: str) -> None:
         """Write ``state_dict()`` to ``path`` as JSON, atomically."""

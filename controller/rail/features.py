@@ -57,10 +57,14 @@ from controller.rail.arms import Arm, ArmsCache
 from pipeline.types import GroupSnapshot
 
 POINTS = ("rescue", "extend", "token")
-"""Decision points; ``DecisionRecord.decision_point`` holds ``DECISION_POINTS[point]``."""
-_POINT_ONE_HOT = {p: tuple(float(p == q) for q in POINTS) for p in POINTS}
+"""Decision points of single responses; ``DecisionRecord.decision_point`` holds ``DECISION_POINTS[point]``."""
+TURN = "turn"
+"""The decision point at an episode's turn boundary (``controller.rail.turns``): its features are the
+group's, with every ``point_*`` above 0, plus its own (``turn_features``)."""
+ALL_POINTS = (*POINTS, TURN)
+_POINT_ONE_HOT = {p: tuple(float(p == q) for q in POINTS) for p in ALL_POINTS}
 """The ``point_*`` features of each decision point, in ``POINTS`` order."""
-DECISION_POINTS = {"rescue": "group_rescue", "extend": "group_extend", "token": "token"}
+DECISION_POINTS = {"rescue": "group_rescue", "extend": "group_extend", "token": "token", TURN: TURN}
 LOGPROB_FLOOR = 30.0
 ENTROPY_CAP = 30.0
 
@@ -114,7 +118,7 @@ def group_features(
     """The shared context of a decision on ``snapshot``'s group (see the module table)."""
     one_hot = _POINT_ONE_HOT.get(point)
     if one_hot is None:
-        raise ValueError(f"decision point {point!r} is not one of {', '.join(POINTS)}")
+        raise ValueError(f"decision point {point!r} is not one of {', '.join(ALL_POINTS)}")
     size = float(max(snapshot.target_size, 1))
     done = len(snapshot.rewards)
     s = snapshot.successes  # counted once: ``failures`` would count them again

@@ -27,18 +27,19 @@ its decisions, how often it intervened and rescued, and so which points it may s
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from controller.rail.arms import Arm
 from controller.rail.buffers import PrefixBuffers, RequestBuffer
 from controller.rail.config import RailConfig
-from controller.rail.features import POINTS, Context, PrefixInfo
+from controller.rail.features import ALL_POINTS, Context, PrefixInfo
 from controller.rail.outcomes import PendingDecision
 from pipeline.types import GroupAction, GroupSnapshot
 
 QUEUED = "rail: decision queued"
 """The reason of the HOLD that ``on_group`` returns while a group-level point waits for its batch."""
-DECISIONS_AT = {point: f"decisions_{point}" for point in POINTS}
+DECISIONS_AT = {point: f"decisions_{point}" for point in ALL_POINTS}
 INTERVENTIONS_OF = {kind: f"interventions_{kind}" for kind in ("branch", "resample")}
 """The counters of decisions per point and of interventions per arm kind, named once."""
 
@@ -50,6 +51,7 @@ class GroupState:
     first_version: int
     decisions: list[PendingDecision] = field(default_factory=list)
     token_decisions: int = 0
+    turn_decisions: int = 0
     interventions: int = 0
     rescues: int = 0
     rescued_from: str = ""  # "fail" / "pass": the saturated probe a rescue intervention acted on
@@ -75,6 +77,23 @@ class GroupState:
             self.token_decisions < cfg.max_token_decisions_per_group
             and self.interventions < cfg.max_interventions_per_group
         )
+
+    def rescued(
+        self,
+        snapshot: GroupSnapshot,
+        actions: list[GroupAction],
+        held: tuple[GroupAction, ...],
+        counts: Counter[str],
+    ) -> list[GroupAction]:
+        """A rescue decision's outcome: its intervention in place of the held abandon, or the
+        abandon when it chose the no-op (``counts``: the controller's, ``rescued_*`` counted)."""
+        if not actions:
+            return list(held)
+        self.rescues += 1
+        if not self.rescued_from:
+            self.rescued_from = "fail" if snapshot.successes == 0 else "pass"
+            counts[f"rescued_{self.rescued_from}"] += 1
+        return actions
 
     def outstanding(self, snapshot: GroupSnapshot) -> bool:
         """Some intervention of this group has samples that have not come back yet."""

@@ -1,7 +1,8 @@
 """What the RAIL controller reports: its trace records and its step metrics.
 
 * a **decision** record per decision point (``decision_point`` ``group_rescue``,
-  ``group_extend`` or ``token``): the context features (plus the shadow-only ``shadow.*``
+  ``group_extend``, ``token`` or ``turn``; a turn's ``sample_index`` is its episode's and its
+  ``token_position`` the boundary's ``prefix_len``): the context features (plus the shadow-only ``shadow.*``
   keys, ``controller.rail.decider``), the available arms, the executed arm, its propensities
   and the learned model's predicted gain;
 * a **promotion** record per mode switch (``chosen`` = the new mode, ``actions`` = both modes),
@@ -18,8 +19,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from controller.rail.features import DECISION_POINTS
 from controller.rail.promotion import Evidence
@@ -119,3 +120,24 @@ def evidence_metrics(evidence: Evidence | None) -> dict[str, float]:
         "controller/other_upper": evidence.other.upper,
         "controller/window_decisions": float(evidence.n),
     }
+
+
+def controller_metrics(
+    counts: Mapping[str, int],
+    length_estimate: float,
+    buffers: Any,
+    open_groups: int,
+    latency_ns: Sequence[int],
+    outcomes: Any,
+) -> dict[str, float]:
+    """``RailController.metrics``: the counters, the length estimate, the prefix buffers
+    (``PrefixBuffers``), open groups, the decision latency percentiles and ``outcomes``'
+    (``Outcomes.metrics``)."""
+    out = {f"controller/{k}": float(v) for k, v in sorted(counts.items())}
+    out["controller/length_estimate"] = float(length_estimate)
+    out["controller/buffered_requests"] = float(len(buffers))
+    out["controller/buffer_evictions"] = float(buffers.evicted)
+    out["controller/open_groups"] = float(open_groups)
+    out.update(latency_metrics(latency_ns))
+    out.update(outcomes.metrics())
+    return out

@@ -120,3 +120,46 @@ def load_file(path: str | os.PathLike) -> dict[str, Any]:
         ) from exc
     check_header(state, f"controller state file {p}")
     return state
+
+
+def controller_state(rail: Any) -> dict[str, Any]:
+    """``RailController.state_dict``: the module docstring's state of ``rail``."""
+    return {
+        **HEADER,
+        "backend": rail.config.backend,
+        "learner": rail.learner.state_dict(),
+        "frozen": rail.frozen.state_dict() if rail.frozen is not None else None,
+        "behaviour": rail.behaviour.state_dict(),
+        "decider": rail.decider.state_dict(),
+        "promoter": rail.promoter.state_dict(),
+        "gain_errors": rail.outcomes.gain_errors.state_dict(),
+        "length": rail.length_estimate,
+        "counts": dict(rail.counts),
+    }
+
+
+def load_controller_state(rail: Any, state: dict[str, Any], where: str) -> None:
+    """``RailController.load_state_dict``: restore ``controller_state``'s output into ``rail``;
+    ``ControllerStateError`` naming ``where`` for a state of another format, version or backend
+    (nothing loaded) or a corrupt one."""
+    check_header(state, where, rail.config.backend)
+    outcomes = rail.outcomes
+    try:
+        frozen = outcomes.frozen_from_state(state["frozen"])
+        # Validate everything that can fail before touching the live learner.
+        promoter = dict(state["promoter"])
+        length = float(state["length"])
+        counts = {str(k): int(v) for k, v in state["counts"].items()}
+        rail.learner.load_state_dict(state["learner"])
+        rail.behaviour.load_state_dict(state["behaviour"])
+        rail.decider.load_state_dict(state["decider"])
+        outcomes.promoter.load_state_dict(promoter)
+        outcomes.gain_errors.load_state_dict(state["gain_errors"])
+    except ControllerStateError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise corrupt(where, exc) from exc
+    outcomes.frozen = frozen
+    rail.length_estimate = length
+    rail.counts.clear()
+    rail.counts.update(counts)

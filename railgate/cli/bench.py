@@ -51,7 +51,13 @@ def _recover(args: argparse.Namespace) -> int:
             f"bench recover needs a real model; {args.config} sets engine.kind=sim: use "
             "configs/default.yaml or set engine.kind=torch"
         )
-    report = measure_recoverability(
+    if cfg.task.name == "env":  # episodes of turns: branches from failed turns' boundaries
+        from railgate.bench.recover_turns import measure_turn_recoverability, render_turns
+
+        measure, show = measure_turn_recoverability, render_turns
+    else:
+        measure, show = measure_recoverability, render
+    report = measure(
         cfg,
         args.out,
         prompts=args.prompts,
@@ -59,7 +65,7 @@ def _recover(args: argparse.Namespace) -> int:
         failed_per_prompt=args.failed_per_prompt,
         progress=not args.no_progress,
     )
-    print(render(report))
+    print(show(report))
     print(f"wrote {args.out / 'recover.md'} and {args.out / 'recover.json'}")
     return 0
 
