@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from hf_models import save_tiny_llama
+from run_helpers import sets
 from safetensors.torch import load_file
 
 from pipeline.policy.models import load_model
@@ -23,24 +24,17 @@ from railgate.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = ("railgate", "pipeline", "controller", "learner", "configs")
 SMALL = [
-    "--set",
-    "orchestrator.batch_groups=4",
-    "--set",
-    "orchestrator.group_size=4",
-    "--set",
-    "orchestrator.max_tokens=6",
-    "--set",
-    "data.num_train_prompts=64",
-    "--set",
-    "data.num_eval_prompts=8",
-    "--set",
-    "gate.kind=uniform",
-    "--set",
-    "log.checkpoint_every=1",
-    "--set",
-    "task.arithmetic.max_digits=2",
-    "--set",
-    "orchestrator.eval_every=0",
+    *sets(
+        "orchestrator.batch_groups=4",
+        "orchestrator.group_size=4",
+        "orchestrator.max_tokens=6",
+        "data.num_train_prompts=64",
+        "data.num_eval_prompts=8",
+        "gate.kind=uniform",
+        "log.checkpoint_every=1",
+        "task.arithmetic.max_digits=2",
+        "orchestrator.eval_every=0",
+    ),
 ]
 
 
@@ -73,12 +67,7 @@ def llama_run(tmp_path_factory):
                 "--no-progress",
                 "--run-dir",
                 str(run),
-                "--set",
-                f"model.path={model}",
-                "--set",
-                "task.chat_template=true",
-                "--set",
-                "orchestrator.steps=2",
+                *sets(f"model.path={model}", "task.chat_template=true", "orchestrator.steps=2"),
                 *SMALL,
             ]
         )
@@ -91,20 +80,15 @@ def llama_run(tmp_path_factory):
 def char_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("export_char") / "run"
     tiny = [
-        "--set",
-        "model.d_model=64",
-        "--set",
-        "model.n_heads=2",
-        "--set",
-        "model.n_layers=1",
-        "--set",
-        "model.max_len=24",
-        "--set",
-        "model.warm_start_steps=3",
-        "--set",
-        "model.warm_start_target=0",
-        "--set",
-        "model.warm_start_batch=8",
+        *sets(
+            "model.d_model=64",
+            "model.n_heads=2",
+            "model.n_layers=1",
+            "model.max_len=24",
+            "model.warm_start_steps=3",
+            "model.warm_start_target=0",
+            "model.warm_start_batch=8",
+        ),
     ]
     assert main(["train", "--no-progress", "--run-dir", str(run), "--set", "orchestrator.steps=1", *SMALL, *tiny]) == 0
     return run

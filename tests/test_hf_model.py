@@ -10,6 +10,7 @@ import shutil
 import pyarrow as pa
 import pytest
 from hf_models import save_tiny_llama
+from run_helpers import sets
 
 from pipeline.policy.hf_tokenizer import HFTokenizer
 from pipeline.policy.models import ModelDirError, load_model
@@ -56,26 +57,18 @@ def test_broken_directories_name_the_problem(llama_dir, tmp_path):
 
 
 ARGS = [
-    "--set",
-    "orchestrator.steps=2",
-    "--set",
-    "orchestrator.batch_groups=4",
-    "--set",
-    "orchestrator.group_size=4",
-    "--set",
-    "orchestrator.max_tokens=8",
-    "--set",
-    "data.num_train_prompts=64",
-    "--set",
-    "data.num_eval_prompts=8",
-    "--set",
-    "gate.kind=uniform",
-    "--set",
-    "orchestrator.eval_every=2",
-    "--set",
-    "log.checkpoint_every=2",
-    "--set",
-    "task.arithmetic.max_digits=2",
+    *sets(
+        "orchestrator.steps=2",
+        "orchestrator.batch_groups=4",
+        "orchestrator.group_size=4",
+        "orchestrator.max_tokens=8",
+        "data.num_train_prompts=64",
+        "data.num_eval_prompts=8",
+        "gate.kind=uniform",
+        "orchestrator.eval_every=2",
+        "log.checkpoint_every=2",
+        "task.arithmetic.max_digits=2",
+    ),
 ]
 
 
@@ -87,10 +80,7 @@ def test_trains_two_steps_through_the_cli_with_chat_template(llama_dir, tmp_path
             "--no-progress",
             "--run-dir",
             str(run),
-            "--set",
-            f"model.path={llama_dir}",
-            "--set",
-            "task.chat_template=true",
+            *sets(f"model.path={llama_dir}", "task.chat_template=true"),
             *ARGS,
         ]
     )
@@ -135,12 +125,7 @@ def test_the_vllm_engine_serves_a_users_model(llama_dir, tmp_path, capsys):
             "--no-progress",
             "--run-dir",
             str(run),
-            "--set",
-            f"model.path={llama_dir}",
-            "--set",
-            "engine.kind=vllm",
-            "--set",
-            "task.chat_template=true",
+            *sets(f"model.path={llama_dir}", "engine.kind=vllm", "task.chat_template=true"),
             *ARGS,
         ]
     )

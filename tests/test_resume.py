@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 import pyarrow.compute as pc
+from run_helpers import sets
 
 from pipeline.metrics import read_metrics
 from pipeline.store.buffer import read_all
@@ -20,28 +21,19 @@ from pipeline.store.tracelog import read_trace
 ROOT = Path(__file__).resolve().parents[1]
 STEPS, GROUPS = 40, 8
 SETTINGS = [
-    "--set",
-    "orchestrator.batch_groups=8",
-    "--set",
-    "orchestrator.group_size=4",
-    "--set",
-    "gate.kind=sara",
-    "--set",
-    "gate.sara.probe_size=2",
-    "--set",
-    "orchestrator.max_concurrent_samples=64",
-    "--set",
-    "sim.num_prompts=512",
-    "--set",
-    "sim.num_eval_prompts=64",
-    "--set",
-    "log.checkpoint_every=3",
-    "--set",
-    "log.trace_flush_every=8",
-    "--set",
-    "log.tensorboard=false",
-    "--set",
-    "orchestrator.eval_every=5",
+    *sets(
+        "orchestrator.batch_groups=8",
+        "orchestrator.group_size=4",
+        "gate.kind=sara",
+        "gate.sara.probe_size=2",
+        "orchestrator.max_concurrent_samples=64",
+        "sim.num_prompts=512",
+        "sim.num_eval_prompts=64",
+        "log.checkpoint_every=3",
+        "log.trace_flush_every=8",
+        "log.tensorboard=false",
+        "orchestrator.eval_every=5",
+    ),
 ]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from run_helpers import sets
 
 from configs import CONFIG_DIR
 from pipeline.policy.models import load_model
@@ -20,14 +21,7 @@ pytestmark = pytest.mark.timeout(1800)
 QUESTION = "What is 23 + 45? Answer with the number only."
 # the config's two steps, with a smaller held-out set (the torch and vLLM runs each evaluate twice)
 TWO_STEPS = [
-    "--set",
-    "orchestrator.steps=2",
-    "--set",
-    "orchestrator.eval_every=2",
-    "--set",
-    "data.num_eval_prompts=16",
-    "--set",
-    "log.checkpoint_every=2",
+    *sets("orchestrator.steps=2", "orchestrator.eval_every=2", "data.num_eval_prompts=16", "log.checkpoint_every=2"),
 ]
 
 
@@ -111,10 +105,7 @@ def test_smollm2_config_trains_two_steps_on_the_vllm_engine(smollm2_dir, tmp_pat
             "--no-progress",
             "--run-dir",
             str(run),
-            "--set",
-            f"model.path={smollm2_dir}",
-            "--set",
-            "engine.kind=vllm",
+            *sets(f"model.path={smollm2_dir}", "engine.kind=vllm"),
             *TWO_STEPS,
         ]
     )

@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
+from run_helpers import sets
 
 from railgate.cli import main
 
@@ -23,24 +24,17 @@ SIM = [
     "--config",
     "configs/sim.yaml",
     "--no-progress",
-    "--set",
-    f"orchestrator.batch_groups={GROUPS}",
-    "--set",
-    f"orchestrator.group_size={G}",
-    "--set",
-    "gate.kind=uniform",
-    "--set",
-    "sim.num_prompts=256",
-    "--set",
-    "sim.num_eval_prompts=32",
-    "--set",
-    "log.checkpoint_every=2",
-    "--set",
-    "log.tensorboard=false",
-    "--set",
-    "orchestrator.eval_every=2",
-    "--set",
-    "log.trace_flush_every=4",
+    *sets(
+        f"orchestrator.batch_groups={GROUPS}",
+        f"orchestrator.group_size={G}",
+        "gate.kind=uniform",
+        "sim.num_prompts=256",
+        "sim.num_eval_prompts=32",
+        "log.checkpoint_every=2",
+        "log.tensorboard=false",
+        "orchestrator.eval_every=2",
+        "log.trace_flush_every=4",
+    ),
 ]
 
 
