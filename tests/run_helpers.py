@@ -5,9 +5,11 @@ nothing)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,11 +72,10 @@ def cli_env() -> dict[str, str]:
 
 
 def cli_popen(*args: str, **popen) -> subprocess.Popen:
-    """``python run.py ARGS`` started in the background (stdout and stderr piped), for tests
-    that act while it runs."""
-    return subprocess.Popen(
-        run_py(*args), cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen
-    )
+    """``python run.py ARGS`` started in the background (stdout and stderr piped unless
+    ``popen`` says otherwise), for tests that act while it runs."""
+    options = {"cwd": ROOT, "env": cli_env(), "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen}
+    return subprocess.Popen(run_py(*args), **options)
 
 
 def cli(*args: str, timeout: int = 240, cwd: Path = ROOT, **popen) -> subprocess.CompletedProcess:
@@ -137,3 +138,28 @@ def cli_ok(*args: str, timeout: int = 240, cwd: Path = ROOT, **popen) -> subproc
     result = cli(*args, timeout=timeout, cwd=cwd, **popen)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
+
+
+PROJECT = ("railgate", "pipeline", "controller", "learner", "configs")
+"""The project's top-level packages."""
+
+
+def run_outside(script: str, cwd: Path, *args: str, timeout: int = 900) -> dict:
+    """Run ``script`` (dedented) in a fresh interpreter in ``cwd``, away from the checkout (no
+    ``PYTHONPATH``), check that it imported no project module and succeeded; the JSON it
+    printed last."""
+    guard = (
+        f"\nimport sys\nassert not [m for m in sys.modules if m.split('.')[0] in {PROJECT!r}], "
+        "'a project module was imported'\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script) + guard, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])

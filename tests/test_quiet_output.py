@@ -8,21 +8,19 @@ import re
 
 from run_helpers import cli, sets
 
-TINY = [
-    *sets(
-        "model.d_model=32",
-        "model.n_layers=1",
-        "model.warm_start_steps=3",
-        "model.warm_start_target=0",
-        "orchestrator.steps=1",
-        "orchestrator.batch_groups=4",
-        "orchestrator.group_size=4",
-        "data.num_train_prompts=64",
-        "data.num_eval_prompts=8",
-        "log.checkpoint_every=1",
-        "log.tensorboard=false",
-    ),
-]
+TINY = sets(
+    "model.d_model=32",
+    "model.n_layers=1",
+    "model.warm_start_steps=3",
+    "model.warm_start_target=0",
+    "orchestrator.steps=1",
+    "orchestrator.batch_groups=4",
+    "orchestrator.group_size=4",
+    "data.num_train_prompts=64",
+    "data.num_eval_prompts=8",
+    "log.checkpoint_every=1",
+    "log.tensorboard=false",
+)
 LIBRARY_BARS = ("Writing model shards", "Loading weights", "Loading checkpoint shards")
 ANY_BAR = re.compile(r"\d+%\|")  # tqdm's "  40%|████      |"
 

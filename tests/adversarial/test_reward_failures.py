@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 from hf_models import save_tiny_llama
-from run_helpers import cli
+from run_helpers import cli, sets
 
 from pipeline.config.build import ConfigError
 from pipeline.config.sections import SimConfig
@@ -159,7 +159,7 @@ def dataset_dir(tmp_path_factory) -> Path:
     return root
 
 
-def _train(root: Path, run: Path, reward: str, *sets: str):
+def _train(root: Path, run: Path, reward: str, *more: str):
     args = [
         "train",
         "--no-progress",
@@ -184,7 +184,7 @@ def _train(root: Path, run: Path, reward: str, *sets: str):
             "log.tensorboard=false",
         ),
     ]
-    return cli(*args, *[a for s in sets for a in ("--set", s)], cwd=root, timeout=600)
+    return cli(*args, *sets(*more), cwd=root, timeout=600)
 
 
 @pytest.mark.parametrize(
