@@ -323,13 +323,7 @@ class VllmEngine(EngineBase):
         try:
             req.queue = await self._llm.add_request(req.vid, prompt, self._params(req))
         except Exception as exc:  # rejected by vLLM's validation, or the engine is dead
-            req.live = False
-            if req.finish is None:
-                self._end(
-                    req,
-                    FinishReason.ERROR,
-                    f"vLLM refused request {req.request.request_id!r}: {type(exc).__name__}: {exc}",
-                )
+            self._fail(req, "refused", exc)
             return
         if req.finish is not None and req.live:  # aborted while it was being submitted
             req.live = False
@@ -337,6 +331,14 @@ class VllmEngine(EngineBase):
 
     def _end(self, req: _Request, reason: FinishReason, error: str = "") -> None:
         req.finish, req.error, req.end_time = reason, error, time.monotonic() - self._t0
+
+    def _fail(self, req: _Request, what: str, exc: Exception) -> None:
+        """vLLM no longer holds ``req``; it ends in an error saying what vLLM did (unless it had ended)."""
+        req.live = False
+        if req.finish is None:
+            self._end(
+                req, FinishReason.ERROR, f"vLLM {what} request {req.request.request_id!r}: {type(exc).__name__}: {exc}"
+            )
 
     async def _release(self, req: _Request) -> None:
         """The consumer is done with the stream (final event read, closed, or cancelled)."""
@@ -361,13 +363,7 @@ class VllmEngine(EngineBase):
             try:
                 out = req.queue.get_nowait() or await req.queue.get()
             except Exception as exc:  # the engine died or failed this request
-                req.live = False
-                if req.finish is None:
-                    self._end(
-                        req,
-                        FinishReason.ERROR,
-                        f"vLLM failed request {req.request.request_id!r}: {type(exc).__name__}: {exc}",
-                    )
+                self._fail(req, "failed", exc)
                 continue
             self._absorb(req, out)
 

@@ -116,17 +116,4 @@ def measure_episodes(
     for session, _, k in episodes:
         ok = not session.failed and session.done and session.episode_reward > prompts[k].success_threshold
         success[k] += ok / group_size
-    by_d: dict[float, list[float]] = {}
-    for prompt, rate in zip(prompts, success):
-        by_d.setdefault(prompt.difficulty, []).append(rate)
-    n = max(1, len(success))
-    return PolicyStats(
-        accuracy=sum(success) / n,
-        saturated=sum(r in (0.0, 1.0) for r in success) / n,
-        all_correct=sum(r == 1.0 for r in success) / n,
-        all_wrong=sum(r == 0.0 for r in success) / n,
-        n_prompts=len(success),
-        group_size=group_size,
-        by_difficulty=tuple((d, sum(v) / len(v)) for d, v in sorted(by_d.items())),
-        wall_s=time.perf_counter() - start,
-    )
+    return PolicyStats.of(prompts, success, group_size, time.perf_counter() - start)

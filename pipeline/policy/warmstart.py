@@ -274,17 +274,4 @@ def measure_policy(
             if rewards:
                 rates.append(sum(rewards) / len(rewards))
                 graded.append(prompt)
-    by_d: dict[float, list[float]] = {}
-    for prompt, rate in zip(graded, rates):
-        by_d.setdefault(prompt.difficulty, []).append(rate)
-    n = max(1, len(rates))
-    return PolicyStats(
-        accuracy=sum(rates) / n,
-        saturated=sum(r in (0.0, 1.0) for r in rates) / n,
-        all_correct=sum(r == 1.0 for r in rates) / n,
-        all_wrong=sum(r == 0.0 for r in rates) / n,
-        n_prompts=len(rates),
-        group_size=group_size,
-        by_difficulty=tuple((d, sum(v) / len(v)) for d, v in sorted(by_d.items())),
-        wall_s=time.perf_counter() - start,
-    )
+    return PolicyStats.of(graded, rates, group_size, time.perf_counter() - start)
