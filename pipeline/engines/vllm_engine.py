@@ -59,7 +59,7 @@ from typing import Any
 import anyio
 
 from pipeline.engines.base import EngineBase, EngineError
-from pipeline.engines.request import RequestStream, check_request
+from pipeline.engines.request import RequestStream, check_request, final_event
 from pipeline.engines.torch_sampling import stream_key
 from pipeline.engines.vllm_setup import (
     check_cpu_head_size,
@@ -70,7 +70,7 @@ from pipeline.engines.vllm_setup import (
     read_weights,
     write_weights,
 )
-from pipeline.types import FinishReason, RolloutEvent, SampleFinished, SampleRequest, TokenDelta
+from pipeline.types import FinishReason, RolloutEvent, SampleRequest, TokenDelta
 
 FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORTED}
 _SEED_MASK = (1 << 63) - 1
@@ -407,12 +407,4 @@ class VllmEngine(EngineBase):
             return None
         req.final_sent = True
         prefix_lps = req.prefix_logprobs if req.prefix_logprobs is not None else (0.0,) * len(req.prefix)
-        return SampleFinished(
-            request_id=req.request.request_id,
-            token_ids=req.prefix + tuple(req.tokens),
-            logprobs=prefix_lps + tuple(req.logprobs),
-            finish_reason=req.finish,
-            policy_version=req.version,
-            error=req.error,
-            engine_time=req.end_time,
-        )
+        return final_event(req, prefix_lps)
