@@ -23,8 +23,7 @@ import torch
 
 from pipeline.envs.render import PlainRenderer
 from pipeline.policy.sampling import PolicyStats, sample_groups
-
-IGNORE = -100
+from pipeline.policy.sft_rows import IGNORE, padded_batch
 
 
 def renderer_of(tokenizer: Any) -> PlainRenderer:
@@ -56,14 +55,7 @@ def episode_batch(task: Any, tokenizer: Any, batch: int, seed: int, max_len: int
             f"a demonstration episode of {width} tokens exceeds the model's max_len={max_len}; raise "
             "model.max_len or shorten the episodes (fewer steps, task.env.max_turns)"
         )
-    ids = torch.full((len(rows), width), tokenizer.pad_id, dtype=torch.long)
-    labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (row, lab) in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
-        labels[i, : len(lab)] = torch.tensor(lab)
-        mask[i, : len(row)] = 1
-    return ids, mask, labels
+    return padded_batch(rows, tokenizer.pad_id)
 
 
 @torch.no_grad()
