@@ -49,13 +49,8 @@ def episode_batch(task: Any, tokenizer: Any, batch: int, seed: int, max_len: int
     """``(input_ids, attention_mask, labels)`` of ``batch`` demonstration episodes."""
     renderer = renderer_of(tokenizer)
     rows = [episode_row(renderer, demo) for demo in task.sft_episodes(batch, seed=seed)]
-    width = max(len(ids) for ids, _ in rows)
-    if max_len is not None and width > max_len:
-        raise ValueError(
-            f"a demonstration episode of {width} tokens exceeds the model's max_len={max_len}; raise "
-            "model.max_len or shorten the episodes (fewer steps, task.env.max_turns)"
-        )
-    return padded_batch(rows, tokenizer.pad_id)
+    remedy = "shorten the episodes (fewer steps, task.env.max_turns)"
+    return padded_batch(rows, tokenizer.pad_id, max_len, what="a demonstration episode", remedy=remedy)
 
 
 @torch.no_grad()

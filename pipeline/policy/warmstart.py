@@ -67,13 +67,8 @@ def sft_batch(task: Task, tokenizer: CharTokenizer, problems, max_len: int | Non
         prompt = tokenizer.encode_prompt(prompt_text)
         target = tokenizer.encode_response(target_text)
         rows.append((prompt + target, [IGNORE] * len(prompt) + target))
-    width = max(len(ids) for ids, _ in rows)
-    if max_len is not None and width > max_len:
-        raise ValueError(
-            f"an SFT example of {width} tokens exceeds the model's max_len={max_len}; raise model.max_len "
-            "or make the task smaller (fewer digits or numbers)"
-        )
-    return padded_batch(rows, tokenizer.pad_id)
+    remedy = "make the task smaller (fewer digits or numbers)"
+    return padded_batch(rows, tokenizer.pad_id, max_len, what="an SFT example", remedy=remedy)
 
 
 def sequence_mean_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
