@@ -4,7 +4,8 @@ One ``step(batch)``:
 
 1. advantages per group (``learner.advantages``; variable-size groups), and which groups
    enter the loss (all, or only the non-saturated ones with ``mask_saturated``);
-2. rollouts packed into right-padded micro-batches (``learner.packing``);
+2. rollouts packed into right-padded micro-batches (``learner.packing``), scored by
+   ``learner.scoring``;
 3. for each of ``ppo_epochs``: for every micro-batch, the response tokens' log-probs under
    the current policy, the clipped surrogate against the engine's log-probs (the "old"
    policy; the engines report log-probs at temperature 1, the distribution scored here),
@@ -61,6 +62,7 @@ from learner.noise_scale import (
     consecutive_estimate,
 )
 from learner.packing import BatchError, Chunk, pack
+from learner.scoring import response_logprobs
 from pipeline.types import Rollout, StepResult, TrainBatch
 
 
@@ -355,41 +357,17 @@ class TorchLearner:
             self.config.share_prompts,
         )
         for chunk in chunks:
-            lp, _ = self._response_logprobs(self.model, chunk, entropy=False)
+            lp, _ = response_logprobs(self.model, chunk, entropy=False, dtype=self.config.dtype)
             for row, i in enumerate(chunk.index):
                 out[i] = tuple(lp[row][chunk.loss_mask[row]].tolist())
         return out
 
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.config.dtype == "bfloat16":
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
-    def _response_logprobs(
-        self, model: torch.nn.Module, chunk: Chunk, entropy: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``[b, L]`` log-probs of the response tokens (0 past each end) and, optionally, entropies."""
-        with self._autocast():
-            logits = _shared_logits(model, chunk) if chunk.shared else _full_logits(model, chunk)
-        # Normalise only at response positions: prompt and pad rows of a large vocabulary
-        # would cost a full log-softmax each for nothing.
-        selected = torch.log_softmax(logits[chunk.loss_mask].float(), dim=-1)
-        token_lp = selected.gather(-1, chunk.targets[chunk.loss_mask][:, None])[:, 0]
-        full = torch.zeros(chunk.loss_mask.shape, dtype=torch.float32, device=token_lp.device)
-        full = full.masked_scatter(chunk.loss_mask, token_lp)
-        ent = None
-        if entropy:
-            with torch.no_grad():
-                p_logp = selected.detach().exp() * selected.detach()
-                ent = torch.zeros_like(full).masked_scatter(chunk.loss_mask, -p_logp.sum(-1))
-        return full, ent
-
     def _chunk_loss(self, chunk: Chunk, num_tokens: float, num_seqs: float):
         cfg = self.config
-        logprobs, entropy = self._response_logprobs(self.model, chunk, entropy=True)
+        logprobs, entropy = response_logprobs(self.model, chunk, entropy=True, dtype=cfg.dtype)
         if self.ref_model is not None and chunk.ref_logprobs is None:
             with torch.no_grad():  # the reference is fixed: score it once per batch, not per epoch
-                chunk.ref_logprobs = self._response_logprobs(self.ref_model, chunk, entropy=False)[0]
+                chunk.ref_logprobs = response_logprobs(self.ref_model, chunk, entropy=False, dtype=cfg.dtype)[0]
         return ppo_clip_loss(
             logprobs,
             chunk.old_logprobs,
@@ -414,42 +392,6 @@ class _Plan:
     num_tokens: float
     num_seqs: float
     metrics: dict[str, float]
-
-
-def _full_logits(model: torch.nn.Module, chunk: Chunk) -> torch.Tensor:
-    """``[b, L, V]`` logits predicting each response token, from full prompt + response rows."""
-    logits = model(input_ids=chunk.input_ids, attention_mask=chunk.attention_mask, use_cache=False).logits
-    index = chunk.score_positions[..., None].expand(-1, -1, logits.shape[-1])
-    return logits.gather(1, index)
-
-
-def _shared_logits(model: torch.nn.Module, chunk: Chunk) -> torch.Tensor:
-    """``[b, L, V]`` logits predicting each response token: each distinct prompt runs once,
-    its cache is copied to its rows (differentiably), the responses run on top of it."""
-    prompts = model(input_ids=chunk.prompt_ids, attention_mask=chunk.prompt_mask, use_cache=True)
-    rows = torch.arange(len(chunk.prompt_lengths), device=chunk.prompt_ids.device)
-    first = prompts.logits[rows, chunk.prompt_lengths - 1][chunk.row_prompt]  # predicts response token 0
-    width = chunk.targets.shape[1]
-    if width == 1:  # one-token responses: the prompts' last logits are all there is to score
-        return first[:, None]
-    cache = prompts.past_key_values
-    if cache is None or not hasattr(cache, "batch_select_indices"):
-        raise TypeError(
-            f"{type(model).__name__} returned no key/value cache to share prompts with; set learner.share_prompts=false"
-        )
-    cache.batch_select_indices(chunk.row_prompt)
-    # Every response token is attended to, an episode's observations too (they are only left out of the loss).
-    attention = torch.cat([chunk.prompt_mask[chunk.row_prompt], chunk.token_mask.to(chunk.prompt_mask.dtype)], dim=1)
-    positions = chunk.prompt_lengths[chunk.row_prompt][:, None] + torch.arange(width, device=rows.device)
-    # The last response token predicts nothing we score: leave it out of the forward pass.
-    rest = model(
-        input_ids=chunk.targets[:, :-1],
-        attention_mask=attention[:, :-1],
-        position_ids=positions[:, :-1],
-        past_key_values=cache,
-        use_cache=True,
-    ).logits
-    return torch.cat([first[:, None], rest], dim=1)
 
 
 def _check_batch(batch: TrainBatch) -> None:

@@ -48,13 +48,13 @@ from typing import Any
 
 import anyio
 
-from pipeline.envs.play import play_episode
+from pipeline.envs.play import finish, play_episode
 from pipeline.intervals import prompt_mean
 from pipeline.protocols import Scorer
 from pipeline.seeding import sample_seed
 from pipeline.tasks.rewards.health import RewardsFailing
 from pipeline.tasks.rewards.scoring import ScoringService
-from pipeline.types import Prompt, SampleFinished, SampleRequest, SamplingParams
+from pipeline.types import Prompt, SampleRequest, SamplingParams
 
 _DEFAULT_REWARD_TIMEOUT_S = 5.0  # orchestrator.reward_timeout_s's default
 
@@ -120,16 +120,9 @@ class SamplingEvaluator:
                 rewards[i].append(episode.reward if episode.is_valid else 0.0)
                 return
             async with limiter:
-                stream = self.engine.stream(request)
-                final: SampleFinished | None = None
-                try:
-                    async for event in stream:
-                        if isinstance(event, SampleFinished):
-                            final = event
-                finally:
-                    await stream.aclose()
+                final = await finish(self.engine, request)  # a stream without a final event: an error
             reward = 0.0
-            if final is not None and final.finish_reason.is_success:
+            if final.finish_reason.is_success:
                 # raising or timing out counts as wrong, as in training (counted on self.scoring)
                 scored[0] += 1
                 reward, _ = await self.scoring.score(prompt, final.token_ids)

@@ -4,6 +4,7 @@ learner and evaluator (``build_components``), and the orchestrator that runs the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,13 +156,7 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
     else:
         engine = TorchEngine(copy.deepcopy(base.model), tokenizer.eos_id, **_torch_kwargs(cfg, context))
     pool = PromptPool(train_prompts, seed=derive_seed(cfg.seed, "prompts"))
-    gate = build_gate(
-        cfg.gate,
-        pool,
-        group_size=cfg.orchestrator.group_size,
-        batch_groups=cfg.orchestrator.batch_groups,
-        seed=derive_seed(cfg.seed, "gate"),
-    )
+    gate = _build_gate(cfg, pool)
     scorer = EnvironmentReward() if env is not None else task.scorer(tokenizer.decode)
     evaluator = SamplingEvaluator(
         engine,
@@ -332,6 +327,19 @@ def _prompts(cfg: RunConfig, task: Any, encode: Any, context: int | None = None)
     return train_problems, train_prompts, eval_prompts
 
 
+def _build_gate(cfg: RunConfig, pool: PromptPool, success_probability: Callable[[int], float] | None = None) -> Gate:
+    """The run's gate over ``pool``, seeded from the run's seed (``success_probability``: the
+    simulator's exact p, for the oracle)."""
+    return build_gate(
+        cfg.gate,
+        pool,
+        group_size=cfg.orchestrator.group_size,
+        batch_groups=cfg.orchestrator.batch_groups,
+        seed=derive_seed(cfg.seed, "gate"),
+        success_probability=success_probability,
+    )
+
+
 def _build_sim(cfg: RunConfig) -> Components:
     if cfg.gate.kind == "sara" and cfg.gate.sara.reference_prior:
         raise ConfigError(
@@ -343,13 +351,8 @@ def _build_sim(cfg: RunConfig) -> Components:
     clock: VirtualClock | WallClock = WallClock() if cfg.sim.realtime else VirtualClock()
     engine = SimEngine(world, clock=clock, fail_every=cfg.engine.fail_every)
     pool = PromptPool([engine.prompt(i) for i in range(cfg.sim.num_prompts)], seed=derive_seed(cfg.seed, "prompts"))
-    gate = build_gate(
-        cfg.gate,
-        pool,
-        group_size=cfg.orchestrator.group_size,
-        batch_groups=cfg.orchestrator.batch_groups,
-        seed=derive_seed(cfg.seed, "gate"),
-        success_probability=lambda prompt_id: world.success_probability(engine.state, prompt_id),
+    gate = _build_gate(
+        cfg, pool, success_probability=lambda prompt_id: world.success_probability(engine.state, prompt_id)
     )
     return Components(
         engine=engine,

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import anyio
 import pytest
-import torch
 
 from pipeline.types import Prompt
 
@@ -24,30 +23,16 @@ def tiny_gpt2(
     seed: int = 0,
     initializer_range: float = 0.02,
 ):
-    """A seeded ``GPT2LMHeadModel`` like ``pipeline.policy.models.build_model`` makes (no dropout, tied head).
+    """A seeded ``GPT2LMHeadModel`` of ``pipeline.policy.models.build_model`` (no dropout, tied
+    head), in eval mode.
 
     ``initializer_range`` above the default 0.02 gives peaked logits whose entropy varies from
     token to token (at 0.02 every next-token distribution is nearly uniform).
     """
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from pipeline.policy.models import build_model
 
-    config = GPT2Config(
-        vocab_size=vocab_size,
-        n_positions=max_len,
-        n_embd=d_model,
-        n_layer=n_layers,
-        n_head=n_heads,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        initializer_range=initializer_range,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return GPT2LMHeadModel(config).eval()
+    model = build_model(vocab_size, d_model, n_layers, n_heads, max_len, seed, initializer_range=initializer_range)
+    return model.eval()
 
 
 def save_tiny_gpt2(directory: str | Path, **kwargs) -> Path:

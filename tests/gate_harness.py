@@ -29,14 +29,12 @@ from __future__ import annotations
 
 import copy
 import heapq
-import json
 import math
-import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from gate_units import admit, checkpoint_roundtrip, kinds, pool_of, snap
 
 from pipeline.actions import Cancel, Record, Score, Start, Stop, Train
 from pipeline.config.sections import OrchestratorConfig
@@ -48,9 +46,7 @@ from pipeline.types import (
     ActionKind,
     FinishReason,
     GroupAction,
-    GroupPlan,
     GroupSnapshot,
-    Prompt,
     SampleFinished,
     ScoredSample,
     StepResult,
@@ -61,6 +57,17 @@ from pipeline.types import (
 # measurable share of a harness run.
 _TOKENS = [(1,) * n for n in range(80)]
 _LOGPROBS = [(0.0,) * n for n in range(80)]
+
+__all__ = [
+    "GateHarness",
+    "HarnessConfig",
+    "ProtocolViolation",
+    "admit",
+    "checkpoint_roundtrip",
+    "kinds",
+    "pool_of",
+    "snap",
+]
 
 
 class ProtocolViolation(AssertionError):
@@ -439,52 +446,3 @@ class GateHarness:
                 raise AssertionError(f"group {g.group_id} is open with no verdict and nothing running")
         if self.cfg.fail_prob == 0 and s["dropped"]:
             raise AssertionError(f"{s['dropped']} committed groups had fewer than 2 rollouts without any failure")
-
-
-_next_ids: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def admit(gate: Gate, slots: int, step: int = 0) -> list[GroupPlan]:
-    """``gate.admit`` offered the next ``slots`` group ids, numbered from 0 per gate as the
-    tracker numbers them, for unit tests of one gate decision."""
-    first = _next_ids.get(gate, 0)
-    plans = gate.admit(range(first, first + slots), step)
-    _next_ids[gate] = first + len(plans)
-    return plans
-
-
-def checkpoint_roundtrip(gate: Gate, make_gate: Callable[[], Gate]) -> Gate:
-    """A fresh gate restored from ``gate``'s checkpoint, passed through JSON on the way."""
-    state = json.loads(json.dumps(gate.state_dict()))
-    restored = make_gate()
-    restored.load_state_dict(state)
-    return restored
-
-
-def snap(
-    group_id: int,
-    prompt: Prompt | int,
-    rewards: tuple[float, ...],
-    in_flight: int = 0,
-    failed: int = 0,
-    target: int = 8,
-) -> GroupSnapshot:
-    """A hand-made snapshot for unit tests of one gate decision."""
-    if isinstance(prompt, int):
-        prompt = Prompt(prompt, f"p{prompt}", (prompt,))
-    rewards = tuple(float(r) for r in rewards)
-    return GroupSnapshot(
-        group_id, prompt, target, rewards, in_flight, len(rewards) + in_flight + failed, failed, 10 * len(rewards), 0
-    )
-
-
-def pool_of(n: int, seed: int = 0):
-    """A PromptPool of prompts 0..n-1 with the ids the harness uses."""
-    from controller.prompts import PromptPool
-
-    return PromptPool([Prompt(i, f"p{i}", (i,)) for i in range(n)], seed=seed)
-
-
-def kinds(actions: list[GroupAction]) -> list[tuple[str, int, int]]:
-    """(kind, group_id, n) of each action, for compact assertions."""
-    return [(a.kind.value, a.group_id, a.n) for a in actions]

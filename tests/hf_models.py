@@ -57,19 +57,10 @@ def bpe_tokenizer(vocab_size: int = 300):
 
 def tiny_llama(vocab_size: int, hidden: int = 64, layers: int = 2, heads: int = 2, context: int = 128, seed: int = 0):
     """A seeded random ``LlamaForCausalLM`` (head size hidden / heads)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from torch_models import llama_config
+    from transformers import LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        max_position_embeddings=context,
-        tie_word_embeddings=False,
-        initializer_range=0.1,
-    )
+    config = llama_config(vocab_size, hidden, layers, heads, context, tie_word_embeddings=False, initializer_range=0.1)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return LlamaForCausalLM(config).eval()

@@ -1,8 +1,11 @@
 """Small fakes for the RAIL controller tests: a sink that keeps records in lists,
-snapshot/delta builders, and one scripted rescue round."""
+snapshot/delta builders, a shadow-mode config, and one scripted rescue round."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from controller.rail.config import RailConfig
 from pipeline.types import (
     ActionKind,
     CommittedGroup,
@@ -14,6 +17,20 @@ from pipeline.types import (
     Rollout,
     TokenDelta,
 )
+
+
+def shadow_config(**overrides: Any) -> RailConfig:
+    """RAIL in shadow mode on the river backend, on group points only: no behaviour exploration,
+    no token decisions, no branch arms; ``overrides`` change any field."""
+    settings: dict[str, Any] = dict(
+        mode="shadow",
+        backend="river",
+        behaviour="none",
+        behaviour_epsilon=0.5,
+        token_decisions=False,
+        branch_sizes=(),
+    )
+    return RailConfig(**{**settings, **overrides})
 
 
 class ListSink:

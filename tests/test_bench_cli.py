@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from run_helpers import cli
+from run_helpers import cli, sets
 
 
 def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -30,10 +30,7 @@ def test_bench_rail_writes_tables_runs_and_plot(tmp_path):
         "0.005",
         "--out",
         str(tmp_path),
-        "--set",
-        "orchestrator.batch_groups=8",
-        "--set",
-        "controller.rail.cost_lambda=0.5",
+        *sets("orchestrator.batch_groups=8", "controller.rail.cost_lambda=0.5"),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     runs = json.loads((tmp_path / "allocation.json").read_text())

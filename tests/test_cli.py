@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from run_helpers import SMALL
+from run_helpers import SMALL, sets
 from run_helpers import cli as run
 
 
@@ -15,10 +15,7 @@ def test_train_writes_the_run_directory(tmp_path):
         "configs/sim.yaml",
         "--run-dir",
         str(tmp_path),
-        "--set",
-        "orchestrator.steps=3",
-        "--set",
-        "orchestrator.eval_every=1",
+        *sets("orchestrator.steps=3", "orchestrator.eval_every=1"),
         *SMALL,
     )
     assert result.returncode == 0, result.stderr
@@ -71,10 +68,7 @@ def test_shadow_then_replay(tmp_path):
         "configs/sim.yaml",
         "--run-dir",
         str(run_dir),
-        "--set",
-        "gate.kind=sara",
-        "--set",
-        "orchestrator.steps=4",
+        *sets("gate.kind=sara", "orchestrator.steps=4"),
         *SMALL,
     )
     assert result.returncode == 0, result.stderr

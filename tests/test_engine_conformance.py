@@ -63,21 +63,13 @@ def make_sim() -> Opened:
 
 
 def make_torch() -> Opened:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from torch_models import llama_config
+    from transformers import LlamaForCausalLM
 
     from pipeline.engines.torch_engine import TorchEngine
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=64,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            max_position_embeddings=64,
-        )
-    )
+    model = LlamaForCausalLM(llama_config(64))
     engine = TorchEngine(model, tokenizer_eos_id=None, seed=0)
 
     def prompt(i: int) -> Prompt:

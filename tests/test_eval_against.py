@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from run_helpers import SMALL, cli, sim_run, tiny_base
+from run_helpers import SMALL, cli, cli_ok, sets, sim_run, tiny_base
 from run_helpers import TINY_REAL as TINY
 
 KEYS = {"accuracy_a", "accuracy_b", "difference", "difference_lo", "difference_hi", "prompts", "samples"}
@@ -39,7 +39,7 @@ def test_eval_says_what_it_needs(tmp_path):
 def torch_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("against")
     tiny_base(root / "base")
-    trained = cli(
+    cli_ok(
         "train",
         "--no-progress",
         "--run-dir",
@@ -47,17 +47,9 @@ def torch_run(tmp_path_factory):
         "--set",
         f"model.path={root / 'base'}",
         *TINY,
-        "--set",
-        "orchestrator.steps=2",
-        "--set",
-        "orchestrator.batch_groups=8",
-        "--set",
-        "log.checkpoint_every=2",
-        "--set",
-        "gate.kind=uniform",
+        *sets("orchestrator.steps=2", "orchestrator.batch_groups=8", "log.checkpoint_every=2", "gate.kind=uniform"),
         timeout=900,
     )
-    assert trained.returncode == 0, trained.stderr[-3000:]
     return root
 
 
@@ -78,6 +70,5 @@ def test_a_model_against_itself_is_exactly_zero_on_the_torch_engine(torch_run):
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_a_trained_run_against_its_base_prints_the_paired_difference(torch_run):
-    result = cli("eval", str(torch_run / "run"), "--against", str(torch_run / "base"))
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = cli_ok("eval", str(torch_run / "run"), "--against", str(torch_run / "base"))
     assert "A - B (paired, same draws)" in result.stdout and "64 x 4" in result.stdout

@@ -5,60 +5,29 @@ character-level model, whose exported tokenizer gives the same ids."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 from hf_models import save_tiny_llama
+from run_helpers import run_outside, sets
 from safetensors.torch import load_file
 
 from pipeline.policy.models import load_model
 from railgate.checkpoint import latest_checkpoint, load_checkpoint
 from railgate.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
-PROJECT = ("railgate", "pipeline", "controller", "learner", "configs")
-SMALL = [
-    "--set",
+SMALL = sets(
     "orchestrator.batch_groups=4",
-    "--set",
     "orchestrator.group_size=4",
-    "--set",
     "orchestrator.max_tokens=6",
-    "--set",
     "data.num_train_prompts=64",
-    "--set",
     "data.num_eval_prompts=8",
-    "--set",
     "gate.kind=uniform",
-    "--set",
     "log.checkpoint_every=1",
-    "--set",
     "task.arithmetic.max_digits=2",
-    "--set",
     "orchestrator.eval_every=0",
-]
-
-
-def outside(script: str, tmp_path: Path, *args: str) -> dict:
-    """Run ``script`` in a fresh interpreter, away from the checkout, and check it imported no
-    project module; returns the JSON it printed last."""
-    guard = f"\nimport sys\nassert not [m for m in sys.modules if m.split('.')[0] in {PROJECT!r}], 'a project module was imported'\n"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script) + guard, *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+)
 
 
 @pytest.fixture(scope="module")
@@ -73,12 +42,7 @@ def llama_run(tmp_path_factory):
                 "--no-progress",
                 "--run-dir",
                 str(run),
-                "--set",
-                f"model.path={model}",
-                "--set",
-                "task.chat_template=true",
-                "--set",
-                "orchestrator.steps=2",
+                *sets(f"model.path={model}", "task.chat_template=true", "orchestrator.steps=2"),
                 *SMALL,
             ]
         )
@@ -91,20 +55,15 @@ def llama_run(tmp_path_factory):
 def char_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("export_char") / "run"
     tiny = [
-        "--set",
-        "model.d_model=64",
-        "--set",
-        "model.n_heads=2",
-        "--set",
-        "model.n_layers=1",
-        "--set",
-        "model.max_len=24",
-        "--set",
-        "model.warm_start_steps=3",
-        "--set",
-        "model.warm_start_target=0",
-        "--set",
-        "model.warm_start_batch=8",
+        *sets(
+            "model.d_model=64",
+            "model.n_heads=2",
+            "model.n_layers=1",
+            "model.max_len=24",
+            "model.warm_start_steps=3",
+            "model.warm_start_target=0",
+            "model.warm_start_batch=8",
+        ),
     ]
     assert main(["train", "--no-progress", "--run-dir", str(run), "--set", "orchestrator.steps=1", *SMALL, *tiny]) == 0
     return run
@@ -142,7 +101,7 @@ def test_a_users_llama_exports_and_loads_without_project_code(llama_run, tmp_pat
     state = load_checkpoint(latest_checkpoint(run))["learner"]["model"]
     exported = load_file(str(out / "model" / "model.safetensors"))
     assert set(exported) == set(state) and all(torch.equal(exported[k], state[k]) for k in state)
-    got = outside(LOAD, tmp_path, str(out / "model"), "12+30=")
+    got = run_outside(LOAD, tmp_path, str(out / "model"), "12+30=")
     tok = load_model(model_dir).tokenizer
     assert got["ids"] == tok.encode_prompt("12+30=") and got["architecture"] == "LlamaForCausalLM"
     assert got["eos"] == tok.eos_id and got["chat"].endswith("<|im_start|>assistant\n")  # chat template kept
@@ -156,14 +115,14 @@ def test_the_char_model_exports_a_tokenizer_with_the_same_ids(char_run, tmp_path
     assert main(["export", str(char_run), "--out", str(out), "--step", "1"]) == 0
     base_dir = char_run / "base_model"
     tok = load_model(base_dir).tokenizer
-    got = outside(LOAD, tmp_path, str(out / "model"), "12+34=")
+    got = run_outside(LOAD, tmp_path, str(out / "model"), "12+34=")
     assert got["ids"] == tok.encode_prompt("12+34=") and got["decoded"] == "12+34="
     assert got["eos"] == tok.eos_id and got["architecture"] == "GPT2LMHeadModel"
     state = load_checkpoint(next((char_run / "checkpoints").glob("step-000001.*")))["learner"]["model"]
     assert torch.allclose(torch.tensor(got["logits"]), _logits(base_dir, state, got["ids"]), atol=1e-5)
     # step 0 is the base policy, before training
     assert main(["export", str(char_run), "--out", str(tmp_path / "base"), "--step", "0"]) == 0
-    base_logits = outside(LOAD, tmp_path, str(tmp_path / "base" / "model"), "12+34=")["logits"]
+    base_logits = run_outside(LOAD, tmp_path, str(tmp_path / "base" / "model"), "12+34=")["logits"]
     assert torch.allclose(
         torch.tensor(base_logits), _logits(base_dir, load_model(base_dir).model.state_dict(), got["ids"])
     )
@@ -207,7 +166,7 @@ VLLM = """
 def test_vllm_serves_the_exported_models_without_project_code(llama_run, char_run, tmp_path):
     for name, run in (("llama", llama_run[0]), ("char", char_run)):
         assert main(["export", str(run), "--out", str(tmp_path / name)]) == 0
-    got = outside(
+    got = run_outside(
         VLLM, tmp_path, str(tmp_path / "char" / "model"), "12+34=", str(tmp_path / "llama" / "model"), "12+30="
     )
     for path, tokens in got.items():

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from hf_models import save_tiny_llama
+from run_helpers import sets
 
 from pipeline.policy.hf_tokenizer import HFTokenizer
 from pipeline.policy.models import ModelDirError, load_model
@@ -55,49 +57,31 @@ def test_broken_directories_name_the_problem(llama_dir, tmp_path):
         load_model(plain, chat_template=True)
 
 
-ARGS = [
-    "--set",
+ARGS = sets(
     "orchestrator.steps=2",
-    "--set",
     "orchestrator.batch_groups=4",
-    "--set",
     "orchestrator.group_size=4",
-    "--set",
     "orchestrator.max_tokens=8",
-    "--set",
     "data.num_train_prompts=64",
-    "--set",
     "data.num_eval_prompts=8",
-    "--set",
     "gate.kind=uniform",
-    "--set",
     "orchestrator.eval_every=2",
-    "--set",
     "log.checkpoint_every=2",
-    "--set",
     "task.arithmetic.max_digits=2",
-]
+)
+
+
+def _trained_steps(run: Path, capsys, *assignments: str) -> list[dict]:
+    """Train ``ARGS`` with ``assignments`` into ``run`` (it must succeed); the metrics of its
+    steps after step 0's evaluation."""
+    code = main(["train", "--no-progress", "--run-dir", str(run), *sets(*assignments), *ARGS])
+    assert code == 0, capsys.readouterr().err[-2000:]
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][1:]
 
 
 def test_trains_two_steps_through_the_cli_with_chat_template(llama_dir, tmp_path, capsys):
     run = tmp_path / "run"
-    code = main(
-        [
-            "train",
-            "--no-progress",
-            "--run-dir",
-            str(run),
-            "--set",
-            f"model.path={llama_dir}",
-            "--set",
-            "task.chat_template=true",
-            *ARGS,
-        ]
-    )
-    assert code == 0, capsys.readouterr().err[-2000:]
-    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][
-        1:
-    ]  # after step 0's evaluation
+    steps = _trained_steps(run, capsys, f"model.path={llama_dir}", "task.chat_template=true")
     assert [s["step"] for s in steps] == [1, 2] and all("learner/loss" in s for s in steps)
     assert not (run / "base_model").exists()  # a user's model is used as it is: no warm start
     table: pa.Table = read_all(run / "buffer")
@@ -129,25 +113,7 @@ def test_the_context_length_comes_from_the_model_config(llama_dir, tmp_path, cap
 @pytest.mark.timeout(1200)
 def test_the_vllm_engine_serves_a_users_model(llama_dir, tmp_path, capsys):
     run = tmp_path / "run"
-    code = main(
-        [
-            "train",
-            "--no-progress",
-            "--run-dir",
-            str(run),
-            "--set",
-            f"model.path={llama_dir}",
-            "--set",
-            "engine.kind=vllm",
-            "--set",
-            "task.chat_template=true",
-            *ARGS,
-        ]
-    )
-    assert code == 0, capsys.readouterr().err[-2000:]
-    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][
-        1:
-    ]  # after step 0's evaluation
+    steps = _trained_steps(run, capsys, f"model.path={llama_dir}", "engine.kind=vllm", "task.chat_template=true")
     assert [s["step"] for s in steps] == [1, 2] and steps[-1]["pipeline/rollouts_finished"] > 0
     prompt = load_model(llama_dir, chat_template=True).tokenizer.decode(
         read_all(run / "buffer").column("prompt_token_ids")[0].as_py(), skip_special=False

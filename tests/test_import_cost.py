@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import sets
 
 from railgate.checkpoint import CheckpointWriter, LegacyCheckpointError, load_checkpoint
 
@@ -59,16 +60,13 @@ def test_a_simulator_run_imports_no_heavy_package(tmp_path):
         "--run-dir",
         str(tmp_path),
         "--no-progress",
-        "--set",
-        "orchestrator.steps=2",
-        "--set",
-        "orchestrator.batch_groups=8",
-        "--set",
-        "orchestrator.group_size=4",
-        "--set",
-        "sim.num_prompts=256",
-        "--set",
-        "sim.num_eval_prompts=64",
+        *sets(
+            "orchestrator.steps=2",
+            "orchestrator.batch_groups=8",
+            "orchestrator.group_size=4",
+            "sim.num_prompts=256",
+            "sim.num_eval_prompts=64",
+        ),
         *tensorboard,
     ]
     result = python(f"import sys, run\nassert run.main(sys.argv[1:]) == 0\n{REPORT_HEAVY}", *argv)

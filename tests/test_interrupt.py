@@ -6,16 +6,13 @@ learner thread, where the step being trained must finish before the checkpoint."
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 import warnings
 from collections import Counter
 
 import pytest
-from run_helpers import ROOT, SMALL, cli
+from run_helpers import cli, cli_popen, sim_args
 
 from pipeline.store.buffer import read_all
 from pipeline.store.tracelog import read_trace
@@ -26,29 +23,7 @@ from railgate.checkpoint import latest_checkpoint, load_checkpoint
 def test_ctrl_c_checkpoints_the_last_finished_step_and_resume_continues(tmp_path, learner):
     run_dir = tmp_path / "run"
     extra = ["--set", "sim.realtime=true", "--set", "sim.decode_tokens_per_s=2000"] if learner == "thread" else []
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "run.py"),
-            "train",
-            "--config",
-            "configs/sim.yaml",
-            "--run-dir",
-            str(run_dir),
-            "--set",
-            "orchestrator.steps=400",
-            "--set",
-            "log.checkpoint_every=100",
-            *SMALL,
-            *extra,
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = cli_popen(*sim_args("train", run_dir, 400, "--set", "log.checkpoint_every=100", *extra), text=True)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while not (metrics.exists() and metrics.read_text().count("\n") >= 4):  # step 0's evaluation, then 3 steps

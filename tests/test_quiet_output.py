@@ -6,32 +6,21 @@ from __future__ import annotations
 
 import re
 
-from run_helpers import cli
+from run_helpers import cli, sets
 
-TINY = [
-    "--set",
+TINY = sets(
     "model.d_model=32",
-    "--set",
     "model.n_layers=1",
-    "--set",
     "model.warm_start_steps=3",
-    "--set",
     "model.warm_start_target=0",
-    "--set",
     "orchestrator.steps=1",
-    "--set",
     "orchestrator.batch_groups=4",
-    "--set",
     "orchestrator.group_size=4",
-    "--set",
     "data.num_train_prompts=64",
-    "--set",
     "data.num_eval_prompts=8",
-    "--set",
     "log.checkpoint_every=1",
-    "--set",
     "log.tensorboard=false",
-]
+)
 LIBRARY_BARS = ("Writing model shards", "Loading weights", "Loading checkpoint shards")
 ANY_BAR = re.compile(r"\d+%\|")  # tqdm's "  40%|████      |"
 

@@ -7,11 +7,10 @@ import random
 
 import pytest
 
-from controller.rail.config import RailConfig
 from controller.rail.controller import RailController
 from controller.rail.promotion import Promoter, WindowEntry
 from pipeline.types import SamplingParams
-from tests.rail_fakes import ListSink, rescue_round
+from tests.rail_fakes import ListSink, rescue_round, shadow_config
 
 
 def shadow_log(n, learned_better, seed=0):
@@ -110,21 +109,9 @@ def test_a_full_window_keeps_the_last_entries_oldest_first():
 
 
 def rail_for(**kw):
-    cfg = dict(
-        mode="shadow",
-        backend="river",
-        behaviour="none",
-        behaviour_epsilon=0.5,
-        token_decisions=False,
-        branch_sizes=(),
-        evaluate_every=40,
-        min_decisions=120,
-        window=2000,
-        warmup_decisions=50,
-    )
-    cfg.update(kw)
+    promotion = dict(evaluate_every=40, min_decisions=120, window=2000, warmup_decisions=50)
     sink = ListSink()
-    return RailController(RailConfig(**cfg), sink, SamplingParams(max_tokens=128), seed=1), sink
+    return RailController(shadow_config(**{**promotion, **kw}), sink, SamplingParams(max_tokens=128), seed=1), sink
 
 
 def test_controller_promotes_when_rescues_pay_and_logs_the_switch():

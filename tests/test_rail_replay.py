@@ -6,24 +6,15 @@ import math
 
 import pytest
 
-from controller.rail.config import RailConfig
 from controller.rail.controller import RailController
 from controller.rail.learners import build_learner
 from controller.rail.replay import ReplayError, load_logged, replay, train
 from pipeline.store.arrowio import SegmentKind, SegmentWriter
 from pipeline.store.tracelog import DECISIONS, TraceFormatError, TraceLog
 from pipeline.types import TRACE_SCHEMA_VERSION, DecisionRecord, SamplingParams
-from tests.rail_fakes import rescue_round
+from tests.rail_fakes import rescue_round, shadow_config
 
-CFG = RailConfig(
-    mode="shadow",
-    backend="river",
-    behaviour="none",
-    behaviour_epsilon=0.5,
-    token_decisions=False,
-    branch_sizes=(),
-    auto_promote=False,
-)
+CFG = shadow_config(auto_promote=False)
 
 
 def write_run(directory, run_id, groups=300, flush_every=64):

@@ -6,40 +6,29 @@ from __future__ import annotations
 import json
 
 import pytest
-from run_helpers import cli
+from run_helpers import cli, cli_ok, sets
 
 
 @pytest.mark.integration
 def test_train_with_ray_replicas_from_the_config(tmp_path):
-    result = cli(
+    cli_ok(
         "--no-progress",
-        "--set",
-        f"run_dir={tmp_path}",
-        "--set",
-        "engine.kind=ray",
-        "--set",
-        "engine.ray.replicas=2",
-        "--set",
-        "engine.ray.num_cpus=0.5",
-        "--set",
-        "model.warm_start_steps=30",
-        "--set",
-        "orchestrator.steps=2",
-        "--set",
-        "orchestrator.eval_every=2",
-        "--set",
-        "orchestrator.batch_groups=4",
-        "--set",
-        "data.num_train_prompts=64",
-        "--set",
-        "data.num_eval_prompts=16",
-        "--set",
-        "log.checkpoint_every=0",
-        "--set",
-        "gate.kind=uniform",
+        *sets(
+            f"run_dir={tmp_path}",
+            "engine.kind=ray",
+            "engine.ray.replicas=2",
+            "engine.ray.num_cpus=0.5",
+            "model.warm_start_steps=30",
+            "orchestrator.steps=2",
+            "orchestrator.eval_every=2",
+            "orchestrator.batch_groups=4",
+            "data.num_train_prompts=64",
+            "data.num_eval_prompts=16",
+            "log.checkpoint_every=0",
+            "gate.kind=uniform",
+        ),
         timeout=900,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 2
     assert summary["budget"]["pipeline/rollouts_started"] >= 2 * 4 * 8

@@ -4,35 +4,18 @@ offpolicy.png has a title, axis labels and a legend that says what the bars are.
 from __future__ import annotations
 
 import pytest
+from run_helpers import sim_args
 
 from controller.rail.replay import load_logged, replay
 from railgate.cli import main
 from railgate.config import load_config
 from railgate.offpolicy import offpolicy_figure
 
-SMALL = [
-    "--set",
-    "orchestrator.batch_groups=8",
-    "--set",
-    "orchestrator.group_size=4",
-    "--set",
-    "sim.num_prompts=256",
-    "--set",
-    "sim.num_eval_prompts=64",
-    "--set",
-    "log.tensorboard=false",
-    "--no-progress",
-    "--set",
-    "orchestrator.steps=4",
-    "--set",
-    "gate.kind=sara",
-]
-
 
 @pytest.fixture(scope="module")
 def shadow_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("shadow") / "run"
-    assert main(["shadow", "--config", "configs/sim.yaml", "--run-dir", str(run), *SMALL]) == 0
+    assert main(sim_args("shadow", run, 4, "--set", "gate.kind=sara")) == 0
     return run
 
 

@@ -3,58 +3,36 @@ no trace record was lost or duplicated."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 import warnings
-from pathlib import Path
 
 import pyarrow.compute as pc
+from run_helpers import cli_popen, sets
 
 from pipeline.metrics import read_metrics
 from pipeline.store.buffer import read_all
 from pipeline.store.tracelog import read_trace
 
-ROOT = Path(__file__).resolve().parents[1]
 STEPS, GROUPS = 40, 8
-SETTINGS = [
-    "--set",
+SETTINGS = sets(
     "orchestrator.batch_groups=8",
-    "--set",
     "orchestrator.group_size=4",
-    "--set",
     "gate.kind=sara",
-    "--set",
     "gate.sara.probe_size=2",
-    "--set",
     "orchestrator.max_concurrent_samples=64",
-    "--set",
     "sim.num_prompts=512",
-    "--set",
     "sim.num_eval_prompts=64",
-    "--set",
     "log.checkpoint_every=3",
-    "--set",
     "log.trace_flush_every=8",
-    "--set",
     "log.tensorboard=false",
-    "--set",
     "orchestrator.eval_every=5",
-]
+)
 
 
 def _run(args, **kw):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(
-        [sys.executable, str(ROOT / "run.py"), *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        **kw,
-    )
+    return cli_popen(*args, stderr=subprocess.STDOUT, **kw)
 
 
 def test_sigkill_mid_run_then_resume_loses_and_duplicates_nothing(tmp_path):

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
-import sys
 import time
 import warnings
 from collections import Counter
 
 import pyarrow.compute as pc
-from run_helpers import ROOT, SMALL, cli, sim_run, tree_digest
+from run_helpers import cli, cli_popen, sim_args, sim_run, tree_digest
 
 import pipeline.store.atomic
 from pipeline.store.buffer import read_all
@@ -46,42 +44,13 @@ def _one_line(result) -> str:
 
 def test_a_second_writer_is_refused_and_rows_are_not_mixed(tmp_path):
     run_dir, steps = tmp_path / "run", 150
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    first = subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "run.py"),
-            "train",
-            "--config",
-            "configs/sim.yaml",
-            "--run-dir",
-            str(run_dir),
-            "--set",
-            f"orchestrator.steps={steps}",
-            *SMALL,
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    first = cli_popen(*sim_args("train", run_dir, steps))
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
         assert first.poll() is None and time.monotonic() < deadline, first.communicate()
         time.sleep(0.05)
-    second = cli(
-        "train",
-        "--config",
-        "configs/sim.yaml",
-        "--run-dir",
-        str(run_dir),
-        "--set",
-        "orchestrator.steps=3",
-        "--set",
-        "seed=7",
-        *SMALL,
-    )
+    second = cli(*sim_args("train", run_dir, 3, "--set", "seed=7"))
     line = _one_line(second)
     assert f"in use by another railgate process (pid {first.pid}" in line
     out, err = first.communicate(timeout=300)
@@ -97,23 +66,11 @@ def test_a_second_writer_is_refused_and_rows_are_not_mixed(tmp_path):
 def test_a_used_directory_needs_resume_or_overwrite(tmp_path):
     run_dir = sim_run(tmp_path / "run", 3)
     before = tree_digest(run_dir)
-    again = cli(
-        "train", "--config", "configs/sim.yaml", "--run-dir", str(run_dir), "--set", "orchestrator.steps=2", *SMALL
-    )
+    again = cli(*sim_args("train", run_dir, 2))
     assert "already holds a run" in _one_line(again) and "--overwrite" in again.stderr
     assert tree_digest(run_dir) == before
 
-    replaced = cli(
-        "train",
-        "--config",
-        "configs/sim.yaml",
-        "--run-dir",
-        str(run_dir),
-        "--set",
-        "orchestrator.steps=2",
-        "--overwrite",
-        *SMALL,
-    )
+    replaced = cli(*sim_args("train", run_dir, 2, "--overwrite"))
     assert replaced.returncode == 0, replaced.stderr
     assert _steps(run_dir) == {0: GROUPS * GROUP_SIZE, 1: GROUPS * GROUP_SIZE}  # the new run's rows only
     assert load_checkpoint(latest_checkpoint(run_dir))["step"] == 2
@@ -156,20 +113,7 @@ def test_a_full_disk_keeps_the_last_checkpoint(tmp_path, monkeypatch, capsys):
         return real_fsync(fd)
 
     monkeypatch.setattr(pipeline.store.atomic.os, "fsync", fsync)
-    code = main(
-        [
-            "train",
-            "--config",
-            "configs/sim.yaml",
-            "--run-dir",
-            str(run_dir),
-            "--set",
-            "orchestrator.steps=6",
-            "--set",
-            "log.checkpoint_every=1",
-            *SMALL,
-        ]
-    )
+    code = main(sim_args("train", run_dir, 6, "--set", "log.checkpoint_every=1"))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert "step-000003.ckpt: the disk is full" in err[0] and "--resume" in err[0]

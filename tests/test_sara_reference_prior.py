@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 from gate_harness import admit, pool_of
-from run_helpers import TORCH_SMALL, cli
+from run_helpers import TORCH_SMALL, cli_ok, sets
 
 from controller.config import GateConfig, SaraConfig
 from controller.gates.sara import MAX_SKIPS, SaraGate
@@ -222,23 +222,18 @@ def test_the_learners_likelihood_of_a_response_is_how_often_the_engine_samples_i
 
 @pytest.mark.slow
 def test_a_torch_run_scores_the_next_prompts_and_skips_with_them(tmp_path):
-    result = cli(
+    cli_ok(
         *TORCH_SMALL,
-        "--set",
-        f"run_dir={tmp_path}",
-        "--set",
-        "model.warm_start_steps=300",
-        "--set",
-        "orchestrator.steps=4",
-        "--set",
-        "orchestrator.eval_every=4",
-        "--set",
-        "gate.kind=sara",
-        "--set",
-        "gate.sara.reference_prior=true",
+        *sets(
+            f"run_dir={tmp_path}",
+            "model.warm_start_steps=300",
+            "orchestrator.steps=4",
+            "orchestrator.eval_every=4",
+            "gate.kind=sara",
+            "gate.sara.reference_prior=true",
+        ),
         timeout=1500,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
     steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     last = steps[-1]
     # The default's gate scores the prompts in line (its scoring window) at the start, then

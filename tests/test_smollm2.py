@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from run_helpers import sets
 
 from configs import CONFIG_DIR
 from pipeline.policy.models import load_model
@@ -19,16 +20,9 @@ pytestmark = pytest.mark.timeout(1800)
 
 QUESTION = "What is 23 + 45? Answer with the number only."
 # the config's two steps, with a smaller held-out set (the torch and vLLM runs each evaluate twice)
-TWO_STEPS = [
-    "--set",
-    "orchestrator.steps=2",
-    "--set",
-    "orchestrator.eval_every=2",
-    "--set",
-    "data.num_eval_prompts=16",
-    "--set",
-    "log.checkpoint_every=2",
-]
+TWO_STEPS = sets(
+    "orchestrator.steps=2", "orchestrator.eval_every=2", "data.num_eval_prompts=16", "log.checkpoint_every=2"
+)
 
 
 @pytest.fixture(scope="session")
@@ -64,9 +58,7 @@ def test_the_import_is_the_gguf_model(smollm2_dir):
 
 
 def check_two_steps(run, model_dir):
-    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][
-        1:
-    ]  # after step 0's evaluation
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][1:]  # after step 0's eval
     assert [s["step"] for s in steps] == [1, 2] and all("learner/loss" in s for s in steps)
     assert steps[-1]["learner/rollouts_trained"] == 32 and 0 <= steps[-1]["eval/accuracy"] <= 1
     assert not (run / "base_model").exists() and (run / "checkpoints" / "latest").is_file()
@@ -80,43 +72,19 @@ def check_two_steps(run, model_dir):
     return steps
 
 
+def train_two_steps(run, model_dir, capsys, *assignments):
+    """Train configs/smollm2.yaml's ``TWO_STEPS`` on ``model_dir`` with ``assignments`` into ``run``."""
+    config = str(CONFIG_DIR / "smollm2.yaml")
+    code = main(["train", "--config", config, "--no-progress", "--run-dir", str(run), *sets(*assignments), *TWO_STEPS])
+    assert code == 0, capsys.readouterr().err[-3000:]
+    check_two_steps(run, model_dir)
+
+
 @pytest.mark.slow
 def test_smollm2_config_trains_two_steps_on_the_torch_engine(smollm2_dir, tmp_path, capsys):
-    run = tmp_path / "run"
-    code = main(
-        [
-            "train",
-            "--config",
-            str(CONFIG_DIR / "smollm2.yaml"),
-            "--no-progress",
-            "--run-dir",
-            str(run),
-            "--set",
-            f"model.path={smollm2_dir}",
-            *TWO_STEPS,
-        ]
-    )
-    assert code == 0, capsys.readouterr().err[-3000:]
-    check_two_steps(run, smollm2_dir)
+    train_two_steps(tmp_path / "run", smollm2_dir, capsys, f"model.path={smollm2_dir}")
 
 
 @pytest.mark.integration
 def test_smollm2_config_trains_two_steps_on_the_vllm_engine(smollm2_dir, tmp_path, capsys):
-    run = tmp_path / "run"
-    code = main(
-        [
-            "train",
-            "--config",
-            str(CONFIG_DIR / "smollm2.yaml"),
-            "--no-progress",
-            "--run-dir",
-            str(run),
-            "--set",
-            f"model.path={smollm2_dir}",
-            "--set",
-            "engine.kind=vllm",
-            *TWO_STEPS,
-        ]
-    )
-    assert code == 0, capsys.readouterr().err[-3000:]
-    check_two_steps(run, smollm2_dir)
+    train_two_steps(tmp_path / "run", smollm2_dir, capsys, f"model.path={smollm2_dir}", "engine.kind=vllm")

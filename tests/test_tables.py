@@ -5,42 +5,31 @@ metrics.jsonl, finish reasons as strings, decisions and outcomes on one time bas
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
+from run_helpers import run_outside, sets
 
 from railgate.cli import main
 
-PROJECT = ("railgate", "pipeline", "controller", "learner", "configs")
 STEPS, GROUPS, G = 4, 4, 4
 SIM = [
     "--config",
     "configs/sim.yaml",
     "--no-progress",
-    "--set",
-    f"orchestrator.batch_groups={GROUPS}",
-    "--set",
-    f"orchestrator.group_size={G}",
-    "--set",
-    "gate.kind=uniform",
-    "--set",
-    "sim.num_prompts=256",
-    "--set",
-    "sim.num_eval_prompts=32",
-    "--set",
-    "log.checkpoint_every=2",
-    "--set",
-    "log.tensorboard=false",
-    "--set",
-    "orchestrator.eval_every=2",
-    "--set",
-    "log.trace_flush_every=4",
+    *sets(
+        f"orchestrator.batch_groups={GROUPS}",
+        f"orchestrator.group_size={G}",
+        "gate.kind=uniform",
+        "sim.num_prompts=256",
+        "sim.num_eval_prompts=32",
+        "log.checkpoint_every=2",
+        "log.tensorboard=false",
+        "orchestrator.eval_every=2",
+        "log.trace_flush_every=4",
+    ),
 ]
 
 
@@ -98,20 +87,7 @@ def test_pandas_polars_and_duckdb_read_the_export_with_resume_rules_applied(resu
     assert main(["export", str(resumed_run), "--out", str(out)]) == 0
     assert "a simulator run: no model" in capsys.readouterr().out and not (out / "model").exists()
     metric_steps = [json.loads(line)["step"] for line in (resumed_run / "metrics.jsonl").read_text().splitlines()]
-    guard = (
-        f"\nassert not [m for m in sys.modules if m.split('.')[0] in {PROJECT!r}], 'a project module was imported'\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(READ) + guard, str(out / "buffer.parquet"), str(out / "trace.parquet")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    got = json.loads(result.stdout.strip().splitlines()[-1])
+    got = run_outside(READ, tmp_path, str(out / "buffer.parquet"), str(out / "trace.parquet"), timeout=300)
     assert got["counts"] == [[s, GROUPS * G] for s in range(1, STEPS + 1)]  # each step once
     assert metric_steps[0] == 0  # the evaluation before training
     assert got["pandas_steps"] == sorted(set(metric_steps) - {0}) == list(range(1, STEPS + 1))  # metrics' numbering

@@ -8,7 +8,8 @@ import random
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from torch_models import llama_config
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
 
 from learner.config import LearnerConfig
 from learner.packing import BatchError
@@ -23,20 +24,7 @@ VOCAB = 32
 
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    return LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-            pad_token_id=0,
-            bos_token_id=1,
-            eos_token_id=2,
-        )
-    )
+    return LlamaForCausalLM(llama_config(VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2))
 
 
 def tiny_gpt2(seed: int = 0) -> GPT2LMHeadModel:

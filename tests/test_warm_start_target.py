@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from run_helpers import ROOT, cli
+from run_helpers import ROOT, cli, cli_ok, sets
 
 from railgate.config import load_config
 
@@ -19,8 +19,7 @@ ACCURACY = re.compile(r"held-out accuracy: (\d\.\d+) \(95% (\d\.\d+) to (\d\.\d+
 def test_the_default_warm_start_lands_within_0_05_of_its_target_and_trains_as_model_path(tmp_path):
     target = load_config(ROOT / "configs/default.yaml").model.warm_start_target
     out = tmp_path / "base"
-    made = cli("warm-start", "--out", str(out), "--no-progress", timeout=1500)
-    assert made.returncode == 0, made.stderr[-3000:]
+    made = cli_ok("warm-start", "--out", str(out), "--no-progress", timeout=1500)
     accuracy, lo, hi = map(float, ACCURACY.search(made.stdout).groups())
     assert abs(accuracy - target) <= 0.05 and lo < accuracy < hi
     meta = json.loads((out / "railgate_base.json").read_text())
@@ -28,20 +27,14 @@ def test_the_default_warm_start_lands_within_0_05_of_its_target_and_trains_as_mo
     assert meta["warm_start"]["kept_step"] > 0  # the checkpoint kept was chosen near the target
 
     run = tmp_path / "run"
-    trained = cli(
+    trained = cli_ok(
         "train",
         "--no-progress",
         "--run-dir",
         str(run),
-        "--set",
-        f"model.path={out}",
-        "--set",
-        "orchestrator.steps=1",
-        "--set",
-        "log.checkpoint_every=0",
+        *sets(f"model.path={out}", "orchestrator.steps=1", "log.checkpoint_every=0"),
         timeout=1500,
     )
-    assert trained.returncode == 0, trained.stderr[-3000:]
     assert not (run / "base_model").exists() and "warm start" not in trained.stderr  # no second warm start
     step0 = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
     assert step0["step"] == 0 and step0["eval/accuracy"] == pytest.approx(accuracy, abs=5e-4)  # the same draws
@@ -56,10 +49,7 @@ def test_warm_start_refuses_a_users_model_and_a_used_directory(tmp_path):
         "warm-start",
         "--out",
         str(tmp_path / "used"),
-        "--set",
-        "model.warm_start_steps=1",
-        "--set",
-        "model.warm_start_target=0",
+        *sets("model.warm_start_steps=1", "model.warm_start_target=0"),
     )
     assert used.returncode == 2 and "not an empty directory" in used.stderr
     assert (tmp_path / "used" / "file").read_text() == "mine"

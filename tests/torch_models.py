@@ -11,18 +11,27 @@ EOS = 2
 GREEDY = 1e-5  # a temperature this small samples the argmax unless two logits tie within ~1e-4
 
 
+def llama_config(
+    vocab_size: int, hidden: int = 32, layers: int = 2, heads: int = 2, context: int = 64, **extra
+) -> LlamaConfig:
+    """The tests' tiny Llama shape: MLP width 2 x ``hidden``, as many key/value heads as heads;
+    ``extra`` are further ``LlamaConfig`` fields."""
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=context,
+        **extra,
+    )
+
+
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=64,
-        initializer_range=0.2,  # peaked logits: no near-ties for greedy parity
-    )
-    return LlamaForCausalLM(config).eval()
+    # peaked logits (initializer_range 0.2): no near-ties for greedy parity
+    return LlamaForCausalLM(llama_config(64, initializer_range=0.2)).eval()
 
 
 def tiny_gpt2(seed: int = 0) -> GPT2LMHeadModel:

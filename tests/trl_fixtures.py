@@ -9,10 +9,7 @@ from typing import Any
 
 from hf_models import save_tiny_llama
 
-MATCHED = dict(
-    per_device_train_batch_size=8,
-    num_generations=4,
-    max_completion_length=6,
+CPU_RUN = dict(
     logging_steps=1,
     report_to=[],
     bf16=False,
@@ -20,9 +17,17 @@ MATCHED = dict(
     use_cpu=True,
     seed=0,
     save_strategy="no",
+    disable_tqdm=True,
+)
+"""How every TRL test trains: fp32 on the CPU, seed 0, no gradient checkpointing, logging every
+step, no reporting, no checkpoints, no progress bars."""
+MATCHED = dict(
+    per_device_train_batch_size=8,
+    num_generations=4,
+    max_completion_length=6,
     learning_rate=1e-3,
     max_steps=3,
-    disable_tqdm=True,
+    **CPU_RUN,
 )
 """Settings both trainers of a test share (8 rows a step: 2 prompts x 4 completions)."""
 

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from accelerate import PartialState  # noqa: E402
 from datasets import Dataset  # noqa: E402
+from trl_fixtures import CPU_RUN  # noqa: E402
 
 from railgate.trl import GatedGRPOConfig, GatedGRPOTrainer  # noqa: E402
 
@@ -57,14 +58,7 @@ def main(scenario: str, out: Path, model: str) -> None:
         per_device_train_batch_size=4 * prompts_per_step // processes,
         max_completion_length=4,
         max_steps=3,
-        logging_steps=1,
-        report_to=[],
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        seed=0,
-        save_strategy="no",
-        disable_tqdm=True,
+        **CPU_RUN,
         gate_kind=kind,
         gate_probe_size=2,
         gate_hora_budget=14,

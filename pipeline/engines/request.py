@@ -34,7 +34,7 @@ import anyio
 import anyio.lowlevel
 
 from pipeline.clock import running_event_type
-from pipeline.types import RolloutEvent, SampleFinished, SampleRequest
+from pipeline.types import FinishReason, RolloutEvent, SampleFinished, SampleRequest
 
 
 class Waiter(Protocol):
@@ -44,6 +44,34 @@ class Waiter(Protocol):
 
 
 W = TypeVar("W", bound=Waiter)
+
+
+class Sampled(Protocol):
+    """An engine's record of a request it has finished sampling."""
+
+    request: SampleRequest
+    prefix: tuple[int, ...]
+    tokens: list[int]
+    logprobs: list[float]
+    finish: FinishReason | None
+    version: int
+    error: str
+    end_time: float
+
+
+def final_event(req: Sampled, prefix_logprobs: tuple[float, ...]) -> SampleFinished:
+    """The ``SampleFinished`` of ``req``: its branch prefix (scored with ``prefix_logprobs``) and
+    the tokens it sampled, how and on which weights it ended."""
+    assert req.finish is not None, f"request {req.request.request_id!r} has not finished"
+    return SampleFinished(
+        request_id=req.request.request_id,
+        token_ids=req.prefix + tuple(req.tokens),
+        logprobs=prefix_logprobs + tuple(req.logprobs),
+        finish_reason=req.finish,
+        policy_version=req.version,
+        error=req.error,
+        engine_time=req.end_time,
+    )
 
 
 def check_request(

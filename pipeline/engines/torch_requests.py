@@ -20,7 +20,8 @@ sample has ended), then one ``SampleFinished``; ``TorchEngine.stream`` returns a
 
 from __future__ import annotations
 
-from pipeline.types import FinishReason, RolloutEvent, SampleFinished, SampleRequest, TokenDelta
+from pipeline.engines.request import final_event
+from pipeline.types import FinishReason, RolloutEvent, SampleRequest, TokenDelta
 
 
 class RequestState:
@@ -96,12 +97,4 @@ class RequestState:
             prefix_lps = self.prefix_logprobs
         else:  # sent without log-probs and never reached the batch
             prefix_lps = (0.0,) * k
-        return SampleFinished(
-            request_id=self.request.request_id,
-            token_ids=self.prefix + tuple(self.tokens),
-            logprobs=prefix_lps + tuple(self.logprobs),
-            finish_reason=self.finish,
-            policy_version=self.version,
-            error=self.error,
-            engine_time=self.end_time,
-        )
+        return final_event(self, prefix_lps)

@@ -62,7 +62,7 @@ from typing import Any
 import anyio
 
 from pipeline.engines.base import EngineBase, EngineError
-from pipeline.engines.request import RequestStream, check_request
+from pipeline.engines.request import RequestStream, check_request, final_event
 from pipeline.engines.torch_sampling import stream_key
 from pipeline.engines.vllm_setup import (
     check_cpu_head_size,
@@ -73,7 +73,7 @@ from pipeline.engines.vllm_setup import (
     read_weights,
     write_weights,
 )
-from pipeline.types import FinishReason, RolloutEvent, SampleFinished, SampleRequest, TokenDelta
+from pipeline.types import FinishReason, RolloutEvent, SampleRequest, TokenDelta
 
 FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORTED}
 _SEED_MASK = (1 << 63) - 1
@@ -326,13 +326,7 @@ class VllmEngine(EngineBase):
         try:
             req.queue = await self._llm.add_request(req.vid, prompt, self._params(req))
         except Exception as exc:  # rejected by vLLM's validation, or the engine is dead
-            req.live = False
-            if req.finish is None:
-                self._end(
-                    req,
-                    FinishReason.ERROR,
-                    f"vLLM refused request {req.request.request_id!r}: {type(exc).__name__}: {exc}",
-                )
+            self._fail(req, "refused", exc)
             return
         if req.finish is not None and req.live:  # aborted while it was being submitted
             req.live = False
@@ -340,6 +334,14 @@ class VllmEngine(EngineBase):
 
     def _end(self, req: _Request, reason: FinishReason, error: str = "") -> None:
         req.finish, req.error, req.end_time = reason, error, time.monotonic() - self._t0
+
+    def _fail(self, req: _Request, what: str, exc: Exception) -> None:
+        """vLLM no longer holds ``req``; it ends in an error saying what vLLM did (unless it had ended)."""
+        req.live = False
+        if req.finish is None:
+            self._end(
+                req, FinishReason.ERROR, f"vLLM {what} request {req.request.request_id!r}: {type(exc).__name__}: {exc}"
+            )
 
     async def _release(self, req: _Request) -> None:
         """The consumer is done with the stream (final event read, closed, or cancelled)."""
@@ -364,13 +366,7 @@ class VllmEngine(EngineBase):
             try:
                 out = req.queue.get_nowait() or await req.queue.get()
             except Exception as exc:  # the engine died or failed this request
-                req.live = False
-                if req.finish is None:
-                    self._end(
-                        req,
-                        FinishReason.ERROR,
-                        f"vLLM failed request {req.request.request_id!r}: {type(exc).__name__}: {exc}",
-                    )
+                self._fail(req, "failed", exc)
                 continue
             self._absorb(req, out)
 
@@ -414,12 +410,4 @@ class VllmEngine(EngineBase):
             return None
         req.final_sent = True
         prefix_lps = req.prefix_logprobs if req.prefix_logprobs is not None else (0.0,) * len(req.prefix)
-        return SampleFinished(
-            request_id=req.request.request_id,
-            token_ids=req.prefix + tuple(req.tokens),
-            logprobs=prefix_lps + tuple(req.logprobs),
-            finish_reason=req.finish,
-            policy_version=req.version,
-            error=req.error,
-            engine_time=req.end_time,
-        )
+        return final_event(req, prefix_lps)

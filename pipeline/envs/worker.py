@@ -25,14 +25,13 @@ Arguments and results cross the socket pickled: env_config, extras, actions, ste
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
 import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
 from pipeline.envs.hosts import CLOSE_TIMEOUT_S, CallFailed, one_line
+from pipeline.processes import IdleWorkers, WorkerProcess
 
 START_TIMEOUT_S = 120.0
 """Seconds a worker may take to start: a fresh interpreter importing the env's module."""
@@ -40,14 +39,13 @@ MAX_IDLE = 64
 """Idle workers kept for reuse; more are stopped when their episode closes."""
 
 
-class WorkerPool:
+class WorkerPool(IdleWorkers["_Worker"]):
     """Worker processes for the env class ``spec``; ``host()`` hands one to an episode."""
 
     def __init__(self, spec: str, max_idle: int = MAX_IDLE) -> None:
+        super().__init__()
         self.spec = spec
         self.max_idle = max_idle
-        self._idle: list[_Worker] = []
-        self._lock = threading.Lock()
         self.started = 0  # workers started
         self.killed = 0  # workers killed at a timeout
 
@@ -68,19 +66,6 @@ class WorkerPool:
                 self._idle.append(worker)
                 return
         worker.kill()
-
-    def close(self) -> None:
-        """Stop every idle worker (busy ones stop when their episode closes)."""
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for worker in idle:
-            worker.kill()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 class ProcessHost:
@@ -142,24 +127,11 @@ class ProcessHost:
             raise
 
 
-class _Worker:
-    """One worker process and its end of the socket pair."""
+class _Worker(WorkerProcess):
+    """One worker process hosting the env class ``spec``, ready once it has imported it."""
 
     def __init__(self, spec: str) -> None:
-        parent_sock, child_sock = socket.socketpair()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "pipeline.envs.worker", str(child_sock.fileno()), spec],
-                pass_fds=(child_sock.fileno(),),
-                env=env,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        finally:
-            child_sock.close()
-        self.conn = Connection(parent_sock.detach())
+        super().__init__("pipeline.envs.worker", spec)
         try:
             ready = (
                 self.conn.recv()
@@ -173,10 +145,6 @@ class _Worker:
             detail = ready[1] if isinstance(ready, tuple) and len(ready) == 2 else "it did not start"
             raise CallFailed(f"its worker process failed to start: {detail}")
 
-    @property
-    def running(self) -> bool:
-        return self.process.poll() is None
-
     def request(self, message: tuple, timeout_s: float) -> Any:
         try:
             self.conn.send(message)
@@ -188,15 +156,6 @@ class _Worker:
         if not ok:
             raise CallFailed(value)
         return value
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        self.conn.close()
 
 
 def _serve(conn: Connection, spec: str) -> None:

@@ -90,10 +90,12 @@ def build_model(
     pad_id: int = 0,
     bos_id: int = 1,
     eos_id: int = 2,
+    initializer_range: float = 0.02,
 ):
     """A freshly initialised GPT-2-style ``GPT2LMHeadModel`` (MLP width 4 x d_model, no dropout), seeded.
 
     Dropout is off because RL needs the engine's and the learner's log-probs to agree.
+    ``initializer_range`` is the spread of the initial weights (GPT-2's 0.02 by default).
 
     >>> model = build_model(vocab_size=20, d_model=32, n_layers=1, n_heads=2, max_len=16)
     >>> type(model).__name__, model.config.n_positions
@@ -115,6 +117,7 @@ def build_model(
         pad_token_id=pad_id,
         bos_token_id=bos_id,
         eos_token_id=eos_id,
+        initializer_range=initializer_range,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -7,11 +7,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from pipeline.policy.tokenizer import CharTokenizer
+from pipeline.types import Prompt
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,30 @@ class PolicyStats:
     group_size: int
     by_difficulty: tuple[tuple[float, float], ...]  # (difficulty, accuracy), ascending
     wall_s: float
+
+    @classmethod
+    def of(cls, prompts: Sequence[Prompt], rates: Sequence[float], group_size: int, wall_s: float) -> PolicyStats:
+        """The statistics of per-prompt success rates (``rates[i]`` of ``prompts[i]``).
+
+        >>> from pipeline.types import Prompt
+        >>> s = PolicyStats.of([Prompt(0, "", (), difficulty=1), Prompt(1, "", (), difficulty=2)], [1.0, 0.5], 4, 0.0)
+        >>> s.accuracy, s.saturated, s.by_difficulty
+        (0.75, 0.5, ((1, 1.0), (2, 0.5)))
+        """
+        by_d: dict[float, list[float]] = {}
+        for prompt, rate in zip(prompts, rates):
+            by_d.setdefault(prompt.difficulty, []).append(rate)
+        n = max(1, len(rates))
+        return cls(
+            accuracy=sum(rates) / n,
+            saturated=sum(r in (0.0, 1.0) for r in rates) / n,
+            all_correct=sum(r == 1.0 for r in rates) / n,
+            all_wrong=sum(r == 0.0 for r in rates) / n,
+            n_prompts=len(rates),
+            group_size=group_size,
+            by_difficulty=tuple((d, sum(v) / len(v)) for d, v in sorted(by_d.items())),
+            wall_s=wall_s,
+        )
 
 
 @torch.no_grad()

@@ -23,8 +23,7 @@ import torch
 
 from pipeline.envs.render import PlainRenderer
 from pipeline.policy.sampling import PolicyStats, sample_groups
-
-IGNORE = -100
+from pipeline.policy.sft_rows import IGNORE, padded_batch
 
 
 def renderer_of(tokenizer: Any) -> PlainRenderer:
@@ -50,20 +49,8 @@ def episode_batch(task: Any, tokenizer: Any, batch: int, seed: int, max_len: int
     """``(input_ids, attention_mask, labels)`` of ``batch`` demonstration episodes."""
     renderer = renderer_of(tokenizer)
     rows = [episode_row(renderer, demo) for demo in task.sft_episodes(batch, seed=seed)]
-    width = max(len(ids) for ids, _ in rows)
-    if max_len is not None and width > max_len:
-        raise ValueError(
-            f"a demonstration episode of {width} tokens exceeds the model's max_len={max_len}; raise "
-            "model.max_len or shorten the episodes (fewer steps, task.env.max_turns)"
-        )
-    ids = torch.full((len(rows), width), tokenizer.pad_id, dtype=torch.long)
-    labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (row, lab) in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
-        labels[i, : len(lab)] = torch.tensor(lab)
-        mask[i, : len(row)] = 1
-    return ids, mask, labels
+    remedy = "shorten the episodes (fewer steps, task.env.max_turns)"
+    return padded_batch(rows, tokenizer.pad_id, max_len, what="a demonstration episode", remedy=remedy)
 
 
 @torch.no_grad()
@@ -116,17 +103,4 @@ def measure_episodes(
     for session, _, k in episodes:
         ok = not session.failed and session.done and session.episode_reward > prompts[k].success_threshold
         success[k] += ok / group_size
-    by_d: dict[float, list[float]] = {}
-    for prompt, rate in zip(prompts, success):
-        by_d.setdefault(prompt.difficulty, []).append(rate)
-    n = max(1, len(success))
-    return PolicyStats(
-        accuracy=sum(success) / n,
-        saturated=sum(r in (0.0, 1.0) for r in success) / n,
-        all_correct=sum(r == 1.0 for r in success) / n,
-        all_wrong=sum(r == 0.0 for r in success) / n,
-        n_prompts=len(success),
-        group_size=group_size,
-        by_difficulty=tuple((d, sum(v) / len(v)) for d, v in sorted(by_d.items())),
-        wall_s=time.perf_counter() - start,
-    )
+    return PolicyStats.of(prompts, success, group_size, time.perf_counter() - start)

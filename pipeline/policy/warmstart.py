@@ -34,12 +34,11 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.policy.sampling import PolicyStats, sample_groups  # noqa: F401  (re-exported)
+from pipeline.policy.sft_rows import IGNORE, padded_batch
 from pipeline.policy.tokenizer import CharTokenizer
 from pipeline.policy.warm_episodes import episode_batch, measure_episodes
 from pipeline.tasks.base import Task
 from pipeline.types import Prompt
-
-IGNORE = -100
 
 
 @dataclass(frozen=True)
@@ -62,26 +61,14 @@ class WarmStartReport:
 def sft_batch(task: Task, tokenizer: CharTokenizer, problems, max_len: int | None = None):
     """``(input_ids, attention_mask, labels)`` of right-padded ``<bos> prompt target <eos>``
     sequences; labels are -100 except on the target and ``<eos>``."""
-    rows, starts = [], []
+    rows = []
     for problem in problems:
         prompt_text, target_text = task.sft_example(problem)
         prompt = tokenizer.encode_prompt(prompt_text)
-        rows.append(prompt + tokenizer.encode_response(target_text))
-        starts.append(len(prompt))
-    width = max(len(r) for r in rows)
-    if max_len is not None and width > max_len:
-        raise ValueError(
-            f"an SFT example of {width} tokens exceeds the model's max_len={max_len}; raise model.max_len "
-            "or make the task smaller (fewer digits or numbers)"
-        )
-    ids = torch.full((len(rows), width), tokenizer.pad_id, dtype=torch.long)
-    labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (row, start) in enumerate(zip(rows, starts)):
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = 1
-        labels[i, start : len(row)] = ids[i, start : len(row)]
-    return ids, mask, labels
+        target = tokenizer.encode_response(target_text)
+        rows.append((prompt + target, [IGNORE] * len(prompt) + target))
+    remedy = "make the task smaller (fewer digits or numbers)"
+    return padded_batch(rows, tokenizer.pad_id, max_len, what="an SFT example", remedy=remedy)
 
 
 def sequence_mean_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -274,17 +261,4 @@ def measure_policy(
             if rewards:
                 rates.append(sum(rewards) / len(rewards))
                 graded.append(prompt)
-    by_d: dict[float, list[float]] = {}
-    for prompt, rate in zip(graded, rates):
-        by_d.setdefault(prompt.difficulty, []).append(rate)
-    n = max(1, len(rates))
-    return PolicyStats(
-        accuracy=sum(rates) / n,
-        saturated=sum(r in (0.0, 1.0) for r in rates) / n,
-        all_correct=sum(r == 1.0 for r in rates) / n,
-        all_wrong=sum(r == 0.0 for r in rates) / n,
-        n_prompts=len(rates),
-        group_size=group_size,
-        by_difficulty=tuple((d, sum(v) / len(v)) for d, v in sorted(by_d.items())),
-        wall_s=time.perf_counter() - start,
-    )
+    return PolicyStats.of(graded, rates, group_size, time.perf_counter() - start)

@@ -179,6 +179,17 @@ class Task(ABC):
             out.append(problem)
         return out
 
+    def from_pool(self, pool: Sequence[Problem], split: Split, n: int, seed: int) -> list[Problem]:
+        """``n`` problems of a finite ``pool`` (a task's rows of ``split``) in an order seeded like
+        ``problems``, reshuffled after each pass over the pool."""
+        rng = random.Random(f"{self.name}:{split}:{seed}")
+        out: list[Problem] = []
+        while len(out) < n:
+            order = list(pool)
+            rng.shuffle(order)
+            out.extend(order[: n - len(out)])
+        return out
+
     def train_problems(self, n: int, seed: int, unique: bool = False) -> list[Problem]:
         return self.problems("train", n, seed, unique)
 

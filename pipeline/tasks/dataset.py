@@ -375,13 +375,7 @@ class DatasetTask(Task):
             raise DatasetError(
                 f"n={n} distinct {split} rows asked of a pool of {len(pool)}; ask for fewer or pass unique=False"
             )
-        rng = random.Random(f"{self.name}:{split}:{seed}")
-        out: list[Problem] = []
-        while len(out) < n:
-            order = list(pool)
-            rng.shuffle(order)
-            out.extend(order[: n - len(out)])
-        return out
+        return self.from_pool(pool, split, n, seed)
 
     def __repr__(self) -> str:
         sizes = {k: len(v) for k, v in self._pools.items()}

@@ -93,13 +93,7 @@ class EnvTask(Task):
             )
         if unique and n > len(pool):
             raise DatasetError(f"n={n} distinct {split} rows asked of a pool of {len(pool)}; ask for fewer")
-        rng = random.Random(f"{self.name}:{split}:{seed}")
-        out: list[Problem] = []
-        while len(out) < n:
-            order = list(pool)
-            rng.shuffle(order)
-            out.extend(order[: n - len(out)])
-        return out
+        return self.from_pool(pool, split, n, seed)
 
     def split_of(self, problem: Problem) -> Split:
         if self._pools is not None and self.config.eval_dataset:

@@ -29,7 +29,7 @@ from typing import Any
 import anyio
 
 from pipeline.types import Prompt, SampleRequest, SamplingParams
-from railgate.bench.throughput import bench_engine
+from railgate.bench.throughput import add_workload_args, bench_engine
 
 
 def _prompts(n: int, vocab: int, length: int = 8, seed: int = 0) -> list[list[int]]:
@@ -180,24 +180,10 @@ async def bench_ray(
 
 
 def _tiny_model(directory: Path, vocab: int, hidden: int, layers: int, max_len: int) -> Path:
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
+    """The project's GPT-2 shape (``build_model``, seed 0, head size 32), saved into ``directory``."""
+    from pipeline.policy.models import build_model
 
-    torch.manual_seed(0)
-    config = GPT2Config(
-        vocab_size=vocab,
-        n_positions=max_len,
-        n_embd=hidden,
-        n_layer=layers,
-        n_head=max(1, hidden // 32),
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        eos_token_id=2,
-        bos_token_id=1,
-        pad_token_id=0,
-    )
-    GPT2LMHeadModel(config).save_pretrained(str(directory))
+    build_model(vocab, hidden, layers, max(1, hidden // 32), max_len, seed=0).save_pretrained(str(directory))
     return directory
 
 
@@ -205,13 +191,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("which", choices=["vllm", "ray"])
     ap.add_argument("--model", default="", help="a save_pretrained model directory; default: a random GPT-2 built here")
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--vocab", type=int, default=64)
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--group", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=5)
+    add_workload_args(ap)
     ap.add_argument("--delta-tokens", type=int, default=1, help="ray: the torch engines' fewest tokens per delta")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix=f"railgate-bench-{args.which}-"))

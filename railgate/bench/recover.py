@@ -41,6 +41,7 @@ from typing import Any
 
 from pipeline.seeding import derive_seed
 from pipeline.types import BranchSpec, Prompt, SampleFinished, SampleRequest, SamplingParams, TokenDelta
+from railgate.report import markdown_table
 
 CUTS = ("early", "mid", "entropy", "reference")
 
@@ -363,6 +364,18 @@ def _cell(r: dict[str, Any]) -> str:
     return f"{r['rate']:.3f} [{lo:.2f}, {hi:.2f}] ({r['successes']}/{r['trials']})"
 
 
+def _profile_row(name: str, s: dict[str, Any]) -> list[Any]:
+    """A level's row of the base model's profile: prompts, accuracy, group outcomes, response length."""
+    n = max(1, s["prompts"])
+    outcomes = (f"{s[k] / n:.2f}" for k in ("all_fail", "mixed", "all_pass"))
+    return [name, s["prompts"], _cell(s["accuracy"]), *outcomes, f"{s['tokens_per_response']:.1f}"]
+
+
+def _joined(per_cut: dict[str, Any], spec: str) -> str:
+    """A per-cut value for each of ``CUTS``, formatted with ``spec``, joined by " / "."""
+    return " / ".join(format(per_cut[c], spec) for c in CUTS)
+
+
 def render(report: dict[str, Any]) -> str:
     """The report as Markdown tables: the base model's profile, then branch against fresh."""
     rows = list(report["levels"].items()) + [("all", report["all"])]
@@ -371,47 +384,42 @@ def render(report: dict[str, Any]) -> str:
         f"{report['branches']} branches per cut of up to {report['failed_per_prompt']} failed responses per prompt, "
         f"seed {report['seed']}, {report['samples']} samples in {report['sampling_wall_s']:.0f} s",
         "",
-        "| level | prompts | step-0 accuracy | all-fail | mixed | all-pass | tokens/response |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name, s in rows:
-        n = max(1, s["prompts"])
-        lines.append(
-            f"| {name} | {s['prompts']} | {_cell(s['accuracy'])} | {s['all_fail'] / n:.2f} | {s['mixed'] / n:.2f} | "
-            f"{s['all_pass'] / n:.2f} | {s['tokens_per_response']:.1f} |"
-        )
-    lines += [
+        markdown_table(
+            ["level", "prompts", "step-0 accuracy", "all-fail", "mixed", "all-pass", "tokens/response"],
+            [_profile_row(name, s) for name, s in rows],
+        ),
         "",
         "Success rate of a branch from a failed response's prefix, against a fresh sample of the same prompts "
         "(rate [95% interval] (successes/trials); prefix: mean tokens kept):",
         "",
-        f"| level | fresh | {' | '.join(CUTS)} | prefix {'/'.join(CUTS)} |",
-        "|---" * (len(CUTS) + 3) + "|",
-    ]
-    for name, s in rows:
-        p = s["mean_prefix_tokens"]
-        lines.append(
-            f"| {name} | {_cell(s['fresh'])} | "
-            + " | ".join(_cell(s["branch"][c]) for c in CUTS)
-            + " | "
-            + " / ".join(f"{p[c]:.1f}" for c in CUTS)
-            + " |"
-        )
-    lines += [
+        markdown_table(
+            ["level", "fresh", *CUTS, f"prefix {'/'.join(CUTS)}"],
+            [
+                [
+                    name,
+                    _cell(s["fresh"]),
+                    *(_cell(s["branch"][c]) for c in CUTS),
+                    _joined(s["mean_prefix_tokens"], ".1f"),
+                ]
+                for name, s in rows
+            ],
+        ),
         "",
         "The same on prompts whose group was all-fail; groups: all-fail groups that at least one of the "
         "prompt's branches (or fresh samples) at that cut turned mixed:",
         "",
-        f"| level | all-fail groups | fresh | {' | '.join(CUTS)} | groups fresh / {' / '.join(CUTS)} |",
-        "|---" * (len(CUTS) + 4) + "|",
+        markdown_table(
+            ["level", "all-fail groups", "fresh", *CUTS, f"groups fresh / {' / '.join(CUTS)}"],
+            [
+                [
+                    name,
+                    s["all_fail"],
+                    _cell(s["fresh_all_fail"]),
+                    *(_cell(s["branch_all_fail"][c]) for c in CUTS),
+                    f"{s['fresh_recovered_groups']} / {_joined(s['recovered_groups'], '')}",
+                ]
+                for name, s in rows
+            ],
+        ),
     ]
-    for name, s in rows:
-        g = s["recovered_groups"]
-        lines.append(
-            f"| {name} | {s['all_fail']} | {_cell(s['fresh_all_fail'])} | "
-            + " | ".join(_cell(s["branch_all_fail"][c]) for c in CUTS)
-            + f" | {s['fresh_recovered_groups']} / "
-            + " / ".join(str(g[c]) for c in CUTS)
-            + " |"
-        )
     return "\n".join(lines)

@@ -294,6 +294,17 @@ def _interleaved(contenders: dict[str, tuple], rounds: int) -> dict[str, list[di
             _close(contender)
 
 
+def add_workload_args(ap: argparse.ArgumentParser) -> None:
+    """The options engine benchmarks share: a built model's shape and the sampling workload."""
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--vocab", type=int, default=64)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=5)
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     """Measure the torch engine against ``generate`` and continuous batching; print and return the figures."""
     import copy
@@ -310,17 +321,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "custom: --arch/--hidden/--layers/--vocab",
     )
     ap.add_argument("--arch", choices=("llama", "gpt2"), default="llama")
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--vocab", type=int, default=64)
-    ap.add_argument("--prompts", type=int, default=16)
+    add_workload_args(ap)
     ap.add_argument("--prompt-len", type=int, default=12)
-    ap.add_argument("--group", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--delta-tokens", type=int, nargs="+", default=[1, 4])
     ap.add_argument(
         "--peers",

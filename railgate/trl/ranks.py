@@ -65,6 +65,17 @@ def padded(items: Sequence[Any], processes: int) -> list[Any]:
     return items
 
 
+def rank_share(items: Sequence[Any], processes: int, index: int) -> list[Any]:
+    """Rank ``index``'s equal share of ``padded(items, processes)``, in order.
+
+    >>> [rank_share([1, 2, 3], 2, i) for i in range(2)]
+    [[1, 2], [3, 3]]
+    """
+    everyone = padded(items, processes)
+    share = len(everyone) // processes
+    return everyone[index * share : (index + 1) * share]
+
+
 def gather_all(local: list[Any]) -> list[Any]:
     """Every rank's ``local`` list, concatenated in rank order, on every rank."""
     return list(gather_object(local))

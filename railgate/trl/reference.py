@@ -28,7 +28,7 @@ from trl.trainer.utils import pad
 
 from controller.reference import ReferenceScreen
 from pipeline.types import Prompt
-from railgate.trl.ranks import gather_all, padded
+from railgate.trl.ranks import gather_all, rank_share
 from railgate.trl.rows import scalar_reward
 
 REFERENCE_COLUMNS = ("reference", "solution", "answer", "completion")
@@ -93,9 +93,7 @@ class ReferenceScorer:
         trainer = self.trainer
         acc = trainer.accelerator
         ids = [p.prompt_id for p in prompts]
-        everyone = padded(ids, acc.num_processes)
-        share = len(everyone) // acc.num_processes
-        mine = everyone[acc.process_index * share : (acc.process_index + 1) * share]
+        mine = rank_share(ids, acc.num_processes, acc.process_index)
         inputs = [dict(trainer.train_dataset[i]) for i in mine]
         prompt_texts = [x["prompt"] for x in inputs]
         conversational = isinstance(prompt_texts[0], list)
@@ -130,9 +128,7 @@ class ReferenceScorer:
         trainer = self.trainer
         acc = trainer.accelerator
         ids = [p.prompt_id for p in prompts]
-        everyone = padded(ids, acc.num_processes)
-        share = len(everyone) // acc.num_processes
-        mine = everyone[acc.process_index * share : (acc.process_index + 1) * share]
+        mine = rank_share(ids, acc.num_processes, acc.process_index)
         prompt_ids, _, _ = trainer._tokenize_prompts([trainer.train_dataset[i]["prompt"] for i in mine])
         refs = [self.references[i] for i in mine]
         device = acc.device

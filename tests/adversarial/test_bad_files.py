@@ -98,12 +98,7 @@ def test_dataset_problems_through_the_cli(tmp_path, problem):
         "--run-dir",
         str(run),
         "--no-progress",
-        "--set",
-        "task.name=dataset",
-        "--set",
-        f"task.dataset.train_path={data}",
-        "--set",
-        "task.dataset.reward=exact",
+        *sets("task.name=dataset", f"task.dataset.train_path={data}", "task.dataset.reward=exact"),
         *[a for s in sets for a in ("--set", s)],
         timeout=600,
     )

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from run_helpers import SMALL, cli, sim_run, tree_digest
+from run_helpers import SMALL, cli, sets, sim_run, tree_digest
 
 MAX_LINE = 1000
 SIM = ("--config", "configs/sim.yaml")
@@ -46,9 +46,9 @@ class Case:
     fresh: bool = False  # the command targets tmp/fresh (must stay absent) instead of the finished run
 
 
-def fresh_train(*sets: str) -> Callable[[Path, Path], list[str]]:
+def fresh_train(*assignments: str) -> Callable[[Path, Path], list[str]]:
     def args(run: Path, tmp: Path) -> list[str]:
-        return ["train", *SIM, "--run-dir", str(tmp / "fresh"), *SMALL, *[a for s in sets for a in ("--set", s)]]
+        return ["train", *SIM, "--run-dir", str(tmp / "fresh"), *SMALL, *sets(*assignments)]
 
     return args
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 from hf_models import save_tiny_llama
-from run_helpers import ROOT, SMALL, cli, sim_run
+from run_helpers import ROOT, SMALL, cli, sets, sim_run
 
 from pipeline.policy.models import ModelDirError, load_model
 from pipeline.tasks.dataset import DatasetError, load_problems
@@ -85,10 +85,7 @@ def test_a_file_size_limit_is_one_line(tmp_path):
         "configs/sim.yaml",
         "--run-dir",
         str(tmp_path / "run"),
-        "--set",
-        "orchestrator.steps=3",
-        "--set",
-        "log.checkpoint_every=1",
+        *sets("orchestrator.steps=3", "log.checkpoint_every=1"),
         *SMALL,
         preexec_fn=limit,
     )
@@ -157,14 +154,12 @@ def test_bad_dataset_rows_through_the_cli_are_one_line_naming_the_row(row, tmp_p
         "--run-dir",
         str(tmp_path / "run"),
         "--no-progress",
-        "--set",
-        "task.name=dataset",
-        "--set",
-        f"task.dataset.train_path={data}",
-        "--set",
-        "task.dataset.reward=exact",
-        "--set",
-        "task.dataset.on_bad_row=error",
+        *sets(
+            "task.name=dataset",
+            f"task.dataset.train_path={data}",
+            "task.dataset.reward=exact",
+            "task.dataset.on_bad_row=error",
+        ),
         timeout=300,
     )
     lines = result.stderr.strip().splitlines()

@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 from hf_models import save_tiny_llama
-from run_helpers import cli
+from run_helpers import cli, sets
 
 from pipeline.config.build import ConfigError
 from pipeline.config.sections import SimConfig
@@ -159,46 +159,32 @@ def dataset_dir(tmp_path_factory) -> Path:
     return root
 
 
-def _train(root: Path, run: Path, reward: str, *sets: str):
+def _train(root: Path, run: Path, reward: str, *more: str):
     args = [
         "train",
         "--no-progress",
         "--run-dir",
         str(run),
-        "--set",
-        f"model.path={root / 'llama'}",
-        "--set",
-        "task.name=dataset",
-        "--set",
-        "task.dataset.train_path=rows.jsonl",
-        "--set",
-        f"task.dataset.reward={reward}",
-        "--set",
-        "gate.kind=sara",
-        "--set",
-        "gate.sara.reference_prior=false",
-        "--set",
-        "orchestrator.steps=3",
-        "--set",
-        "orchestrator.batch_groups=4",
-        "--set",
-        "orchestrator.group_size=4",
-        "--set",
-        "orchestrator.max_tokens=6",
-        "--set",
-        "data.num_train_prompts=32",
-        "--set",
-        "data.num_eval_prompts=4",
-        "--set",
-        "data.eval_samples=2",
-        "--set",
-        "orchestrator.eval_every=0",
-        "--set",
-        "orchestrator.max_rollouts=96",
-        "--set",
-        "log.tensorboard=false",
+        *sets(
+            f"model.path={root / 'llama'}",
+            "task.name=dataset",
+            "task.dataset.train_path=rows.jsonl",
+            f"task.dataset.reward={reward}",
+            "gate.kind=sara",
+            "gate.sara.reference_prior=false",
+            "orchestrator.steps=3",
+            "orchestrator.batch_groups=4",
+            "orchestrator.group_size=4",
+            "orchestrator.max_tokens=6",
+            "data.num_train_prompts=32",
+            "data.num_eval_prompts=4",
+            "data.eval_samples=2",
+            "orchestrator.eval_every=0",
+            "orchestrator.max_rollouts=96",
+            "log.tensorboard=false",
+        ),
     ]
-    return cli(*args, *[a for s in sets for a in ("--set", s)], cwd=root, timeout=600)
+    return cli(*args, *sets(*more), cwd=root, timeout=600)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from hf_models import save_tiny_llama
-from run_helpers import cli, sim_run, tree_digest
+from run_helpers import cli, sim_args, sim_run, tree_digest
 
 import pipeline.store.atomic
 from pipeline.config.build import ConfigError
@@ -145,26 +145,7 @@ def test_replay_takes_what_users_type_and_says_what_to_type(tmp_path):
 
 
 def test_replay_out_never_overwrites_a_runs_report(tmp_path):
-    shadow = cli(
-        "shadow",
-        "--config",
-        "configs/sim.yaml",
-        "--run-dir",
-        str(tmp_path / "shadow"),
-        "--set",
-        "orchestrator.steps=2",
-        "--set",
-        "orchestrator.batch_groups=8",
-        "--set",
-        "orchestrator.group_size=4",
-        "--set",
-        "sim.num_prompts=256",
-        "--set",
-        "sim.num_eval_prompts=64",
-        "--set",
-        "log.tensorboard=false",
-        "--no-progress",
-    )
+    shadow = cli(*sim_args("shadow", tmp_path / "shadow", 2))
     assert shadow.returncode == 0, shadow.stderr[-2000:]
     run = tmp_path / "shadow"
     before = tree_digest(run)

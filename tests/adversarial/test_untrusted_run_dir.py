@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import vowpalwabbit
 import yaml
-from run_helpers import cli, sim_run, tree_digest
+from run_helpers import cli, sets, sim_run, tree_digest
 from vw_craft import with_options
 
 from controller.rail.bandit import ControllerStateError
@@ -106,10 +106,7 @@ def rail_run(tmp_path_factory) -> Path:
     return sim_run(
         tmp_path_factory.mktemp("untrusted") / "run",
         2,
-        "--set",
-        "controller.kind=rail",
-        "--set",
-        "controller.rail.vw_extra_args=--l2 1e-6",
+        *sets("controller.kind=rail", "controller.rail.vw_extra_args=--l2 1e-6"),
     )
 
 

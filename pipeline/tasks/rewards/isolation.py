@@ -29,9 +29,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipeline.config.build import ConfigError
+from pipeline.processes import worker_env
 from pipeline.tasks.rewards.health import RewardHealth
 from pipeline.tasks.rewards.user import DatasetRow, UserReward
-from pipeline.tasks.rewards.workers import RewardFailed, RewardTimeout, RewardWorkers, worker_env
+from pipeline.tasks.rewards.workers import RewardFailed, RewardTimeout, RewardWorkers
 from pipeline.types import Prompt
 
 _MARK = "RAILGATE-CONFIG-ERROR: "

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
-import subprocess
 import sys
 import threading
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
+
+from pipeline.processes import IdleWorkers, WorkerProcess
 
 _START_TIMEOUT_S = 300.0  # a fresh interpreter importing math-verify, on a loaded machine
 
@@ -52,10 +52,11 @@ class RewardFailed(Exception):
         self.kind = kind
 
 
-class RewardWorkers:
+class RewardWorkers(IdleWorkers["_Worker"]):
     """Up to ``workers`` processes running ``scorer(prompt, token_ids)``; see the module docstring."""
 
     def __init__(self, scorer: Any, workers: int) -> None:
+        super().__init__()
         if workers < 1:
             raise ValueError(f"workers={workers} must be >= 1")
         self.scorer = scorer
@@ -67,8 +68,6 @@ class RewardWorkers:
                 f"the reward {scorer!r} cannot be sent to a worker process ({str(exc)[:200]}); define its "
                 "functions in a module (not in __main__, a notebook or a lambda)"
             ) from None
-        self._idle: list[_Worker] = []
-        self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(workers)
         self.killed = 0  # workers killed at a timeout
 
@@ -104,44 +103,19 @@ class RewardWorkers:
             raise RewardFailed(*value)
         return value
 
-    def close(self) -> None:
-        """Stop every idle worker (busy ones stop when their call returns or the run ends)."""
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for worker in idle:
-            worker.kill()
-
     def _take(self) -> _Worker:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
         return _Worker(self._payload)
 
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
-
-class _Worker:
-    """One worker: a fresh interpreter (``python -m pipeline.tasks.rewards.workers FD``) talking over a
-    socket pair, so that nothing of the parent's main module is re-imported and the reward's own
-    prints cannot garble the replies."""
+class _Worker(WorkerProcess):
+    """One worker (``python -m pipeline.tasks.rewards.workers FD``, ``pipeline.processes``),
+    ready once it has unpickled the scorer."""
 
     def __init__(self, payload: bytes) -> None:
-        parent_sock, child_sock = socket.socketpair()
-        try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "pipeline.tasks.rewards.workers", str(child_sock.fileno())],
-                pass_fds=(child_sock.fileno(),),
-                env=worker_env(),
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        finally:
-            child_sock.close()
-        self.conn = Connection(parent_sock.detach())
+        super().__init__("pipeline.tasks.rewards.workers")
         try:
             self.conn.send_bytes(payload)
             ready = self.conn.recv() if self.conn.poll(_START_TIMEOUT_S) else None
@@ -151,31 +125,6 @@ class _Worker:
             detail = ready[1] if isinstance(ready, tuple) and len(ready) == 2 else f"it did not start{self.exit_text()}"
             self.kill()
             raise RewardFailed("WorkerStartError", f"the reward's worker process failed to start: {detail}")
-
-    def exit_text(self) -> str:
-        """`` with exit status N`` once the process has ended (waiting a moment for it), else ``""``."""
-        try:
-            status = self.process.wait(timeout=1)
-        except subprocess.TimeoutExpired:
-            return ""
-        return f" with exit status {status}"
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        self.conn.close()
-
-
-def worker_env() -> dict[str, str]:
-    """The environment of a worker process: this one's, with this process's ``sys.path`` on
-    ``PYTHONPATH`` (so a worker imports the same packages, and a module of the working directory)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return env
 
 
 def _serve(conn: Connection) -> None:

@@ -1,0 +1,60 @@
+"""Helpers for unit tests of one gate decision, without the harness: admitting from a gate,
+hand-made snapshots, a prompt pool with the harness's ids, a checkpoint round trip and compact
+action lists (``gate_harness`` re-exports them)."""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Callable
+
+from pipeline.protocols import Gate
+from pipeline.types import GroupAction, GroupPlan, GroupSnapshot, Prompt
+
+_next_ids: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def admit(gate: Gate, slots: int, step: int = 0) -> list[GroupPlan]:
+    """``gate.admit`` offered the next ``slots`` group ids, numbered from 0 per gate as the
+    tracker numbers them, for unit tests of one gate decision."""
+    first = _next_ids.get(gate, 0)
+    plans = gate.admit(range(first, first + slots), step)
+    _next_ids[gate] = first + len(plans)
+    return plans
+
+
+def checkpoint_roundtrip(gate: Gate, make_gate: Callable[[], Gate]) -> Gate:
+    """A fresh gate restored from ``gate``'s checkpoint, passed through JSON on the way."""
+    state = json.loads(json.dumps(gate.state_dict()))
+    restored = make_gate()
+    restored.load_state_dict(state)
+    return restored
+
+
+def snap(
+    group_id: int,
+    prompt: Prompt | int,
+    rewards: tuple[float, ...],
+    in_flight: int = 0,
+    failed: int = 0,
+    target: int = 8,
+) -> GroupSnapshot:
+    """A hand-made snapshot for unit tests of one gate decision."""
+    if isinstance(prompt, int):
+        prompt = Prompt(prompt, f"p{prompt}", (prompt,))
+    rewards = tuple(float(r) for r in rewards)
+    return GroupSnapshot(
+        group_id, prompt, target, rewards, in_flight, len(rewards) + in_flight + failed, failed, 10 * len(rewards), 0
+    )
+
+
+def pool_of(n: int, seed: int = 0):
+    """A PromptPool of prompts 0..n-1 with the ids the harness uses."""
+    from controller.prompts import PromptPool
+
+    return PromptPool([Prompt(i, f"p{i}", (i,)) for i in range(n)], seed=seed)
+
+
+def kinds(actions: list[GroupAction]) -> list[tuple[str, int, int]]:
+    """(kind, group_id, n) of each action, for compact assertions."""
+    return [(a.kind.value, a.group_id, a.n) for a in actions]
