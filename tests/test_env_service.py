@@ -57,6 +57,18 @@ def test_a_wrong_answer_gets_feedback_and_the_episode_goes_on():
     assert renderer.action_text(answered.observation).startswith("no")
 
 
+def test_a_turn_cut_at_its_token_limit_is_closed_by_a_stop_token_in_the_observation():
+    service, renderer, prompt = setup()
+    req = request(prompt)
+    cut = tuple(renderer.action_ids("0"))[:-1]  # the answer without its stop token
+    unfinished = SampleFinished(req.request_id, cut, (0.0,) * len(cut), FinishReason.LENGTH, 0)
+    closed = anyio.run(service.step, req, unfinished)
+    assert closed.observation[0] == renderer.stop_ids[0]
+    assert renderer.action_text(closed.observation[1:]).startswith("no")
+    finished = anyio.run(service.step, request(prompt, "g0-s1", 1), turn(renderer, req, "0"))
+    assert finished.observation[0] != renderer.stop_ids[0]  # a turn that stopped is closed already
+
+
 def test_a_branch_forks_its_source_after_its_turns_even_once_the_source_closed():
     service, renderer, prompt = setup()
     src = request(prompt)

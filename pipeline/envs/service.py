@@ -91,6 +91,10 @@ class EnvService:
         if result.error or result.done:
             return TurnDone(request, finished, reward=result.reward, done=True, error=result.error)
         observation = tuple(self.renderer.observation_ids(result.observations))
+        if finished.token_ids[-1:] not in [(stop,) for stop in self.renderer.stop_ids]:
+            # A turn cut at its token limit is closed by its stop token, an observation token (in
+            # the context, out of the loss), so the next turn sees a well-formed conversation.
+            observation = (self.renderer.stop_ids[0], *observation)
         return TurnDone(request, finished, observation, result.reward, False)
 
     def _session(self, request: SampleRequest) -> tuple[EnvSession, str]:
