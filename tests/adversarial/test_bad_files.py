@@ -9,7 +9,7 @@ import json
 import os
 
 import pytest
-from run_helpers import cli, sim_run, tree_digest
+from run_helpers import cli, sets, sim_run, tree_digest
 
 import railgate.evaluate
 from pipeline.tasks.dataset import DatasetError, load_problems
@@ -88,10 +88,10 @@ def test_dataset_problems_through_the_cli(tmp_path, problem):
     """The torch path (the dataset task): one line, short, and the new run directory not left behind."""
     if problem == "latin-1 row":
         data = _jsonl(tmp_path / "data.jsonl", ROWS, bad_line=b'{"prompt": "\xff\xfe", "answer": "3"}')
-        sets, expect = ["task.dataset.on_bad_row=error"], "line 3: not UTF-8 text (byte 0xff"
+        extra, expect = ["task.dataset.on_bad_row=error"], "line 3: not UTF-8 text (byte 0xff"
     else:
         data = _jsonl(tmp_path / "data.jsonl", ROWS * 4 + [{"prompt": "7" * 1_000_000, "answer": "1"}])
-        sets, expect = ["task.dataset.on_bad_row=error"], "line 21: prompt is longer than the model's context can hold"
+        extra, expect = ["task.dataset.on_bad_row=error"], "line 21: prompt is longer than the model's context can hold"
     run = tmp_path / "fresh"
     result = cli(
         "train",
@@ -99,7 +99,7 @@ def test_dataset_problems_through_the_cli(tmp_path, problem):
         str(run),
         "--no-progress",
         *sets("task.name=dataset", f"task.dataset.train_path={data}", "task.dataset.reward=exact"),
-        *[a for s in sets for a in ("--set", s)],
+        *sets(*extra),
         timeout=600,
     )
     lines = result.stderr.strip().splitlines()
