@@ -46,10 +46,12 @@ async def play_episode(
     request: SampleRequest,
     book: EpisodeBook | None = None,
     close: bool = True,
+    first: SampleRequest | None = None,
 ) -> ScoredSample:
-    """Play the episode that ``request`` starts (its first turn) to its end."""
+    """Play the episode that ``request`` starts (its first turn) to its end; ``first``: a turn
+    already begun in ``book`` (a branch's) to play from instead."""
     book = book if book is not None else EpisodeBook(settings)
-    turn = book.begin(request)
+    turn = first if first is not None else book.begin(request)
     try:
         while True:
             final = await finish(engine, turn)

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.envs.play import finish
+from pipeline.envs.play import play_episode
 from pipeline.episodes import EpisodeBook, episode_key
 from pipeline.seeding import derive_seed
 from pipeline.types import FinishReason, Prompt, SampleFinished, SampleRequest, SamplingParams, ScoredSample
@@ -157,13 +157,7 @@ async def play(
         key = episode_key(source.request)
         service.fork(key, boundary.turns, episode_key(request))
         turn = book.begin(request, key, boundary.turns)
-    while True:
-        final = await finish(engine, turn)
-        answer = await service.step(turn, final)
-        scored = book.turn_done(turn, final, answer.observation, answer.reward, answer.done, answer.error)
-        if scored is not None:
-            return scored
-        turn = book.next_request(turn)
+    return await play_episode(engine, service, settings, request, book, close=False, first=turn)
 
 
 def _rebuild(book: EpisodeBook, scored: ScoredSample, turns: int) -> None:
