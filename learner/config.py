@@ -23,6 +23,7 @@ pipeline.config.build.ConfigError: learner.clip_high=0.1 is below learner.clip_l
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -65,6 +66,11 @@ class LearnerConfig:
     dilute the token mean (each step's gradient then shrinks with the saturated fraction, as
     in plain GRPO implementations). With ``kl_coef`` > 0 this also decides whether their
     tokens get the KL penalty."""
+    turn_credit: float = 0.0
+    """Multi-turn episodes: weight of each turn's own advantage (its reward standardised over
+    every turn of the group) added to the episode's advantage on that turn's tokens
+    (``learner.turn_credit``). 0: the episode's advantage alone. Rollouts without turns are
+    unaffected."""
     lr: float = 3e-4
     """AdamW learning rate (constant)."""
     weight_decay: float = 0.01
@@ -118,6 +124,10 @@ class LearnerConfig:
             "clip_high (0.28), it never lowers it: set clip_high >= clip_low",
         )
         require(self.kl_coef >= 0, f"learner.kl_coef={self.kl_coef} must be >= 0 (0 = no reference model)")
+        require(
+            self.turn_credit >= 0 and math.isfinite(self.turn_credit),
+            f"learner.turn_credit={self.turn_credit} must be a finite number >= 0 (0 = the episode's advantage alone)",
+        )
         require(self.adv_eps >= 0, f"learner.adv_eps={self.adv_eps} must be >= 0")
         require(self.std_ddof in (0, 1), f"learner.std_ddof={self.std_ddof} must be 0 (population) or 1 (sample std)")
         require(self.lr > 0, f"learner.lr={self.lr} must be > 0; 3e-4 works for the CPU default model")

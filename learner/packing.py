@@ -63,7 +63,7 @@ class Chunk:
     loss_mask: torch.Tensor  # [b, L] bool: the tokens trained on (an episode's observations are not)
     token_mask: torch.Tensor  # [b, L] bool: every response token, what the model attends to
     old_logprobs: torch.Tensor  # [b, L] float32: the engine's log-probs, 0 after the end
-    advantages: torch.Tensor  # [b] float32
+    advantages: torch.Tensor  # [b] float32, or [b, L] when a row has one advantage a token (turn credit)
     index: tuple[int, ...]
     # full rows
     input_ids: torch.Tensor | None = None  # [b, T] prompt + response, right-padded
@@ -106,16 +106,22 @@ def check_rollout(rollout: Rollout) -> None:
 
 def pack(
     rollouts: Sequence[Rollout],
-    advantages: Sequence[float],
+    advantages: Sequence[float | np.ndarray],
     pad_id: int,
     micro_batch: int,
     vocab_size: int | None = None,
     device: torch.device | str = "cpu",
     share_prompts: bool = True,
 ) -> list[Chunk]:
-    """Order ``rollouts`` (see the module docstring) and pack them into chunks of ``micro_batch`` rows."""
+    """Order ``rollouts`` (see the module docstring) and pack them into chunks of ``micro_batch`` rows.
+    An advantage is one number for the row, or an array with one per response token."""
     if len(advantages) != len(rollouts):
         raise BatchError(f"{len(advantages)} advantages for {len(rollouts)} rollouts; give one per rollout")
+    for a, r in zip(advantages, rollouts):
+        if isinstance(a, np.ndarray) and a.shape != (len(r.token_ids),):
+            raise BatchError(
+                f"rollout {r.request_id!r} has {a.shape} token advantages for {len(r.token_ids)} tokens; give one a token"
+            )
     for r in rollouts:
         check_rollout(r)
         if vocab_size is not None:
@@ -143,7 +149,7 @@ def pack(
     return chunks
 
 
-def _responses(rows: list[Rollout], advantages: list[float], index: tuple[int, ...], pad_id: int) -> Chunk:
+def _responses(rows: list[Rollout], advantages: list[float | np.ndarray], index: tuple[int, ...], pad_id: int) -> Chunk:
     width = max(len(r.token_ids) for r in rows)
     targets = np.full((len(rows), width), pad_id, dtype=np.int64)
     mask = np.zeros((len(rows), width), dtype=bool)
@@ -166,9 +172,22 @@ def _responses(rows: list[Rollout], advantages: list[float], index: tuple[int, .
         loss_mask=torch.from_numpy(mask),
         token_mask=torch.from_numpy(tokens),
         old_logprobs=torch.from_numpy(old),
-        advantages=torch.tensor(advantages, dtype=torch.float32),
+        advantages=_advantages(advantages, targets.shape),
         index=index,
     )
+
+
+def _advantages(advantages: list[float | np.ndarray], shape: tuple[int, ...]) -> torch.Tensor:
+    """``[b]`` when every row has one advantage; ``[b, L]`` (a row's one advantage repeated) when any has one a token."""
+    if not any(isinstance(a, np.ndarray) for a in advantages):
+        return torch.tensor(advantages, dtype=torch.float32)
+    out = np.zeros(shape, dtype=np.float32)
+    for i, a in enumerate(advantages):
+        if isinstance(a, np.ndarray):
+            out[i, : len(a)] = a
+        else:
+            out[i, :] = a
+    return torch.from_numpy(out)
 
 
 def _add_full(chunk: Chunk, rows: list[Rollout], pad_id: int) -> None:

@@ -49,6 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from learner.advantages import compute_advantages, saturated_mask
@@ -63,6 +64,7 @@ from learner.noise_scale import (
 )
 from learner.packing import BatchError, Chunk, pack
 from learner.scoring import response_logprobs
+from learner.turn_credit import token_advantages, turn_advantages
 from pipeline.types import Rollout, StepResult, TrainBatch
 
 
@@ -245,12 +247,15 @@ class TorchLearner:
         saturated = saturated_mask(batch.groups)
         rows: list[Rollout] = []
         row_adv: list[float] = []
+        token_adv: list[np.ndarray | None] = []
         for group, adv, sat in zip(batch.groups, advantages, saturated):
             if not (sat and cfg.mask_saturated):
                 rows.extend(group.rollouts)
                 row_adv.extend(adv)
+                token_adv.extend(self._token_advantages(group.rollouts, adv))
         # 2) micro-batches; the loss normalisers are the whole batch's
-        chunks = pack(rows, row_adv, self.pad_id, cfg.micro_batch, self.vocab_size, self.device, cfg.share_prompts)
+        per_row = [a if t is None else t for a, t in zip(row_adv, token_adv)]
+        chunks = pack(rows, per_row, self.pad_id, cfg.micro_batch, self.vocab_size, self.device, cfg.share_prompts)
         return _Plan(
             chunks=chunks,
             num_tokens=float(
@@ -259,6 +264,17 @@ class TorchLearner:
             num_seqs=float(len(rows)),
             metrics=_batch_metrics(batch, advantages, saturated, row_adv, self._version),
         )
+
+    def _token_advantages(self, rollouts: Sequence[Rollout], adv: Sequence[float]) -> list[np.ndarray | None]:
+        """Per-token advantages of a group's episodes under ``turn_credit`` (None: the row's one advantage)."""
+        weight = self.config.turn_credit
+        if weight == 0 or all(r.turns is None for r in rollouts):
+            return [None] * len(rollouts)
+        per_turn = turn_advantages([r.turns for r in rollouts], eps=self.config.adv_eps, ddof=self.config.std_ddof)
+        return [
+            None if r.turns is None or t is None else token_advantages(a, r.turns, t, weight)
+            for r, a, t in zip(rollouts, adv, per_turn)
+        ]
 
     def _backward(self, plan: _Plan, totals: dict[str, float], probe: MicroBatchGradients | None = None) -> None:
         """Accumulate the gradient of the whole batch's loss, one micro-batch at a time

@@ -1,0 +1,38 @@
+"""The figures of ``bench trl``: ratios per seed, and a report written while a seed is running."""
+
+from __future__ import annotations
+
+import pytest
+
+from railgate.bench.trl import RunRecord, TrlBenchSpec
+from railgate.bench.trl_report import Point, markdown, summary
+
+
+def _run(trainer: str, seed: int, accs: list[float], cpu_s: float) -> RunRecord:
+    points = [Point(i * 100, 0, 0.0, a, 0.02, i) for i, a in enumerate(accs)]
+    return RunRecord(trainer, seed, points, 100 * (len(accs) - 1), 0, cpu_s, 0.0, 0.0, len(accs) - 1)
+
+
+def test_ratios_are_per_seed_and_a_target_never_reached_is_counted_not_averaged():
+    runs = [
+        _run("grpo", 0, [0.3, 0.35, 0.4, 0.5], 3.0),
+        _run("gated", 0, [0.3, 0.4, 0.5, 0.55], 6.0),
+        _run("grpo", 1, [0.2, 0.25, 0.3, 0.32], 3.0),
+        _run("gated", 1, [0.2, 0.3, 0.35, 0.38], 3.0),
+    ]
+    s = summary(runs)
+    assert s["seeds"] == [0, 1]
+    assert s["ratio"]["to_target"]["0.1"] == pytest.approx([0.5, 0.5])
+    assert s["ratio"]["to_target"]["0.2"] == pytest.approx([2 / 3])  # seed 1: neither reaches 0.4
+    assert s["ratio"]["cpu_per_rollout"] == [2.0, 1.0]
+    text = markdown(TrlBenchSpec(), runs, s)
+    assert "to start + 0.2 0.67 ± 0.00;" in text
+    assert "| grpo | 0.250 ± 0.071 |" in text
+
+
+def test_a_report_written_before_any_seed_has_both_trainers_says_so():
+    runs = [_run("grpo", 0, [0.05, 0.06], 297.0)]
+    text = markdown(TrlBenchSpec(model="smollm"), runs, summary(runs))
+    assert "No seed has run both trainers yet" in text
+    assert "not reached (0 of 0)" not in text
+    assert "| grpo | 0 | 100 | 1 |" in text  # the run itself is listed
