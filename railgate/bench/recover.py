@@ -235,6 +235,25 @@ def base_engine(cfg, base) -> Any:
     return TorchEngine(copy.deepcopy(base.model), base.tokenizer.eos_id, **_torch_kwargs(cfg, context))
 
 
+def report_facts(
+    cfg, out: Path, base, warm_s: float, sample_s: float, prompts: int, branches: int, failed_per_prompt: int
+) -> dict[str, Any]:
+    """The entries both recover reports have, in their order: the base model and its warm start,
+    the wall times, and the counts measured with."""
+    from pipeline.policy.models import BASE_DIR_NAME
+
+    return {
+        "base_model": str(cfg.model.path or out / BASE_DIR_NAME),
+        "warm_start": base.meta.get("warm_start"),
+        "warm_start_wall_s": warm_s,
+        "sampling_wall_s": sample_s,
+        "prompts": prompts,
+        "group_size": cfg.orchestrator.group_size,
+        "branches": branches,
+        "failed_per_prompt": failed_per_prompt,
+    }
+
+
 def write_report(out: Path, report: dict[str, Any], markdown: str) -> dict[str, Any]:
     """Write ``report`` as ``OUT/recover.json`` and its ``markdown`` as ``OUT/recover.md``; returns the report."""
     (out / "recover.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -248,8 +267,6 @@ def measure_recoverability(
     """Run the measurement of the module docstring for run config ``cfg``; returns the report
     (also written to ``OUT/recover.json`` and ``OUT/recover.md``)."""
     import anyio
-
-    from pipeline.policy.models import BASE_DIR_NAME
 
     task, base, warm_s = start_measurement(cfg, out, prompts, branches, failed_per_prompt, progress)
     tok = base.tokenizer
@@ -352,14 +369,7 @@ def measure_recoverability(
 
     report = {
         "task": repr(task),
-        "base_model": str(cfg.model.path or out / BASE_DIR_NAME),
-        "warm_start": base.meta.get("warm_start"),
-        "warm_start_wall_s": warm_s,
-        "sampling_wall_s": sample_s,
-        "prompts": len(plist),
-        "group_size": group_size,
-        "branches": branches,
-        "failed_per_prompt": failed_per_prompt,
+        **report_facts(cfg, out, base, warm_s, sample_s, len(plist), branches, failed_per_prompt),
         "max_tokens": max_tokens,
         "seed": cfg.seed,
         "samples": len(groups) + len(fresh) + len(branched),

@@ -42,7 +42,7 @@ from pipeline.envs.play import play_episode
 from pipeline.episodes import EpisodeBook, episode_key
 from pipeline.seeding import derive_seed
 from pipeline.types import FinishReason, Prompt, SampleFinished, SampleRequest, SamplingParams, ScoredSample
-from railgate.bench.recover import Rate, base_engine, rate_cell, start_measurement, write_report
+from railgate.bench.recover import Rate, base_engine, rate_cell, report_facts, start_measurement, write_report
 
 FRESH_BASE = 10_000
 """Sample indices of fresh episodes start here (a group's own run from 0), branches' at twice it."""
@@ -189,7 +189,6 @@ def measure_turn_recoverability(
     returns the report (also written to ``OUT/recover.json`` and ``OUT/recover.md``)."""
     import anyio
 
-    from pipeline.policy.models import BASE_DIR_NAME
     from railgate.episodic import env_parts
 
     task, base, warm_s = start_measurement(cfg, out, prompts, branches, failed_per_prompt, progress, share_task=True)
@@ -274,14 +273,7 @@ def measure_turn_recoverability(
     report = {
         "task": repr(task),
         "env": cfg.task.env.cls,
-        "base_model": str(cfg.model.path or out / BASE_DIR_NAME),
-        "warm_start": base.meta.get("warm_start"),
-        "warm_start_wall_s": warm_s,
-        "sampling_wall_s": sample_s,
-        "prompts": len(plist),
-        "group_size": group_size,
-        "branches": branches,
-        "failed_per_prompt": failed_per_prompt,
+        **report_facts(cfg, out, base, warm_s, sample_s, len(plist), branches, failed_per_prompt),
         "max_tokens": o.max_tokens,
         "max_turns": settings.max_turns,
         "seed": cfg.seed,
