@@ -37,11 +37,17 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.seeding import derive_seed
 from pipeline.types import BranchSpec, Prompt, SampleFinished, SampleRequest, SamplingParams, TokenDelta
 from railgate.report import markdown_table
+
+if TYPE_CHECKING:
+    from pipeline.engines.torch_engine import TorchEngine
+    from pipeline.policy.models import BaseModel
+    from pipeline.tasks.base import Task
+    from railgate.config import RunConfig
 
 CUTS = ("early", "mid", "entropy", "reference")
 
@@ -198,8 +204,14 @@ def _response(event: SampleFinished, eos_id: int | None) -> tuple[tuple[int, ...
 
 
 def start_measurement(
-    cfg, out: Path, prompts: int, branches: int, failed_per_prompt: int, progress: bool, share_task: bool = False
-) -> tuple[Any, Any, float]:
+    cfg: RunConfig,
+    out: Path,
+    prompts: int,
+    branches: int,
+    failed_per_prompt: int,
+    progress: bool,
+    share_task: bool = False,
+) -> tuple[Task, BaseModel, float]:
     """What both recover measurements begin with: the counts checked (a ``ConfigError`` unless all
     are >= 1), ``out`` made, the task built and the base model ensured (``ensure_base_model``;
     with ``share_task`` it is handed the task, else it builds its own). Returns the task, the
@@ -220,7 +232,7 @@ def start_measurement(
     return task, base, time.perf_counter() - started
 
 
-def base_engine(cfg, base) -> Any:
+def base_engine(cfg: RunConfig, base: BaseModel) -> TorchEngine:
     """A torch engine over a copy of ``base``'s model, with the run's engine settings (and torch
     threads); a user's model (``model.path``) brings its own context length."""
     import copy
@@ -236,7 +248,14 @@ def base_engine(cfg, base) -> Any:
 
 
 def report_facts(
-    cfg, out: Path, base, warm_s: float, sample_s: float, prompts: int, branches: int, failed_per_prompt: int
+    cfg: RunConfig,
+    out: Path,
+    base: BaseModel,
+    warm_s: float,
+    sample_s: float,
+    prompts: int,
+    branches: int,
+    failed_per_prompt: int,
 ) -> dict[str, Any]:
     """The entries both recover reports have, in their order: the base model and its warm start,
     the wall times, and the counts measured with."""
