@@ -34,6 +34,20 @@ def _prior_ok(prior: tuple[float, float], key: str) -> None:
     )
 
 
+def _fits_group(key: str, size: int, group_size: int) -> None:
+    """The part of a group that setting ``key`` sizes (a pilot, a probe) fits in the group.
+
+    >>> _fits_group("gate.sara.probe_size", 10, group_size=8)
+    Traceback (most recent call last):
+    ...
+    pipeline.config.build.ConfigError: gate.sara.probe_size=10 is above orchestrator.group_size=8; lower gate.sara.probe_size or raise orchestrator.group_size
+    """
+    require(
+        size <= group_size,
+        f"{key}={size} is above orchestrator.group_size={group_size}; lower {key} or raise orchestrator.group_size",
+    )
+
+
 def _round_cap_ok(max_rounds: int, factor: float, on_round_cap: str, key: str, factor_name: str) -> None:
     require(max_rounds >= 1, f"{key}.max_rounds={max_rounds} must be >= 1")
     require(on_round_cap in ("fill", "error"), f"{key}.on_round_cap={on_round_cap!r} must be 'fill' or 'error'")
@@ -106,12 +120,7 @@ class PilotCommitConfig:
 
     def check_sizes(self, group_size: int, batch_groups: int) -> None:
         """A pilot fits in its group."""
-        n_p = self.pilot_size
-        require(
-            n_p <= group_size,
-            f"gate.pilot_commit.pilot_size={n_p} is above orchestrator.group_size={group_size}; "
-            "lower gate.pilot_commit.pilot_size or raise orchestrator.group_size",
-        )
+        _fits_group("gate.pilot_commit.pilot_size", self.pilot_size, group_size)
 
 
 @dataclass(frozen=True)
@@ -290,12 +299,7 @@ class SaraConfig:
 
     def check_sizes(self, group_size: int, batch_groups: int) -> None:
         """A probe fits in its group."""
-        k = self.probe_size
-        require(
-            k <= group_size,
-            f"gate.sara.probe_size={k} is above orchestrator.group_size={group_size}; "
-            "lower gate.sara.probe_size or raise orchestrator.group_size",
-        )
+        _fits_group("gate.sara.probe_size", self.probe_size, group_size)
 
     def check_sampling(self, temperature: float, top_p: float) -> None:
         """``confident_pilot`` and ``reference_prior`` read a group's odds from the policy's own

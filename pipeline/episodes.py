@@ -216,7 +216,7 @@ class Episodes:
                 tuple(episode.rewards),
             )
             return self.book.next_request(request), point
-        b, reason = self.budget, scored.result.finish_reason
+        b = self.budget
         if msg.error:
             b.env_failures += 1
             self._first_failure = self._first_failure or msg.error
@@ -228,12 +228,7 @@ class Episodes:
                 )
         else:
             self._ended_well += 1
-        if reason is FinishReason.ABORTED:
-            b.rollouts_aborted += 1
-        elif reason is FinishReason.ERROR:
-            b.rollouts_failed += 1
-        else:
-            b.rollouts_finished += 1
+        b.count_rollout_end(scored.result.finish_reason)
         out.append(CloseEpisode(scored.request.request_id))
         return scored
 

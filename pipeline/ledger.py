@@ -191,15 +191,11 @@ class SampleLedger:
     def _ended(self, run: Running, final: SampleFinished) -> None:
         """Count a sample's end by its reason (an episode's turn: a turn; the tracker counts the
         episode's end), and the tokens its final event adds."""
-        reason, b = final.finish_reason, self.budget
+        b = self.budget
         if self.episodic:
             b.turns += 1
-        elif reason is FinishReason.ABORTED:
-            b.rollouts_aborted += 1
-        elif reason is FinishReason.ERROR:
-            b.rollouts_failed += 1
         else:
-            b.rollouts_finished += 1
+            b.count_rollout_end(final.finish_reason)
         request = run.request
         extra = max(0, final.num_tokens - (request.branch.prefix_len if request.branch else 0) - run.streamed)
         b.tokens_generated += extra

@@ -19,6 +19,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from pipeline.types import FinishReason
+
 
 @dataclass
 class Budget:
@@ -45,6 +47,22 @@ class Budget:
     turns: int = 0  # turns of multi-turn episodes (a rollout is an episode there)
     env_failures: int = 0  # episodes ended by an environment that failed (raised, hung, answered wrongly)
     interventions_dropped: int = 0  # token-level interventions that arrived after their group closed
+
+    def count_rollout_end(self, reason: FinishReason) -> None:
+        """Count a rollout that ended for ``reason``: aborted, failed (the engine raised) or finished.
+
+        >>> b = Budget()
+        >>> for r in (FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORTED, FinishReason.ERROR):
+        ...     b.count_rollout_end(r)
+        >>> b.rollouts_finished, b.rollouts_aborted, b.rollouts_failed
+        (2, 1, 1)
+        """
+        if reason is FinishReason.ABORTED:
+            self.rollouts_aborted += 1
+        elif reason is FinishReason.ERROR:
+            self.rollouts_failed += 1
+        else:
+            self.rollouts_finished += 1
 
     @property
     def tokens_wasted(self) -> int:

@@ -4,7 +4,7 @@ A worker is a fresh interpreter (``python -m MODULE FD ARGS``) talking over its 
 socket pair, so nothing of the parent's main module is re-imported and the hosted code's own
 prints cannot garble the replies. Environment workers (``pipeline.envs.worker``) and reward
 workers (``pipeline.tasks.rewards.workers``) are both started this way; each module speaks
-its own protocol over ``conn``.
+its own protocol over ``conn``, one reply per request (``serve_requests``, in the worker).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 
 def worker_env() -> dict[str, str]:
@@ -24,6 +25,30 @@ def worker_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
+
+
+def serve_requests(
+    conn: Connection,
+    answer: Callable[[Any], Any],
+    unsendable: Callable[[Exception], Any] | None = None,
+) -> None:
+    """A worker's loop: receive a request, send ``answer(request)``, until the connection closes
+    (either way). A reply that cannot be sent (not picklable) is replaced by ``unsendable(error)``;
+    without ``unsendable`` the error ends the worker."""
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            return
+        reply = answer(request)
+        try:
+            conn.send(reply)
+        except (EOFError, OSError):
+            return
+        except Exception as exc:
+            if unsendable is None:
+                raise
+            conn.send(unsendable(exc))
 
 
 class WorkerProcess:

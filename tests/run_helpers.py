@@ -1,6 +1,6 @@
 """Helpers for tests that drive the CLI on small simulator runs: run it in a subprocess, make a
 finished run directory, and fingerprint a directory tree (to show a refused command changed
-nothing)."""
+nothing); and for tests that drive the orchestrator in process over built components."""
 
 from __future__ import annotations
 
@@ -89,6 +89,27 @@ def cli(*args: str, timeout: int = 240, cwd: Path = ROOT, **popen) -> subprocess
         timeout=timeout,
         **popen,
     )
+
+
+def run_components(comps, cfg, seed: int, gate=None):
+    """Run the orchestrator in this process over ``comps`` (``railgate.build.build_components``
+    of run config ``cfg``) with ``cfg.orchestrator``: their gate, or ``gate`` (one wrapping it),
+    rewards scored with a 5 s timeout by one worker. The run's summary."""
+    import anyio
+
+    from pipeline.orchestrator import Orchestrator
+    from pipeline.parts import RunParts
+    from pipeline.tasks.rewards.scoring import ScoringService
+
+    parts = RunParts(
+        engine=comps.engine,
+        gate=comps.gate if gate is None else gate,
+        controller=comps.controller,
+        scoring=ScoringService(comps.scorer, 5.0, 1),
+        learner=comps.learner,
+        clock=comps.clock,
+    )
+    return anyio.run(Orchestrator(parts, cfg.orchestrator, seed=seed).run)
 
 
 def sim_run(run_dir: Path, steps: int = 3, *overrides: str) -> Path:

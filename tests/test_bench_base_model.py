@@ -5,7 +5,7 @@ import json
 import pipeline.policy.models as models
 from configs import CONFIG_DIR
 from pipeline.policy.models import BASE_DIR_NAME, META_FILE, base_settings
-from railgate.bench.allocation import RunSpec, ensure_shared_base_model, grid
+from railgate.bench.allocation import BenchGrid, RunSpec, ensure_shared_base_model, grid
 
 TORCH = CONFIG_DIR / "bench_allocation_torch.yaml"
 SCRATCH = ("task.arithmetic.scratchpad=true",)
@@ -48,17 +48,8 @@ def test_a_base_model_of_an_older_output_is_reused_when_its_settings_match(tmp_p
 
 def test_grid_passes_the_runs_settings_to_the_warm_start(tmp_path, monkeypatch):
     calls = _record_warm_starts(monkeypatch)
-    specs = grid(
-        TORCH,
-        tmp_path,
-        [""],
-        ["sara", "sara_rail"],
-        1,
-        64,
-        [""],
-        progress=False,
-        extra=SCRATCH + ("orchestrator.batch_groups=8",),
-    )
+    bench = BenchGrid(TORCH, [""], ["sara", "sara_rail"], 1, 64, [""], extra=SCRATCH + ("orchestrator.batch_groups=8",))
+    specs = grid(bench, tmp_path, progress=False)
     ((_, task_cfg, model_cfg),) = calls
     assert task_cfg.arithmetic.scratchpad and model_cfg.max_len == 96
     cfg = specs[1].config()

@@ -66,11 +66,8 @@ def test_hindsight_mode_trains_only_mixed_groups_and_books_saturated_ones_as_unc
 
 
 def test_the_rollout_budget_does_not_count_the_oracles_uncounted_rollouts():
-    import anyio
+    from run_helpers import run_components
 
-    from pipeline.orchestrator import Orchestrator
-    from pipeline.parts import RunParts
-    from pipeline.tasks.rewards.scoring import ScoringService
     from railgate.build import build_components
     from railgate.config import load_config
 
@@ -87,19 +84,7 @@ def test_the_rollout_budget_does_not_count_the_oracles_uncounted_rollouts():
         ],
     )
     comps = build_components(cfg, progress=False)
-    orch = Orchestrator(
-        RunParts(
-            engine=comps.engine,
-            gate=comps.gate,
-            controller=comps.controller,
-            scoring=ScoringService(comps.scorer, 5.0, 1),
-            learner=comps.learner,
-            clock=comps.clock,
-        ),
-        cfg.orchestrator,
-        seed=0,
-    )
-    summary = anyio.run(orch.run)
+    summary = run_components(comps, cfg, seed=0)
     counted = summary.budget.rollouts_started - comps.gate.uncounted_rollouts
     assert comps.gate.uncounted_rollouts > 0
     assert 2000 <= counted < 2000 + 8 * 8 * 3  # stops within the batches in flight past the budget

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import math
 
-import anyio
 import pytest
+from run_helpers import run_components
 
 from controller.posterior import sara_expected_rollouts, sara_false_abandonment
-from pipeline.orchestrator import Orchestrator
-from pipeline.parts import RunParts
-from pipeline.tasks.rewards.scoring import ScoringService
 from railgate.bench.probe import GateProbe
 from railgate.build import build_components
 from railgate.config import load_config
@@ -40,19 +37,7 @@ def run_sara(p: float, launch: str, prompts: int = 3000):
     )
     comps = build_components(cfg)
     probe = GateProbe(comps.gate, comps.world, comps.engine)
-    orch = Orchestrator(
-        RunParts(
-            engine=comps.engine,
-            gate=probe,
-            controller=comps.controller,
-            scoring=ScoringService(comps.scorer, 5, 1),
-            learner=comps.learner,
-            clock=comps.clock,
-        ),
-        cfg.orchestrator,
-        seed=11,
-    )
-    summary = anyio.run(orch.run)
+    summary = run_components(comps, cfg, seed=11, gate=probe)
     return summary.budget, probe
 
 

@@ -16,19 +16,24 @@
 snapshot and hands both to the subclass's ``_update``. Subclasses implement ``admit`` and
 ``_update`` and add their own state through ``_extra_state`` / ``_load_extra_state``.
 ``state_dict()`` is plain JSON-able data.
+
+``SealingGate`` is the base of the gates that commit each group once, whole (DPS, the
+oracle): its ``_update`` passes over sealed groups, abandons those the engine keeps failing
+and leaves the rest to the subclass's ``_judge``; ``_seal`` commits.
 """
 
 from __future__ import annotations
 
 from typing import Any, Generic, TypeVar, cast
 
-from controller.gates.common import GroupRecord, Verdicts, abandon
+from controller.gates.common import GroupRecord, SealedRecord, Verdicts, abandon, commit, too_many_failures
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector, as_selector
 from pipeline.protocols import Gate
 from pipeline.types import GroupAction, GroupSnapshot, Prompt, TrainBatch
 
 R = TypeVar("R", bound=GroupRecord)  # a gate's own record of a group
+S = TypeVar("S", bound=SealedRecord)  # the record of a gate that commits once
 
 
 class BaseGate(Gate, Generic[R]):
@@ -159,3 +164,26 @@ class BaseGate(Gate, Generic[R]):
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
         return None
+
+
+class SealingGate(BaseGate[S], Generic[S]):
+    """A gate that commits each group once, whole (not a gate by itself): once ``_seal`` has
+    committed a group its later updates change nothing, a group the engine keeps failing is
+    abandoned (``_abandon_failed``), and every other update is the subclass's ``_judge``."""
+
+    def _update(self, snapshot: GroupSnapshot, rec: S) -> list[GroupAction]:
+        if rec.sealed:
+            return []
+        if too_many_failures(snapshot):
+            return self._abandon_failed(snapshot.group_id)
+        return self._judge(snapshot, rec)
+
+    def _judge(self, snapshot: GroupSnapshot, rec: S) -> list[GroupAction]:
+        """Subclass hook: the decision on a group not yet committed, nor failing in the engine."""
+        raise NotImplementedError
+
+    def _seal(self, group_id: int, rec: S) -> list[GroupAction]:
+        """Commit the group, once (the ``commit`` verdict; the reason is the gate's name)."""
+        rec.sealed = True
+        self._verdicts.add("commit")
+        return [commit(group_id, self.name)]

@@ -9,13 +9,13 @@ is ``SaraGate`` built on the same selector (``controller.gates.registry``).
 
 from __future__ import annotations
 
-from controller.gates.base import BaseGate
-from controller.gates.common import SealedRecord, commit, too_many_failures
+from controller.gates.base import SealingGate
+from controller.gates.common import SealedRecord
 from controller.selectors.dps import DpsSelector
 from pipeline.types import GroupAction, GroupPlan, GroupSnapshot
 
 
-class DpsGate(BaseGate[SealedRecord]):
+class DpsGate(SealingGate[SealedRecord]):
     """Full groups, committed at once, for the prompts DPS predicts to be partly solved.
 
     Parameters
@@ -55,11 +55,5 @@ class DpsGate(BaseGate[SealedRecord]):
             plans.append(GroupPlan(group_id, prompt, self.group_size, self.group_size))
         return plans
 
-    def _update(self, snapshot: GroupSnapshot, rec: SealedRecord) -> list[GroupAction]:
-        if rec.sealed:
-            return []
-        if too_many_failures(snapshot):
-            return self._abandon_failed(snapshot.group_id)
-        rec.sealed = True
-        self._verdicts.add("commit")
-        return [commit(snapshot.group_id, "dps")]
+    def _judge(self, snapshot: GroupSnapshot, rec: SealedRecord) -> list[GroupAction]:
+        return self._seal(snapshot.group_id, rec)

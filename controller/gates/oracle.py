@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from controller.gates.base import BaseGate
-from controller.gates.common import SealedRecord, abandon, commit, too_many_failures
+from controller.gates.base import SealingGate
+from controller.gates.common import SealedRecord, abandon
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector
 from pipeline.types import GroupAction, GroupPlan, GroupSnapshot
@@ -54,7 +54,7 @@ class OracleRecord(SealedRecord):
     saturated_cost: list[int] | None = None
 
 
-class OracleGate(BaseGate[OracleRecord]):
+class OracleGate(SealingGate[OracleRecord]):
     """Full groups only for prompts whose simulated group draw is mixed; see the module docstring.
 
     Parameters
@@ -131,17 +131,11 @@ class OracleGate(BaseGate[OracleRecord]):
         self._barren = len(group_ids) > 0 and not plans and scanned >= limit
         return plans
 
-    def _update(self, snapshot: GroupSnapshot, rec: OracleRecord) -> list[GroupAction]:
-        if rec.sealed:
-            return []
-        if too_many_failures(snapshot):
-            return self._abandon_failed(snapshot.group_id)
+    def _judge(self, snapshot: GroupSnapshot, rec: OracleRecord) -> list[GroupAction]:
         if snapshot.in_flight > 0 or snapshot.finished + snapshot.failed < snapshot.launched:
             return []  # judge the whole group
         if snapshot.is_mixed:
-            rec.sealed = True
-            self._verdicts.add("commit")
-            return [commit(snapshot.group_id, "oracle")]
+            return self._seal(snapshot.group_id, rec)
         # Perfect foresight would not have paid for this group: drop it and book its cost as
         # uncounted (once it is really gone: a controller may override the abandon), so the
         # floor's cost is the rollouts of the effective groups it trains on.

@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from pipeline.envs.hosts import CLOSE_TIMEOUT_S, CallFailed, one_line
-from pipeline.processes import IdleWorkers, WorkerProcess
+from pipeline.processes import IdleWorkers, WorkerProcess, serve_requests
 
 START_TIMEOUT_S = 120.0
 """Seconds a worker may take to start: a fresh interpreter importing the env's module."""
@@ -169,11 +169,10 @@ def _serve(conn: Connection, spec: str) -> None:
         return
     conn.send(("ready", None))
     env: Any = None
-    while True:
-        try:
-            op, arg = conn.recv()
-        except (EOFError, OSError):
-            return
+
+    def answer(request: tuple[str, Any]) -> tuple[bool, Any]:
+        nonlocal env
+        op, arg = request
         try:
             if op == "create":
                 env = cls(*arg)
@@ -187,21 +186,18 @@ def _serve(conn: Connection, spec: str) -> None:
                 if env is not None and callable(getattr(env, "close", None)):
                     env.close()
                 env, value = None, None
-            reply: tuple[bool, Any] = (True, value)
+            return (True, value)
         except BaseException as exc:  # the env's fault: reported, the worker goes on
-            reply = (False, f"raised {type(exc).__name__}: {one_line(exc)}")
-        try:
-            conn.send(reply)
-        except (EOFError, OSError):
-            return
-        except Exception as exc:  # the value cannot be pickled
-            conn.send(
-                (
-                    False,
-                    f"returned a value that cannot be sent between processes ({one_line(exc, 120)}); "
-                    "return plain data (str, numbers, lists, dicts)",
-                )
-            )
+            return (False, f"raised {type(exc).__name__}: {one_line(exc)}")
+
+    def unsendable(exc: Exception) -> tuple[bool, str]:
+        return (
+            False,
+            f"returned a value that cannot be sent between processes ({one_line(exc, 120)}); "
+            "return plain data (str, numbers, lists, dicts)",
+        )
+
+    serve_requests(conn, answer, unsendable)
 
 
 if __name__ == "__main__":

@@ -48,67 +48,69 @@ from pipeline.types import Prompt
 log = logging.getLogger(__name__)
 
 
-def load_problems(
-    path: str | Path,
-    prompt_field: str = "prompt",
-    answer_field: str = "answer",
-    solution_field: str = "",
-    difficulty_field: str = "",
-    on_bad_row: Literal["skip", "error"] = "skip",
-    max_prompt_chars: int = 0,
-    answer_required: bool = True,
-    context_chars: int = 0,
-) -> tuple[list[Problem], LoadReport]:
+@dataclass(frozen=True)
+class RowOptions:
+    """How ``load_rows`` reads a file's rows: the field names, and what makes a row bad.
+
+    The SFT target is ``solution_field`` when given, else the answer; ``difficulty_field``
+    (optional) is a numeric field; ``max_prompt_chars=0`` means no limit; ``context_chars`` > 0:
+    prompts longer than the model's context can hold are bad rows; with
+    ``answer_required=False`` (a user's reward function) the answer field is optional.
+
+    >>> RowOptions(prompt_field="problem", answer_field="solution").on_bad_row
+    'skip'
+    >>> RowOptions(on_bad_row="warn")
+    Traceback (most recent call last):
+    ...
+    ValueError: on_bad_row='warn' must be 'skip' or 'error'
+    """
+
+    prompt_field: str = "prompt"
+    answer_field: str = "answer"
+    solution_field: str = ""
+    difficulty_field: str = ""
+    on_bad_row: Literal["skip", "error"] = "skip"
+    max_prompt_chars: int = 0
+    answer_required: bool = True
+    context_chars: int = 0
+
+    def __post_init__(self) -> None:
+        if self.on_bad_row not in ("skip", "error"):
+            raise ValueError(f"on_bad_row={self.on_bad_row!r} must be 'skip' or 'error'")
+
+
+def load_problems(path: str | Path, **options: Any) -> tuple[list[Problem], LoadReport]:
     """The problems of one file and a report of what was skipped (``load_rows`` also returns the rows).
 
-    The SFT target is ``solution_field`` when given, else the answer; ``max_prompt_chars=0``
-    means no limit; ``context_chars`` > 0: prompts longer than the model's context can hold are bad rows.
+    ``options`` are ``RowOptions``'s fields by name (``on_bad_row="error"``, ``context_chars=48``).
     """
-    problems, _, report = load_rows(
-        path,
-        prompt_field,
-        answer_field,
-        solution_field,
-        difficulty_field,
-        on_bad_row,
-        max_prompt_chars,
-        answer_required,
-        context_chars,
-    )
+    problems, _, report = load_rows(path, RowOptions(**options))
     return problems, report
 
 
 def load_rows(
-    path: str | Path,
-    prompt_field: str = "prompt",
-    answer_field: str = "answer",
-    solution_field: str = "",
-    difficulty_field: str = "",
-    on_bad_row: Literal["skip", "error"] = "skip",
-    max_prompt_chars: int = 0,
-    answer_required: bool = True,
-    context_chars: int = 0,
+    path: str | Path, options: RowOptions | None = None
 ) -> tuple[list[Problem], list[dict[str, Any]], LoadReport]:
-    """``load_problems`` plus each kept problem's whole row (same order); ``context_chars`` > 0:
-    prompts longer than that cannot fit the model and are bad rows."""
-    if on_bad_row not in ("skip", "error"):
-        raise ValueError(f"on_bad_row={on_bad_row!r} must be 'skip' or 'error'")
+    """``load_problems`` plus each kept problem's whole row (same order), read as ``options`` say
+    (default ``RowOptions()``)."""
+    f = options or RowOptions()
     p = Path(path)
-    needed = [prompt_field] + ([answer_field] if answer_required else []) + ([solution_field] if solution_field else [])
+    needed = (
+        [f.prompt_field]
+        + ([f.answer_field] if f.answer_required else [])
+        + ([f.solution_field] if f.solution_field else [])
+    )
     problems: list[Problem] = []
     rows: list[dict[str, Any]] = []
     reasons: Counter[str] = Counter()
-    spec = _Fields(
-        prompt_field, answer_field, solution_field, difficulty_field, max_prompt_chars, answer_required, context_chars
-    )
     first: dict[str, str] = {}
-    for where, record in read_records(p, needed + ([difficulty_field] if difficulty_field else [])):
-        problem, reason = _problem_of(record, spec)
+    for where, record in read_records(p, needed + ([f.difficulty_field] if f.difficulty_field else [])):
+        problem, reason = _problem_of(record, f)
         if problem is not None:
             problems.append(problem)
             rows.append(record)
             continue
-        if on_bad_row == "error":
+        if f.on_bad_row == "error":
             raise DatasetError(f"{p}, {where}: {reason}; fix the row, or set on_bad_row='skip' to skip such rows")
         reasons[reason.split(" (")[0]] += 1
         first.setdefault(reason.split(" (")[0], where)
@@ -120,17 +122,6 @@ def load_rows(
         where = "; ".join(f"{n} x {r} (first: {first[r]})" for r, n in reasons.most_common())
         log.warning("%s: skipped %d bad rows of %d: %s", p, report.skipped, report.skipped + report.rows, where)
     return problems, rows, report
-
-
-@dataclass(frozen=True)
-class _Fields:
-    prompt: str
-    answer: str
-    solution: str
-    difficulty: str
-    max_chars: int
-    answer_required: bool
-    context_chars: int = 0
 
 
 def prompt_key(prompt: str | list) -> str:
@@ -151,24 +142,24 @@ def answer_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def _problem_of(record: Any, f: _Fields) -> tuple[Problem | None, str]:
+def _problem_of(record: Any, f: RowOptions) -> tuple[Problem | None, str]:
     if isinstance(record, Invalid):
         return None, record.reason
     if not isinstance(record, dict):
         return None, f"row is a JSON {type(record).__name__}, not an object"
     keys = ", ".join(map(str, record)) or "none"
-    prompt = record.get(f.prompt)
+    prompt = record.get(f.prompt_field)
     if prompt is None:
-        return None, f"field {f.prompt!r} is missing (keys: {keys})"
+        return None, f"field {f.prompt_field!r} is missing (keys: {keys})"
     if not isinstance(prompt, str) and not is_messages(prompt):
         return None, (
-            f"field {f.prompt!r} is neither text nor a list of chat messages ({type(prompt).__name__} "
+            f"field {f.prompt_field!r} is neither text nor a list of chat messages ({type(prompt).__name__} "
             f"{prompt!r:.40}); write it as a string or as [{{'role': ..., 'content': ...}}]"
         )
     if isinstance(prompt, str) and not prompt.strip():
-        return None, f"field {f.prompt!r} is empty"
+        return None, f"field {f.prompt_field!r} is empty"
     texts = {}
-    for name, required in ((f.answer, f.answer_required), (f.solution, bool(f.solution))):
+    for name, required in ((f.answer_field, f.answer_required), (f.solution_field, bool(f.solution_field))):
         if not name:
             continue
         value = record.get(name)
@@ -184,20 +175,25 @@ def _problem_of(record: Any, f: _Fields) -> tuple[Problem | None, str]:
         return None, (
             f"prompt is longer than the model's context can hold ({length} characters; at most {f.context_chars} fit)"
         )
-    if f.max_chars and length > f.max_chars:
-        return None, f"prompt is longer than max_prompt_chars={f.max_chars} ({length} characters); raise the limit"
-    bad = not_unicode(record, (f.prompt, f.answer, f.solution))
+    if f.max_prompt_chars and length > f.max_prompt_chars:
+        return (
+            None,
+            f"prompt is longer than max_prompt_chars={f.max_prompt_chars} ({length} characters); raise the limit",
+        )
+    bad = not_unicode(record, (f.prompt_field, f.answer_field, f.solution_field))
     if bad:
         return None, bad
     difficulty = 0.0
-    if f.difficulty:
-        d = record.get(f.difficulty)
+    if f.difficulty_field:
+        d = record.get(f.difficulty_field)
         if isinstance(d, bool) or not isinstance(d, (int, float)):
-            return None, f"field {f.difficulty!r} is not a number ({d!r:.40})"
+            return None, f"field {f.difficulty_field!r} is not a number ({d!r:.40})"
         difficulty = float(d)
-    answer = texts.get(f.answer, "")
+    answer = texts.get(f.answer_field, "")
     key = prompt_key(prompt)
-    return Problem(key=key, text=key, answer=answer, solution=texts.get(f.solution, answer), difficulty=difficulty), ""
+    return Problem(
+        key=key, text=key, answer=answer, solution=texts.get(f.solution_field, answer), difficulty=difficulty
+    ), ""
 
 
 class DatasetTask(Task):
@@ -285,7 +281,7 @@ class DatasetTask(Task):
         # railgate's preflight checks the name before anything is built.
         self._reward_spec = reward if user else None
         self._isolated: IsolatedScore | None = None
-        kwargs = dict(
+        options = RowOptions(
             prompt_field=prompt_field,
             answer_field=answer_field,
             solution_field=solution_field,
@@ -295,10 +291,10 @@ class DatasetTask(Task):
             answer_required=not user,
             context_chars=context_chars,
         )
-        train, train_rows, self.load_report = load_rows(train_path, **kwargs)
+        train, train_rows, self.load_report = load_rows(train_path, options)
         records = dict(zip((p.key for p in train), train_rows))
         if eval_path:
-            held_out, eval_rows, self.eval_load_report = load_rows(eval_path, **kwargs)
+            held_out, eval_rows, self.eval_load_report = load_rows(eval_path, options)
             records.update(zip((p.key for p in held_out), eval_rows))
             eval_keys = {p.key for p in held_out}
             self._pools = {"train": [p for p in train if p.key not in eval_keys], "eval": held_out}

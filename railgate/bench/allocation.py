@@ -55,6 +55,7 @@ from railgate.bench.probe import GateProbe
 
 __all__ = [
     "MODELS",
+    "BenchGrid",
     "RunSpec",
     "grid",
     "is_sim_config",
@@ -220,38 +221,56 @@ def is_sim_config(path: str | Path) -> bool:
     return load_yaml(path).get("engine", {}).get("kind", "sim") == "sim"
 
 
-def grid(
-    base_config: Path,
-    out: Path,
-    scenarios: list[str],
-    policies: list[str],
-    seeds: int,
-    budget: int,
-    models: list[str],
-    progress: bool = True,
-    extra: tuple[str, ...] = (),
-    first_seed: int = 0,
-) -> list[RunSpec]:
-    """The runs of one benchmark, seeds ``first_seed`` to ``first_seed + seeds - 1`` (a later
-    invocation with ``first_seed`` adds seeds to an earlier one's). On a real model this
-    warm-starts the shared base model first."""
-    seed_range = range(first_seed, first_seed + seeds)
+@dataclass(frozen=True)
+class BenchGrid:
+    """What one benchmark runs: every policy at seeds ``first_seed`` to ``first_seed + seeds - 1``,
+    ``budget`` rollouts each, from ``base_config`` with the ``extra`` ``--set`` overrides; on the
+    simulator each scenario and training model too (on a real model both lists are ``[""]``).
+
+    >>> BenchGrid(Path("configs/sim.yaml"), ["easy"], ["sara"], 2, 100, ["effective"], first_seed=3).setup()
+    'config configs/sim.yaml, budget 100 rollouts per run, 2 seeds (3 to 4)'
+    """
+
+    base_config: Path
+    scenarios: list[str]
+    policies: list[str]
+    seeds: int
+    budget: int
+    models: list[str]
+    extra: tuple[str, ...] = ()
+    first_seed: int = 0
+
+    def setup(self) -> str:
+        """The report's line on what every run shares: config, overrides, budget and seeds."""
+        return (
+            f"config {self.base_config}"
+            + (f" with {' '.join(self.extra)}" if self.extra else "")
+            + f", budget {self.budget} rollouts per run, {self.seeds} seeds"
+            + (f" ({self.first_seed} to {self.first_seed + self.seeds - 1})" if self.first_seed else "")
+        )
+
+
+def grid(bench: BenchGrid, out: Path, progress: bool = True) -> list[RunSpec]:
+    """The runs of ``bench`` (a later invocation with ``first_seed`` adds seeds to an earlier
+    one's). On a real model this warm-starts the shared base model first."""
+    base_config, budget, extra = bench.base_config, bench.budget, bench.extra
+    seed_range = range(bench.first_seed, bench.first_seed + bench.seeds)
     from railgate.bench.policies import overrides as policy_overrides
 
-    for policy in policies:
+    for policy in bench.policies:
         policy_overrides(policy)  # fail fast on a typo
     if is_sim_config(base_config):
-        for model in models:
+        for model in bench.models:
             if model not in MODELS:
                 raise ValueError(f"unknown training model {model!r}; choose from {', '.join(MODELS)}")
-        for scenario in scenarios:
+        for scenario in bench.scenarios:
             _scenario(scenario)
         specs = [
             RunSpec(str(base_config), scenario, model, policy, seed, budget, extra=extra)
-            for scenario in scenarios
-            for model in models
+            for scenario in bench.scenarios
+            for model in bench.models
             for seed in seed_range
-            for policy in policies
+            for policy in bench.policies
         ]
         specs[0].config()  # a bad --set fails here, not in a worker
         return specs
@@ -260,7 +279,7 @@ def grid(
             str(base_config), "", "", policy, seed, budget, run_dir=str(out / "runs" / f"{policy}-s{seed}"), extra=extra
         )
         for seed in seed_range
-        for policy in policies
+        for policy in bench.policies
     ]
     cfg = specs[0].config()  # a bad --set fails here, before the warm start
     base_model = str(ensure_shared_base_model(cfg, out, progress))
@@ -268,33 +287,15 @@ def grid(
 
 
 def run_allocation_bench(
-    base_config: Path,
+    bench: BenchGrid,
     out: Path,
-    scenarios: list[str],
-    policies: list[str],
-    seeds: int,
-    budget: int,
     target_gain: float,
-    models: list[str],
     workers: int = 2,
     title: str = "Allocation benchmark",
-    extra: tuple[str, ...] = (),
-    first_seed: int = 0,
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     out.mkdir(parents=True, exist_ok=True)
-    specs = grid(
-        base_config,
-        out,
-        scenarios,
-        policies,
-        seeds,
-        budget,
-        models,
-        progress=progress,
-        extra=tuple(extra),
-        first_seed=first_seed,
-    )
+    specs = grid(bench, out, progress=progress)
     from tqdm import tqdm
 
     results = []
@@ -305,13 +306,7 @@ def run_allocation_bench(
         for result in tqdm(pool.map(run_one, specs), total=len(specs), desc=title.lower(), disable=not progress):
             results.append(result)
             (out / "allocation.json").write_text(json.dumps(results))  # a crash keeps finished runs
-    setup = (
-        f"config {base_config}"
-        + (f" with {' '.join(extra)}" if extra else "")
-        + f", budget {budget} rollouts per run, {seeds} seeds"
-        + (f" ({first_seed} to {first_seed + seeds - 1})" if first_seed else "")
-    )
-    text = report_text(results, target_gain, title, setup, time.perf_counter() - started)
+    text = report_text(results, target_gain, title, bench.setup(), time.perf_counter() - started)
     (out / "allocation.md").write_text(text)
     plot(results, out / "allocation.png")
     print(text)

@@ -37,11 +37,17 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.seeding import derive_seed
 from pipeline.types import BranchSpec, Prompt, SampleFinished, SampleRequest, SamplingParams, TokenDelta
 from railgate.report import markdown_table
+
+if TYPE_CHECKING:
+    from pipeline.engines.torch_engine import TorchEngine
+    from pipeline.policy.models import BaseModel
+    from pipeline.tasks.base import Task
+    from railgate.config import RunConfig
 
 CUTS = ("early", "mid", "entropy", "reference")
 
@@ -197,20 +203,21 @@ def _response(event: SampleFinished, eos_id: int | None) -> tuple[tuple[int, ...
     return ids, lps
 
 
-def measure_recoverability(
-    cfg, out: Path, prompts: int = 400, branches: int = 4, failed_per_prompt: int = 2, progress: bool = True
-) -> dict[str, Any]:
-    """Run the measurement of the module docstring for run config ``cfg``; returns the report
-    (also written to ``OUT/recover.json`` and ``OUT/recover.md``)."""
-    import copy
-
-    import anyio
-    import torch
-
-    from pipeline.engines.torch_engine import TorchEngine
-    from pipeline.policy.models import BASE_DIR_NAME, ensure_base_model
+def start_measurement(
+    cfg: RunConfig,
+    out: Path,
+    prompts: int,
+    branches: int,
+    failed_per_prompt: int,
+    progress: bool,
+    share_task: bool = False,
+) -> tuple[Task, BaseModel, float]:
+    """What both recover measurements begin with: the counts checked (a ``ConfigError`` unless all
+    are >= 1), ``out`` made, the task built and the base model ensured (``ensure_base_model``;
+    with ``share_task`` it is handed the task, else it builds its own). Returns the task, the
+    base model and the seconds the base model took (a warm start, or a load)."""
+    from pipeline.policy.models import ensure_base_model
     from pipeline.tasks import build_task
-    from railgate.build import _torch_kwargs
 
     if prompts < 1 or branches < 1 or failed_per_prompt < 1:
         from pipeline.config.build import ConfigError
@@ -221,15 +228,71 @@ def measure_recoverability(
     out.mkdir(parents=True, exist_ok=True)
     task = build_task(cfg.task)
     started = time.perf_counter()
-    base = ensure_base_model(out, cfg.task, cfg.model, progress=progress)
-    warm_s = time.perf_counter() - started
+    base = ensure_base_model(out, cfg.task, cfg.model, progress=progress, task=task if share_task else None)
+    return task, base, time.perf_counter() - started
+
+
+def base_engine(cfg: RunConfig, base: BaseModel) -> TorchEngine:
+    """A torch engine over a copy of ``base``'s model, with the run's engine settings (and torch
+    threads); a user's model (``model.path``) brings its own context length."""
+    import copy
+
+    import torch
+
+    from pipeline.engines.torch_engine import TorchEngine
+    from railgate.build import _torch_kwargs
+
+    torch.set_num_threads(cfg.torch_engine.threads)
+    context = base.context_length if cfg.model.path else None
+    return TorchEngine(copy.deepcopy(base.model), base.tokenizer.eos_id, **_torch_kwargs(cfg, context))
+
+
+def report_facts(
+    cfg: RunConfig,
+    out: Path,
+    base: BaseModel,
+    warm_s: float,
+    sample_s: float,
+    prompts: int,
+    branches: int,
+    failed_per_prompt: int,
+) -> dict[str, Any]:
+    """The entries both recover reports have, in their order: the base model and its warm start,
+    the wall times, and the counts measured with."""
+    from pipeline.policy.models import BASE_DIR_NAME
+
+    return {
+        "base_model": str(cfg.model.path or out / BASE_DIR_NAME),
+        "warm_start": base.meta.get("warm_start"),
+        "warm_start_wall_s": warm_s,
+        "sampling_wall_s": sample_s,
+        "prompts": prompts,
+        "group_size": cfg.orchestrator.group_size,
+        "branches": branches,
+        "failed_per_prompt": failed_per_prompt,
+    }
+
+
+def write_report(out: Path, report: dict[str, Any], markdown: str) -> dict[str, Any]:
+    """Write ``report`` as ``OUT/recover.json`` and its ``markdown`` as ``OUT/recover.md``; returns the report."""
+    (out / "recover.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "recover.md").write_text(markdown + "\n")
+    return report
+
+
+def measure_recoverability(
+    cfg, out: Path, prompts: int = 400, branches: int = 4, failed_per_prompt: int = 2, progress: bool = True
+) -> dict[str, Any]:
+    """Run the measurement of the module docstring for run config ``cfg``; returns the report
+    (also written to ``OUT/recover.json`` and ``OUT/recover.md``)."""
+    import anyio
+
+    task, base, warm_s = start_measurement(cfg, out, prompts, branches, failed_per_prompt, progress)
     tok = base.tokenizer
     scorer = task.scorer(tok.decode)
     threshold = cfg.task.success_threshold
     max_tokens = cfg.orchestrator.max_tokens
-    torch.set_num_threads(cfg.torch_engine.threads)
-    context = base.context_length if cfg.model.path else None
-    engine = TorchEngine(copy.deepcopy(base.model), tok.eos_id, **_torch_kwargs(cfg, context))
+    engine = base_engine(cfg, base)
     concurrency = cfg.torch_engine.max_batch
     seed = derive_seed(cfg.seed, "recover")
     group_size = cfg.orchestrator.group_size
@@ -325,23 +388,14 @@ def measure_recoverability(
 
     report = {
         "task": repr(task),
-        "base_model": str(cfg.model.path or out / BASE_DIR_NAME),
-        "warm_start": base.meta.get("warm_start"),
-        "warm_start_wall_s": warm_s,
-        "sampling_wall_s": sample_s,
-        "prompts": len(plist),
-        "group_size": group_size,
-        "branches": branches,
-        "failed_per_prompt": failed_per_prompt,
+        **report_facts(cfg, out, base, warm_s, sample_s, len(plist), branches, failed_per_prompt),
         "max_tokens": max_tokens,
         "seed": cfg.seed,
         "samples": len(groups) + len(fresh) + len(branched),
         "levels": {str(d): _stats_dict(s) for d, s in sorted(levels.items())},
         "all": _stats_dict(total),
     }
-    (out / "recover.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "recover.md").write_text(render(report) + "\n")
-    return report
+    return write_report(out, report, render(report))
 
 
 def _stats_dict(s: LevelStats) -> dict[str, Any]:
@@ -357,7 +411,12 @@ def _stats_dict(s: LevelStats) -> dict[str, Any]:
     return d
 
 
-def _cell(r: dict[str, Any]) -> str:
+def rate_cell(r: dict[str, Any]) -> str:
+    """A rate of a report (``successes``, ``trials``, ``rate``, ``ci95``) as a table cell.
+
+    >>> rate_cell({"successes": 3, "trials": 10, "rate": 0.3, "ci95": [0.108, 0.603]})
+    '0.300 [0.11, 0.60] (3/10)'
+    """
     if not r["trials"]:
         return "-"
     lo, hi = r["ci95"]
@@ -368,7 +427,7 @@ def _profile_row(name: str, s: dict[str, Any]) -> list[Any]:
     """A level's row of the base model's profile: prompts, accuracy, group outcomes, response length."""
     n = max(1, s["prompts"])
     outcomes = (f"{s[k] / n:.2f}" for k in ("all_fail", "mixed", "all_pass"))
-    return [name, s["prompts"], _cell(s["accuracy"]), *outcomes, f"{s['tokens_per_response']:.1f}"]
+    return [name, s["prompts"], rate_cell(s["accuracy"]), *outcomes, f"{s['tokens_per_response']:.1f}"]
 
 
 def _joined(per_cut: dict[str, Any], spec: str) -> str:
@@ -397,8 +456,8 @@ def render(report: dict[str, Any]) -> str:
             [
                 [
                     name,
-                    _cell(s["fresh"]),
-                    *(_cell(s["branch"][c]) for c in CUTS),
+                    rate_cell(s["fresh"]),
+                    *(rate_cell(s["branch"][c]) for c in CUTS),
                     _joined(s["mean_prefix_tokens"], ".1f"),
                 ]
                 for name, s in rows
@@ -414,8 +473,8 @@ def render(report: dict[str, Any]) -> str:
                 [
                     name,
                     s["all_fail"],
-                    _cell(s["fresh_all_fail"]),
-                    *(_cell(s["branch_all_fail"][c]) for c in CUTS),
+                    rate_cell(s["fresh_all_fail"]),
+                    *(rate_cell(s["branch_all_fail"][c]) for c in CUTS),
                     f"{s['fresh_recovered_groups']} / {_joined(s['recovered_groups'], '')}",
                 ]
                 for name, s in rows

@@ -33,7 +33,6 @@ rounding of batch shapes.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +42,7 @@ from pipeline.envs.play import play_episode
 from pipeline.episodes import EpisodeBook, episode_key
 from pipeline.seeding import derive_seed
 from pipeline.types import FinishReason, Prompt, SampleFinished, SampleRequest, SamplingParams, ScoredSample
-from railgate.bench.recover import Rate
+from railgate.bench.recover import Rate, base_engine, rate_cell, report_facts, start_measurement, write_report
 
 FRESH_BASE = 10_000
 """Sample indices of fresh episodes start here (a group's own run from 0), branches' at twice it."""
@@ -188,34 +187,16 @@ def measure_turn_recoverability(
 ) -> dict[str, Any]:
     """Run the measurement of the module docstring for run config ``cfg`` (``task.name: env``);
     returns the report (also written to ``OUT/recover.json`` and ``OUT/recover.md``)."""
-    import copy
-
     import anyio
-    import torch
 
-    from pipeline.config.build import ConfigError
-    from pipeline.engines.torch_engine import TorchEngine
-    from pipeline.policy.models import BASE_DIR_NAME, ensure_base_model
-    from pipeline.tasks import build_task
-    from railgate.build import _torch_kwargs
     from railgate.episodic import env_parts
 
-    if prompts < 1 or branches < 1 or failed_per_prompt < 1:
-        raise ConfigError(
-            f"--prompts={prompts}, --branches={branches} and --failed-per-prompt={failed_per_prompt} must be >= 1"
-        )
-    out.mkdir(parents=True, exist_ok=True)
-    task = build_task(cfg.task)
-    started = time.perf_counter()
-    base = ensure_base_model(out, cfg.task, cfg.model, progress=progress, task=task)
-    warm_s = time.perf_counter() - started
+    task, base, warm_s = start_measurement(cfg, out, prompts, branches, failed_per_prompt, progress, share_task=True)
     parts = env_parts(cfg, task, base.tokenizer)
     service, settings = parts.service, parts.settings
     threshold = cfg.task.success_threshold
     o = cfg.orchestrator
-    torch.set_num_threads(cfg.torch_engine.threads)
-    context = base.context_length if cfg.model.path else None
-    engine = TorchEngine(copy.deepcopy(base.model), base.tokenizer.eos_id, **_torch_kwargs(cfg, context))
+    engine = base_engine(cfg, base)
     seed = derive_seed(cfg.seed, "recover_turns")
     group_size = o.group_size
     plist: list[Prompt] = task.eval_prompts(prompts, derive_seed(cfg.seed, "recover"), parts.renderer.prompt_ids)
@@ -292,14 +273,7 @@ def measure_turn_recoverability(
     report = {
         "task": repr(task),
         "env": cfg.task.env.cls,
-        "base_model": str(cfg.model.path or out / BASE_DIR_NAME),
-        "warm_start": base.meta.get("warm_start"),
-        "warm_start_wall_s": warm_s,
-        "sampling_wall_s": sample_s,
-        "prompts": len(plist),
-        "group_size": group_size,
-        "branches": branches,
-        "failed_per_prompt": failed_per_prompt,
+        **report_facts(cfg, out, base, warm_s, sample_s, len(plist), branches, failed_per_prompt),
         "max_tokens": o.max_tokens,
         "max_turns": settings.max_turns,
         "seed": cfg.seed,
@@ -310,16 +284,7 @@ def measure_turn_recoverability(
         "turns_per_episode": turns_played / max(1, len(groups)),
         "rows": {n: rows[n].as_dict() for n in order},
     }
-    (out / "recover.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "recover.md").write_text(render_turns(report) + "\n")
-    return report
-
-
-def _cell(a: dict[str, Any]) -> str:
-    if not a["trials"]:
-        return "-"
-    lo, hi = a["ci95"]
-    return f"{a['rate']:.3f} [{lo:.2f}, {hi:.2f}] ({a['successes']}/{a['trials']})"
+    return write_report(out, report, render_turns(report))
 
 
 def _per_token(a: dict[str, Any]) -> str:
@@ -341,7 +306,7 @@ def render_turns(report: dict[str, Any]) -> str:
         "",
         "| prompts | step-0 success | all-fail | mixed | all-pass | turns/episode | tokens/episode |",
         "|---|---|---|---|---|---|---|",
-        f"| {p['prompts']} | {_cell(s)} | {p['all_fail'] / n:.2f} | {p['mixed'] / n:.2f} | {p['all_pass'] / n:.2f} | "
+        f"| {p['prompts']} | {rate_cell(s)} | {p['all_fail'] / n:.2f} | {p['mixed'] / n:.2f} | {p['all_pass'] / n:.2f} | "
         f"{report['turns_per_episode']:.2f} | {s['tokens_per_rollout']:.1f} |",
         "",
         "Success of a branch from the boundary after a failed turn (the environment's feedback in its context) "
@@ -355,8 +320,8 @@ def render_turns(report: dict[str, Any]) -> str:
     ]
     for name, r in report["rows"].items():
         lines.append(
-            f"| {name} | {r['boundaries']} | {r['mean_prefix_tokens']:.1f} | {_cell(r['fresh'])} | "
-            f"{_cell(r['branch'])} | {_cell(r['source'])} | {_per_token(r['fresh'])} | {_per_token(r['branch'])} |"
+            f"| {name} | {r['boundaries']} | {r['mean_prefix_tokens']:.1f} | {rate_cell(r['fresh'])} | "
+            f"{rate_cell(r['branch'])} | {rate_cell(r['source'])} | {_per_token(r['fresh'])} | {_per_token(r['branch'])} |"
         )
     return "\n".join(lines)
 

@@ -108,7 +108,7 @@ def _allocation_options(name: str) -> Callable[[argparse.ArgumentParser], None]:
 def _allocation(args: argparse.Namespace) -> int:
     from pipeline.config.build import ConfigError
     from railgate.bench import policies as named
-    from railgate.bench.allocation import is_sim_config, run_allocation_bench
+    from railgate.bench.allocation import BenchGrid, is_sim_config, run_allocation_bench
 
     sim = is_sim_config(args.config)
     scenarios = (
@@ -122,20 +122,18 @@ def _allocation(args: argparse.Namespace) -> int:
     if args.first_seed < 0:
         raise ConfigError(f"--first-seed={args.first_seed} must be >= 0")
     title = "RAIL benchmark" if args.bench == "rail" else "Allocation benchmark"
-    run_allocation_bench(
+    bench = BenchGrid(
         args.config,
-        args.out,
         scenarios if sim else [""],
         policies,
         args.seeds,
         budget,
-        args.target_gain,
         args.models.split(",") if sim else [""],
-        workers=args.workers,
-        title=title,
         extra=tuple(args.overrides),
         first_seed=args.first_seed,
-        progress=not args.no_progress,
+    )
+    run_allocation_bench(
+        bench, args.out, args.target_gain, workers=args.workers, title=title, progress=not args.no_progress
     )
     return 0
 

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-from pipeline.processes import IdleWorkers, WorkerProcess
+from pipeline.processes import IdleWorkers, WorkerProcess, serve_requests
 
 _START_TIMEOUT_S = 300.0  # a fresh interpreter importing math-verify, on a loaded machine
 
@@ -141,20 +141,16 @@ def _serve(conn: Connection) -> None:
         except Exception:
             pass  # a real call will report it
     conn.send(("ready", None))
-    while True:
-        try:
-            prompt, token_ids = conn.recv()
-        except (EOFError, OSError):
-            return
+
+    def score(request: tuple[Any, Sequence[int]]) -> tuple[bool, Any]:
+        prompt, token_ids = request
         try:
             value = scorer(prompt, token_ids)
-            reply = (True, None if value is None else float(value))
+            return (True, None if value is None else float(value))
         except Exception as exc:  # the user's reward: reported, the worker goes on
-            reply = (False, (type(exc).__name__, str(exc)[:500]))
-        try:
-            conn.send(reply)
-        except (EOFError, OSError):
-            return
+            return (False, (type(exc).__name__, str(exc)[:500]))
+
+    serve_requests(conn, score)
 
 
 if __name__ == "__main__":
