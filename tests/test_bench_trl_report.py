@@ -9,7 +9,7 @@ from railgate.bench.trl_report import Point, markdown, summary
 
 
 def _run(trainer: str, seed: int, accs: list[float], cpu_s: float) -> RunRecord:
-    points = [Point(i * 100, 0, 0.0, a, 0.02, i) for i, a in enumerate(accs)]
+    points = [Point(i * 100, 0, float(i), a, 0.02, i) for i, a in enumerate(accs)]
     return RunRecord(trainer, seed, points, 100 * (len(accs) - 1), 0, cpu_s, 0.0, 0.0, len(accs) - 1)
 
 
@@ -25,6 +25,8 @@ def test_ratios_are_per_seed_and_a_target_never_reached_is_counted_not_averaged(
     assert s["ratio"]["to_target"]["0.1"] == pytest.approx([0.5, 0.5])
     assert s["ratio"]["to_target"]["0.2"] == pytest.approx([2 / 3])  # seed 1: neither reaches 0.4
     assert s["ratio"]["cpu_per_rollout"] == [2.0, 1.0]
+    # CPU-seconds to a target follow each evaluation's training CPU time (here: rollouts / 100)
+    assert s["ratio"]["cpu_to_target"]["0.1"] == pytest.approx([0.5, 0.5])
     text = markdown(TrlBenchSpec(), runs, s)
     assert "to start + 0.2 0.67 ± 0.00;" in text
     assert "| grpo | 0.250 ± 0.071 |" in text

@@ -91,11 +91,17 @@ class RunRecord:
 
     def rollouts_to(self, target: float) -> float | None:
         """Rollouts at which held-out accuracy first reaches ``target`` (linear between evaluations)."""
+        return self._to(target, "rollouts")
+
+    def cpu_to(self, target: float) -> float | None:
+        """Training CPU-seconds at which held-out accuracy first reaches ``target`` (linear between evaluations)."""
+        return self._to(target, "cpu_s")
+
+    def _to(self, target: float, axis: str) -> float | None:
         for before, after in zip(self.points, self.points[1:]):
             if after.accuracy >= target > before.accuracy:
-                return before.rollouts + (target - before.accuracy) / (after.accuracy - before.accuracy) * (
-                    after.rollouts - before.rollouts
-                )
+                x0, x1 = getattr(before, axis), getattr(after, axis)
+                return x0 + (target - before.accuracy) / (after.accuracy - before.accuracy) * (x1 - x0)
         return 0.0 if self.points and self.points[0].accuracy >= target else None
 
 
