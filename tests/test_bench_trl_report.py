@@ -38,3 +38,19 @@ def test_a_report_written_before_any_seed_has_both_trainers_says_so():
     assert "No seed has run both trainers yet" in text
     assert "not reached (0 of 0)" not in text
     assert "| grpo | 0 | 100 | 1 |" in text  # the run itself is listed
+
+
+def test_a_c_grpo_peer_run_gets_its_own_row_and_ratios_against_grpo_of_the_same_seed():
+    runs = [
+        _run("grpo", 0, [0.3, 0.35, 0.4, 0.5], 3.0),
+        _run("gated", 0, [0.3, 0.4, 0.5, 0.55], 3.0),
+        _run("cgrpo", 0, [0.3, 0.32, 0.36, 0.45], 3.0),
+        _run("grpo", 1, [0.2, 0.25, 0.3, 0.32], 3.0),
+        _run("gated", 1, [0.2, 0.3, 0.35, 0.38], 3.0),
+    ]
+    s = summary(runs)
+    assert s["cgrpo_seeds"] == [0]
+    assert s["ratio_cgrpo"]["to_target"]["0.1"] == pytest.approx([(200 + 100 * 0.04 / 0.09) / 200])
+    text = markdown(TrlBenchSpec(), runs, s)
+    assert "C-GRPO / GRPO, per seed: rollouts to start + 0.1 1.22 ± 0.00" in text and "(seeds 0)." in text
+    assert "| cgrpo | 0 | 300 | 3 |" in text and text.count("| - | - |") >= 1  # no skipped / abandoned counts

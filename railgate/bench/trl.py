@@ -68,6 +68,9 @@ class TrlBenchSpec:
     """Training prompts of the synthetic task (``smollm``); ``cpu`` uses the CPU default's."""
     model_dir: str = ""
     """``smollm``: an existing Hugging Face directory of SmolLM2-135M-Instruct ("": import it)."""
+    peer_python: str = ""
+    """The Python of an environment with railgate and trl-cgrpo: C-GRPO runs there as a third
+    trainer of each seed (``railgate.bench.trl_peer``); "": none."""
 
 
 @dataclass
@@ -112,16 +115,20 @@ def run_trl_bench(spec: TrlBenchSpec, out: Path, progress: bool = True) -> dict[
     torch.set_num_threads(spec.threads)
     root = Path(out) / spec.model
     root.mkdir(parents=True, exist_ok=True)
-    model_dir, task = _model_and_task(spec, root, progress)
+    model_dir, task = model_and_task(spec, root, progress)
     path = root / "trl.json"
     runs = [
         RunRecord(**{**r, "points": [Point(**p) for p in r["points"]]})
         for r in (json.loads(path.read_text())["runs"] if path.exists() else [])
     ]
+    trainers = TRAINERS + (("cgrpo",) if spec.peer_python else ())
     for seed in range(spec.first_seed, spec.first_seed + spec.seeds):
-        for trainer in TRAINERS:
+        for trainer in trainers:
             runs = [r for r in runs if (r.trainer, r.seed) != (trainer, seed)]
-            record = run_one(trainer, seed, spec, task, model_dir, root)
+            if trainer == "cgrpo":
+                record = run_peer(seed, spec, root)
+            else:
+                record = run_one(trainer, seed, spec, task, model_dir, root)
             runs.append(record)
             if progress:
                 print(
@@ -133,7 +140,7 @@ def run_trl_bench(spec: TrlBenchSpec, out: Path, progress: bool = True) -> dict[
     return _write(spec, runs, root)
 
 
-def _model_and_task(spec: TrlBenchSpec, root: Path, progress: bool) -> tuple[Path, TrlTask]:
+def model_and_task(spec: TrlBenchSpec, root: Path, progress: bool) -> tuple[Path, TrlTask]:
     from railgate.bench.trl_tasks import arithmetic_task, word_problems
 
     if spec.model == "cpu":
@@ -168,31 +175,7 @@ def run_one(trainer: str, seed: int, spec: TrlBenchSpec, task: TrlTask, model_di
     from railgate.trl import GatedGRPOConfig, GatedGRPOTrainer
 
     step_rollouts = spec.prompts_per_step * spec.group_size
-    matched = dict(
-        output_dir=str(root / "runs" / f"{trainer}-{seed}"),
-        per_device_train_batch_size=step_rollouts,
-        num_generations=spec.group_size,
-        max_completion_length=task.max_completion_length,
-        learning_rate=spec.learning_rate,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        optim="adamw_torch",
-        beta=0.0,
-        loss_type="dapo",
-        scale_rewards="group",
-        temperature=1.0,
-        top_p=1.0,
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        seed=seed,
-        data_seed=seed,
-        save_strategy="no",
-        report_to=[],
-        logging_steps=10,
-        disable_tqdm=True,
-    )
+    matched = matched_args(spec, task, trainer, seed, root)
     dataset = Dataset.from_list(task.train_rows)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     held_out = HeldOut(
@@ -241,6 +224,55 @@ def run_one(trainer: str, seed: int, spec: TrlBenchSpec, task: TrlTask, model_di
         curve.eval_cpu_s,
         int(run.state.global_step),
         gate,
+    )
+
+
+def run_peer(seed: int, spec: TrlBenchSpec, root: Path) -> RunRecord:
+    """C-GRPO on one seed, in the environment of ``spec.peer_python`` (``railgate.bench.trl_peer``)."""
+    import subprocess
+
+    request = root / "runs" / f"cgrpo-{seed}.request.json"
+    request.parent.mkdir(parents=True, exist_ok=True)
+    request.write_text(json.dumps({"spec": asdict(spec), "seed": seed, "root": str(root)}))
+    done = subprocess.run(
+        [spec.peer_python, "-m", "railgate.bench.trl_peer", str(request)], cwd=Path(__file__).parents[2]
+    )
+    record = request.with_suffix(".record.json")
+    if done.returncode != 0 or not record.exists():
+        raise RuntimeError(
+            f"the C-GRPO peer run (seed {seed}) failed with exit {done.returncode} under --peer-python={spec.peer_python}; "
+            "its traceback is above. Check that environment: PY -m pip install -e . 'trl-cgrpo==0.2.0' 'datasets>=3'"
+        )
+    r = json.loads(record.read_text())
+    return RunRecord(**{**r, "points": [Point(**p) for p in r["points"]]})
+
+
+def matched_args(spec: TrlBenchSpec, task: TrlTask, trainer: str, seed: int, root: Path) -> dict[str, Any]:
+    """The GRPOConfig settings every trainer of the bench shares (see the module docstring)."""
+    return dict(
+        output_dir=str(root / "runs" / f"{trainer}-{seed}"),
+        per_device_train_batch_size=spec.prompts_per_step * spec.group_size,
+        num_generations=spec.group_size,
+        max_completion_length=task.max_completion_length,
+        learning_rate=spec.learning_rate,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        optim="adamw_torch",
+        beta=0.0,
+        loss_type="dapo",
+        scale_rewards="group",
+        temperature=1.0,
+        top_p=1.0,
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        seed=seed,
+        data_seed=seed,
+        save_strategy="no",
+        report_to=[],
+        logging_steps=10,
+        disable_tqdm=True,
     )
 
 

@@ -39,33 +39,51 @@ class Point:
     step: int
 
 
+NAMES = {"grpo": "GRPOTrainer", "gated": "GatedGRPOTrainer", "cgrpo": "CGRPOTrainer (trl-cgrpo)"}
+
+
 def summary(runs: Sequence[Any]) -> dict[str, Any]:
-    """Per trainer: per-seed rollouts to each target, final accuracy and interval, CPU per rollout;
-    per seed with both trainers: the ratios gated / GRPO."""
+    """Per trainer: per-seed rollouts and CPU-seconds to each target, final accuracy and interval,
+    CPU per rollout; per seed with both trainers: the ratios gated / GRPO (and C-GRPO / GRPO on
+    the seeds where the peer ran)."""
     by = {(r.trainer, r.seed): r for r in runs}
     seeds = sorted({s for t, s in by if ("grpo", s) in by and ("gated", s) in by})
     out: dict[str, Any] = {"seeds": seeds}
     for trainer in ("grpo", "gated"):
-        rs = [by[(trainer, s)] for s in seeds]
-        starts = [by[("grpo", s)].points[0].accuracy for s in seeds]
-        out[trainer] = {
-            "start": [r.points[0].accuracy for r in rs],
-            "to_target": {str(t): [r.rollouts_to(a + t) for r, a in zip(rs, starts)] for t in TARGETS},
-            "cpu_to_target": {str(t): [r.cpu_to(a + t) for r, a in zip(rs, starts)] for t in TARGETS},
-            "final": [r.points[-1].accuracy for r in rs],
-            "final_ci95": [r.points[-1].ci95 for r in rs],
-            "cpu_per_rollout": [r.cpu_per_rollout for r in rs],
-            "rollouts": [r.rollouts for r in rs],
-            "steps": [r.steps for r in rs],
-        }
-    g, p = out["gated"], out["grpo"]
-    out["ratio"] = {
-        key: {k: [a / b for a, b in zip(g[key][k], p[key][k]) if a is not None and b] for k in g[key]}
-        for key in ("to_target", "cpu_to_target")
-    } | {
-        "cpu_per_rollout": [a / b for a, b in zip(g["cpu_per_rollout"], p["cpu_per_rollout"])],
-        "final_difference": [a - b for a, b in zip(g["final"], p["final"])],
+        out[trainer] = _stats([by[(trainer, s)] for s in seeds], [by[("grpo", s)] for s in seeds])
+    out["ratio"] = _ratios(out["gated"], out["grpo"])
+    peer = [s for s in seeds if ("cgrpo", s) in by]
+    if peer:
+        grpo = _stats([by[("grpo", s)] for s in peer], [by[("grpo", s)] for s in peer])
+        out["cgrpo_seeds"] = peer
+        out["cgrpo"] = _stats([by[("cgrpo", s)] for s in peer], [by[("grpo", s)] for s in peer])
+        out["ratio_cgrpo"] = _ratios(out["cgrpo"], grpo)
+    return out
+
+
+def _stats(rs: Sequence[Any], grpo: Sequence[Any]) -> dict[str, Any]:
+    """One trainer's runs; targets from the start of GRPO's run of the same seed."""
+    starts = [g.points[0].accuracy for g in grpo]
+    return {
+        "start": [r.points[0].accuracy for r in rs],
+        "to_target": {str(t): [r.rollouts_to(a + t) for r, a in zip(rs, starts)] for t in TARGETS},
+        "cpu_to_target": {str(t): [r.cpu_to(a + t) for r, a in zip(rs, starts)] for t in TARGETS},
+        "final": [r.points[-1].accuracy for r in rs],
+        "final_ci95": [r.points[-1].ci95 for r in rs],
+        "cpu_per_rollout": [r.cpu_per_rollout for r in rs],
+        "rollouts": [r.rollouts for r in rs],
+        "steps": [r.steps for r in rs],
     }
+
+
+def _ratios(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Per seed: a / b for the costs (a target either run missed is left out), a - b for the final accuracy."""
+    out: dict[str, Any] = {
+        key: {k: [x / y for x, y in zip(a[key][k], b[key][k]) if x is not None and y] for k in a[key]}
+        for key in ("to_target", "cpu_to_target")
+    }
+    out["cpu_per_rollout"] = [x / y for x, y in zip(a["cpu_per_rollout"], b["cpu_per_rollout"])]
+    out["final_difference"] = [x - y for x, y in zip(a["final"], b["final"])]
     return out
 
 
@@ -83,7 +101,7 @@ def _ms(values: Sequence[float | None], scale: float = 1.0, digits: int = 0) -> 
 def markdown(spec: Any, runs: Sequence[Any], s: dict[str, Any]) -> str:
     """The report: the table of means, the ratios, then every run."""
     lines = [
-        f"# bench trl: GRPOTrainer against GatedGRPOTrainer ({spec.model})",
+        f"# bench trl: GRPOTrainer against GatedGRPOTrainer{' and CGRPOTrainer' if 'cgrpo' in s else ''} ({spec.model})",
         "",
         f"Seeds {', '.join(map(str, s['seeds'])) or '(none complete yet)'}; {spec.prompts_per_step} prompts x {spec.group_size} completions a "
         f"step; budget {spec.budget} rollouts a run; held-out accuracy every {spec.eval_every} rollouts on "
@@ -94,7 +112,8 @@ def markdown(spec: Any, runs: Sequence[Any], s: dict[str, Any]) -> str:
         "CPU-s to start + 0.2 | final accuracy | CPU-ms / rollout | steps |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for trainer in ("grpo", "gated"):
+    trainers = ("grpo", "gated") + (("cgrpo",) if "cgrpo" in s else ())
+    for trainer in trainers:
         t = s[trainer]
         lines.append(
             f"| {trainer} | {_ms(t['start'], digits=3)} | {_ms(t['to_target']['0.1'])} | "
@@ -102,23 +121,19 @@ def markdown(spec: Any, runs: Sequence[Any], s: dict[str, Any]) -> str:
             f"{_ms(t['cpu_to_target']['0.2'], digits=1)} | {_ms(t['final'], digits=3)} | "
             f"{_ms(t['cpu_per_rollout'], 1000, 2)} | {_ms(t['steps'])} |"
         )
-    r = s["ratio"]
-    lines += [
-        "",
-        "Gated / GRPO, per seed: rollouts to start + 0.1 "
-        f"{_ms(r['to_target']['0.1'], digits=2)}, to start + 0.2 {_ms(r['to_target']['0.2'], digits=2)}; "
-        f"training CPU-seconds to start + 0.1 {_ms(r['cpu_to_target']['0.1'], digits=2)}, to start + 0.2 "
-        f"{_ms(r['cpu_to_target']['0.2'], digits=2)}; CPU-s per generated rollout {_ms(r['cpu_per_rollout'], digits=2)}; final accuracy difference "
-        f"{_ms(r['final_difference'], digits=3)}.",
-        "",
-    ]
+    lines += ["", _ratio_line("Gated / GRPO", s["ratio"])]
+    if "cgrpo" in s:
+        seeds = ", ".join(map(str, s["cgrpo_seeds"]))
+        lines.append(f"{_ratio_line('C-GRPO / GRPO', s['ratio_cgrpo'])[:-1]} (seeds {seeds}).")
+    lines.append("")
     if not s["seeds"]:  # a report written while the first seed is still running
         lines[4:] = ["No seed has run both trainers yet: the means and ratios come when one has.", ""]
     lines += [
         "| trainer | seed | rollouts | steps | to + 0.1 | to + 0.2 | final (95% CI over prompts) | CPU-s | CPU-ms / rollout | skipped | abandoned |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for run in sorted(runs, key=lambda r: (r.seed, r.trainer != "grpo")):
+    order = {"grpo": 0, "gated": 1, "cgrpo": 2}
+    for run in sorted(runs, key=lambda r: (r.seed, order.get(r.trainer, 3))):
         start = next((x for x in runs if x.trainer == "grpo" and x.seed == run.seed), run).points[0].accuracy
         to = [run.rollouts_to(start + t) for t in TARGETS]
         last = run.points[-1]
@@ -126,9 +141,29 @@ def markdown(spec: Any, runs: Sequence[Any], s: dict[str, Any]) -> str:
             f"| {run.trainer} | {run.seed} | {run.rollouts} | {run.steps} | "
             + " | ".join("-" if x is None else f"{x:.0f}" for x in to)
             + f" | {last.accuracy:.3f} ± {last.ci95:.3f} | {run.cpu_s:.0f} | {1000 * run.cpu_per_rollout:.2f} | "
-            f"{run.gate.get('railgate/prompts_skipped', 0):.0f} | {run.gate.get('railgate/groups_abandoned', 0):.0f} |"
+            f"{_count(run.gate, 'railgate/prompts_skipped')} | {_count(run.gate, 'railgate/groups_abandoned')} |"
         )
+    if any(r.trainer == "cgrpo" for r in runs):
+        lines += [
+            "",
+            "C-GRPO's rollouts include its calibration draws (`cgrpo/calibration_rollouts` in its run's gate "
+            "figures); it neither skips prompts nor abandons groups, it stops sampling a prompt early.",
+        ]
     return "\n".join(lines) + "\n"
+
+
+def _ratio_line(title: str, r: dict[str, Any]) -> str:
+    return (
+        f"{title}, per seed: rollouts to start + 0.1 {_ms(r['to_target']['0.1'], digits=2)}, to start + 0.2 "
+        f"{_ms(r['to_target']['0.2'], digits=2)}; training CPU-seconds to start + 0.1 "
+        f"{_ms(r['cpu_to_target']['0.1'], digits=2)}, to start + 0.2 {_ms(r['cpu_to_target']['0.2'], digits=2)}; "
+        f"CPU-s per generated rollout {_ms(r['cpu_per_rollout'], digits=2)}; final accuracy difference "
+        f"{_ms(r['final_difference'], digits=3)}."
+    )
+
+
+def _count(gate: dict[str, float], key: str) -> str:
+    return f"{gate[key]:.0f}" if key in gate else "-"
 
 
 def figure(spec: Any, runs: Sequence[Any], path: Path) -> None:
@@ -139,7 +174,7 @@ def figure(spec: Any, runs: Sequence[Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    colours = {"grpo": "tab:grey", "gated": "tab:blue"}
+    colours = {"grpo": "tab:grey", "gated": "tab:blue", "cgrpo": "tab:orange"}
     for run in runs:
         ax.plot(
             [p.rollouts for p in run.points],
@@ -147,7 +182,7 @@ def figure(spec: Any, runs: Sequence[Any], path: Path) -> None:
             color=colours[run.trainer],
             linestyle="-" if run.trainer == "gated" else "--",
             alpha=0.8,
-            label=f"{'GatedGRPOTrainer' if run.trainer == 'gated' else 'GRPOTrainer'} seed {run.seed}",
+            label=f"{NAMES.get(run.trainer, run.trainer)} seed {run.seed}",
         )
     ax.set_xlabel("rollouts generated")
     ax.set_ylabel("held-out accuracy")

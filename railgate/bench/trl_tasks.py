@@ -48,6 +48,8 @@ class TrlTask:
     """The reference is the only completion that earns the reward (its likelihood is the pass rate)."""
     reference_skip: float
     """``gate_reference_skip`` for this task (railgate's CPU default uses 0.8 with an exact reference)."""
+    extract_answer: Callable[[str], str | None] = str.strip
+    """The answer a completion gives, as the reward compares it (trl-cgrpo's ``answer_extractor``)."""
 
 
 def arithmetic_task(cfg: Any, eval_prompts: int) -> TrlTask:
@@ -113,7 +115,18 @@ def word_problems(n_train: int, n_eval: int, seed: int) -> TrlTask:
         max_completion_length=12,
         reference_exact=False,
         reference_skip=0.45,
+        extract_answer=last_number,
     )
+
+
+def last_number(text: str) -> str | None:
+    """The last number of ``text`` (commas dropped), as ``last_number_reward`` reads it; None when there is none.
+
+    >>> last_number("3 bags of 4 make 12."), last_number("none")
+    ('12', None)
+    """
+    numbers = _NUMBER.findall(text.replace(",", ""))
+    return numbers[-1] if numbers else None
 
 
 def last_number_reward(prompts: list, completions: list, answer: list, **kwargs: Any) -> list[float]:
@@ -121,6 +134,6 @@ def last_number_reward(prompts: list, completions: list, answer: list, **kwargs:
     out = []
     for completion, expected in zip(completions, answer):
         text = completion[-1]["content"] if isinstance(completion, list) else completion
-        numbers = _NUMBER.findall(text.replace(",", ""))
-        out.append(float(bool(numbers) and float(numbers[-1]) == float(expected)))
+        number = last_number(text)
+        out.append(float(number is not None and float(number) == float(expected)))
     return out

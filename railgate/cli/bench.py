@@ -176,6 +176,12 @@ def _trl_options(parser: argparse.ArgumentParser) -> None:
         "--model-dir", default=d.model_dir, help="smollm: a SmolLM2-135M-Instruct directory (default: import it)"
     )
     parser.add_argument(
+        "--peer-python",
+        default=d.peer_python,
+        help="the python of an environment with railgate and trl-cgrpo (which needs TRL < 1.15): C-GRPO runs "
+        "there as a third trainer of each seed (docs/trl.md)",
+    )
+    parser.add_argument(
         "--out", type=Path, default=Path("runs/bench_trl"), help="output directory (default: %(default)s)"
     )
     no_progress(parser)
@@ -210,8 +216,14 @@ def _trl(args: argparse.Namespace) -> int:
         learning_rate=args.learning_rate,
         train_prompts=args.train_prompts,
         model_dir=args.model_dir,
+        peer_python=args.peer_python,
         **numbers,
     )
+    if spec.peer_python and not Path(spec.peer_python).exists():
+        raise ConfigError(
+            f"--peer-python={spec.peer_python} does not exist; make the peer environment first: "
+            "python -m venv peer && peer/bin/pip install -e . 'trl-cgrpo==0.2.0' 'datasets>=3'"
+        )
     report = run_trl_bench(spec, args.out, progress=not args.no_progress)
     print((args.out / args.model / "trl.md").read_text())
     return 0 if report["summary"]["seeds"] else 1
