@@ -54,3 +54,22 @@ def test_a_c_grpo_peer_run_gets_its_own_row_and_ratios_against_grpo_of_the_same_
     text = markdown(TrlBenchSpec(), runs, s)
     assert "C-GRPO / GRPO, per seed: rollouts to start + 0.1 1.22 ± 0.00" in text and "(seeds 0)." in text
     assert "| cgrpo | 0 | 300 | 3 |" in text and text.count("| - | - |") >= 1  # no skipped / abandoned counts
+
+
+def test_a_failing_peer_environment_is_named_with_the_fix(tmp_path):
+    from railgate.bench.trl import run_peer
+
+    failing = tmp_path / "python"
+    failing.write_text("#!/bin/sh\necho 'No module named trl_cgrpo' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    with pytest.raises(RuntimeError, match=r"exit 1 under --peer-python=.*pip install -e \. 'trl-cgrpo==0.2.0'"):
+        run_peer(0, TrlBenchSpec(peer_python=str(failing)), tmp_path)
+
+
+def test_a_missing_peer_python_is_refused_before_any_run(tmp_path):
+    from run_helpers import cli
+
+    out = cli("bench", "trl", "--peer-python", str(tmp_path / "nope"), "--out", str(tmp_path / "o"))
+    assert out.returncode == 2
+    assert "--peer-python=" in out.stderr and "does not exist; make the peer environment first" in out.stderr
+    assert not (tmp_path / "o").exists()
