@@ -254,4 +254,6 @@ def test_the_instance_is_closed_when_the_episode_ends_or_is_closed():
     deadline = time.monotonic() + 30  # a background thread: generous on a loaded machine
     while 1 not in Counter.closed_goals and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert sorted(Counter.closed_goals) == [1, 7]
+    # An earlier test's episodes (other goals) may still be closing in their background thread on a
+    # loaded machine; this test's two are each closed exactly once.
+    assert sorted(g for g in Counter.closed_goals if g in (1, 7)) == [1, 7]
