@@ -42,3 +42,52 @@ def test_a_bad_ray_setting_is_a_config_error(tmp_path):
     )
     assert result.returncode == 2
     assert "engine.ray.replicas=0 must be >= 1" in result.stderr
+
+
+@pytest.mark.integration
+def test_multi_turn_episodes_run_on_ray_replicas(tmp_path):
+    """The agent config on two Ray replicas: each rollout is an episode of turns whose observations
+    are masked out of the loss, as on the in-process engine."""
+    from configs import CONFIG_DIR
+    from pipeline.policy.models import build_model, save_model
+    from pipeline.policy.tokenizer import CharTokenizer
+    from pipeline.store.buffer import read_all
+    from pipeline.tasks import build_task
+    from railgate.config import load_config
+
+    cfg = load_config(CONFIG_DIR / "agent.yaml", [])
+    tok = CharTokenizer.for_tasks(build_task(cfg.task))
+    model = build_model(tok.vocab_size, d_model=16, n_layers=1, n_heads=2, max_len=cfg.model.max_len, seed=0)
+    path = save_model(model, tok, tmp_path / "model")
+    run = tmp_path / "run"
+    cli_ok(
+        "--config",
+        str(CONFIG_DIR / "agent.yaml"),
+        "--no-progress",
+        *sets(
+            f"model.path={path}",
+            f"run_dir={run}",
+            "engine.kind=ray",
+            "engine.ray.replicas=2",
+            "engine.ray.num_cpus=0.5",
+            "orchestrator.steps=2",
+            "orchestrator.batch_groups=2",
+            "orchestrator.group_size=4",
+            "orchestrator.eval_every=0",
+            "data.num_train_prompts=64",
+            "data.num_eval_prompts=8",
+            "gate.kind=uniform",
+            "log.checkpoint_every=0",
+        ),
+        timeout=900,
+    )
+    rows = read_all(run / "buffer").to_pylist()
+    assert len(rows) == 2 * 2 * 4
+    for r in rows:
+        assert r["turn_ends"] and len(r["turn_rewards"]) == len(r["turn_ends"])
+        assert len(r["policy_mask"]) == len(r["token_ids"])
+        if len(r["turn_ends"]) > 1:  # the environment answered between turns: its tokens are not the policy's
+            assert not all(r["policy_mask"])
+    assert any(len(r["turn_ends"]) > 1 for r in rows)
+    budget = json.loads((run / "summary.json").read_text())["budget"]
+    assert budget["pipeline/env_failures"] == 0 and budget["pipeline/rollouts_failed"] == 0
