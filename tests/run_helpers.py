@@ -140,6 +140,33 @@ def tiny_base(out: Path) -> Path:
     return out
 
 
+AGENT_SHORT_RUN = (
+    "orchestrator.steps=2",
+    "orchestrator.batch_groups=2",
+    "orchestrator.group_size=4",
+    "orchestrator.eval_every=0",
+    "data.num_train_prompts=64",
+    "data.num_eval_prompts=8",
+    "gate.kind=uniform",  # every group trains: an untrained model fails every episode
+    "log.checkpoint_every=0",
+)
+"""``--set`` values of a two-step run of configs/agent.yaml on ``tiny_agent_model``."""
+
+
+def tiny_agent_model(out: Path) -> Path:
+    """An untrained one-layer model for configs/agent.yaml's task, saved for ``model.path``."""
+    from configs import CONFIG_DIR
+    from pipeline.policy.models import build_model, save_model
+    from pipeline.policy.tokenizer import CharTokenizer
+    from pipeline.tasks import build_task
+    from railgate.config import load_config
+
+    cfg = load_config(CONFIG_DIR / "agent.yaml", [])
+    tok = CharTokenizer.for_tasks(build_task(cfg.task))
+    model = build_model(tok.vocab_size, d_model=16, n_layers=1, n_heads=2, max_len=cfg.model.max_len, seed=0)
+    return save_model(model, tok, out)
+
+
 def tree_digest(path: Path) -> dict[str, str]:
     """Every file under ``path`` (relative name -> SHA-256 of its bytes; links by their target)."""
     out = {}

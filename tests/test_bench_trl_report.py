@@ -13,13 +13,13 @@ def _run(trainer: str, seed: int, accs: list[float], cpu_s: float) -> RunRecord:
     return RunRecord(trainer, seed, points, 100 * (len(accs) - 1), 0, cpu_s, 0.0, 0.0, len(accs) - 1)
 
 
+def _seed_1() -> list[RunRecord]:
+    """A second seed whose runs never reach start + 0.2."""
+    return [_run("grpo", 1, [0.2, 0.25, 0.3, 0.32], 3.0), _run("gated", 1, [0.2, 0.3, 0.35, 0.38], 3.0)]
+
+
 def test_ratios_are_per_seed_and_a_target_never_reached_is_counted_not_averaged():
-    runs = [
-        _run("grpo", 0, [0.3, 0.35, 0.4, 0.5], 3.0),
-        _run("gated", 0, [0.3, 0.4, 0.5, 0.55], 6.0),
-        _run("grpo", 1, [0.2, 0.25, 0.3, 0.32], 3.0),
-        _run("gated", 1, [0.2, 0.3, 0.35, 0.38], 3.0),
-    ]
+    runs = [_run("grpo", 0, [0.3, 0.35, 0.4, 0.5], 3.0), _run("gated", 0, [0.3, 0.4, 0.5, 0.55], 6.0), *_seed_1()]
     s = summary(runs)
     assert s["seeds"] == [0, 1]
     assert s["ratio"]["to_target"]["0.1"] == pytest.approx([0.5, 0.5])
@@ -45,8 +45,7 @@ def test_a_c_grpo_peer_run_gets_its_own_row_and_ratios_against_grpo_of_the_same_
         _run("grpo", 0, [0.3, 0.35, 0.4, 0.5], 3.0),
         _run("gated", 0, [0.3, 0.4, 0.5, 0.55], 3.0),
         _run("cgrpo", 0, [0.3, 0.32, 0.36, 0.45], 3.0),
-        _run("grpo", 1, [0.2, 0.25, 0.3, 0.32], 3.0),
-        _run("gated", 1, [0.2, 0.3, 0.35, 0.38], 3.0),
+        *_seed_1(),
     ]
     s = summary(runs)
     assert s["cgrpo_seeds"] == [0]
@@ -62,7 +61,7 @@ def test_a_failing_peer_environment_is_named_with_the_fix(tmp_path):
     failing = tmp_path / "python"
     failing.write_text("#!/bin/sh\necho 'No module named trl_cgrpo' >&2\nexit 1\n")
     failing.chmod(0o755)
-    with pytest.raises(RuntimeError, match=r"exit 1 under --peer-python=.*pip install -e \. 'trl-cgrpo==0.2.0'"):
+    with pytest.raises(RuntimeError, match=r"exit 1 under --peer-python=.*pip install -e '\.\[cgrpo-peer\]'"):
         run_peer(0, TrlBenchSpec(peer_python=str(failing)), tmp_path)
 
 

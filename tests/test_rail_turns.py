@@ -146,30 +146,20 @@ def test_a_branch_waiting_for_capacity_whose_source_ended_starts_as_a_fresh_epis
 def test_a_short_agent_run_with_rail_live_forks_branch_episodes_at_failed_turns_and_trains_them(tmp_path):
     import json
 
+    from run_helpers import AGENT_SHORT_RUN, tiny_agent_model
+
     from configs import CONFIG_DIR
-    from pipeline.policy.models import build_model, save_model
-    from pipeline.policy.tokenizer import CharTokenizer
     from pipeline.store.buffer import read_all
     from pipeline.store.tracelog import read_trace
-    from pipeline.tasks import build_task
     from railgate.config import load_config
     from railgate.train import train
 
-    cfg = load_config(CONFIG_DIR / "agent.yaml", [])
-    tok = CharTokenizer.for_tasks(build_task(cfg.task))
-    model = build_model(tok.vocab_size, d_model=16, n_layers=1, n_heads=2, max_len=cfg.model.max_len, seed=0)
-    path = save_model(model, tok, tmp_path / "model")
+    path = tiny_agent_model(tmp_path / "model")
     run = tmp_path / "run"
     settings = [
         f"model.path={path}",
         f"run_dir={run}",
-        "orchestrator.steps=2",
-        "orchestrator.batch_groups=2",
-        "orchestrator.group_size=4",
-        "orchestrator.eval_every=0",
-        "data.num_train_prompts=64",
-        "data.num_eval_prompts=8",
-        "gate.kind=uniform",  # every group trains: an untrained model fails every episode
+        *AGENT_SHORT_RUN,
         "torch_engine.threads=1",
         "controller.kind=rail",
         "controller.rail.mode=live",
@@ -181,7 +171,6 @@ def test_a_short_agent_run_with_rail_live_forks_branch_episodes_at_failed_turns_
         "controller.rail.branch_sizes=[2]",
         "controller.rail.branch_temperatures=[1.0]",
         "controller.rail.resample_sizes=[]",
-        "log.checkpoint_every=0",
         "log.tensorboard=false",
     ]
     train(load_config(CONFIG_DIR / "agent.yaml", settings), progress=False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from run_helpers import cli, cli_ok, sets
+from run_helpers import AGENT_SHORT_RUN, cli, cli_ok, sets, tiny_agent_model
 
 
 @pytest.mark.integration
@@ -49,16 +49,9 @@ def test_multi_turn_episodes_run_on_ray_replicas(tmp_path):
     """The agent config on two Ray replicas: each rollout is an episode of turns whose observations
     are masked out of the loss, as on the in-process engine."""
     from configs import CONFIG_DIR
-    from pipeline.policy.models import build_model, save_model
-    from pipeline.policy.tokenizer import CharTokenizer
     from pipeline.store.buffer import read_all
-    from pipeline.tasks import build_task
-    from railgate.config import load_config
 
-    cfg = load_config(CONFIG_DIR / "agent.yaml", [])
-    tok = CharTokenizer.for_tasks(build_task(cfg.task))
-    model = build_model(tok.vocab_size, d_model=16, n_layers=1, n_heads=2, max_len=cfg.model.max_len, seed=0)
-    path = save_model(model, tok, tmp_path / "model")
+    path = tiny_agent_model(tmp_path / "model")
     run = tmp_path / "run"
     cli_ok(
         "--config",
@@ -70,14 +63,7 @@ def test_multi_turn_episodes_run_on_ray_replicas(tmp_path):
             "engine.kind=ray",
             "engine.ray.replicas=2",
             "engine.ray.num_cpus=0.5",
-            "orchestrator.steps=2",
-            "orchestrator.batch_groups=2",
-            "orchestrator.group_size=4",
-            "orchestrator.eval_every=0",
-            "data.num_train_prompts=64",
-            "data.num_eval_prompts=8",
-            "gate.kind=uniform",
-            "log.checkpoint_every=0",
+            *AGENT_SHORT_RUN,
         ),
         timeout=900,
     )

@@ -241,7 +241,7 @@ def run_peer(seed: int, spec: TrlBenchSpec, root: Path) -> RunRecord:
     if done.returncode != 0 or not record.exists():
         raise RuntimeError(
             f"the C-GRPO peer run (seed {seed}) failed with exit {done.returncode} under --peer-python={spec.peer_python}; "
-            "its traceback is above. Check that environment: PY -m pip install -e . 'trl-cgrpo==0.2.0' 'datasets>=3'"
+            "its traceback is above. Check that environment: PY -m pip install -e '.[cgrpo-peer]'"
         )
     r = json.loads(record.read_text())
     return RunRecord(**{**r, "points": [Point(**p) for p in r["points"]]})

@@ -4,7 +4,7 @@ trl-cgrpo 0.2 requires TRL < 1.15 and railgate's ``trl`` extra pins TRL 1.16, so
 share a Python environment. ``bench trl --peer-python PY`` runs this module with the interpreter
 ``PY`` of an environment that holds railgate (without its ``trl`` extra) and trl-cgrpo:
 
-    python -m venv peer && peer/bin/pip install -e . 'trl-cgrpo==0.2.0' 'datasets>=3'
+    python -m venv peer && peer/bin/pip install -e '.[cgrpo-peer]'
     python run.py bench trl --model cpu --peer-python peer/bin/python
 
 For each seed, after GRPOTrainer and GatedGRPOTrainer, the bench calls

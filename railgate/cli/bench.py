@@ -222,7 +222,7 @@ def _trl(args: argparse.Namespace) -> int:
     if spec.peer_python and not Path(spec.peer_python).exists():
         raise ConfigError(
             f"--peer-python={spec.peer_python} does not exist; make the peer environment first: "
-            "python -m venv peer && peer/bin/pip install -e . 'trl-cgrpo==0.2.0' 'datasets>=3'"
+            "python -m venv peer && peer/bin/pip install -e '.[cgrpo-peer]'"
         )
     report = run_trl_bench(spec, args.out, progress=not args.no_progress)
     print((args.out / args.model / "trl.md").read_text())
