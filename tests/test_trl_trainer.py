@@ -165,17 +165,15 @@ def test_the_reference_prior_skips_prompts_it_deems_hopeless_and_drops_reference
     assert all(i not in trainer.gate.reference.screen.references for i in checked if i % 10 == 0)
 
 
-@pytest.mark.parametrize("cap", [None, 2])
-def test_a_step_whose_every_group_saturates_is_cut_short_and_padded(tmp_path, cap):
+def test_a_step_whose_every_group_saturates_is_cut_short_and_padded(tmp_path):
     def nothing(completions, **kwargs):
         return [0.0] * len(completions)
 
-    setting = {} if cap is None else {"gate_step_rollouts": cap}
-    trainer = gated(tmp_path, arithmetic_rows(100), nothing, gate_reference_prior=False, max_steps=2, **setting)
+    trainer = gated(
+        tmp_path, arithmetic_rows(100), nothing, gate_reference_prior=False, max_steps=2, gate_step_rollouts=2
+    )
     trainer.train()
     m = trainer.gate.metrics()
     assert m["railgate/short_steps"] == 2 and m["railgate/groups_committed"] == 0
-    # 8 rows a step; probes of 2; by default a step stops opening prompts at a plain step's 8 rollouts
-    per_step = 8 * (cap or 1)
-    assert m["railgate/rollouts_generated"] == 2 * per_step and m["railgate/pad_rows"] == 2 * 8
+    assert m["railgate/rollouts_generated"] == 2 * 16 and m["railgate/pad_rows"] == 2 * 8  # probes of 2, 16 a step
     assert all(h["loss"] == 0.0 for h in trainer.state.log_history if "loss" in h)

@@ -97,12 +97,9 @@ class GatedGRPOConfig(GRPOConfig):
     only as many as the step still needs, so no surplus group is generated."""
     gate_ds_max_rounds: int = 10
     """DS: rounds per step before the last round's all-same groups fill the step."""
-    gate_step_rollouts: float = 1.0
+    gate_step_rollouts: float = 4.0
     """Most rollouts one step may generate, as a multiple of prompts x ``num_generations``; past it
-    no prompt is opened and the groups not filled are zero-advantage padding (no generation).
-    At 1 a gated step opens no prompt once it has generated what a plain GRPO step generates, so
-    the gate never costs optimiser steps: where few prompts are mixed (a low pass rate), waiting
-    for a full step of mixed groups would take several GRPO steps' rollouts for one update."""
+    no prompt is opened and the groups not filled are zero-advantage padding (no generation)."""
     gate_max_rollouts: int = 0
     """Stop training once this many rollouts were generated (0: no limit; ``max_steps`` still
     applies): a rollout budget for comparisons."""
