@@ -8,7 +8,8 @@ from configs import CONFIG_DIR
 from pipeline.policy.models import build_model, save_model
 from pipeline.policy.tokenizer import CharTokenizer
 from pipeline.tasks import build_task
-from railgate.bench.recover import CUTS, cut_position, measure_recoverability, reference_agreement, render, wilson
+from railgate.bench.rates import wilson
+from railgate.bench.recover import CUTS, cut_position, measure_recoverability, reference_agreement, render
 from railgate.cli import main
 from railgate.config import load_config
 

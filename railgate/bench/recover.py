@@ -33,7 +33,6 @@ the same config, prompts and seed give the same table up to float rounding of ba
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.seeding import derive_seed
 from pipeline.types import BranchSpec, Prompt, SampleFinished, SampleRequest, SamplingParams, TokenDelta
+from railgate.bench.rates import Rate, rate_cell
 from railgate.report import markdown_table
 
 if TYPE_CHECKING:
@@ -63,50 +63,6 @@ class Trajectory:
     entropies: tuple[float, ...]
     reward: float
     success: bool
-
-
-@dataclass
-class Rate:
-    """Successes out of trials, with a 95% Wilson interval.
-
-    >>> r = Rate(30, 100)
-    >>> round(r.rate, 2), [round(x, 3) for x in r.interval]
-    (0.3, [0.219, 0.396])
-    >>> Rate(0, 0).cell()
-    '-'
-    """
-
-    successes: int = 0
-    trials: int = 0
-
-    def add(self, success: bool) -> None:
-        self.successes += int(success)
-        self.trials += 1
-
-    @property
-    def rate(self) -> float:
-        return self.successes / self.trials if self.trials else float("nan")
-
-    @property
-    def interval(self) -> tuple[float, float]:
-        return wilson(self.successes, self.trials)
-
-    def cell(self) -> str:
-        if not self.trials:
-            return "-"
-        lo, hi = self.interval
-        return f"{self.rate:.3f} [{lo:.3f}, {hi:.3f}] ({self.successes}/{self.trials})"
-
-
-def wilson(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (95% at z = 1.96)."""
-    if trials == 0:
-        return (0.0, 1.0)
-    p = successes / trials
-    denom = 1 + z * z / trials
-    centre = (p + z * z / (2 * trials)) / denom
-    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 @dataclass
@@ -409,18 +365,6 @@ def _stats_dict(s: LevelStats) -> dict[str, Any]:
     d["tokens_per_response"] = s.tokens / max(1, s.accuracy.trials)
     d["mean_prefix_tokens"] = {c: s.prefix_tokens[c] / max(1, s.branch[c].trials) for c in CUTS}
     return d
-
-
-def rate_cell(r: dict[str, Any]) -> str:
-    """A rate of a report (``successes``, ``trials``, ``rate``, ``ci95``) as a table cell.
-
-    >>> rate_cell({"successes": 3, "trials": 10, "rate": 0.3, "ci95": [0.108, 0.603]})
-    '0.300 [0.11, 0.60] (3/10)'
-    """
-    if not r["trials"]:
-        return "-"
-    lo, hi = r["ci95"]
-    return f"{r['rate']:.3f} [{lo:.2f}, {hi:.2f}] ({r['successes']}/{r['trials']})"
 
 
 def _profile_row(name: str, s: dict[str, Any]) -> list[Any]:

@@ -42,7 +42,8 @@ from pipeline.envs.play import play_episode
 from pipeline.episodes import EpisodeBook, episode_key
 from pipeline.seeding import derive_seed
 from pipeline.types import FinishReason, Prompt, SampleFinished, SampleRequest, SamplingParams, ScoredSample
-from railgate.bench.recover import Rate, base_engine, rate_cell, report_facts, start_measurement, write_report
+from railgate.bench.rates import Rate, rate_cell
+from railgate.bench.recover import base_engine, report_facts, start_measurement, write_report
 
 FRESH_BASE = 10_000
 """Sample indices of fresh episodes start here (a group's own run from 0), branches' at twice it."""
