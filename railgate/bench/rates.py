@@ -18,8 +18,8 @@ class Rate:
     >>> r = Rate(30, 100)
     >>> round(r.rate, 2), [round(x, 3) for x in r.interval]
     (0.3, [0.219, 0.396])
-    >>> Rate(0, 0).cell()
-    '-'
+    >>> Rate(0, 0).trials, Rate(0, 0).interval
+    (0, (0.0, 1.0))
     """
 
     successes: int = 0
@@ -36,12 +36,6 @@ class Rate:
     @property
     def interval(self) -> tuple[float, float]:
         return wilson(self.successes, self.trials)
-
-    def cell(self) -> str:
-        if not self.trials:
-            return "-"
-        lo, hi = self.interval
-        return f"{self.rate:.3f} [{lo:.3f}, {hi:.3f}] ({self.successes}/{self.trials})"
 
 
 def wilson(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
@@ -60,6 +54,8 @@ def rate_cell(r: dict[str, Any]) -> str:
 
     >>> rate_cell({"successes": 3, "trials": 10, "rate": 0.3, "ci95": [0.108, 0.603]})
     '0.300 [0.11, 0.60] (3/10)'
+    >>> rate_cell({"successes": 0, "trials": 0, "rate": float("nan"), "ci95": [0.0, 1.0]})
+    '-'
     """
     if not r["trials"]:
         return "-"
