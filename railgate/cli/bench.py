@@ -149,6 +149,12 @@ def _trl_options(parser: argparse.ArgumentParser) -> None:
         help="cpu: the project's CPU model on arithmetic; smollm: SmolLM2-135M-Instruct on word problems",
     )
     parser.add_argument(
+        "--task",
+        choices=("word", "questions"),
+        default=d.task or None,
+        help="smollm: word problems (the default) or one-operation arithmetic questions (an easier start)",
+    )
+    parser.add_argument(
         "--seeds", type=int, default=d.seeds, help="seeds, each running both trainers (default: %(default)s)"
     )
     parser.add_argument("--first-seed", type=int, default=d.first_seed, help="the first seed (default: %(default)s)")
@@ -212,6 +218,7 @@ def _trl(args: argparse.Namespace) -> int:
         )
     spec = TrlBenchSpec(
         model=args.model,
+        task=args.task or "",
         first_seed=args.first_seed,
         learning_rate=args.learning_rate,
         train_prompts=args.train_prompts,
@@ -224,8 +231,10 @@ def _trl(args: argparse.Namespace) -> int:
             f"--peer-python={spec.peer_python} does not exist; make the peer environment first: "
             "python -m venv peer && peer/bin/pip install -e '.[cgrpo-peer]'"
         )
+    if spec.task and spec.model != "smollm":
+        raise ConfigError(f"--task={spec.task} is a task of --model=smollm; --model={spec.model} has its own")
     report = run_trl_bench(spec, args.out, progress=not args.no_progress)
-    print((args.out / args.model / "trl.md").read_text())
+    print((args.out / spec.label / "trl.md").read_text())
     return 0 if report["summary"]["seeds"] else 1
 
 
