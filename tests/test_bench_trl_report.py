@@ -72,3 +72,28 @@ def test_a_missing_peer_python_is_refused_before_any_run(tmp_path):
     assert out.returncode == 2
     assert "--peer-python=" in out.stderr and "does not exist; make the peer environment first" in out.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_task_of_another_model_is_refused_before_any_run(tmp_path):
+    from run_helpers import cli
+
+    out = cli("bench", "trl", "--model", "cpu", "--task", "questions", "--out", str(tmp_path / "o"))
+    assert out.returncode == 2
+    assert "--task=questions is a task of --model=smollm" in out.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_arithmetic_questions_are_seeded_distinct_and_right():
+    from railgate.bench.trl_tasks import arithmetic_questions
+
+    task = arithmetic_questions(4096, 64, seed=3)
+    assert task.train_rows == arithmetic_questions(4096, 64, seed=3).train_rows
+    texts = [r["prompt"][0]["content"] for r in task.train_rows + task.eval_rows]
+    assert len(set(texts)) == len(texts) == 351  # held-out questions are never trained on
+    for row in task.train_rows + task.eval_rows:
+        a, op, b = row["prompt"][0]["content"].removeprefix("What is ").split("?")[0].split()
+        assert eval(f"{a} {op} {b}") == int(row["answer"]) >= 1
+        assert task.reward([], [f"{a} {op} {b} = {row['answer']}"], answer=[row["answer"]]) == [1.0]
+    assert len(arithmetic_questions(10, 64, seed=3).train_rows) == 10
+    with pytest.raises(ValueError, match="--eval-prompts=351 leaves no training question"):
+        arithmetic_questions(10, 351, seed=3)
