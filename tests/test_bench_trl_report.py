@@ -32,6 +32,15 @@ def test_ratios_are_per_seed_and_a_target_never_reached_is_counted_not_averaged(
     assert "| grpo | 0.250 ± 0.071 |" in text
 
 
+def test_a_gated_run_that_ends_past_grpos_budget_is_also_compared_at_grpos_end():
+    # the gated run's last step took it to 400 rollouts; GRPO stopped at 300
+    runs = [_run("grpo", 0, [0.3, 0.35, 0.4, 0.5], 3.0), _run("gated", 0, [0.3, 0.35, 0.4, 0.45, 0.6], 3.0)]
+    s = summary(runs)
+    assert s["ratio"]["final_difference"] == pytest.approx([0.1])
+    assert s["ratio"]["equal_rollouts_difference"] == pytest.approx([-0.05])
+    assert "-0.050 ± 0.000 at equal rollouts" in markdown(TrlBenchSpec(), runs, s)
+
+
 def test_a_report_written_before_any_seed_has_both_trainers_says_so():
     runs = [_run("grpo", 0, [0.05, 0.06], 297.0)]
     text = markdown(TrlBenchSpec(model="smollm"), runs, summary(runs))

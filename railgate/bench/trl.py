@@ -112,6 +112,23 @@ class RunRecord:
         """Training CPU-seconds at which held-out accuracy first reaches ``target`` (linear between evaluations)."""
         return self._to(target, "cpu_s")
 
+    def accuracy_at(self, rollouts: float) -> float:
+        """Held-out accuracy after ``rollouts`` generated rollouts (linear between evaluations;
+        the last evaluation's past the end). A gated run stops at the end of the step that
+        passes the budget, so its last point can lie past plain GRPO's; this compares them at
+        the same count.
+
+        >>> from railgate.bench.trl_report import Point
+        >>> run = RunRecord("gated", 0, [Point(0, 0, 0.0, 0.1, 0.0, 0), Point(100, 0, 1.0, 0.5, 0.0, 1)], 100, 0, 1.0, 0, 0, 1)
+        >>> run.accuracy_at(25), run.accuracy_at(400)
+        (0.2, 0.5)
+        """
+        for before, after in zip(self.points, self.points[1:]):
+            if before.rollouts <= rollouts <= after.rollouts and after.rollouts > before.rollouts:
+                w = (rollouts - before.rollouts) / (after.rollouts - before.rollouts)
+                return before.accuracy + w * (after.accuracy - before.accuracy)
+        return self.points[-1].accuracy if rollouts >= self.points[-1].rollouts else self.points[0].accuracy
+
     def _to(self, target: float, axis: str) -> float | None:
         for before, after in zip(self.points, self.points[1:]):
             if after.accuracy >= target > before.accuracy:

@@ -52,6 +52,7 @@ def summary(runs: Sequence[Any]) -> dict[str, Any]:
     for trainer in ("grpo", "gated"):
         out[trainer] = _stats([by[(trainer, s)] for s in seeds], [by[("grpo", s)] for s in seeds])
     out["ratio"] = _ratios(out["gated"], out["grpo"])
+    out["ratio"]["equal_rollouts_difference"] = [_at_equal_rollouts(by[("gated", s)], by[("grpo", s)]) for s in seeds]
     peer = [s for s in seeds if ("cgrpo", s) in by]
     if peer:
         grpo = _stats([by[("grpo", s)] for s in peer], [by[("grpo", s)] for s in peer])
@@ -74,6 +75,12 @@ def _stats(rs: Sequence[Any], grpo: Sequence[Any]) -> dict[str, Any]:
         "rollouts": [r.rollouts for r in rs],
         "steps": [r.steps for r in rs],
     }
+
+
+def _at_equal_rollouts(a: Any, b: Any) -> float:
+    """a's accuracy minus b's where both have generated the same rollouts: the fewer of their ends."""
+    end = min(a.points[-1].rollouts, b.points[-1].rollouts)
+    return a.accuracy_at(end) - b.accuracy_at(end)
 
 
 def _ratios(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -158,7 +165,12 @@ def _ratio_line(title: str, r: dict[str, Any]) -> str:
         f"{_ms(r['to_target']['0.2'], digits=2)}; training CPU-seconds to start + 0.1 "
         f"{_ms(r['cpu_to_target']['0.1'], digits=2)}, to start + 0.2 {_ms(r['cpu_to_target']['0.2'], digits=2)}; "
         f"CPU-s per generated rollout {_ms(r['cpu_per_rollout'], digits=2)}; final accuracy difference "
-        f"{_ms(r['final_difference'], digits=3)}."
+        f"{_ms(r['final_difference'], digits=3)}"
+        + (
+            f", {_ms(r['equal_rollouts_difference'], digits=3)} at equal rollouts (the earlier of the two runs' ends)."
+            if "equal_rollouts_difference" in r
+            else "."
+        )
     )
 
 

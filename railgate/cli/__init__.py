@@ -16,7 +16,8 @@
     python run.py bench recover                     branches from failed prefixes vs fresh samples
     python run.py bench engine --model 30m          torch engine vs transformers generate and continuous batching
     python run.py bench engine vllm|ray             vLLM engine vs raw AsyncLLM; Ray 2 replicas vs 1
-    python run.py bench trl --model cpu|smollm      TRL's GRPOTrainer vs railgate.trl's GatedGRPOTrainer (the trl extra)
+    python run.py bench trl --model cpu|smollm      TRL's GRPOTrainer vs railgate.trl's GatedGRPOTrainer (the trl extra;
+                                                    smollm: --task word|questions)
 
 Every command takes ``--config FILE`` and any number of ``--set key.sub=value`` overrides;
 configuration errors name the key, the value and the fix, and exit with status 2. Each
