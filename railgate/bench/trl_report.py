@@ -59,6 +59,9 @@ def summary(runs: Sequence[Any]) -> dict[str, Any]:
         out["cgrpo_seeds"] = peer
         out["cgrpo"] = _stats([by[("cgrpo", s)] for s in peer], [by[("grpo", s)] for s in peer])
         out["ratio_cgrpo"] = _ratios(out["cgrpo"], grpo)
+        out["ratio_cgrpo"]["equal_rollouts_difference"] = [
+            _at_equal_rollouts(by[("cgrpo", s)], by[("grpo", s)]) for s in peer
+        ]
     return out
 
 
@@ -165,12 +168,8 @@ def _ratio_line(title: str, r: dict[str, Any]) -> str:
         f"{_ms(r['to_target']['0.2'], digits=2)}; training CPU-seconds to start + 0.1 "
         f"{_ms(r['cpu_to_target']['0.1'], digits=2)}, to start + 0.2 {_ms(r['cpu_to_target']['0.2'], digits=2)}; "
         f"CPU-s per generated rollout {_ms(r['cpu_per_rollout'], digits=2)}; final accuracy difference "
-        f"{_ms(r['final_difference'], digits=3)}"
-        + (
-            f", {_ms(r['equal_rollouts_difference'], digits=3)} at equal rollouts (the earlier of the two runs' ends)."
-            if "equal_rollouts_difference" in r
-            else "."
-        )
+        f"{_ms(r['final_difference'], digits=3)}, {_ms(r['equal_rollouts_difference'], digits=3)} at equal "
+        "rollouts (the earlier of the two runs' ends)."
     )
 
 

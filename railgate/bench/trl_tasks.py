@@ -106,7 +106,7 @@ def word_problems(n_train: int, n_eval: int, seed: int) -> TrlTask:
             continue
         seen.add(text)
         out.append(_chat_row(f"{text} Reply with only the final number.", answer))
-    return _last_number_task("word", out, n_train)
+    return _last_number_task("word", out[:n_train], out[n_train:])
 
 
 OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
@@ -129,21 +129,19 @@ def arithmetic_questions(n_train: int, n_eval: int, seed: int) -> TrlTask:
         raise ValueError(f"--eval-prompts={n_eval} leaves no training question of {len(pairs)}; ask for fewer")
     rng.shuffle(pairs)
     out = [_chat_row(f"What is {a} {op} {b}? Reply with only the number.", OPERATIONS[op](a, b)) for a, op, b in pairs]
-    return _last_number_task(
-        "questions", out[n_eval : n_eval + n_train] + out[:n_eval], min(n_train, len(out) - n_eval)
-    )
+    return _last_number_task("questions", out[n_eval : n_eval + n_train], out[:n_eval])
 
 
 def _chat_row(question: str, answer: int) -> dict[str, Any]:
     return {"prompt": [{"role": "user", "content": question}], "answer": str(answer), "reference": str(answer)}
 
 
-def _last_number_task(name: str, rows: list[dict[str, Any]], n_train: int) -> TrlTask:
-    """A chat task graded by ``last_number_reward``: its first ``n_train`` rows train, the rest are held out."""
+def _last_number_task(name: str, train: list[dict[str, Any]], held_out: list[dict[str, Any]]) -> TrlTask:
+    """A chat task of ``train`` and ``held_out`` rows graded by ``last_number_reward``."""
     return TrlTask(
         name,
-        rows[:n_train],
-        rows[n_train:],
+        train,
+        held_out,
         last_number_reward,
         max_completion_length=12,
         reference_exact=False,

@@ -139,7 +139,7 @@ def _allocation(args: argparse.Namespace) -> int:
 
 
 def _trl_options(parser: argparse.ArgumentParser) -> None:
-    from railgate.bench.trl import TrlBenchSpec
+    from railgate.bench.trl import TASKS, TrlBenchSpec
 
     d = TrlBenchSpec()
     parser.add_argument(
@@ -150,9 +150,10 @@ def _trl_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--task",
-        choices=("word", "questions"),
+        choices=sorted({t for tasks in TASKS.values() for t in tasks}),
         default=d.task or None,
-        help="smollm: word problems (the default) or one-operation arithmetic questions (an easier start)",
+        help="the model's task (default: its first): smollm: word (word problems) or questions (one-operation "
+        "arithmetic questions, an easier start); cpu: arithmetic",
     )
     parser.add_argument(
         "--seeds", type=int, default=d.seeds, help="seeds, each running both trainers (default: %(default)s)"
@@ -231,8 +232,10 @@ def _trl(args: argparse.Namespace) -> int:
             f"--peer-python={spec.peer_python} does not exist; make the peer environment first: "
             "python -m venv peer && peer/bin/pip install -e '.[cgrpo-peer]'"
         )
-    if spec.task and spec.model != "smollm":
-        raise ConfigError(f"--task={spec.task} is a task of --model=smollm; --model={spec.model} has its own")
+    try:
+        spec.task_name()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     report = run_trl_bench(spec, args.out, progress=not args.no_progress)
     print((args.out / spec.label / "trl.md").read_text())
     return 0 if report["summary"]["seeds"] else 1
