@@ -215,6 +215,20 @@ class SaraConfig:
     caller that generates in batches (``railgate.trl``) makes one generation call for it instead of
     two. ``probe_first`` and ``streaming`` only (``eager`` launches whole anyway)."""
 
+    probe_when: Literal["always", "pays"] = "always"
+    """always: every group is probed first (SARA as published). pays: our extension
+    (``controller.probing``): the gate fits how the run's pass rates spread across prompts from
+    its own ended groups and, per prompt, launches the whole group and trains on it (GRPO) where
+    that yields more mixed groups per generated rollout than probe-then-decide -- equal, middling
+    pass rates -- and probes where rates pile near 0 and 1."""
+    probe_fit_window: int = 256
+    """probe_when=pays: ended groups the fit of the run's pass rates keeps."""
+    probe_fit_min_groups: int = 16
+    """probe_when=pays: ended groups needed before the fit decides; until then every group is probed."""
+    probe_noise_groups: float = 0.0
+    """probe_when=pays: the gradient noise scale in mixed groups per step, which prices optimiser
+    steps as well as rollouts (a step of m mixed groups counts m / (m + this)); 0: rollouts only."""
+
     reference_prior: bool = False
     """Our extension: before a prompt gets any rollout, score the policy's log-likelihood of the
     task's reference response (teacher-forced, by the learner, right after each of its steps,
@@ -282,6 +296,19 @@ class SaraConfig:
         require(
             self.reference_ahead >= 0,
             f"{key}.reference_ahead={self.reference_ahead} must be >= 0 (prompts per step; 0: auto)",
+        )
+        require(
+            self.probe_when in ("always", "pays"),
+            f"{key}.probe_when={self.probe_when!r} must be 'always' or 'pays'",
+        )
+        require(
+            2 <= self.probe_fit_min_groups <= self.probe_fit_window,
+            f"{key}.probe_fit_min_groups={self.probe_fit_min_groups} must be in [2, "
+            f"{key}.probe_fit_window={self.probe_fit_window}]",
+        )
+        require(
+            self.probe_noise_groups >= 0,
+            f"{key}.probe_noise_groups={self.probe_noise_groups} must be >= 0 (mixed groups; 0: price rollouts only)",
         )
         require(
             not (self.confident_pilot and self.launch == "eager"),

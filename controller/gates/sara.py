@@ -40,6 +40,10 @@ from the policy's likelihood of the prompt's reference response, scored before a
 ``admit`` skips prompts whose group that prior says will be effective with chance at most
 ``reference_skip``. With ``whole_when_certain`` a group whose prior commits it whatever its probe
 shows (``certain``) is launched whole at once: the same samples and verdict, one launch.
+With ``probe_when: pays`` (``controller.probing``) the gate fits how the run's pass rates spread
+from its ended groups, starts each group's test from that fit (empirical Bayes) and launches a
+prompt's whole group, trained on whatever it holds (GRPO), wherever that yields more mixed groups
+per generated rollout than probing it would.
 ``tau_commit`` is not published;
 0.5 is our default (with G = 8, k = 4 it commits exactly the mixed probes).
 """
@@ -55,6 +59,7 @@ from controller.gates.base import BaseGate
 from controller.gates.common import GroupRecord, abandon, commit, launch, too_many_failures
 from controller.level_prior import LevelPrior
 from controller.posterior import discount_posterior, effective_probability, mixed_bound
+from controller.probing import ProbingRule
 from controller.prompts import PromptPool
 from controller.reference import ReferenceScreen
 from controller.selectors import PromptSelector
@@ -70,6 +75,8 @@ class SaraRecord(GroupRecord):
 
     a: float
     b: float
+    whole: bool = False
+    """Launched whole because probing does not pay (``probe_when: pays``): committed as it starts."""
 
 
 class SaraGate(BaseGate[SaraRecord]):
@@ -124,6 +131,19 @@ class SaraGate(BaseGate[SaraRecord]):
         # reference_prior: the scores of the prompts next in line, attached by the run's builder,
         # which has the task's references and a learner to score them (``attach_reference``).
         self.reference: ReferenceScreen | None = None
+        self.probing = (
+            ProbingRule(
+                group_size,
+                config.probe_size,
+                config.tau_commit,
+                config.tau_abandon,
+                window=config.probe_fit_window,
+                min_groups=config.probe_fit_min_groups,
+                noise_groups=config.probe_noise_groups or math.inf,
+            )
+            if config.probe_when == "pays"
+            else None
+        )
 
     def attach_reference(self, screen: ReferenceScreen) -> None:
         """Use ``screen``'s reference likelihoods for priors and skips (``gate.sara.reference_prior``)."""
@@ -138,6 +158,8 @@ class SaraGate(BaseGate[SaraRecord]):
         out = super().metrics()
         if self.reference is not None:
             out.update(self.reference.metrics())
+        if self.probing is not None:
+            out.update(self.probing.metrics())
         return out
 
     # --- admission ----------------------------------------------------------------------
@@ -150,11 +172,15 @@ class SaraGate(BaseGate[SaraRecord]):
             chosen = [c for c in (self._screened_prompt() for _ in group_ids) if c is not None]
         plans = []
         for group_id, (prompt, (a, b)) in zip(group_ids, chosen):
-            self._open(group_id, prompt, a=a, b=b)
-            whole = initial == self.probe_size and self.config.whole_when_certain and self.certain((a, b))
-            if whole:
+            probed = initial == self.probe_size
+            certain = probed and self.config.whole_when_certain and self.certain((a, b))
+            unpaid = probed and not certain and self.probing is not None and self.probing.choose((a, b)) == "whole"
+            self._open(group_id, prompt, a=a, b=b, whole=unpaid)
+            if certain:
                 self._verdicts.add("launched_whole")
-            plans.append(GroupPlan(group_id, prompt, self.group_size, self.group_size if whole else initial))
+            plans.append(
+                GroupPlan(group_id, prompt, self.group_size, self.group_size if certain or unpaid else initial)
+            )
         return plans
 
     def certain(self, prior: tuple[float, float]) -> bool:
@@ -164,11 +190,14 @@ class SaraGate(BaseGate[SaraRecord]):
         return min(self.predict(k, 0, prior), self.predict(0, k, prior)) >= self.tau_commit
 
     def _base_prior(self, prompt: Prompt) -> tuple[float, float]:
-        """The gate's prior, or with ``level_prior`` the prompt's level's (noting the level)."""
-        if self.levels is None:
-            return self.prior
-        self._level_of[prompt.prompt_id] = prompt.difficulty
-        return self.levels.prior(prompt.difficulty)
+        """The gate's prior; with ``level_prior`` the prompt's level's (noting the level); with
+        ``probe_when: pays`` the fit of the run's pass rates once it has one (empirical Bayes: a
+        run of equal, middling rates gets a strong prior, whose test rarely abandons)."""
+        if self.levels is not None:
+            self._level_of[prompt.prompt_id] = prompt.difficulty
+            return self.levels.prior(prompt.difficulty)
+        fitted = self.probing.run_prior() if self.probing is not None else None
+        return fitted or self.prior
 
     def _screened_prompt(self) -> tuple[Prompt, tuple[float, float]] | None:
         """The next prompt the reference screen lets through and its prior: prompts whose group
@@ -209,6 +238,9 @@ class SaraGate(BaseGate[SaraRecord]):
         gid, t, running = snapshot.group_id, snapshot.finished, snapshot.in_flight
         if too_many_failures(snapshot):
             return self._abandon_failed(gid)
+        if rec.whole:
+            self._verdicts.add("commit_whole")
+            return [commit(gid, "sara whole: probing does not pay")]
         if self.confident_pilot and t and not snapshot.is_mixed:
             bound = self.confident_bound(snapshot)
             if bound <= self.confident_max_mixed:
@@ -256,10 +288,14 @@ class SaraGate(BaseGate[SaraRecord]):
         if not committed and rec.s + rec.f > 0:
             self._carry(rec.prompt_id, rec.s, rec.f)
             self._observe_level(rec.prompt_id, rec.s, rec.s + rec.f)
+            if self.probing is not None:
+                self.probing.observe(rec.s, rec.s + rec.f)
 
     def _shipped(self, prompt_id: int, successes: int, samples: int) -> None:
         self._carry(prompt_id, successes, samples - successes)
         self._observe_level(prompt_id, successes, samples)
+        if self.probing is not None:
+            self.probing.observe(successes, samples)
 
     def _observe_level(self, prompt_id: int, successes: int, samples: int) -> None:
         """A group of the prompt ended: its outcome counts for the prompt's level (a prompt
@@ -277,6 +313,8 @@ class SaraGate(BaseGate[SaraRecord]):
         state: dict[str, Any] = {"carried": {str(k): list(v) for k, v in self._carried.items()}}
         if self.reference is not None:
             state["reference"] = self.reference.state_dict()
+        if self.probing is not None:
+            state["probing"] = self.probing.state_dict()
         if self.levels is not None:
             state["levels"] = self.levels.state_dict()
             state["level_of"] = {str(k): v for k, v in self._level_of.items()}
@@ -286,6 +324,8 @@ class SaraGate(BaseGate[SaraRecord]):
         self._carried = {int(k): (float(v[0]), float(v[1])) for k, v in state["carried"].items()}
         if self.reference is not None:
             self.reference.load_state_dict(state.get("reference", {}))
+        if self.probing is not None:
+            self.probing.load_state_dict(state.get("probing", {}))
         if self.levels is not None:
             # A state saved without the level prior starts its fit afresh.
             self.levels.load_state_dict(state.get("levels", {"levels": []}))

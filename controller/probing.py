@@ -1,0 +1,303 @@
+"""Whether probing a prompt pays: SARA's probe-then-decide against launching the whole group.
+
+A probe buys information at a price. Probing ``k`` of a group's ``G`` rollouts and abandoning
+the groups whose probe looks saturated saves the ``G - k`` rollouts of every group that would
+have ended all-same -- and throws away the ``k`` rollouts of each abandoned group, some of which
+would have turned out mixed had they been finished. Which side wins depends on how the run's
+pass rates spread across prompts: piled near 0 and 1, most groups are saturated and the probe
+finds them cheaply; equal and middling, almost every group is mixed and the probe only wastes
+rollouts. docs/methods.md ("Does probing pay?") derives the rule; this module is its code.
+
+For a prompt whose pass rate has the Beta(a, b) prior, ``whole_yield`` and ``probe_yield`` give
+the expected rollouts a group costs and the expected mixed groups it yields (a mixed group is the
+only kind with a gradient): launching whole costs ``G`` and is mixed with chance
+``1 - E[p^G] - E[(1-p)^G]``; probing follows SARA's sequential test exactly (commit when
+``P_eff >= tau_commit``, abandon when ``P_eff <= tau_abandon``, else one more rollout), where a
+group that turns mixed always commits, so only the all-success and the all-failure runs need
+following -- ``O(G)`` Beta moments, no simulation.
+
+``ProbingRule`` fits the spread of pass rates from the run's own ended groups (an empirical-Bayes
+Beta prior: ``fit_beta_binomial``, the maximum-likelihood Beta-Binomial over a moving window of
+groups, so it follows the policy) and chooses per prompt. Maximum likelihood, not the method of
+moments: a run where half the prompts are never solved has an atom at 0 that the moments smear
+into a middling Beta, under which probing looks barely better than whole groups; the likelihood
+of the all-failure groups keeps the fitted ``a`` small. Over many prompts the run
+maximises mixed groups per generated rollout, a ratio of sums; the ratio ``eta`` that the better
+option reaches on the run's own prior is the exchange rate, and each prompt takes the option with
+the larger ``mixed - eta * rollouts`` under its own prior (the Dinkelbach form of a ratio
+objective: it separates over prompts). A prompt whose own prior is the run's picks the option
+with the better ratio; a reference prior or a carried history moves single prompts across.
+
+With ``noise_groups`` (the gradient noise scale, in mixed groups), the rule also prices optimiser
+steps: a step of ``m`` mixed groups makes progress in proportion to ``m / (m + noise_groups)``
+(McCandlish et al. 2018), so when ``noise_groups`` is small against a step's mixed groups (a
+step-limited run) every step counts about the same and the cheaper step -- whole groups, which
+abandon nothing -- wins even where probing finds more mixed groups per rollout.
+
+>>> rule = ProbingRule(group_size=8, probe_size=4, tau_commit=0.5, tau_abandon=0.45, min_groups=4)
+>>> rule.choose((1.0, 1.0))            # nothing seen yet: probe, as SARA does
+'probe'
+>>> for _ in range(16):                # every prompt passes about half the time
+...     rule.observe(successes=4, rollouts=8)
+>>> rule.choose(rule.run_prior())
+'whole'
+>>> rule = ProbingRule(group_size=8, probe_size=4, tau_commit=0.5, tau_abandon=0.45, min_groups=4)
+>>> for _ in range(8):                 # rates piled at 0 and 1
+...     rule.observe(successes=0, rollouts=8)
+...     rule.observe(successes=8, rollouts=8)
+>>> rule.choose(rule.run_prior())
+'probe'
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from scipy.optimize import minimize
+from scipy.special import betaln
+
+from controller.posterior import all_success_probability, effective_probability, miss_probability
+
+Choice = Literal["probe", "whole"]
+
+# Chain mass below which the rest of an all-same run is dropped from the sums.
+_NEGLIGIBLE = 1e-12
+# Bounds on the fitted Beta's log-parameters: a + b up to about 4.4e4 reads equal rates as
+# equal; below e^-7 a parameter would make one rollout decide everything.
+_LOG_BOUNDS = (-7.0, 10.0)
+# How much more per rollout probing must yield to be chosen: a probed group is launched twice
+# and waits for its probe, so where the two options tie (a strong prior, whose test rarely
+# abandons) the whole group is the better buy.
+PROBE_MARGIN = 0.01
+
+
+@dataclass(frozen=True)
+class Yield:
+    """What one group costs and gives, in expectation: ``rollouts`` generated, ``mixed`` (the
+    chance it is committed holding a success and a failure), ``committed`` (the chance it is
+    trained on at all)."""
+
+    rollouts: float
+    mixed: float
+    committed: float
+
+    @property
+    def per_rollout(self) -> float:
+        """Mixed groups per generated rollout."""
+        return self.mixed / self.rollouts if self.rollouts > 0 else 0.0
+
+
+def whole_yield(prior: tuple[float, float], group_size: int) -> Yield:
+    """A group launched whole and trained on whatever it holds (GRPO).
+
+    >>> y = whole_yield((1.0, 1.0), 8)     # uniform: 1 - 2 / (G + 1)
+    >>> y.rollouts, round(y.mixed, 4), y.committed
+    (8, 0.7778, 1.0)
+    """
+    return Yield(group_size, effective_probability(0, 0, group_size, prior), 1.0)
+
+
+def probe_yield(
+    prior: tuple[float, float],
+    group_size: int,
+    probe_size: int,
+    tau_commit: float,
+    tau_abandon: float,
+    test_prior: tuple[float, float] | None = None,
+) -> Yield:
+    """A group under SARA's test: probe ``probe_size``, then commit, abandon or draw one more.
+
+    ``prior`` is what the prompt's pass rate is believed to be; ``test_prior`` the Beta the
+    gate's test starts from (default: the same). A group that is mixed when a verdict is due has
+    ``P_eff = 1`` and commits, so its cost is ``group_size``; what remains to follow are the runs
+    that stay all-success or all-failure, whose chance of lasting ``t`` rollouts is ``E[p^t]`` or
+    ``E[(1-p)^t]`` under ``prior``.
+
+    >>> y = probe_yield((1.0, 1.0), 8, 4, 0.5, 0.45)   # the closed form: k + (G-k) P(mixed probe)
+    >>> round(y.rollouts, 4), round(4 + 4 * (1 - 2 / 5), 4), round(y.mixed, 4)
+    (6.4, 6.4, 0.6)
+    """
+    if not 1 <= probe_size <= group_size:
+        raise ValueError(f"probe_size={probe_size} must be in [1, group_size={group_size}]")
+    a, b = prior
+    mixed_after_probe = 1.0 - all_success_probability(a, b, probe_size) - miss_probability(a, b, probe_size)
+    rollouts = mixed_after_probe * group_size
+    mixed = committed = mixed_after_probe
+    for run_lasts, side in ((lambda t: all_success_probability(a, b, t), 0), (lambda t: miss_probability(a, b, t), 1)):
+        t, alive = probe_size, run_lasts(probe_size)
+        while alive > _NEGLIGIBLE:
+            counts = (t, 0) if side == 0 else (0, t)
+            p_eff = effective_probability(*counts, max(group_size, t), test_prior or prior)
+            if p_eff >= tau_commit:  # the whole group is generated and trained on
+                rollouts += alive * group_size
+                mixed += alive * p_eff
+                committed += alive
+                break
+            if p_eff <= tau_abandon or t >= group_size:
+                rollouts += alive * t
+                break
+            nxt = run_lasts(t + 1)  # one more rollout: the mass that breaks the run turns mixed, commits
+            broke = alive - nxt
+            rollouts += broke * group_size
+            mixed += broke
+            committed += broke
+            alive, t = nxt, t + 1
+    return Yield(rollouts, mixed, committed)
+
+
+def fit_beta_binomial(groups: Iterable[tuple[int, int]]) -> tuple[float, float]:
+    """The Beta(a, b) of pass rates that makes ``groups`` (successes, rollouts) likeliest, each
+    group's successes Binomial given its prompt's rate (the Beta-Binomial likelihood).
+
+    >>> a, b = fit_beta_binomial([(0, 8), (8, 8)] * 20)          # piled at 0 and 1: a, b < 1
+    >>> a < 0.3 and b < 0.3
+    True
+    >>> a, b = fit_beta_binomial([(3, 8), (4, 8), (5, 8)] * 20)  # binomial noise around 1/2: strong
+    >>> round(a / (a + b), 2), a + b > 1000
+    (0.5, True)
+    """
+    data = np.array([(s, n) for s, n in groups if n > 0], dtype=float).reshape(-1, 2)
+    if len(data) == 0:
+        raise ValueError("no group with a rollout to fit; observe some groups first")
+    s, n = data[:, 0], data[:, 1]
+
+    def loss(x: np.ndarray) -> float:
+        a, b = np.exp(x)
+        return -float(np.sum(betaln(a + s, b + n - s) - betaln(a, b)))
+
+    mean = (s.sum() + 0.5) / (n.sum() + 1.0)
+    start = np.log([2.0 * mean, 2.0 * (1.0 - mean)])
+    found = minimize(loss, start, method="L-BFGS-B", bounds=[_LOG_BOUNDS, _LOG_BOUNDS])
+    a, b = np.exp(found.x)
+    return float(a), float(b)
+
+
+def step_value(y: Yield, noise_groups: float) -> float:
+    """Progress per generated rollout of steps made of groups with yield ``y``: a step of ``B``
+    committed groups holds ``m = B mixed / committed`` mixed groups and costs ``B rollouts /
+    committed``; its progress is ``m / (m + noise_groups)`` (per group of the step: the batch
+    size in units of the gradient noise scale). ``noise_groups = inf``: mixed groups per rollout.
+
+    >>> w, p = whole_yield((0.5, 0.5), 8), probe_yield((0.5, 0.5), 8, 4, 0.5, 0.45)
+    >>> step_value(p, math.inf) > step_value(w, math.inf), step_value(p, 0.0) > step_value(w, 0.0)
+    (True, False)
+    """
+    if y.committed <= 0:
+        return 0.0
+    if math.isinf(noise_groups):
+        return y.per_rollout
+    mixed_share = y.mixed / y.committed  # mixed groups per committed group
+    return mixed_share / (mixed_share + noise_groups) / (y.rollouts / y.committed)
+
+
+class ProbingRule:
+    """Chooses, per prompt, probe-then-decide or the whole group; see the module docstring.
+
+    Parameters
+    ----------
+    group_size, probe_size, tau_commit, tau_abandon
+        SARA's G, k and thresholds (the test that a probed group goes through).
+    window
+        Ended groups the run-wide fit keeps (the oldest forgotten first).
+    min_groups
+        Ended groups needed before the fit is used; until then every prompt is probed.
+    noise_groups
+        The gradient noise scale in mixed groups per step; ``inf`` (default): price rollouts only.
+    """
+
+    def __init__(
+        self,
+        group_size: int,
+        probe_size: int,
+        tau_commit: float,
+        tau_abandon: float,
+        *,
+        window: int = 256,
+        min_groups: int = 16,
+        noise_groups: float = math.inf,
+    ):
+        if noise_groups < 0:
+            raise ValueError(f"noise_groups={noise_groups} must be >= 0 (mixed groups; inf: rollouts only)")
+        self.group_size = group_size
+        self.probe_size = probe_size
+        self.tau_commit = tau_commit
+        self.tau_abandon = tau_abandon
+        if not 2 <= min_groups <= window:
+            raise ValueError(f"min_groups={min_groups} must be in [2, window={window}]")
+        self.noise_groups = noise_groups
+        self.min_groups = min_groups
+        self._groups: deque[tuple[int, int]] = deque(maxlen=window)
+        self._fitted: tuple[float, float] | None = None  # None: refit before the next use
+        self._choices = {"probe": 0, "whole": 0}
+        self._cache: dict[tuple[float, float], Yield] = {}
+
+    def observe(self, successes: int, rollouts: int) -> None:
+        """A group of the run ended (committed or abandoned) with ``successes`` of ``rollouts``."""
+        if rollouts <= 0:
+            return
+        if not 0 <= successes <= rollouts:
+            raise ValueError(f"successes={successes} must be in [0, rollouts={rollouts}]")
+        self._groups.append((int(successes), int(rollouts)))
+        self._fitted = None
+
+    def run_prior(self) -> tuple[float, float] | None:
+        """The fitted Beta of the run's pass rates, None until ``min_groups`` groups ended."""
+        if len(self._groups) < self.min_groups:
+            return None
+        if self._fitted is None:
+            self._fitted = fit_beta_binomial(self._groups)
+        return self._fitted
+
+    def choose(self, prior: tuple[float, float]) -> Choice:
+        """``probe`` or ``whole`` for a prompt whose pass rate has Beta ``prior``."""
+        run = self.run_prior()
+        if run is None:
+            return self._count("probe")
+        whole_run, probe_run = whole_yield(run, self.group_size), self._probe(run)
+        if step_value(probe_run, self.noise_groups) <= (1 + PROBE_MARGIN) * step_value(whole_run, self.noise_groups):
+            return self._count("whole")
+        # Probing is the run's better option; single prompts trade at its exchange rate.
+        eta = probe_run.per_rollout
+        whole, probe = whole_yield(prior, self.group_size), self._probe(prior)
+        gain_whole = whole.mixed - eta * whole.rollouts
+        gain_probe = probe.mixed - eta * probe.rollouts
+        return self._count("whole" if gain_whole > gain_probe else "probe")
+
+    def _probe(self, prior: tuple[float, float]) -> Yield:
+        key = (round(prior[0], 3), round(prior[1], 3))
+        got = self._cache.get(key)
+        if got is None:
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            got = self._cache[key] = probe_yield(
+                prior, self.group_size, self.probe_size, self.tau_commit, self.tau_abandon
+            )
+        return got
+
+    def _count(self, choice: Choice) -> Choice:
+        self._choices[choice] += 1
+        return choice
+
+    def metrics(self) -> dict[str, float]:
+        """``gate/probing_probe``, ``gate/probing_whole`` (prompts), and the fitted run prior's
+        mean and strength (``gate/probing_prior_mean``, ``gate/probing_prior_strength``) once fitted."""
+        out = {f"gate/probing_{k}": float(v) for k, v in self._choices.items()}
+        run = self.run_prior()
+        if run is not None:
+            out["gate/probing_prior_mean"] = run[0] / (run[0] + run[1])
+            out["gate/probing_prior_strength"] = run[0] + run[1]
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"groups": [list(g) for g in self._groups], "choices": dict(self._choices)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._groups.clear()
+        self._groups.extend((int(s), int(n)) for s, n in state.get("groups", []))
+        self._fitted = None
+        self._choices.update({k: int(v) for k, v in state.get("choices", {}).items() if k in self._choices})

@@ -1,0 +1,168 @@
+"""Whether probing pays (controller.probing): the yields against Monte Carlo of the real gate, the
+run-wide fit, and SARA with ``probe_when: pays`` on populations of known pass rates."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from gate_harness import GateHarness, HarnessConfig, admit, kinds, pool_of, snap
+
+from controller.config import SaraConfig
+from controller.gates.sara import SaraGate
+from controller.posterior import sara_expected_rollouts
+from controller.probing import ProbingRule, probe_yield, step_value, whole_yield
+
+
+def _harness_run(gate: SaraGate, rates: dict[int, float], groups: int, open_groups: int = 512) -> GateHarness:
+    cfg = HarnessConfig(
+        batch_groups=64,
+        steps=10_000,
+        max_groups=groups,
+        max_async_steps=10_000,
+        max_open_groups=open_groups,
+        learner_time=0.0,
+    )
+    harness = GateHarness(gate, rates, cfg).run()
+    assert harness.stop_reason == "max_groups" and not harness.groups
+    harness.check_invariants()
+    return harness
+
+
+@pytest.mark.parametrize(
+    ("prior", "probe", "taus"),
+    [
+        ((1.0, 1.0), 4, (0.5, 0.45)),  # abandon iff the probe is all-same
+        ((0.3, 0.4), 4, (0.5, 0.45)),  # rates piled near 0 and 1
+        ((2.0, 6.0), 2, (0.6, 0.3)),  # a continue band: one more rollout at a time
+    ],
+)
+def test_probe_yield_matches_the_real_gate_on_rates_drawn_from_the_prior(prior, probe, taus):
+    n = 3000
+    rng = np.random.default_rng(7)
+    rates = {i: float(p) for i, p in enumerate(rng.beta(*prior, size=n))}
+    config = SaraConfig(probe_size=probe, tau_commit=taus[0], tau_abandon=taus[1], prior=prior)
+    stats = _harness_run(SaraGate(pool_of(n, seed=3), group_size=8, config=config), rates, n).stats
+    expected = probe_yield(prior, 8, probe, *taus)
+    rollouts, mixed = stats["rollouts"] / n, stats["effective"] / n
+    # standard errors: a group costs between 1 and 8 rollouts; mixed is a Bernoulli per prompt
+    assert abs(rollouts - expected.rollouts) < 4 * 3.5 / math.sqrt(n), (rollouts, expected)
+    assert abs(mixed - expected.mixed) < 4 * math.sqrt(0.25 / n), (mixed, expected)
+    assert abs(stats["shipped"] / n - expected.committed) < 4 * math.sqrt(0.25 / n)
+
+
+def test_probe_yield_reduces_to_the_closed_form_at_one_rate():
+    # A prior concentrated at p: SARA's "abandon iff the k-probe is all-same" closed form.
+    for p in (0.1, 0.5, 0.8):
+        y = probe_yield((p * 1e7, (1 - p) * 1e7), 8, 4, 0.5, 0.45, test_prior=(1.0, 1.0))
+        assert math.isclose(y.rollouts, sara_expected_rollouts(p, 4, 8), rel_tol=1e-4)
+        assert math.isclose(whole_yield((p * 1e7, (1 - p) * 1e7), 8).mixed, 1 - p**8 - (1 - p) ** 8, rel_tol=1e-4)
+
+
+def test_the_rule_picks_the_option_monte_carlo_says_yields_more_mixed_groups_per_rollout():
+    rng = np.random.default_rng(0)
+    populations = {
+        "equal 0.5": lambda n: np.full(n, 0.5),
+        "equal 0.04": lambda n: np.full(n, 0.04),
+        "equal 0.13": lambda n: np.full(n, 0.13),
+        "half never solved": lambda n: np.where(np.arange(n) % 2 == 0, 0.0, 0.5),
+        "piled at 0 and 1": lambda n: rng.beta(0.2, 0.2, size=n),
+    }
+    for name, draw in populations.items():
+        rates = draw(4000)
+        rule = ProbingRule(8, 4, 0.5, 0.45, window=256, min_groups=16)
+        for p in rates[:256]:
+            rule.observe(int(rng.binomial(8, p)), 8)
+        # Monte Carlo of both options on the same rates, SARA's test under the fitted prior
+        prior = rule.run_prior()
+        assert prior is not None
+        draws = rng.random((len(rates), 8)) < rates[:, None]
+        whole_mixed = np.mean(draws.any(1) & ~draws.all(1)) / 8
+        probe_costs, probe_mixed = [], 0
+        gate_says = SaraConfig(prior=prior)
+        for row in draws:
+            s = int(row[:4].sum())
+            mixed_probe = 0 < s < 4
+            if mixed_probe or _commits(s, 4 - s, prior, gate_says):
+                probe_costs.append(8)
+                probe_mixed += bool(row.any() and not row.all())
+            else:
+                probe_costs.append(4)
+        probe_ratio = probe_mixed / sum(probe_costs)
+        want = "whole" if whole_mixed >= probe_ratio else "probe"
+        assert rule.choose(prior) == want, (name, prior, whole_mixed, probe_ratio)
+
+
+def _commits(s: int, f: int, prior: tuple[float, float], config: SaraConfig) -> bool:
+    gate = SaraGate(pool_of(1), group_size=8, config=config)
+    (plan,) = admit(gate, 1)
+    return ("commit", 0, 0) in kinds(gate.update(snap(0, plan.prompt, (1,) * s + (0,) * f)))
+
+
+def test_step_limited_runs_price_steps_and_prefer_whole_groups():
+    piled = (0.3, 0.3)
+    whole, probe = whole_yield(piled, 8), probe_yield(piled, 8, 4, 0.5, 0.45)
+    assert step_value(probe, math.inf) > step_value(whole, math.inf)  # more mixed groups per rollout
+    assert step_value(probe, 0.1) < step_value(whole, 0.1)  # but every step costs more
+    rule = ProbingRule(8, 4, 0.5, 0.45, min_groups=4, noise_groups=0.1)
+    for s in (0, 8, 0, 8, 3):
+        rule.observe(s, 8)
+    assert rule.choose(rule.run_prior()) == "whole"
+
+
+def test_the_rule_forgets_what_the_policy_left_behind():
+    rule = ProbingRule(8, 4, 0.5, 0.45, window=32, min_groups=8)
+    for _ in range(32):
+        rule.observe(4, 8)
+    assert rule.choose(rule.run_prior()) == "whole"
+    for i in range(32):  # the policy moved: the prompts split into solved and unsolved
+        rule.observe(8 * (i % 2), 8)
+    assert rule.choose(rule.run_prior()) == "probe"
+    assert rule.metrics()["gate/probing_whole"] == 1 and rule.metrics()["gate/probing_probe"] == 1
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(ValueError, match="noise_groups=-1"):
+        ProbingRule(8, 4, 0.5, 0.45, noise_groups=-1)
+    with pytest.raises(ValueError, match="probe_size=9"):
+        probe_yield((1.0, 1.0), 8, 9, 0.5, 0.45)
+    with pytest.raises(Exception, match="probe_when='sometimes'"):
+        SaraConfig(probe_when="sometimes")  # type: ignore[arg-type]
+
+
+def _pays(groups: int, rates: dict[int, float]) -> tuple[GateHarness, SaraGate]:
+    config = SaraConfig(probe_when="pays", probe_fit_min_groups=16)
+    gate = SaraGate(pool_of(len(rates), seed=1), group_size=8, config=config)
+    return _harness_run(gate, rates, groups, open_groups=16), gate
+
+
+def test_equal_middling_rates_train_on_almost_every_rollout():
+    harness, gate = _pays(600, {i: 0.5 for i in range(200)})
+    stats = harness.stats
+    trained = stats["shipped"] * 8
+    assert stats["rollouts"] <= 1.02 * trained, stats
+    assert gate.metrics()["gate/probing_whole"] > 500
+
+
+def test_prompts_that_are_never_solved_get_well_under_half_the_rollouts():
+    rates = {i: 0.0 if i % 2 == 0 else 0.5 for i in range(200)}
+    harness, gate = _pays(800, rates)
+    spent, prompt_of = {0: 0, 1: 0}, {}
+    for entry in harness.log:
+        if entry[0] == "plan":
+            prompt_of[entry[1]] = entry[2]
+            spent[entry[2] % 2] += entry[4]
+        elif entry[0] == "action" and entry[2] == "launch":
+            spent[prompt_of[entry[3]] % 2] += entry[4]
+    assert spent[0] + spent[1] == harness.stats["rollouts"]
+    assert spent[0] < 0.4 * (spent[0] + spent[1]), spent
+
+
+def test_the_fit_and_the_counts_survive_a_checkpoint():
+    harness, gate = _pays(100, {i: 0.5 for i in range(100)})
+    restored = SaraGate(pool_of(100), group_size=8, config=gate.config)
+    restored.load_state_dict(gate.state_dict())
+    assert restored.probing is not None and gate.probing is not None
+    assert restored.probing.run_prior() == gate.probing.run_prior()
+    assert restored.metrics()["gate/probing_whole"] == gate.metrics()["gate/probing_whole"]
