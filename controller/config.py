@@ -240,6 +240,11 @@ class SaraConfig:
     skipped before any rollout (``controller.reference``). Needs sampling at temperature 1 and
     top_p 1 and a learner that scores log-probs (the torch learner); gate kinds other than ``sara``
     ignore it, except ``sara_dps``, which refuses it."""
+    reference_calibrate: bool = False
+    """reference_prior, where the reference is not exact (``Task.unique_response`` false): fit online
+    how its likelihood maps to the pass rates the run's scored groups show
+    (``controller.reference_fit``: p = q^gamma, a Beta-Binomial of strength kappa) and, once fitted,
+    start each group from that calibrated prior instead of treating the likelihood as a lower bound."""
     reference_strength: float = 64.0
     """reference_prior: weight of the reference likelihood in the prior, in rollouts."""
     reference_skip: float = 0.45

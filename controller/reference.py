@@ -23,7 +23,11 @@ skips a prompt whose chance is at most its ``reference_skip``:
   ``effective_probability`` under it, close to ``1 - q^G - (1 - q)^G``;
 * a lower bound: the gate's own prior, and the chance is at most ``mixed_bound`` of ``q``
   (``1 - q^G``: every rollout writing the reference), which vouches only for near-sure successes;
-  that bound, not the prior, is what a skip is judged by.
+  that bound, not the prior, is what a skip is judged by;
+* calibrated (``calibration``, ``controller.reference_fit``): the run fits how the likelihood
+  maps to the pass rates its scored groups show (``observe``), and once the fit has enough
+  groups a prompt gets ``Beta(kappa q^gamma, kappa (1 - q^gamma))`` and its chance under it, as
+  an exact reference would; until then the likelihood counts as a lower bound.
 
 A prompt with no score (reached before it was scored, or with no reference) gets the gate's
 prior unchanged, and its chance under that prior; ``metrics`` counts both, and the tokens scored.
@@ -38,10 +42,10 @@ MIN_PSEUDO = 1e-3
 >>> [p.prompt_id for p in screen.wanted()]
 [0, 1]
 >>> screen.update({0: math.log(0.95), 1: math.log(0.5)}, tokens=8)
->>> (a, b), mixed = screen.opening(0, (1.0, 1.0), group_size=8)   # q = 0.95: rarely mixed
+>>> (a, b), mixed, _ = screen.opening(0, (1.0, 1.0), group_size=8)   # q = 0.95: rarely mixed
 >>> round(a, 1), round(b, 1), round(mixed, 2), round(1 - 0.95**8 - 0.05**8, 2)   # exact: 0.34
 (60.8, 3.2, 0.32, 0.34)
->>> (a, b), mixed = screen.opening(1, (1.0, 1.0), group_size=8); (a, b), round(mixed, 2)
+>>> (a, b), mixed, _ = screen.opening(1, (1.0, 1.0), group_size=8); (a, b), round(mixed, 2)
 ((32.0, 32.0), 0.99)
 >>> screen.opening(2, (1.0, 1.0), group_size=8)[0]                # never scored: the gate's prior
 (1.0, 1.0)
@@ -51,13 +55,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from controller.posterior import effective_probability, mixed_bound
+from controller.reference_fit import ReferenceCalibration
 from pipeline.types import Prompt
 
 # Smallest Beta parameter an exact prior gets: a prompt the policy answers right with
 # likelihood 1 (or 0) still has a proper prior.
 MIN_PSEUDO = 1e-3
+
+
+class Opening(NamedTuple):
+    """What ``ReferenceScreen.opening`` says of a group before any rollout: the Beta ``prior`` it
+    starts from, its ``mixed`` chance, and the reference ``logprob`` it was judged by (None: no
+    score)."""
+
+    prior: tuple[float, float]
+    mixed: float
+    logprob: float | None
 
 
 class ReferenceScreen:
@@ -77,6 +93,9 @@ class ReferenceScreen:
         Pseudo-rollouts the likelihood counts for in an exact prior.
     ahead
         Prompts to score after each learner step.
+    calibration
+        With ``exact=False``: fit the likelihood's map to the observed pass rates and use it once
+        fitted (``controller.reference_fit``); None: a lower bound throughout.
     """
 
     def __init__(
@@ -87,6 +106,7 @@ class ReferenceScreen:
         exact: bool,
         strength: float,
         ahead: int,
+        calibration: ReferenceCalibration | None = None,
     ):
         if strength <= 0:
             raise ValueError(f"strength={strength} must be > 0 (pseudo-rollouts)")
@@ -97,6 +117,7 @@ class ReferenceScreen:
         self.exact = exact
         self.strength = float(strength)
         self.ahead = ahead
+        self.calibration = None if exact else calibration
         self._logprob: dict[int, float] = {}
         self._counts = {"reference_scored": 0, "reference_scored_tokens": 0, "reference_unscored": 0}
 
@@ -131,7 +152,7 @@ class ReferenceScreen:
         """The prompt's latest score, None if it has none (or it was used)."""
         return self._logprob.get(prompt_id)
 
-    def opening(self, prompt_id: int, base: tuple[float, float], group_size: int) -> tuple[tuple[float, float], float]:
+    def opening(self, prompt_id: int, base: tuple[float, float], group_size: int) -> Opening:
         """The Beta prior a group of ``prompt_id`` starts from (``base`` where there is no score or
         the score is only a lower bound) and the chance, before any rollout, that a group of
         ``group_size`` turns out mixed: under that prior, or, for a lower bound, ``mixed_bound`` of
@@ -139,20 +160,40 @@ class ReferenceScreen:
         lp = self._logprob.pop(prompt_id, None)
         if lp is None:
             self._counts["reference_unscored"] += 1
-            return base, effective_probability(0, 0, group_size, base)
+            return Opening(base, effective_probability(0, 0, group_size, base), None)
+        if self.calibration is not None and self.calibration.fitted:
+            a, b = self.calibration.prior(lp)
+            prior = (max(a, MIN_PSEUDO), max(b, MIN_PSEUDO))
+            return Opening(prior, effective_probability(0, 0, group_size, prior), lp)
         if not self.exact:
-            return base, mixed_bound(lp, group_size)
+            return Opening(base, mixed_bound(lp, group_size), lp)
         q = math.exp(lp)
         prior = (max(self.strength * q, MIN_PSEUDO), max(self.strength * (1.0 - q), MIN_PSEUDO))
-        return prior, effective_probability(0, 0, group_size, prior)
+        return Opening(prior, effective_probability(0, 0, group_size, prior), lp)
 
-    def state_dict(self) -> dict[str, int]:
-        """The counters (scores are not kept: a resumed run scores afresh before its first step)."""
-        return dict(self._counts)
+    def observe(self, logprob: float, successes: int, rollouts: int) -> None:
+        """A group that opened with score ``logprob`` earned ``successes`` of ``rollouts``: what
+        the calibration fits (nothing without one)."""
+        if self.calibration is not None:
+            self.calibration.observe(logprob, successes, rollouts)
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def state_dict(self) -> dict[str, Any]:
+        """The counters and the calibration's groups (scores are not kept: a resumed run scores
+        afresh before its first step)."""
+        state: dict[str, Any] = dict(self._counts)
+        if self.calibration is not None:
+            state["calibration"] = self.calibration.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self._counts.update({k: int(state.get(k, 0)) for k in self._counts})
+        if self.calibration is not None:
+            self.calibration.load_state_dict(state.get("calibration", {}))
 
     def metrics(self) -> dict[str, float]:
-        """``gate/reference_scored`` (prompts), ``gate/reference_scored_tokens``, ``gate/reference_unscored``."""
-        return {f"gate/{k}": float(v) for k, v in self._counts.items()}
+        """``gate/reference_scored`` (prompts), ``gate/reference_scored_tokens``, ``gate/reference_unscored``,
+        and the calibration's (``gate/reference_gamma``, ``gate/reference_kappa``) where there is one."""
+        out = {f"gate/{k}": float(v) for k, v in self._counts.items()}
+        if self.calibration is not None:
+            out.update(self.calibration.metrics())
+        return out

@@ -13,6 +13,7 @@ from controller.gates.registry import build_gate
 from controller.noop import NoopController
 from controller.prompts import PromptPool
 from controller.reference import ReferenceScreen
+from controller.reference_fit import ReferenceCalibration
 from pipeline.clock import VirtualClock, WallClock
 from pipeline.config.build import ConfigError
 from pipeline.decisions import NullSink
@@ -232,6 +233,7 @@ def _reference_screen(cfg: RunConfig, task: Any, tokenizer: Any, gate: Any, prob
         exact=exact,
         strength=sara.reference_strength,
         ahead=sara.scored_ahead(cfg.orchestrator.batch_groups),
+        calibration=ReferenceCalibration() if sara.reference_calibrate else None,
     )
     gate.attach_reference(screen)
     return screen

@@ -77,6 +77,8 @@ class SaraRecord(GroupRecord):
     b: float
     whole: bool = False
     """Launched whole because probing does not pay (``probe_when: pays``): committed as it starts."""
+    reference_logprob: float | None = None
+    """The reference score the group opened with (``reference_prior``), None without one."""
 
 
 class SaraGate(BaseGate[SaraRecord]):
@@ -166,16 +168,19 @@ class SaraGate(BaseGate[SaraRecord]):
 
     def admit(self, group_ids: range, step: int) -> list[GroupPlan]:
         initial = self.group_size if self.launch == "eager" else 1 if self.confident_pilot else self.probe_size
+        chosen: list[tuple[Prompt, tuple[float, float], float | None]]
         if self.reference is None:
-            chosen = [(p, self._prior_of(p.prompt_id, self._base_prior(p))) for p in self.source.take(len(group_ids))]
+            chosen = [
+                (p, self._prior_of(p.prompt_id, self._base_prior(p)), None) for p in self.source.take(len(group_ids))
+            ]
         else:
             chosen = [c for c in (self._screened_prompt() for _ in group_ids) if c is not None]
         plans = []
-        for group_id, (prompt, (a, b)) in zip(group_ids, chosen):
+        for group_id, (prompt, (a, b), logprob) in zip(group_ids, chosen):
             probed = initial == self.probe_size
             certain = probed and self.config.whole_when_certain and self.certain((a, b))
             unpaid = probed and not certain and self.probing is not None and self.probing.choose((a, b)) == "whole"
-            self._open(group_id, prompt, a=a, b=b, whole=unpaid)
+            self._open(group_id, prompt, a=a, b=b, whole=unpaid, reference_logprob=logprob)
             if certain:
                 self._verdicts.add("launched_whole")
             plans.append(
@@ -199,8 +204,8 @@ class SaraGate(BaseGate[SaraRecord]):
         fitted = self.probing.run_prior() if self.probing is not None else None
         return fitted or self.prior
 
-    def _screened_prompt(self) -> tuple[Prompt, tuple[float, float]] | None:
-        """The next prompt the reference screen lets through and its prior: prompts whose group
+    def _screened_prompt(self) -> tuple[Prompt, tuple[float, float], float | None] | None:
+        """The next prompt the reference screen lets through, its prior and score: prompts whose group
         would be effective with chance at most ``reference_skip`` are skipped, at most ``MAX_SKIPS``
         in a row (then the last one opens anyway, so a pool of solved prompts cannot stall
         admission); None when the selector has no prompt left."""
@@ -211,9 +216,9 @@ class SaraGate(BaseGate[SaraRecord]):
                 return None
             prompt = taken[0]
             base = self._prior_of(prompt.prompt_id, self._base_prior(prompt))
-            prior, mixed = self.reference.opening(prompt.prompt_id, base, self.group_size)
-            if mixed > self.config.reference_skip or skips == MAX_SKIPS:
-                return prompt, prior
+            opening = self.reference.opening(prompt.prompt_id, base, self.group_size)
+            if opening.mixed > self.config.reference_skip or skips == MAX_SKIPS:
+                return prompt, opening.prior, opening.logprob
             self._verdicts.add("skip_reference")
             self.source.release(prompt.prompt_id)
         raise AssertionError("unreachable: the last pass returns")
@@ -285,6 +290,9 @@ class SaraGate(BaseGate[SaraRecord]):
     # --- history ------------------------------------------------------------------------
 
     def _closed(self, group_id: int, rec: SaraRecord, committed: bool) -> None:
+        if self.reference is not None and rec.reference_logprob is not None:
+            # The rollouts seen when the verdict came (a probe, or more): an unbiased draw of the rate.
+            self.reference.observe(rec.reference_logprob, rec.s, rec.s + rec.f)
         if not committed and rec.s + rec.f > 0:
             self._carry(rec.prompt_id, rec.s, rec.f)
             self._observe_level(rec.prompt_id, rec.s, rec.s + rec.f)

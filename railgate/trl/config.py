@@ -37,6 +37,8 @@ _RAILGATE_KEYS = {
     "gate.sara.tau_abandon": "gate_tau_abandon",
     "gate.sara.reference_skip": "gate_reference_skip",
     "gate.sara.reference_strength": "gate_reference_strength",
+    "gate.sara.reference_calibrate": "gate_reference_calibrate",
+    "gate.sara.probe_when": "gate_probe_when",
     "gate.sara.reference_ahead": "gate_reference_ahead",
     "gate.hora.budget": "gate_hora_budget",
     "gate.ds.oversample": "gate_ds_oversample",
@@ -83,6 +85,15 @@ class GatedGRPOConfig(GRPOConfig):
     gate_reference_skip: float = 0.45
     """Skip a prompt before any rollout when the reference prior gives its group a chance of
     ending mixed of at most this (railgate's CPU default uses 0.8 with an exact reference)."""
+    gate_reference_calibrate: bool = True
+    """With ``gate_reference_exact=False``: fit online how the reference's likelihood maps to the pass
+    rates the run observes (``controller.reference_fit``) and, once fitted (32 scored groups), start
+    each group from that calibrated prior, so the prior pays without knowing whether the reference
+    is exact. False: the likelihood stays a lower bound (skips only near-sure successes)."""
+    gate_probe_when: str = "pays"
+    """SARA: ``pays`` fits how the run's pass rates spread (from its own groups) and launches a
+    prompt's whole group, trained on as GRPO would, wherever probing it would yield fewer mixed
+    groups per generated rollout (``controller.probing``); ``always`` probes every prompt."""
     gate_reference_strength: float = 64.0
     """Pseudo-rollouts an exact reference likelihood counts for in the prior."""
     gate_reference_ahead: int = 0
@@ -157,6 +168,8 @@ class GatedGRPOConfig(GRPOConfig):
                     tau_abandon=self.gate_tau_abandon,
                     reference_prior=use_reference,
                     reference_skip=self.gate_reference_skip,
+                    reference_calibrate=self.gate_reference_calibrate,
+                    probe_when=self.gate_probe_when,  # type: ignore[arg-type]  # checked by SaraConfig
                     reference_strength=self.gate_reference_strength,
                     reference_ahead=self.gate_reference_ahead,
                     whole_when_certain=True,

@@ -32,6 +32,7 @@ from controller.gates.registry import build_gate
 from controller.noop import NoopController
 from controller.prompts import PromptPool
 from controller.reference import ReferenceScreen
+from controller.reference_fit import ReferenceCalibration
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.decisions import NullSink
 from pipeline.rounds import RoundDriver
@@ -96,6 +97,7 @@ class GateSession:
                 exact=args.gate_reference_exact,
                 strength=args.gate_reference_strength,
                 ahead=self.config.sara.scored_ahead(self.prompts),
+                calibration=ReferenceCalibration() if args.gate_reference_calibrate else None,
             )
             self.gate.attach_reference(screen)
             self.reference.screen = screen
