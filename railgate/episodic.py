@@ -8,16 +8,18 @@ reference prior (one reference response per prompt) has nothing to score here an
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.config.build import ConfigError
 from pipeline.config.sections import EpisodeSettings
 from pipeline.envs.render import renderer_for
 from pipeline.envs.service import EnvService
 from pipeline.types import Prompt
 from railgate.config import RunConfig
+
+logger = logging.getLogger(__name__)
 
 
 def is_episodic(task: Any) -> bool:
@@ -49,9 +51,11 @@ def env_parts(cfg: RunConfig, task: Any, tokenizer: Any) -> EnvParts:
     """The renderer, the environment service and the episode rules of ``cfg``'s environment task."""
     env = cfg.task.env
     if cfg.gate.kind in ("sara", "sara_dps") and cfg.gate.sara.reference_prior:
-        raise ConfigError(
-            "gate.sara.reference_prior=true scores one reference response per prompt; task.name=env runs "
-            "episodes of turns, which have none: set gate.sara.reference_prior=false"
+        # The default config turns the prior on for tasks with references; an episode has none, so
+        # SARA starts from its own prior here, as it does for a prompt that was never scored.
+        logger.info(
+            "gate.sara.reference_prior=true: task.name=env runs episodes of turns, which have no reference "
+            "response to score; SARA starts each group from gate.sara.prior"
         )
     o = cfg.orchestrator
     settings = EpisodeSettings(
