@@ -146,16 +146,18 @@ class Turns:
     observations between them (``pipeline.episodes``). ``policy_mask`` has one entry per
     response token, True where the policy generated it (observations are masked out of the
     loss); ``ends[t]`` is the response offset just past turn t's last token; ``rewards[t]`` is
-    what the environment gave for turn t.
+    what the environment gave for turn t. ``truncated``: the episode ended because its next turn
+    could not fit the model's context (the environment had not said done).
 
     >>> t = Turns(ends=(2, 5), rewards=(0.0, 1.0), policy_mask=(True, True, False, True, True))
-    >>> t.count, t.observation_tokens
-    (2, 1)
+    >>> t.count, t.observation_tokens, t.truncated
+    (2, 1, False)
     """
 
     ends: tuple[int, ...]
     rewards: tuple[float, ...]
     policy_mask: tuple[bool, ...]
+    truncated: bool = False
 
     @property
     def count(self) -> int:

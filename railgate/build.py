@@ -143,7 +143,7 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
     base = ensure_base_model(cfg.run_dir, cfg.task, cfg.model, progress=progress, task=task)
     tokenizer = base.tokenizer
     context = base.context_length if cfg.model.path else None  # a user's model: its config decides
-    env = env_parts(cfg, task, tokenizer) if episodic else None  # episodes: rendered, stepped, ended
+    env = env_parts(cfg, task, tokenizer, context) if episodic else None  # episodes: rendered, stepped, ended
     encode = env.renderer.prompt_ids if env is not None else tokenizer.encode_prompt
     train_problems, train_prompts, eval_prompts = _prompts(cfg, task, encode, context)
     torch.set_num_threads(max(cfg.torch_engine.threads, cfg.learner.num_threads or 1))
