@@ -277,7 +277,7 @@ class GroupTracker:
         occupancy = Occupancy(
             sent - self._steps_done, len(self.pending), len(self._groups), self._sealed_open, free, sent
         )
-        slots = open_slots(self.config, occupancy, abandons=getattr(self.gate, "abandons", True))
+        slots = open_slots(self.config, occupancy, abandons=self.gate.abandons)
         if slots <= 0:
             return
         for group, plan in admit(self.gate, self._next_group_id, slots, sent):

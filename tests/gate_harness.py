@@ -150,6 +150,10 @@ class _CheckedGate(Gate):
     def uncounted_rollouts(self) -> int:
         return self.gate.uncounted_rollouts
 
+    @property
+    def abandons(self) -> bool:
+        return self.gate.abandons
+
 
 class _Controller(Controller):
     """What ``controller.on_group`` returns: the gate's actions, or, as RAIL may, an

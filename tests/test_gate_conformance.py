@@ -79,6 +79,15 @@ def test_is_a_gate(kind):
     assert isinstance(gate.on_step(0, TrainBatch(step=0, groups=())), list)  # the stub would return None
 
 
+@pytest.mark.parametrize("kind", GATE_KINDS)
+def test_declares_its_capabilities_as_class_attributes(kind):
+    """``abandons`` is a class attribute (the Protocol's True unless the gate's class says
+    otherwise), read as ``gate.abandons`` by the tracker and forwarded by wrappers."""
+    gate = make_gate(kind, probabilities(20), batch_groups=4)
+    assert isinstance(type(gate).abandons, bool) and gate.abandons is type(gate).abandons
+    assert gate.abandons is (kind not in ("uniform", "dps"))
+
+
 FAST = ("default", "failures", "intervening")
 
 
