@@ -33,11 +33,12 @@ from pipeline.store.tracelog import TraceLog
 from railgate.build import build_components, build_orchestrator
 from railgate.checkpoint import CheckpointWriter
 from railgate.config import RunConfig
+from railgate.diskerrors import close_all
 from railgate.interrupt import run_orchestrator
 from railgate.preflight import preflight
 from railgate.progress import ProgressBar
 from railgate.report import accuracy_plot, summary_table
-from railgate.rundir import RunDir, TraceSlot, close_all, open_run_dir
+from railgate.rundir import RunDir, TraceSlot, open_run_dir
 
 
 @dataclass

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from gate_units import admit, checkpoint_roundtrip, kinds, pool_of, snap
 
 from pipeline.actions import Cancel, Record, Score, Start, Stop, Train
 from pipeline.config.sections import OrchestratorConfig
@@ -57,17 +56,6 @@ from pipeline.types import (
 # measurable share of a harness run.
 _TOKENS = [(1,) * n for n in range(80)]
 _LOGPROBS = [(0.0,) * n for n in range(80)]
-
-__all__ = [
-    "GateHarness",
-    "HarnessConfig",
-    "ProtocolViolation",
-    "admit",
-    "checkpoint_roundtrip",
-    "kinds",
-    "pool_of",
-    "snap",
-]
 
 
 class ProtocolViolation(AssertionError):

@@ -109,7 +109,8 @@ def make_ray() -> Opened:
 
     from engine_models import save_tiny_gpt2
 
-    from pipeline.engines.ray_engine import RayEngine, TorchEngineFactory
+    from pipeline.engines.ray_engine import RayEngine
+    from pipeline.engines.ray_replica import TorchEngineFactory
 
     model_dir = save_tiny_gpt2(f"{tempfile.mkdtemp(prefix='railgate-ray-conformance-')}/model", vocab_size=64)
     engine = RayEngine(

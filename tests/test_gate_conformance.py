@@ -10,7 +10,8 @@ import textwrap
 
 import numpy as np
 import pytest
-from gate_harness import GateHarness, HarnessConfig, ProtocolViolation, checkpoint_roundtrip
+from gate_harness import GateHarness, HarnessConfig, ProtocolViolation
+from gate_units import checkpoint_roundtrip
 
 from controller.config import GateConfig
 from controller.gates.registry import GATE_KINDS, build_gate

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from pipeline.config.build import to_dict
-from pipeline.policy.config import BaseModelConfig  # re-exported: the config class lives apart from torch
+from pipeline.policy.config import BaseModelConfig  # also read as pipeline.policy.models.BaseModelConfig
 from pipeline.policy.hf_tokenizer import HFTokenizer
 from pipeline.policy.tokenizer import VOCAB_FILE, CharTokenizer, TokenizerError
 
