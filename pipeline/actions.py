@@ -21,14 +21,13 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from pipeline.config.sections import EpisodeSettings
-from pipeline.group import GroupRun
 from pipeline.types import SampleFinished, SampleRequest, TrainBatch
 
 
 class Start(NamedTuple):
-    """Start this sample now on the engine; ``request`` belongs to ``group``."""
+    """Start this sample now on the engine (its group is ``request.group_id``). A value: the
+    shell gets the request, never the tracker's live state of its group."""
 
-    group: GroupRun
     request: SampleRequest
 
 

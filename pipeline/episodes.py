@@ -38,8 +38,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Container
 
-from pipeline.actions import CloseEpisode, ForkEpisode, Start
+from pipeline.actions import CloseEpisode, ForkEpisode
 from pipeline.config.sections import EpisodeSettings
+from pipeline.group import GroupRun
 from pipeline.messages import TurnDone
 from pipeline.metrics import Budget
 from pipeline.seeding import derive_seed
@@ -197,9 +198,10 @@ class Episodes:
         self._ended_well = 0  # episodes that ended without an environment failure
         self._first_failure = ""
 
-    def start(self, start: Start, out: list) -> Start:
-        """An episode's first turn (a branch's: after a ``ForkEpisode`` of its environment)."""
-        request, branch = start.request, start.request.branch
+    def start(self, group: GroupRun, request: SampleRequest, out: list) -> SampleRequest:
+        """The request of the first turn of the episode ``request`` starts in ``group`` (a
+        branch's: after a ``ForkEpisode`` of its environment)."""
+        branch = request.branch
         if branch is not None and branch.turns and self.book.get(branch.source_request_id) is None:
             # Its source ended while it waited for engine capacity (its environment closed with
             # it): nothing is left to continue, so it starts as a fresh episode of the prompt.
@@ -209,8 +211,8 @@ class Episodes:
             first = self.book.begin(request, branch.source_request_id, branch.turns)
         else:
             first = self.book.begin(request)
-        start.group.in_flight[request.request_id] = first
-        return Start(start.group, first)
+        group.in_flight[request.request_id] = first
+        return first
 
     def after_turn(self, msg: TurnDone, out: list) -> ScoredSample | tuple[SampleRequest, TurnPoint]:
         """Book a turn. The episode's sample when it ended (counted, its environment closed);

@@ -294,11 +294,11 @@ class GroupTracker:
 
     def _pump(self) -> None:
         """Start queued samples while the concurrency limit allows (an episode: its first turn)."""
-        for start in self.launches.pump():
+        for group, request in self.launches.pump():
             if self.episodes is not None:
-                start = self.episodes.start(start, self._out)
-            self.ledger.started(start.group, start.request)
-            self._out.append(start)
+                request = self.episodes.start(group, request, self._out)
+            self.ledger.started(group, request)
+            self._out.append(Start(request))
 
     # --- decisions -----------------------------------------------------------------------
 
@@ -334,7 +334,7 @@ class GroupTracker:
         following, point = outcome
         group.in_flight[following.request_id] = following
         self.ledger.started(group, following)
-        self._out.append(Start(group, following))
+        self._out.append(Start(following))
         self._execute(self.deciders.on_turn(group, request.sample_index, point), source="controller")
 
     def _execute(self, actions: Sequence[GroupAction], source: str) -> None:

@@ -349,7 +349,7 @@ class GateHarness:
                 group, request, start = self.running.pop(action.request_id)
                 self._act(self.tracker.handle(StreamCut(request.request_id, int(40 * min(1.0, self.now - start)))))
             elif kind is Start:
-                self._start(action.group, action.request)
+                self._start(action.request)
             elif kind is Train:
                 self.batch_log.append(action.batch)
                 self.learner_waiting.append(action.batch)
@@ -360,7 +360,8 @@ class GateHarness:
             elif kind not in (Record, Stop):  # metrics lines, and the end (the harness counts steps itself)
                 raise ProtocolViolation(f"the harness cannot carry out {action!r}")
 
-    def _start(self, group: GroupRun, request) -> None:
+    def _start(self, request) -> None:
+        group = self.tracker.group(request.group_id)  # open: its sample was just started
         if group.group_id not in self.outcomes:
             p = self.p[group.prompt.prompt_id]
             self.outcomes[group.group_id] = [float(self.uniform() < p) for _ in range(group.target_size)]
