@@ -43,7 +43,7 @@ from typing import Any
 
 from pipeline.actions import Post, Score, ShellSettings, Start, Stop, Train
 from pipeline.config.sections import OrchestratorConfig
-from pipeline.messages import SampleDone, StepDone, Tick
+from pipeline.messages import CutStep, SampleDone, StepDone, Tick
 from pipeline.protocols import Controller, Gate, GateStalled
 from pipeline.tracker import GroupTracker
 from pipeline.types import FinishReason, GroupPlan, SampleFinished, SampleRequest, ScoredSample, StepResult, TrainBatch
@@ -219,8 +219,5 @@ class RoundDriver:
     def _cut_short(self) -> None:
         """The step's cap was reached and every open group has ended: the committed groups so far
         are its batch (open groups a gate holds carry over to the next step)."""
-        tracker = self.tracker
-        batch = TrainBatch(step=tracker.batches.batches_sent, groups=tuple(tracker.pending))
-        tracker.batches.sent(batch)
-        self._batch = batch
+        self._do(self.tracker.handle(CutStep()))
         self.short_batches += 1

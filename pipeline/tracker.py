@@ -65,6 +65,7 @@ from pipeline.launches import LaunchQueue
 from pipeline.ledger import STREAM_MESSAGES, SampleLedger
 from pipeline.messages import (
     ControllerActions,
+    CutStep,
     DecideQueued,
     EngineEvents,
     Evaluated,
@@ -203,6 +204,8 @@ class GroupTracker:
                 self._out.append(Record(0, {**self.budget.as_metrics(), **msg.evaluation}))
         elif kind is StopRequested:
             self._stop_requested = True
+        elif kind is CutStep:
+            out.append(Train(self.batches.cut(), False, False))
         elif kind is not DecideQueued:  # a DecideQueued only wakes the loop
             raise TypeError(f"GroupTracker.handle got a {kind.__name__}; it takes the messages of pipeline.messages")
         return self._take()
