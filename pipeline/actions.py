@@ -115,6 +115,20 @@ Action = (
 )
 
 
+def cannot_carry_out(shell: str, action: object) -> TypeError:
+    """The one rule of every shell for an action it does not carry out: it raises this, naming
+    the action's type, so a new kind of action fails where it is first returned, never silently.
+    What a shell deliberately leaves undone it lists by name.
+
+    >>> cannot_carry_out("the round driver", Evaluate(3))
+    TypeError('the round driver cannot carry out the action Evaluate (Evaluate(step=3)); carry it out there, or set the ShellSettings under which the tracker does not ask for it')
+    """
+    return TypeError(
+        f"{shell} cannot carry out the action {type(action).__name__} ({action!r}); carry it out there, "
+        "or set the ShellSettings under which the tracker does not ask for it"
+    )
+
+
 @dataclass(frozen=True)
 class ShellSettings:
     """How the shell around the tracker carries these actions out."""

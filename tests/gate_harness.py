@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.actions import Cancel, Record, Score, Start, Stop, Train
+from pipeline.actions import Cancel, Record, Score, Start, Stop, Train, cannot_carry_out
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.group import GroupRun
 from pipeline.messages import SampleDone, Started, StepDone, StreamCut, Tick
@@ -358,7 +358,7 @@ class GateHarness:
                 reward = self._rewards.pop(action.request.request_id)
                 self._act(self.tracker.handle(SampleDone(ScoredSample(action.request, action.finished, reward))))
             elif kind not in (Record, Stop):  # metrics lines, and the end (the harness counts steps itself)
-                raise ProtocolViolation(f"the harness cannot carry out {action!r}")
+                raise cannot_carry_out("the gate harness", action)
 
     def _start(self, request) -> None:
         group = self.tracker.group(request.group_id)  # open: its sample was just started
