@@ -63,13 +63,11 @@ def make_sim() -> Opened:
 
 
 def make_torch() -> Opened:
-    from torch_models import llama_config
-    from transformers import LlamaForCausalLM
-
     from pipeline.engines.torch_engine import TorchEngine
+    from pipeline.policy.models import build_model
 
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(llama_config(64))
+    torch.manual_seed(0)  # the perturbed weights' draws
+    model = build_model(64, 32, 2, 2, 64, seed=0, pad_id=None, arch="llama", mlp_ratio=2)
     engine = TorchEngine(model, tokenizer_eos_id=None, seed=0)
 
     def prompt(i: int) -> Prompt:
