@@ -21,14 +21,13 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from pipeline.config.sections import EpisodeSettings
-from pipeline.group import GroupRun
 from pipeline.types import SampleFinished, SampleRequest, TrainBatch
 
 
 class Start(NamedTuple):
-    """Start this sample now on the engine; ``request`` belongs to ``group``."""
+    """Start this sample now on the engine (its group is ``request.group_id``). A value: the
+    shell gets the request, never the tracker's live state of its group."""
 
-    group: GroupRun
     request: SampleRequest
 
 
@@ -114,6 +113,20 @@ class Stop(NamedTuple):
 Action = (
     Start | Cancel | Score | EnvStep | ForkEpisode | CloseEpisode | Post | Evaluate | Train | Record | Checkpoint | Stop
 )
+
+
+def cannot_carry_out(shell: str, action: object) -> TypeError:
+    """The one rule of every shell for an action it does not carry out: it raises this, naming
+    the action's type, so a new kind of action fails where it is first returned, never silently.
+    What a shell deliberately leaves undone it lists by name.
+
+    >>> cannot_carry_out("the round driver", Evaluate(3))
+    TypeError('the round driver cannot carry out the action Evaluate (Evaluate(step=3)); carry it out there, or set the ShellSettings under which the tracker does not ask for it')
+    """
+    return TypeError(
+        f"{shell} cannot carry out the action {type(action).__name__} ({action!r}); carry it out there, "
+        "or set the ShellSettings under which the tracker does not ask for it"
+    )
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,12 @@ class StepCutter:
             return None
         return TrainBatch(step=self.batches_sent, groups=tuple(self.pending[:n]))
 
+    def cut(self) -> TrainBatch:
+        """A batch of every pending group, full or not (a step cut short), sent at once."""
+        batch = TrainBatch(step=self.batches_sent, groups=tuple(self.pending))
+        self.sent(batch)
+        return batch
+
     def sent(self, batch: TrainBatch) -> None:
         """``batch`` (from ``next_batch``) is on its way to the learner."""
         n = len(batch.groups)

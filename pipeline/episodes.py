@@ -6,7 +6,11 @@ environment steps on it (``EnvStep``, in the shell) and answers with a ``TurnDon
 observation already rendered as tokens, the turn's reward and whether it is done. The
 observation joins the context, masked out of the loss, and the next turn starts -- until the
 environment says done, the turns reach ``max_turns``, the next turn could overrun
-``max_episode_tokens``, the engine's turn did not complete, or the environment failed.
+``max_episode_tokens``, the engine's turn did not complete, or the environment failed. An
+episode whose next turn (its context, the observation and the turn's ``max_tokens``) could not
+fit the model's context (``max_context``) ends truncated instead of being sent to an engine
+that would refuse it: its sample finishes ``LENGTH`` with ``turns.truncated`` set, the run
+counts it (``pipeline/episodes_truncated_context``) and goes on.
 
 ``EpisodeBook`` keeps the episodes in progress and these rules; the group tracker drives it.
 An ended episode becomes one ``ScoredSample`` whose response is every turn and observation,
@@ -34,8 +38,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Container
 
-from pipeline.actions import CloseEpisode, ForkEpisode, Start
+from pipeline.actions import CloseEpisode, ForkEpisode
 from pipeline.config.sections import EpisodeSettings
+from pipeline.group import GroupRun
 from pipeline.messages import TurnDone
 from pipeline.metrics import Budget
 from pipeline.seeding import derive_seed
@@ -138,20 +143,28 @@ class EpisodeBook:
         completed = finished.finish_reason.is_success and not error
         s = self.settings
         over = len(episode.tokens) + len(observation) + s.turn_tokens > s.max_episode_tokens
-        if completed and not done and episode.turns < s.max_turns and not over:
-            episode.tokens += observation
-            episode.logprobs += [0.0] * len(observation)
-            episode.mask += [False] * len(observation)
-            return None
-        return self._finish(episode, finished, error)
+        if not (completed and not done and episode.turns < s.max_turns and not over):
+            return self._finish(episode, finished, error)
+        if not self.fits(episode, len(observation), request.params.max_tokens):
+            return self._finish(episode, finished, error, truncated=True)
+        episode.tokens += observation
+        episode.logprobs += [0.0] * len(observation)
+        episode.mask += [False] * len(observation)
+        return None
+
+    def fits(self, episode: Episode, observation: int, max_tokens: int) -> bool:
+        """The next turn of ``episode`` -- its context, an ``observation`` of that many tokens
+        and up to ``max_tokens`` of the turn -- fits the model's context (always, unknown)."""
+        limit = self.settings.max_context
+        return not limit or len(episode.context()) + observation + max_tokens <= limit
 
     def drop_key(self, key: str) -> None:
         """Forget an episode that ended without a sample (its group was abandoned)."""
         self._episodes.pop(key, None)
 
-    def _finish(self, episode: Episode, last: SampleFinished, error: str) -> ScoredSample:
+    def _finish(self, episode: Episode, last: SampleFinished, error: str, truncated: bool = False) -> ScoredSample:
         del self._episodes[episode_key(episode.request)]
-        reason = last.finish_reason if not error else FinishReason.ERROR
+        reason = FinishReason.ERROR if error else FinishReason.LENGTH if truncated else last.finish_reason
         result = SampleFinished(
             request_id=episode_key(episode.request),
             token_ids=tuple(episode.tokens),
@@ -161,7 +174,7 @@ class EpisodeBook:
             error=error or last.error,
             engine_time=last.engine_time,
         )
-        turns = Turns(tuple(episode.ends), tuple(episode.rewards), tuple(episode.mask))
+        turns = Turns(tuple(episode.ends), tuple(episode.rewards), tuple(episode.mask), truncated)
         reward = episode.rewards[-1] if self.settings.reward == "final" else sum(episode.rewards)
         request = dataclasses.replace(episode.request, request_id=episode_key(episode.request))
         return ScoredSample(request, result, reward if not error else 0.0, error, turns=turns)
@@ -185,9 +198,10 @@ class Episodes:
         self._ended_well = 0  # episodes that ended without an environment failure
         self._first_failure = ""
 
-    def start(self, start: Start, out: list) -> Start:
-        """An episode's first turn (a branch's: after a ``ForkEpisode`` of its environment)."""
-        request, branch = start.request, start.request.branch
+    def start(self, group: GroupRun, request: SampleRequest, out: list) -> SampleRequest:
+        """The request of the first turn of the episode ``request`` starts in ``group`` (a
+        branch's: after a ``ForkEpisode`` of its environment)."""
+        branch = request.branch
         if branch is not None and branch.turns and self.book.get(branch.source_request_id) is None:
             # Its source ended while it waited for engine capacity (its environment closed with
             # it): nothing is left to continue, so it starts as a fresh episode of the prompt.
@@ -197,8 +211,8 @@ class Episodes:
             first = self.book.begin(request, branch.source_request_id, branch.turns)
         else:
             first = self.book.begin(request)
-        start.group.in_flight[request.request_id] = first
-        return Start(start.group, first)
+        group.in_flight[request.request_id] = first
+        return first
 
     def after_turn(self, msg: TurnDone, out: list) -> ScoredSample | tuple[SampleRequest, TurnPoint]:
         """Book a turn. The episode's sample when it ended (counted, its environment closed);
@@ -228,6 +242,8 @@ class Episodes:
                 )
         else:
             self._ended_well += 1
+        if scored.turns is not None and scored.turns.truncated:
+            b.episodes_truncated_context += 1
         b.count_rollout_end(scored.result.finish_reason)
         out.append(CloseEpisode(scored.request.request_id))
         return scored

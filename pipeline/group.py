@@ -94,8 +94,6 @@ class GroupRun:
             rollouts=rollouts,
             launched=self.launched,
             tokens=self.tokens,
-            trained_tokens=sum(
-                len(s.result.token_ids) - (s.request.branch.prefix_len if s.request.branch else 0) for s in valid
-            ),
+            trained_tokens=sum(s.new_tokens for s in valid),
             success_threshold=self.prompt.success_threshold,
         )

@@ -14,7 +14,7 @@ and the decision that caused it.
 >>> queue = LaunchQueue(OrchestratorConfig(group_size=2, max_concurrent_samples=2), seed=0, budget=Budget())
 >>> group = GroupRun(0, Prompt(0, "", (1,)), target_size=4, opened_step=0)
 >>> queue.enqueue(group, 3)
->>> [start.request.request_id for start in queue.pump()], len(queue), queue.in_flight
+>>> [request.request_id for _, request in queue.pump()], len(queue), queue.in_flight
 (['g0-s0', 'g0-s1'], 1, 2)
 """
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from pipeline.actions import Start
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.group import GroupRun
 from pipeline.metrics import Budget
@@ -60,8 +59,9 @@ class LaunchQueue:
             self._queue.append((group, params, branch, origin))
         group.queued += n
 
-    def pump(self) -> list[Start]:
-        """Start queued samples while the concurrency limit allows (a closed group's are dropped)."""
+    def pump(self) -> list[tuple[GroupRun, SampleRequest]]:
+        """Start queued samples while the concurrency limit allows (a closed group's are dropped):
+        each one's group and request."""
         started = []
         while self._queue and self.in_flight < self.config.max_concurrent_samples:
             group, params, branch, origin = self._queue.popleft()
@@ -70,7 +70,9 @@ class LaunchQueue:
                 started.append(self._start(group, params, branch, origin))
         return started
 
-    def _start(self, group: GroupRun, params: SamplingParams | None, branch: BranchSpec | None, origin: int) -> Start:
+    def _start(
+        self, group: GroupRun, params: SamplingParams | None, branch: BranchSpec | None, origin: int
+    ) -> tuple[GroupRun, SampleRequest]:
         index = group.launched
         base = params or self._default
         params = SamplingParams(
@@ -92,4 +94,4 @@ class LaunchQueue:
         self.budget.rollouts_started += 1
         if origin >= 0:
             self.budget.rollouts_intervention += 1
-        return Start(group, request)
+        return group, request

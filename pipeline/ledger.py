@@ -196,16 +196,12 @@ class SampleLedger:
             b.turns += 1
         else:
             b.count_rollout_end(final.finish_reason)
-        request = run.request
-        extra = max(0, final.num_tokens - (request.branch.prefix_len if request.branch else 0) - run.streamed)
+        extra = _unstreamed(run, final)
         b.tokens_generated += extra
         run.group.tokens += extra
 
     def _abort_tokens(self, run: Running, final: SampleFinished) -> None:
-        request = run.request
-        self.budget.tokens_generated += max(
-            0, final.num_tokens - (request.branch.prefix_len if request.branch else 0) - run.streamed
-        )
+        self.budget.tokens_generated += _unstreamed(run, final)
 
     def _count_abort(self, run: Running, final: SampleFinished | None) -> None:
         if final is not None:
@@ -213,3 +209,8 @@ class SampleLedger:
         self.budget.rollouts_aborted += 1
         run.group.aborted += 1
         self.on_gone()
+
+
+def _unstreamed(run: Running, final: SampleFinished) -> int:
+    """Tokens the final event adds beyond its request's branch prefix and the deltas streamed."""
+    return max(0, final.num_tokens - run.request.prefix_len - run.streamed)

@@ -7,7 +7,7 @@ task of a multiplexing engine) the engine's own events go in as they are -- a ``
 final event. Everything else reaches the tracking loop through its inbox, in order:
 ``SampleDone`` ("the reward was scored"), ``StepDone`` ("the learner finished a step"),
 ``Evaluated``, ``ControllerActions`` and ``DecideQueued`` (posted by the tracker itself, from
-the stream side), ``Started`` and ``StopRequested``. After each of them the loop sends a
+the stream side), ``Started``, ``StopRequested`` and a round driver's ``CutStep``. After each of them the loop sends a
 ``Tick``: the tracker's turn to ship, train, launch, admit and see whether the run is over.
 
 A rollout is one sample, or, with an environment, one episode of turns: each turn's
@@ -159,6 +159,13 @@ class StopRequested:
     """Stop at the next point where the learner is idle, with a checkpoint (Ctrl-C)."""
 
 
+@dataclass(frozen=True)
+class CutStep:
+    """End the step being filled now (a round driver's step cap was reached and nothing of the
+    step runs): the committed groups so far are its batch, handed out as a ``Train`` even when
+    they do not fill one."""
+
+
 Message = (
     TokenDelta
     | SampleFinished
@@ -173,6 +180,7 @@ Message = (
     | DecideQueued
     | Started
     | StopRequested
+    | CutStep
     | Tick
     | TurnDone
 )

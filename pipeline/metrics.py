@@ -46,6 +46,7 @@ class Budget:
     rollouts_intervention: int = 0  # launched by a controller's intervention (branch, resample)
     turns: int = 0  # turns of multi-turn episodes (a rollout is an episode there)
     env_failures: int = 0  # episodes ended by an environment that failed (raised, hung, answered wrongly)
+    episodes_truncated_context: int = 0  # episodes ended because their next turn could not fit the model's context
     interventions_dropped: int = 0  # token-level interventions that arrived after their group closed
 
     def count_rollout_end(self, reason: FinishReason) -> None:

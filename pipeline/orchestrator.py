@@ -49,6 +49,7 @@ from pipeline.actions import (
     Start,
     Stop,
     Train,
+    cannot_carry_out,
 )
 from pipeline.clock import VirtualClock
 from pipeline.collector import fewer_collections
@@ -257,7 +258,7 @@ class Orchestrator:
             elif kind is Stop:
                 self._stopped = True
             else:
-                raise TypeError(f"the tracking loop cannot carry out {action!r}")
+                raise cannot_carry_out("the tracking loop", action)
 
     def _record(self, step: int, metrics: dict[str, Any]) -> None:
         writer = self.outputs.metrics if self.outputs.metrics is not None else NullMetricsWriter()
@@ -360,8 +361,10 @@ class Orchestrator:
             if type(action) is Score or type(action) is EnvStep:
                 scored = True
                 await self._report(action)
-            else:
+            elif type(action) is Post:
                 await self._inbox.send(action.message)
+            else:
+                raise cannot_carry_out("a sample task", action)
         if held and not scored:
             self.clock.release()
 
@@ -407,6 +410,8 @@ class Orchestrator:
                             self._tg.start_soon(self._report, action, name="reward")
                     elif type(action) is Post:
                         messages.append(action.message)
+                    else:
+                        raise cannot_carry_out("the stream task", action)
                 for i, message in enumerate(messages):
                     try:
                         # All at once while there is room: the tracking loop then finds the tick's

@@ -85,10 +85,13 @@ class GateStalled(RuntimeError):
 class Gate(Protocol):
     """Allocation policy: which prompts get groups, and when a group commits or is abandoned.
 
-    Three members have defaults here, which a gate inherits by subclassing ``Gate``:
-    ``metrics()`` (``gate/...`` values for the step log; none), ``uncounted_rollouts``
-    (rollouts a benchmark-only gate books outside ``orchestrator.max_rollouts``: the oracle's
-    dropped groups; 0) and ``abandons`` (True).
+    Three members have defaults here, which a gate inherits by subclassing ``Gate`` (every gate
+    does: ``tests/test_gate_conformance.py``): ``metrics()`` (``gate/...`` values for the step
+    log; none), ``uncounted_rollouts`` (rollouts a benchmark-only gate books outside
+    ``orchestrator.max_rollouts``: the oracle's dropped groups; 0) and the capability
+    ``abandons`` (True). A gate declares a capability as a class attribute (``abandons = False``
+    in ``UniformGate``, ``DpsGate``), a wrapper of a gate forwards it as a property, and every
+    reader reads the attribute, ``gate.abandons``, never with a fallback of its own.
     """
 
     @property

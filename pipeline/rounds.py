@@ -41,9 +41,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.actions import Post, Score, ShellSettings, Start, Stop, Train
+from pipeline.actions import Cancel, Post, Record, Score, ShellSettings, Start, Stop, Train, cannot_carry_out
 from pipeline.config.sections import OrchestratorConfig
-from pipeline.messages import SampleDone, StepDone, Tick
+from pipeline.messages import CutStep, SampleDone, StepDone, Tick
 from pipeline.protocols import Controller, Gate, GateStalled
 from pipeline.tracker import GroupTracker
 from pipeline.types import FinishReason, GroupPlan, SampleFinished, SampleRequest, ScoredSample, StepResult, TrainBatch
@@ -187,6 +187,8 @@ class RoundDriver:
                     self._do(
                         tracker.handle(SampleDone(ScoredSample(action.request, action.finished, float(result.reward))))
                     )
+                else:
+                    self._do([action])
 
     def _tick(self) -> None:
         """Ship, hand out a full batch, admit; a closed admission with nothing left to run ends
@@ -201,7 +203,9 @@ class RoundDriver:
 
     def _do(self, actions: Sequence[Any]) -> None:
         """Carry out the tracker's actions: starts wait for the next round, posted messages go
-        back in, a ``Train`` is the step's batch; records and the rest need nothing here."""
+        back in, a ``Train`` is the step's batch; a ``Record`` needs nothing here and a
+        ``Cancel`` nothing either (the round generates the sample, and the tracker drops the
+        straggler of its abandoned group). Any other action is refused (``cannot_carry_out``)."""
         queue = deque(actions)
         while queue:
             action = queue.popleft()
@@ -215,12 +219,11 @@ class RoundDriver:
                 raise RuntimeError(
                     f"the tracker stopped the run ({action.reason}); a round driver runs until the trainer stops"
                 )
+            elif not isinstance(action, (Record, Cancel)):
+                raise cannot_carry_out("the round driver", action)
 
     def _cut_short(self) -> None:
         """The step's cap was reached and every open group has ended: the committed groups so far
         are its batch (open groups a gate holds carry over to the next step)."""
-        tracker = self.tracker
-        batch = TrainBatch(step=tracker.batches.batches_sent, groups=tuple(tracker.pending))
-        tracker.batches.sent(batch)
-        self._batch = batch
+        self._do(self.tracker.handle(CutStep()))
         self.short_batches += 1

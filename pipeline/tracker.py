@@ -65,6 +65,7 @@ from pipeline.launches import LaunchQueue
 from pipeline.ledger import STREAM_MESSAGES, SampleLedger
 from pipeline.messages import (
     ControllerActions,
+    CutStep,
     DecideQueued,
     EngineEvents,
     Evaluated,
@@ -78,7 +79,6 @@ from pipeline.messages import (
 from pipeline.metrics import Budget
 from pipeline.protocols import Controller, DecisionSink, Gate, GateProtocolError
 from pipeline.steplog import StepLog
-from pipeline.tracker_state import restore_tracker, tracker_state
 from pipeline.types import (
     ActionKind,
     CommittedGroup,
@@ -203,6 +203,8 @@ class GroupTracker:
                 self._out.append(Record(0, {**self.budget.as_metrics(), **msg.evaluation}))
         elif kind is StopRequested:
             self._stop_requested = True
+        elif kind is CutStep:
+            out.append(Train(self.batches.cut(), False, False))
         elif kind is not DecideQueued:  # a DecideQueued only wakes the loop
             raise TypeError(f"GroupTracker.handle got a {kind.__name__}; it takes the messages of pipeline.messages")
         return self._take()
@@ -277,7 +279,7 @@ class GroupTracker:
         occupancy = Occupancy(
             sent - self._steps_done, len(self.pending), len(self._groups), self._sealed_open, free, sent
         )
-        slots = open_slots(self.config, occupancy, abandons=getattr(self.gate, "abandons", True))
+        slots = open_slots(self.config, occupancy, abandons=self.gate.abandons)
         if slots <= 0:
             return
         for group, plan in admit(self.gate, self._next_group_id, slots, sent):
@@ -294,11 +296,11 @@ class GroupTracker:
 
     def _pump(self) -> None:
         """Start queued samples while the concurrency limit allows (an episode: its first turn)."""
-        for start in self.launches.pump():
+        for group, request in self.launches.pump():
             if self.episodes is not None:
-                start = self.episodes.start(start, self._out)
-            self.ledger.started(start.group, start.request)
-            self._out.append(start)
+                request = self.episodes.start(group, request, self._out)
+            self.ledger.started(group, request)
+            self._out.append(Start(request))
 
     # --- decisions -----------------------------------------------------------------------
 
@@ -334,7 +336,7 @@ class GroupTracker:
         following, point = outcome
         group.in_flight[following.request_id] = following
         self.ledger.started(group, following)
-        self._out.append(Start(group, following))
+        self._out.append(Start(following))
         self._execute(self.deciders.on_turn(group, request.sample_index, point), source="controller")
 
     def _execute(self, actions: Sequence[GroupAction], source: str) -> None:
@@ -439,12 +441,47 @@ class GroupTracker:
         held = sum(1 for g in self._groups.values() if not g.in_flight)
         raise stall_error(self.gate, len(self._groups), held, len(self.pending), self.batches.describe())
 
-    # --- checkpoint (both directions in pipeline.tracker_state) -----------------------------
+    # --- checkpoint: both directions ------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The tracker's part of a checkpoint after the step just finished (``pipeline.tracker_state``)."""
-        return tracker_state(self)
+        """The tracker's part of a checkpoint after the step just finished: the step, the trace's
+        watermark (decisions up to it are on disk with the checkpoint), the next group id, the
+        budget, the ids of groups still open, the committed groups not yet trained (pending, or
+        in batches sent to the learner; kept whole), the gate's and the controller's state, the
+        policy version and the evaluations so far.
+
+        >>> from controller.gates.uniform import UniformGate; from controller.noop import NoopController
+        >>> from controller.prompts import PromptPool; from pipeline.types import Prompt
+        >>> def tracker():
+        ...     pool = PromptPool([Prompt(i, "", (1,)) for i in range(8)], seed=0)
+        ...     return GroupTracker(UniformGate(pool, 2), NoopController(), OrchestratorConfig(batch_groups=1, group_size=2))
+        >>> first = tracker(); first.budget.groups_opened = 3
+        >>> second = tracker(); second.load_state_dict(first.state_dict()); second.budget.groups_opened
+        3
+        """
+        self.trace.flush()  # decisions before the checkpoint must be on disk with it
+        return {
+            "step": self._steps_done,
+            "decision_watermark": self.trace.watermark(),
+            "next_group_id": self._next_group_id,
+            "budget": self.budget.state_dict(),
+            "open_group_ids": sorted(self._groups),
+            **self.batches.state_dict(),
+            "gate": self.gate.state_dict(),
+            "controller": self.controller.state_dict(),
+            "policy_version": self.policy_version(),
+            "evals": list(self.evals),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from ``state_dict`` (``pipeline.tracker_state``)."""
-        restore_tracker(self, state)
+        """Resume from ``state_dict``: the gate and controller, the counters, the untrained groups
+        first in order; the groups that were open are gone, and the gate is told."""
+        self.gate.load_state_dict(state["gate"])
+        self.controller.load_state_dict(state["controller"])
+        self._steps_done = int(state["step"])
+        self._next_group_id = int(state["next_group_id"])
+        self.budget.load_state_dict(state["budget"])
+        self.batches.load_state_dict(state, self._steps_done)  # untrained groups go first, in order
+        self.steplog.evals[:] = list(state.get("evals", []))
+        for group_id in state["open_group_ids"]:
+            self.gate.on_closed(group_id, False)

@@ -108,6 +108,12 @@ class SampleRequest:
     launch_time: float = 0.0  # engine time (seconds) at which the request was issued
     origin: int = -1  # decision id of the intervention that launched it (-1: the gate's own)
 
+    @property
+    def prefix_len(self) -> int:
+        """Tokens at the start of the response that its branch's source generated (and paid
+        for); 0 without a branch. Everything beyond them this request generates itself."""
+        return self.branch.prefix_len if self.branch is not None else 0
+
 
 @dataclass(frozen=True)
 class TokenDelta:
@@ -146,16 +152,18 @@ class Turns:
     observations between them (``pipeline.episodes``). ``policy_mask`` has one entry per
     response token, True where the policy generated it (observations are masked out of the
     loss); ``ends[t]`` is the response offset just past turn t's last token; ``rewards[t]`` is
-    what the environment gave for turn t.
+    what the environment gave for turn t. ``truncated``: the episode ended because its next turn
+    could not fit the model's context (the environment had not said done).
 
     >>> t = Turns(ends=(2, 5), rewards=(0.0, 1.0), policy_mask=(True, True, False, True, True))
-    >>> t.count, t.observation_tokens
-    (2, 1)
+    >>> t.count, t.observation_tokens, t.truncated
+    (2, 1, False)
     """
 
     ends: tuple[int, ...]
     rewards: tuple[float, ...]
     policy_mask: tuple[bool, ...]
+    truncated: bool = False
 
     @property
     def count(self) -> int:
@@ -197,6 +205,18 @@ class ScoredSample:
     turns: Turns | None = None
     """A multi-turn episode's structure (``result.token_ids`` is then all of its turns and
     observations); None for a single response."""
+
+    @property
+    def new_tokens(self) -> int:
+        """Tokens of the response beyond its branch prefix (``request.prefix_len``): the ones
+        this sample generated itself.
+
+        >>> request = SampleRequest("g0-s1", 0, 1, Prompt(0, "", (1,)), SamplingParams(),
+        ...                         branch=BranchSpec("g0-s0", 2, (5, 6), (-0.1, -0.2)))
+        >>> ScoredSample(request, SampleFinished("g0-s1", (5, 6, 7), (0.0,) * 3, FinishReason.STOP, 0), 1.0).new_tokens
+        1
+        """
+        return len(self.result.token_ids) - self.request.prefix_len
 
     @property
     def is_valid(self) -> bool:

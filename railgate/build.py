@@ -5,7 +5,6 @@ learner and evaluator (``build_components``), and the orchestrator that runs the
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from pipeline.decisions import NullSink
 from pipeline.envs.render import renderer_for
 from pipeline.orchestrator import Orchestrator
 from pipeline.parts import RunOutputs, RunParts
-from pipeline.protocols import Controller, DecisionSink, Evaluator, Gate, Learner, Scorer
+from pipeline.protocols import Controller, DecisionSink, Gate, Scorer
 from pipeline.seeding import derive_seed
 from pipeline.sim.engine import SimEngine
 from pipeline.sim.learner import SimLearner
@@ -32,28 +31,13 @@ from railgate.episodic import EnvironmentReward, env_parts, is_episodic
 from railgate.preflight import preflight
 
 
-@dataclass
-class Components:
-    """Everything the orchestrator is given, plus what reports need (``world`` for the sim)."""
-
-    engine: Any
-    clock: VirtualClock | WallClock
-    gate: Gate
-    controller: Controller
-    scorer: Scorer
-    learner: Learner
-    evaluator: Evaluator | None
-    pool: PromptPool
-    world: SimWorld | None = None
-    reference: ReferenceScreen | None = None  # gate.sara.reference_prior: the gate's reference scores
-    episodes: Any = None  # task.name=env: the environment service the shell steps episodes through
-
-
 def build_components(
     cfg: RunConfig, progress: bool = True, sink: DecisionSink | None = None, run_id: str | None = None
-) -> Components:
-    """``sink`` receives the controller's decisions (the run's TraceLog; none: not logged), which
-    carry ``run_id`` (default ``cfg.name``; a training run passes its own, ``railgate.runid``)."""
+) -> RunParts:
+    """The run's parts (``pipeline.parts.RunParts``): its reward under ``cfg.orchestrator``'s
+    timeout, threads and first-failures check. ``sink`` receives the controller's decisions (the
+    run's TraceLog; none: not logged), which carry ``run_id`` (default ``cfg.name``; a training
+    run passes its own, ``railgate.runid``). The simulator's world is ``parts.engine.world``."""
     preflight(cfg)  # before any warm start or model load
     if cfg.engine.kind == "sim":
         components = _build_sim(cfg)
@@ -67,7 +51,7 @@ def build_components(
 
 def build_orchestrator(
     cfg: RunConfig,
-    parts: Components,
+    parts: RunParts,
     outputs: RunOutputs | None = None,
     *,
     run_id: str | None = None,
@@ -80,22 +64,12 @@ def build_orchestrator(
     it sets its own ``checkpoint_every``); ``run_id`` names the run in trace records (default
     ``cfg.name``).
     """
-    o = cfg.orchestrator
     outputs = outputs if outputs is not None else RunOutputs()
     if outputs.checkpoint is not None and not outputs.checkpoint_every:
         outputs.checkpoint_every = cfg.log.checkpoint_every
-    run_parts = RunParts(
-        engine=parts.engine,
-        gate=parts.gate,
-        controller=parts.controller,
-        scoring=ScoringService(parts.scorer, o.reward_timeout_s, o.reward_threads, o.reward_check_first),
-        learner=parts.learner,
-        clock=parts.clock,
-        evaluator=parts.evaluator,
-        reference=parts.reference,
-        episodes=parts.episodes,
+    return Orchestrator(
+        parts, cfg.orchestrator, outputs, seed=cfg.seed, run_id=run_id if run_id is not None else cfg.name
     )
-    return Orchestrator(run_parts, o, outputs, seed=cfg.seed, run_id=run_id if run_id is not None else cfg.name)
 
 
 def build_controller(cfg: RunConfig, sink: DecisionSink | None, clock: Any, run_id: str | None = None) -> Controller:
@@ -115,7 +89,7 @@ def build_controller(cfg: RunConfig, sink: DecisionSink | None, clock: Any, run_
     )
 
 
-def _build_torch(cfg: RunConfig, progress: bool) -> Components:
+def _build_torch(cfg: RunConfig, progress: bool) -> RunParts:
     """A real language model: the task, its base policy (warm-started and cached in the run
     directory on first use, or loaded from model.path), the torch engine on a copy of it and
     the learner on the original."""
@@ -144,7 +118,7 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
     base = ensure_base_model(cfg.run_dir, cfg.task, cfg.model, progress=progress, task=task)
     tokenizer = base.tokenizer
     context = base.context_length if cfg.model.path else None  # a user's model: its config decides
-    env = env_parts(cfg, task, tokenizer) if episodic else None  # episodes: rendered, stepped, ended
+    env = env_parts(cfg, task, tokenizer, context) if episodic else None  # episodes: rendered, stepped, ended
     encode = env.renderer.prompt_ids if env is not None else tokenizer.encode_prompt
     train_problems, train_prompts, eval_prompts = _prompts(cfg, task, encode, context)
     torch.set_num_threads(max(cfg.torch_engine.threads, cfg.learner.num_threads or 1))
@@ -173,18 +147,24 @@ def _build_torch(cfg: RunConfig, progress: bool) -> Components:
     )
     learner = TorchLearner(base.model, cfg.learner, pad_id=tokenizer.pad_id)
     reference = None if env is not None else _reference_screen(cfg, task, tokenizer, gate, train_problems)
-    return Components(
+    return RunParts(
         engine=engine,
-        clock=WallClock(),
         gate=gate,
         controller=NoopController(),
-        scorer=scorer,
+        scoring=_scoring(cfg, scorer),
         learner=learner,
+        clock=WallClock(),
         evaluator=evaluator,
-        pool=pool,
         reference=reference,
         episodes=env.service if env is not None else None,
     )
+
+
+def _scoring(cfg: RunConfig, scorer: Scorer) -> ScoringService:
+    """The run's reward service: ``scorer`` under ``orchestrator.reward_timeout_s``, on
+    ``reward_threads`` workers, stopping the run when each of the first ``reward_check_first`` fails."""
+    o = cfg.orchestrator
+    return ScoringService(scorer, o.reward_timeout_s, o.reward_threads, o.reward_check_first)
 
 
 CHARS_PER_TOKEN_MAX = 64
@@ -342,7 +322,7 @@ def _build_gate(cfg: RunConfig, pool: PromptPool, success_probability: Callable[
     )
 
 
-def _build_sim(cfg: RunConfig) -> Components:
+def _build_sim(cfg: RunConfig) -> RunParts:
     if cfg.gate.kind == "sara" and cfg.gate.sara.reference_prior:
         raise ConfigError(
             "gate.sara.reference_prior=true scores the policy's likelihood of each prompt's reference "
@@ -356,14 +336,12 @@ def _build_sim(cfg: RunConfig) -> Components:
     gate = _build_gate(
         cfg, pool, success_probability=lambda prompt_id: world.success_probability(engine.state, prompt_id)
     )
-    return Components(
+    return RunParts(
         engine=engine,
-        clock=clock,
         gate=gate,
         controller=NoopController(),
-        scorer=SimAnswerScorer(),
+        scoring=_scoring(cfg, SimAnswerScorer()),
         learner=SimLearner(world, cfg.orchestrator.group_size, seed=derive_seed(cfg.seed, "learner")),
+        clock=clock,
         evaluator=SimEvaluator(world, engine),
-        pool=pool,
-        world=world,
     )

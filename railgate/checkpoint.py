@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config.build import ConfigError
-from pipeline.store.atomic import atomic_write  # noqa: F401  (re-exported: checkpoint_convert, older imports)
+from pipeline.store.atomic import atomic_write
 from railgate.state_codec import StateFormatError, decode_state, encode_state
 
 MAGIC = b"RAILGATE-CHECKPOINT\n"

@@ -18,11 +18,11 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+from pipeline.store.atomic import atomic_write
 from railgate.checkpoint import (
     _LEGACY_NAME,
     SUFFIX,
     CheckpointError,
-    atomic_write,
     dump_checkpoint,
 )
 

@@ -47,8 +47,9 @@ class EnvParts:
     settings: EpisodeSettings
 
 
-def env_parts(cfg: RunConfig, task: Any, tokenizer: Any) -> EnvParts:
-    """The renderer, the environment service and the episode rules of ``cfg``'s environment task."""
+def env_parts(cfg: RunConfig, task: Any, tokenizer: Any, context: int | None = None) -> EnvParts:
+    """The renderer, the environment service and the episode rules of ``cfg``'s environment task;
+    ``context``: the model's context length (None: ``model.max_len``, the project's model)."""
     env = cfg.task.env
     if cfg.gate.kind in ("sara", "sara_dps") and cfg.gate.sara.reference_prior:
         # The default config turns the prior on for tasks with references; an episode has none, so
@@ -64,6 +65,7 @@ def env_parts(cfg: RunConfig, task: Any, tokenizer: Any) -> EnvParts:
         turn_tokens=o.max_tokens,
         reward=env.reward,
         check_first=o.reward_check_first,
+        max_context=context or cfg.model.max_len,
     )
     renderer = renderer_for(tokenizer)
     return EnvParts(renderer, EnvService(task, renderer, settings, threads=max(1, o.reward_threads)), settings)

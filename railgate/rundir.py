@@ -54,7 +54,7 @@ from pipeline.store.arrowio import mark_superseded, next_segment_number
 from pipeline.store.atomic import atomic_write
 from railgate.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from railgate.config import RunConfig, dump_config, load_config
-from railgate.diskerrors import close_all, disk_error  # noqa: F401  (re-exported: train, the CLI)
+from railgate.diskerrors import disk_error
 from railgate.runid import RUN_ID_FILE, RunIdError, new_run_id, resolve_run_id, write_run_id
 
 LOCK_FILE = ".railgate.lock"

@@ -26,25 +26,26 @@ import anyio
 from pipeline.decisions import NullSink
 from pipeline.metrics import MetricsWriter
 from pipeline.orchestrator import RunSummary
-from pipeline.parts import RunOutputs
+from pipeline.parts import RunOutputs, RunParts
 from pipeline.store.atomic import atomic_write
 from pipeline.store.buffer import ArrowBuffer
 from pipeline.store.tracelog import TraceLog
-from railgate.build import Components, build_components, build_orchestrator
+from railgate.build import build_components, build_orchestrator
 from railgate.checkpoint import CheckpointWriter
 from railgate.config import RunConfig
+from railgate.diskerrors import close_all
 from railgate.interrupt import run_orchestrator
 from railgate.preflight import preflight
 from railgate.progress import ProgressBar
 from railgate.report import accuracy_plot, summary_table
-from railgate.rundir import RunDir, TraceSlot, close_all, open_run_dir
+from railgate.rundir import RunDir, TraceSlot, open_run_dir
 
 
 @dataclass
 class TrainResult:
     run_dir: Path
     summary: RunSummary
-    components: Components
+    components: RunParts
     run_id: str = ""
     """The run's id (``railgate.runid``): its trace and buffer segments carry it."""
 

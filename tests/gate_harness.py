@@ -34,9 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from gate_units import admit, checkpoint_roundtrip, kinds, pool_of, snap
 
-from pipeline.actions import Cancel, Record, Score, Start, Stop, Train
+from pipeline.actions import Cancel, Record, Score, Start, Stop, Train, cannot_carry_out
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.group import GroupRun
 from pipeline.messages import SampleDone, Started, StepDone, StreamCut, Tick
@@ -57,17 +56,6 @@ from pipeline.types import (
 # measurable share of a harness run.
 _TOKENS = [(1,) * n for n in range(80)]
 _LOGPROBS = [(0.0,) * n for n in range(80)]
-
-__all__ = [
-    "GateHarness",
-    "HarnessConfig",
-    "ProtocolViolation",
-    "admit",
-    "checkpoint_roundtrip",
-    "kinds",
-    "pool_of",
-    "snap",
-]
 
 
 class ProtocolViolation(AssertionError):
@@ -149,6 +137,10 @@ class _CheckedGate(Gate):
     @property
     def uncounted_rollouts(self) -> int:
         return self.gate.uncounted_rollouts
+
+    @property
+    def abandons(self) -> bool:
+        return self.gate.abandons
 
 
 class _Controller(Controller):
@@ -357,7 +349,7 @@ class GateHarness:
                 group, request, start = self.running.pop(action.request_id)
                 self._act(self.tracker.handle(StreamCut(request.request_id, int(40 * min(1.0, self.now - start)))))
             elif kind is Start:
-                self._start(action.group, action.request)
+                self._start(action.request)
             elif kind is Train:
                 self.batch_log.append(action.batch)
                 self.learner_waiting.append(action.batch)
@@ -366,9 +358,10 @@ class GateHarness:
                 reward = self._rewards.pop(action.request.request_id)
                 self._act(self.tracker.handle(SampleDone(ScoredSample(action.request, action.finished, reward))))
             elif kind not in (Record, Stop):  # metrics lines, and the end (the harness counts steps itself)
-                raise ProtocolViolation(f"the harness cannot carry out {action!r}")
+                raise cannot_carry_out("the gate harness", action)
 
-    def _start(self, group: GroupRun, request) -> None:
+    def _start(self, request) -> None:
+        group = self.tracker.group(request.group_id)  # open: its sample was just started
         if group.group_id not in self.outcomes:
             p = self.p[group.prompt.prompt_id]
             self.outcomes[group.group_id] = [float(self.uniform() < p) for _ in range(group.target_size)]

@@ -1,6 +1,6 @@
 """Helpers for unit tests of one gate decision, without the harness: admitting from a gate,
 hand-made snapshots, a prompt pool with the harness's ids, a checkpoint round trip and compact
-action lists (``gate_harness`` re-exports them)."""
+action lists."""
 
 from __future__ import annotations
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -56,14 +54,13 @@ def bpe_tokenizer(vocab_size: int = 300):
 
 
 def tiny_llama(vocab_size: int, hidden: int = 64, layers: int = 2, heads: int = 2, context: int = 128, seed: int = 0):
-    """A seeded random ``LlamaForCausalLM`` (head size hidden / heads)."""
-    from torch_models import llama_config
-    from transformers import LlamaForCausalLM
+    """A seeded random ``LlamaForCausalLM`` of ``pipeline.policy.models.build_model`` (head size
+    hidden / heads, MLP width 2 x hidden, untied head), in eval mode."""
+    from pipeline.policy.models import build_model
 
-    config = llama_config(vocab_size, hidden, layers, heads, context, tie_word_embeddings=False, initializer_range=0.1)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return LlamaForCausalLM(config).eval()
+    return build_model(
+        vocab_size, hidden, layers, heads, context, seed, None, initializer_range=0.1, arch="llama", mlp_ratio=2
+    ).eval()
 
 
 def save_tiny_llama(directory: str | Path, pad_vocab_to: int = 8, **kwargs) -> Path:

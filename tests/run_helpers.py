@@ -94,20 +94,21 @@ def cli(*args: str, timeout: int = 240, cwd: Path = ROOT, **popen) -> subprocess
 def run_components(comps, cfg, seed: int, gate=None):
     """Run the orchestrator in this process over ``comps`` (``railgate.build.build_components``
     of run config ``cfg``) with ``cfg.orchestrator``: their gate, or ``gate`` (one wrapping it),
-    rewards scored with a 5 s timeout by one worker. The run's summary."""
+    rewards scored with a 5 s timeout by one worker, no evaluation. The run's summary."""
+    import dataclasses
+
     import anyio
 
     from pipeline.orchestrator import Orchestrator
-    from pipeline.parts import RunParts
     from pipeline.tasks.rewards.scoring import ScoringService
 
-    parts = RunParts(
-        engine=comps.engine,
+    parts = dataclasses.replace(
+        comps,
         gate=comps.gate if gate is None else gate,
-        controller=comps.controller,
-        scoring=ScoringService(comps.scorer, 5.0, 1),
-        learner=comps.learner,
-        clock=comps.clock,
+        scoring=ScoringService(comps.scoring.scorer, 5.0, 1),
+        evaluator=None,
+        reference=None,
+        episodes=None,
     )
     return anyio.run(Orchestrator(parts, cfg.orchestrator, seed=seed).run)
 

@@ -6,18 +6,20 @@ import json
 import pytest
 import torch
 
+from pipeline.policy.config import BaseModelConfig
 from pipeline.policy.models import (
     BASE_DIR_NAME,
     META_FILE,
-    BaseModelConfig,
     ModelDirError,
     build_model,
     ensure_base_model,
     load_model,
     save_model,
 )
+from pipeline.policy.sampling import sample_groups
+from pipeline.policy.sft_rows import IGNORE
 from pipeline.policy.tokenizer import VOCAB_FILE, CharTokenizer
-from pipeline.policy.warmstart import IGNORE, measure_policy, sample_groups, sequence_mean_loss, sft_batch, warm_start
+from pipeline.policy.warmstart import measure_policy, sequence_mean_loss, sft_batch, warm_start
 from pipeline.tasks import ArithmeticTask, TaskConfig
 
 torch.set_num_threads(1)

@@ -77,6 +77,7 @@ class Driver:
         self.tracker.gate.on_closed = on_closed
         self.launched: dict[int, int] = {}
         self._queue: list[Start] = []
+        self._groups: dict = {}  # group id -> the tracker's group (read-only here)
         self._paused = self._stopped = False
 
     def run(self, until_steps: int | None = None) -> Driver:
@@ -88,7 +89,8 @@ class Driver:
         self._act(t.handle(Tick()))
         while self._queue and not (self._paused or self._stopped):
             start = self._queue.pop(0)
-            self.launched[start.group.group_id] = start.group.launched
+            group_id = start.request.group_id
+            self.launched[group_id] = self._groups[group_id].launched
             done = SampleFinished(start.request.request_id, (7,), (0.0,), FinishReason.STOP, 0)
             [score] = t.handle(done)
             self._act(t.handle(SampleDone(ScoredSample(score.request, score.finished, reward=1.0))))
@@ -98,6 +100,8 @@ class Driver:
     def _act(self, actions) -> None:
         for action in actions:
             if isinstance(action, Start):
+                group_id = action.request.group_id
+                self._groups.setdefault(group_id, self.tracker.group(group_id))  # open now: read when popped
                 self._queue.append(action)
             elif isinstance(action, Train) and not self._paused:
                 if self._until is not None and len(self.batches) == self._until:

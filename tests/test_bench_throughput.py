@@ -1,16 +1,14 @@
 """``bench engine``: the torch engine, generate and transformers' continuous batching on one workload."""
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
 
+from pipeline.policy.models import build_model
 from railgate.bench.throughput import HFContinuousBatching, main
 
 
 def test_continuous_batching_samples_the_whole_workload_and_is_reusable():
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(
-        GPT2Config(vocab_size=32, n_embd=16, n_layer=1, n_head=2, n_positions=32, bos_token_id=1, eos_token_id=2)
-    ).eval()
+    model = build_model(32, 16, 1, 2, 32, seed=0, pad_id=None).eval()
     prompts = [[3, 4, 5], [6, 7]]
     cb = HFContinuousBatching(model, 3, 5, 1.0, eos_id=None, max_prompt_len=3, num_prompts=2)
     try:

@@ -6,7 +6,8 @@ import json
 
 import numpy as np
 import pytest
-from gate_harness import GateHarness, HarnessConfig, pool_of
+from gate_harness import GateHarness, HarnessConfig
+from gate_units import pool_of
 
 from controller.gates.dps import DpsGate
 from controller.gates.uniform import UniformGate

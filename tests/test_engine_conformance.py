@@ -63,13 +63,11 @@ def make_sim() -> Opened:
 
 
 def make_torch() -> Opened:
-    from torch_models import llama_config
-    from transformers import LlamaForCausalLM
-
     from pipeline.engines.torch_engine import TorchEngine
+    from pipeline.policy.models import build_model
 
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(llama_config(64))
+    torch.manual_seed(0)  # the perturbed weights' draws
+    model = build_model(64, 32, 2, 2, 64, seed=0, pad_id=None, arch="llama", mlp_ratio=2)
     engine = TorchEngine(model, tokenizer_eos_id=None, seed=0)
 
     def prompt(i: int) -> Prompt:
@@ -109,7 +107,8 @@ def make_ray() -> Opened:
 
     from engine_models import save_tiny_gpt2
 
-    from pipeline.engines.ray_engine import RayEngine, TorchEngineFactory
+    from pipeline.engines.ray_engine import RayEngine
+    from pipeline.engines.ray_replica import TorchEngineFactory
 
     model_dir = save_tiny_gpt2(f"{tempfile.mkdtemp(prefix='railgate-ray-conformance-')}/model", vocab_size=64)
     engine = RayEngine(

@@ -9,11 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config.build import ConfigError, build, to_dict
+from pipeline.datafiles import DatasetError
 from pipeline.envs.config import EnvConfig
 from pipeline.envs.loading import EnvLoadError, load_env_class
 from pipeline.envs.rows import load_env_rows
 from pipeline.tasks import TaskConfig, build_task
-from pipeline.tasks.dataset import DatasetError
 
 
 @pytest.fixture

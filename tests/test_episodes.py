@@ -71,6 +71,23 @@ def test_an_episode_ends_by_each_rule(case, ends_after):
     assert scored.turns.observation_tokens == 3 * (t - 1)
 
 
+def test_an_episode_that_outgrows_the_context_ends_truncated():
+    """Each turn sent fits prompt + max_tokens <= max_context; the turn after the third would
+    not (14 tokens of context, 3 of observation, 4 to generate > 16), so the episode ends there,
+    truncated, though the environment is not done and max_turns allows more."""
+    book = EpisodeBook(EpisodeSettings(max_turns=5, max_episode_tokens=400, turn_tokens=4, max_context=16))
+    req = book.begin(request())
+    for t in range(1, 6):
+        assert len(req.prompt.token_ids) + req.params.max_tokens <= 16  # the engine takes it
+        scored = book.turn_done(req, turn(req), observation=(5, 5, 5), reward=float(t), done=False)
+        if scored is not None:
+            break
+        req = book.next_request(req)
+    assert t == 3 and scored.turns.truncated and scored.is_valid
+    assert scored.result.finish_reason is FinishReason.LENGTH and scored.reward == 3.0
+    assert scored.result.token_ids == (7, 8, 5, 5, 5, 7, 8, 5, 5, 5, 7, 8)  # no observation after the last turn
+
+
 def test_the_sum_of_turn_rewards_trains_when_asked():
     book = EpisodeBook(EpisodeSettings(max_turns=2, max_episode_tokens=40, turn_tokens=4, reward="sum"))
     req = book.begin(request())
@@ -151,6 +168,22 @@ def test_the_tracker_runs_each_episode_turn_by_turn_and_trains_the_group():
     assert all(r.turns.policy_mask == (True, False, True) for r in group.rollouts)
     b = h.tracker.budget
     assert (b.rollouts_started, b.rollouts_finished, b.turns) == (2, 2, 4)
+    assert sorted(h.closed) == ["g0-s0", "g0-s1"]
+
+
+def test_the_tracker_counts_an_episode_truncated_by_the_context_and_trains_it():
+    m = OrchestratorConfig().max_tokens  # each turn's max_tokens
+    h = Harness(max_context=m + 6)
+    starts = h.start()
+    for s in starts:
+        _, [following] = h.answer(h.finish_turn(s))  # context 2 + 1, observation 1, + m <= m + 6: it goes
+        actions, more = h.answer(h.finish_turn(following, tokens=(7, 7)))  # 4 + 2, 1, + m > m + 6
+        assert more == []
+    train = next(a for a in actions if isinstance(a, Train))
+    assert all(r.turns.truncated and r.turns.count == 2 for r in train.batch.groups[0].rollouts)
+    b = h.tracker.budget
+    assert (b.episodes_truncated_context, b.rollouts_finished, b.rollouts_failed) == (2, 2, 0)
+    assert b.as_metrics()["pipeline/episodes_truncated_context"] == 2.0
     assert sorted(h.closed) == ["g0-s0", "g0-s1"]
 
 
@@ -322,3 +355,82 @@ def test_a_run_of_episodes_through_the_shell_adds_up(gate):
     rollouts = [r for t in buffer.batches for g in t.groups for r in g.rollouts]
     assert rollouts and all(r.turns.count == 3 and r.turns.observation_tokens == 2 for r in rollouts)
     assert not service.open  # every environment that opened was closed
+
+
+class EndlessService(ChainService):
+    """Never done: every turn is answered with a four-token observation, so each episode's
+    context grows until the next turn cannot fit the model's."""
+
+    settings = EpisodeSettings(max_turns=64, max_episode_tokens=4096, turn_tokens=6, max_context=32)
+
+    async def step(self, request, finished):
+        await anyio.sleep(0)
+        self.open.add(request.request_id.split("-t")[0])
+        if not finished.finish_reason.is_success:
+            return TurnDone(request, finished, done=True)
+        return TurnDone(
+            request, finished, observation=(3, 4, 5, 6), reward=float(sum(finished.token_ids) % 2), done=False
+        )
+
+
+class FrozenLearner:
+    """Trains nothing: hands the engine its own weights back each step."""
+
+    def __init__(self, model):
+        self._weights = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def step(self, batch):
+        from pipeline.types import StepResult
+
+        return StepResult(batch.step, batch.step + 1)
+
+    def weights(self):
+        return self._weights
+
+    def advantages(self, batch):
+        return None
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        return None
+
+
+def test_episodes_that_outgrow_a_real_models_context_end_truncated_and_the_run_goes_on():
+    """On the torch engine, whose requests may not exceed the model's 32 tokens (it refuses
+    one that would, and the run stopped on that refusal), episodes that never end by their
+    environment end truncated by the context; the run trains its steps and counts them."""
+    pytest.importorskip("torch")
+    from pipeline.clock import WallClock
+    from pipeline.engines.torch_engine import TorchEngine
+    from pipeline.orchestrator import Orchestrator
+    from pipeline.parts import RunOutputs, RunParts
+    from pipeline.sim.world import SimAnswerScorer
+    from pipeline.tasks.rewards.scoring import ScoringService
+    from tests.engine_models import tiny_gpt2
+
+    model = tiny_gpt2(max_len=32, seed=1)
+    engine = TorchEngine(model, 2, max_batch=8, seed=0, max_context=32)
+    pool = PromptPool([Prompt(i, "", (1, 5 + i, 6 + i)) for i in range(8)], seed=1)
+    service = EndlessService()
+    cfg = OrchestratorConfig(
+        batch_groups=2, group_size=2, steps=2, max_tokens=6, max_concurrent_samples=8, eval_every=0, reward_threads=1
+    )
+    parts = RunParts(
+        engine=engine,
+        gate=UniformGate(pool, 2),
+        controller=NoopController(),
+        scoring=ScoringService(SimAnswerScorer(), 5.0, 1),
+        learner=FrozenLearner(model),
+        clock=WallClock(),
+        episodes=service,
+    )
+    buffer = Collect()
+    summary = anyio.run(Orchestrator(parts, cfg, RunOutputs(buffer=buffer), seed=7).run)
+    b = summary.budget
+    assert summary.steps == 2 and b.rollouts_failed == 0
+    rollouts = [r for t in buffer.batches for g in t.groups for r in g.rollouts]
+    assert rollouts and all(r.turns.truncated for r in rollouts)
+    assert all(3 + len(r.token_ids) + 4 + 6 > 32 for r in rollouts)  # no room for another turn
+    assert b.episodes_truncated_context >= len(rollouts)

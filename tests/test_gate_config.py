@@ -7,7 +7,7 @@ import dataclasses
 import inspect
 
 import pytest
-from gate_harness import pool_of
+from gate_units import pool_of
 
 import controller.config as config_module
 from controller.config import GateConfig

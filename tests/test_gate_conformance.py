@@ -10,7 +10,8 @@ import textwrap
 
 import numpy as np
 import pytest
-from gate_harness import GateHarness, HarnessConfig, ProtocolViolation, checkpoint_roundtrip
+from gate_harness import GateHarness, HarnessConfig, ProtocolViolation
+from gate_units import checkpoint_roundtrip
 
 from controller.config import GateConfig
 from controller.gates.registry import GATE_KINDS, build_gate
@@ -77,6 +78,15 @@ def test_is_a_gate(kind):
     plans = gate.admit(range(5, 8), step=0)
     assert 1 <= len(plans) <= 3 and [p.group_id for p in plans] == list(range(5, 5 + len(plans)))
     assert isinstance(gate.on_step(0, TrainBatch(step=0, groups=())), list)  # the stub would return None
+
+
+@pytest.mark.parametrize("kind", GATE_KINDS)
+def test_declares_its_capabilities_as_class_attributes(kind):
+    """``abandons`` is a class attribute (the Protocol's True unless the gate's class says
+    otherwise), read as ``gate.abandons`` by the tracker and forwarded by wrappers."""
+    gate = make_gate(kind, probabilities(20), batch_groups=4)
+    assert isinstance(type(gate).abandons, bool) and gate.abandons is type(gate).abandons
+    assert gate.abandons is (kind not in ("uniform", "dps"))
 
 
 FAST = ("default", "failures", "intervening")

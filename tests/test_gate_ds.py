@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from gate_harness import GateHarness, HarnessConfig, admit, kinds, pool_of, snap
+from gate_harness import GateHarness, HarnessConfig
+from gate_units import admit, kinds, pool_of, snap
 
 from controller.config import DsConfig
-from controller.gates.dynamic_sampling import DynamicSamplingGate, RoundCapError
+from controller.gates.dynamic_sampling import DynamicSamplingGate
+from controller.gates.rounds import RoundCapError
 from pipeline.types import TrainBatch
 
 MIXED, ZEROS, ONES = (1, 0, 0, 1), (0, 0, 0, 0), (1, 1, 1, 1)

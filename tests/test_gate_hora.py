@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from gate_harness import GateHarness, HarnessConfig, admit, kinds, pool_of, snap
+from gate_harness import GateHarness, HarnessConfig
+from gate_units import admit, kinds, pool_of, snap
 
 from controller.allocation import hora_allocate
 from controller.config import HoraConfig

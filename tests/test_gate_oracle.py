@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from gate_harness import GateHarness, HarnessConfig, admit, pool_of
+from gate_harness import GateHarness, HarnessConfig
+from gate_units import admit, pool_of
 
 from controller.gates.oracle import OracleGate
 

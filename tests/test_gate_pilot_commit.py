@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from gate_harness import GateHarness, HarnessConfig, admit, kinds, pool_of, snap
+from gate_harness import GateHarness, HarnessConfig
+from gate_units import admit, kinds, pool_of, snap
 
 from controller.config import PilotCommitConfig
-from controller.gates.dynamic_sampling import RoundCapError
 from controller.gates.pilot_commit import PilotCommitGate
+from controller.gates.rounds import RoundCapError
 from pipeline.types import TrainBatch
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from gate_harness import GateHarness, HarnessConfig, admit, kinds, pool_of, snap
+from gate_harness import GateHarness, HarnessConfig
+from gate_units import admit, kinds, pool_of, snap
 
 from controller.config import SaraConfig
 from controller.gates.sara import SaraGate

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from gate_harness import admit, checkpoint_roundtrip, kinds, snap
+from gate_units import admit, checkpoint_roundtrip, kinds, snap
 
 from controller.config import SaraConfig
 from controller.gates.sara import SaraGate

@@ -24,7 +24,8 @@ VOCAB = 48
 
 
 def two_replicas(model_dir):
-    from pipeline.engines.ray_engine import RayEngine, TorchEngineFactory
+    from pipeline.engines.ray_engine import RayEngine
+    from pipeline.engines.ray_replica import TorchEngineFactory
 
     return RayEngine(
         TorchEngineFactory(str(model_dir), eos_id=None), replicas=2, ray_init_kwargs={"log_to_driver": False}
@@ -128,7 +129,8 @@ async def test_a_replica_dying_mid_group_fails_only_its_samples(engine):
 
 
 def test_an_address_that_does_not_answer_is_a_clear_error_not_a_hang():
-    from pipeline.engines.ray_engine import RayEngine, TorchEngineFactory
+    from pipeline.engines.ray_engine import RayEngine
+    from pipeline.engines.ray_replica import TorchEngineFactory
 
     t0 = time.monotonic()
     with pytest.raises(EngineError, match="did not answer"):

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from railgate.bench.allocation import regime_notes, report_text
+from railgate.bench.allocation_report import regime_notes, report_text
 from railgate.regime import NoiseScaleLog, combine, regime, regime_sentence, regime_text
 from railgate.report import regime_paragraph
 

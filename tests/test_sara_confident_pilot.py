@@ -8,7 +8,7 @@ import math
 import random
 
 import pytest
-from gate_harness import admit, kinds, pool_of, snap
+from gate_units import admit, kinds, pool_of, snap
 
 from controller.config import SaraConfig
 from controller.gates.sara import SaraGate

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from gate_harness import admit, pool_of
+from gate_units import admit, pool_of
 from run_helpers import TORCH_SMALL, cli_ok, sets
 
 from controller.config import GateConfig, SaraConfig

@@ -36,7 +36,7 @@ def run_sara(p: float, launch: str, prompts: int = 3000):
         ],
     )
     comps = build_components(cfg)
-    probe = GateProbe(comps.gate, comps.world, comps.engine)
+    probe = GateProbe(comps.gate, comps.engine.world, comps.engine)
     summary = run_components(comps, cfg, seed=11, gate=probe)
     return summary.budget, probe
 

@@ -8,12 +8,12 @@ import random
 
 import pytest
 import torch
-from torch_models import llama_config
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
+from transformers import GPT2LMHeadModel, LlamaForCausalLM
 
 from learner.config import LearnerConfig
 from learner.packing import BatchError
 from learner.torch_learner import TorchLearner
+from pipeline.policy.models import build_model
 from pipeline.protocols import Learner
 from pipeline.store.buffer import ArrowBuffer
 from pipeline.types import CommittedGroup, FinishReason, Rollout, TrainBatch
@@ -23,13 +23,11 @@ VOCAB = 32
 
 
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(llama_config(VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2))
+    return build_model(VOCAB, 32, 2, 2, 64, seed, 0, arch="llama", mlp_ratio=2)
 
 
 def tiny_gpt2(seed: int = 0) -> GPT2LMHeadModel:
-    torch.manual_seed(seed)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=64))
+    return build_model(VOCAB, 32, 2, 2, 64, seed, None)
 
 
 def make_learner(model=None, **overrides) -> TorchLearner:

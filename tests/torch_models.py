@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+from pipeline.policy.models import build_model, model_config
 from pipeline.types import Prompt, SampleRequest, SamplingParams
 
 EOS = 2
@@ -14,39 +15,26 @@ GREEDY = 1e-5  # a temperature this small samples the argmax unless two logits t
 def llama_config(
     vocab_size: int, hidden: int = 32, layers: int = 2, heads: int = 2, context: int = 64, **extra
 ) -> LlamaConfig:
-    """The tests' tiny Llama shape: MLP width 2 x ``hidden``, as many key/value heads as heads;
-    ``extra`` are further ``LlamaConfig`` fields."""
-    return LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        max_position_embeddings=context,
-        **extra,
-    )
+    """The tests' tiny Llama shape (``pipeline.policy.models.model_config``): MLP width 2 x
+    ``hidden``, as many key/value heads as heads, no pad token; ``extra`` are further
+    ``LlamaConfig`` fields."""
+    return model_config(vocab_size, hidden, layers, heads, context, None, arch="llama", mlp_ratio=2, **extra)
 
 
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
     # peaked logits (initializer_range 0.2): no near-ties for greedy parity
-    return LlamaForCausalLM(llama_config(64, initializer_range=0.2)).eval()
+    return tiny_model("llama", seed)
 
 
 def tiny_gpt2(seed: int = 0) -> GPT2LMHeadModel:
-    torch.manual_seed(seed)
-    config = GPT2Config(
-        vocab_size=64,
-        n_embd=32,
-        n_layer=2,
-        n_head=2,
-        n_positions=64,
-        initializer_range=0.2,
-        bos_token_id=1,
-        eos_token_id=EOS,
-    )
-    return GPT2LMHeadModel(config).eval()
+    return tiny_model("gpt2", seed)
+
+
+def tiny_model(arch: str, seed: int = 0):
+    """``pipeline.policy.models.build_model``'s ``arch`` at the engine tests' shape: vocabulary
+    64, width 32, 2 layers, 2 heads, context 64, peaked logits; seeded, in eval mode."""
+    mlp = 2 if arch == "llama" else 4
+    return build_model(64, 32, 2, 2, 64, seed, None, initializer_range=0.2, arch=arch, mlp_ratio=mlp).eval()
 
 
 def request(rid: str, tokens, *, max_tokens=12, temperature=GREEDY, top_p=1.0, seed=0, branch=None) -> SampleRequest:

@@ -35,7 +35,7 @@ from typing import Any
 
 from controller.config import DsConfig
 from controller.gates.common import abandon, commit, hold
-from controller.gates.rounds import RoundCapError, RoundGate, RoundRecord  # noqa: F401  (RoundCapError: re-exported)
+from controller.gates.rounds import RoundGate, RoundRecord
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector
 from pipeline.types import GroupAction, GroupSnapshot, TrainBatch

@@ -354,3 +354,6 @@ class EpisodeSettings:
     check_first: int = 0
     """Stop the run (``EnvironmentFailing``) when each of the first this many episodes ended in an
     environment failure; 0: never (``orchestrator.reward_check_first`` in a run)."""
+    max_context: int = 0
+    """The model's context (prompt + response tokens of one engine request); an episode whose
+    next turn could not fit it ends, truncated (``Turns.truncated``); 0: no limit known."""

@@ -53,7 +53,7 @@ import anyio.lowlevel
 
 from pipeline.engines.base import EngineBase, EngineError
 from pipeline.engines.ray_cluster import connect, import_ray
-from pipeline.engines.ray_replica import ReplicaServer, TorchEngineFactory, VllmEngineFactory  # noqa: F401  (re-exported)
+from pipeline.engines.ray_replica import ReplicaServer
 from pipeline.engines.request import RequestStream, TurnCollector
 from pipeline.types import FinishReason, RolloutEvent, SampleFinished, SampleRequest, TokenDelta
 

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from pipeline.config.build import to_dict
-from pipeline.policy.config import BaseModelConfig  # re-exported: the config class lives apart from torch
+from pipeline.policy.config import BaseModelConfig  # also read as pipeline.policy.models.BaseModelConfig
 from pipeline.policy.hf_tokenizer import HFTokenizer
 from pipeline.policy.tokenizer import VOCAB_FILE, CharTokenizer, TokenizerError
 
@@ -80,6 +80,73 @@ class BaseModel:
         )
 
 
+def model_config(
+    vocab_size: int,
+    d_model: int = 128,
+    n_layers: int = 2,
+    n_heads: int = 4,
+    max_len: int = 64,
+    pad_id: int | None = 0,
+    bos_id: int = 1,
+    eos_id: int = 2,
+    initializer_range: float = 0.02,
+    *,
+    arch: str = "gpt2",
+    mlp_ratio: int = 4,
+    **extra: Any,
+) -> Any:
+    """The transformers config of a small causal LM: the project's GPT-2 (``GPT2Config``, tied
+    head) or, ``arch="llama"``, a Llama (``LlamaConfig``: rotary positions, untied head, as many
+    key/value heads as heads) of the same shape. MLP width ``mlp_ratio`` x d_model; no dropout,
+    because RL needs the engine's and the learner's log-probs to agree; ``initializer_range``:
+    the spread of the initial weights (larger gives peaked logits); ``pad_id`` None: no pad token
+    (a Llama zeroes its pad row of the embedding at init, so it changes the weights); ``extra``:
+    further fields of the config.
+
+    >>> model_config(20, 32, 1, 2, 16, arch="llama", mlp_ratio=2).intermediate_size
+    64
+    >>> model_config(20, 30, 1, 4)
+    Traceback (most recent call last):
+    ...
+    ValueError: d_model=30 is not a multiple of n_heads=4; change one of them
+    """
+    from transformers import GPT2Config, LlamaConfig
+
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} is not a multiple of n_heads={n_heads}; change one of them")
+    fields = dict(
+        vocab_size=vocab_size,
+        pad_token_id=pad_id,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        initializer_range=initializer_range,
+    )
+    fields.update(extra)
+    if arch == "gpt2":
+        return GPT2Config(
+            n_positions=max_len,
+            n_embd=d_model,
+            n_layer=n_layers,
+            n_head=n_heads,
+            n_inner=None if mlp_ratio == 4 else mlp_ratio * d_model,  # None: GPT-2's own 4 x, as saved before
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **fields,
+        )
+    if arch == "llama":
+        return LlamaConfig(
+            hidden_size=d_model,
+            intermediate_size=mlp_ratio * d_model,
+            num_hidden_layers=n_layers,
+            num_attention_heads=n_heads,
+            num_key_value_heads=n_heads,
+            max_position_embeddings=max_len,
+            **fields,
+        )
+    raise ValueError(f"arch={arch!r} must be gpt2 or llama")
+
+
 def build_model(
     vocab_size: int,
     d_model: int = 128,
@@ -87,42 +154,46 @@ def build_model(
     n_heads: int = 4,
     max_len: int = 64,
     seed: int = 0,
-    pad_id: int = 0,
+    pad_id: int | None = 0,
     bos_id: int = 1,
     eos_id: int = 2,
     initializer_range: float = 0.02,
+    *,
+    arch: str = "gpt2",
+    mlp_ratio: int = 4,
+    **extra: Any,
 ):
-    """A freshly initialised GPT-2-style ``GPT2LMHeadModel`` (MLP width 4 x d_model, no dropout), seeded.
-
-    Dropout is off because RL needs the engine's and the learner's log-probs to agree.
-    ``initializer_range`` is the spread of the initial weights (GPT-2's 0.02 by default).
+    """A freshly initialised small causal LM of ``model_config`` (same arguments), seeded (the
+    global RNG is left as it was). The one builder of every small model: the project's policy,
+    the engine benchmark's and the tests'.
 
     >>> model = build_model(vocab_size=20, d_model=32, n_layers=1, n_heads=2, max_len=16)
     >>> type(model).__name__, model.config.n_positions
     ('GPT2LMHeadModel', 16)
+    >>> type(build_model(20, 32, 1, 2, 16, arch="llama")).__name__
+    'LlamaForCausalLM'
     """
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import GPT2LMHeadModel, LlamaForCausalLM
 
-    if d_model % n_heads:
-        raise ValueError(f"d_model={d_model} is not a multiple of n_heads={n_heads}; change one of them")
-    config = GPT2Config(
-        vocab_size=vocab_size,
-        n_positions=max_len,
-        n_embd=d_model,
-        n_layer=n_layers,
-        n_head=n_heads,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        pad_token_id=pad_id,
-        bos_token_id=bos_id,
-        eos_token_id=eos_id,
-        initializer_range=initializer_range,
+    config = model_config(
+        vocab_size,
+        d_model,
+        n_layers,
+        n_heads,
+        max_len,
+        pad_id,
+        bos_id,
+        eos_id,
+        initializer_range,
+        arch=arch,
+        mlp_ratio=mlp_ratio,
+        **extra,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = GPT2LMHeadModel(config)
-    model.generation_config.pad_token_id = pad_id
+        model = (GPT2LMHeadModel if arch == "gpt2" else LlamaForCausalLM)(config)
+    if pad_id is not None:
+        model.generation_config.pad_token_id = pad_id
     return model
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.policy.sampling import PolicyStats, sample_groups  # noqa: F401  (re-exported)
+from pipeline.policy.sampling import PolicyStats, sample_groups
 from pipeline.policy.sft_rows import IGNORE, padded_batch
 from pipeline.policy.tokenizer import CharTokenizer
 from pipeline.policy.warm_episodes import episode_batch, measure_episodes

@@ -143,9 +143,9 @@ class SimEngine(EngineBase):
             req.params.temperature,
             req.params.max_tokens,
             prefix=source,
-            prefix_len=req.branch.prefix_len if req.branch else 0,
+            prefix_len=req.prefix_len,
         )
-        start_pos = min(req.branch.prefix_len if req.branch else 0, traj.length)
+        start_pos = min(req.prefix_len, traj.length)
         if len(prefix_tokens) != start_pos:
             prefix_tokens = tuple(range(3, 3 + start_pos))  # stand-in tokens when the caller sent none
             prefix_lps = (0.0,) * start_pos

@@ -25,19 +25,20 @@ from typing import TYPE_CHECKING, Any
 from pipeline.tasks.config import ArithmeticConfig, CountdownConfig, DatasetConfig, TaskConfig
 
 if TYPE_CHECKING:
+    from pipeline.datafiles import DatasetError, LoadReport
     from pipeline.tasks.arithmetic import ArithmeticTask
     from pipeline.tasks.base import Problem, Task, stable_hash
     from pipeline.tasks.countdown import CountdownTask
-    from pipeline.tasks.dataset import DatasetError, DatasetTask, LoadReport, load_problems
+    from pipeline.tasks.dataset import DatasetTask, load_problems
     from pipeline.tasks.env import EnvTask
 
 _LAZY = {
     "ArithmeticTask": "arithmetic",
     "CountdownTask": "countdown",
-    "DatasetError": "dataset",
+    "DatasetError": "pipeline.datafiles",
     "DatasetTask": "dataset",
     "EnvTask": "env",
-    "LoadReport": "dataset",
+    "LoadReport": "pipeline.datafiles",
     "load_problems": "dataset",
     "Problem": "base",
     "Task": "base",
@@ -48,7 +49,8 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
+    where = _LAZY[name]  # a module of this package, or a dotted module path
+    value = getattr(import_module(where if "." in where else f"{__name__}.{where}"), name)
     globals()[name] = value  # later look-ups skip this function
     return value
 

@@ -30,9 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.datafiles import (  # noqa: F401
-    JSONL_SUFFIXES,
-    PARQUET_SUFFIXES,
+from pipeline.datafiles import (
     DatasetError,
     Invalid,
     LoadReport,

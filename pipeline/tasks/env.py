@@ -35,13 +35,13 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pipeline.datafiles import DatasetError
 from pipeline.envs.config import EnvConfig
 from pipeline.envs.demos import Demo, play_demo, sft_pairs, teacher_actions
 from pipeline.envs.loading import EnvLoadError, load_env_class
 from pipeline.envs.rows import EnvRow, load_env_rows
 from pipeline.envs.session import INIT_CHARS, EnvRunner
 from pipeline.tasks.base import Problem, Split, Task
-from pipeline.tasks.dataset import DatasetError
 from pipeline.types import Prompt
 
 

@@ -127,8 +127,9 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
     tune_gc()
     cfg = spec.config()
     comps = build_components(cfg, progress=False)
-    sim = comps.world is not None
-    probe = GateProbe(comps.gate, comps.world, comps.engine) if sim else None
+    world = getattr(comps.engine, "world", None)  # the simulator's
+    sim = world is not None
+    probe = GateProbe(comps.gate, world, comps.engine) if sim else None
     gate = probe if probe is not None else comps.gate
     noise = NoiseScaleLog()  # the learner's noise-scale metrics of every step (none on the sim)
     rates = RateLog(comps.evaluator)  # per-prompt rates: paired differences between policies

@@ -138,7 +138,8 @@ async def bench_ray(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from pipeline.engines.ray_engine import RayEngine, TorchEngineFactory
+    from pipeline.engines.ray_engine import RayEngine
+    from pipeline.engines.ray_replica import TorchEngineFactory
     from pipeline.engines.torch_engine import TorchEngine
 
     torch.set_num_threads(1)

@@ -78,7 +78,7 @@ class GateProbe(Gate):
 
     @property
     def abandons(self) -> bool:
-        return getattr(self._gate, "abandons", True)
+        return self._gate.abandons
 
     def metrics(self) -> dict[str, float]:
         return self._gate.metrics()

@@ -268,7 +268,7 @@ def measure_recoverability(
             if event.error:
                 raise RuntimeError(f"request {req.request_id} failed in the engine: {event.error}")
             ids, lps = _response(event, tok.eos_id)
-            prefix = req.branch.prefix_len if req.branch is not None else 0
+            prefix = req.prefix_len
             ents = ((float("nan"),) * prefix + ents)[: len(ids)]
             reward = float(scorer(req.prompt, ids))
             trajectories.append(Trajectory(req.group_id, ids, lps, ents, reward, reward > threshold))

@@ -193,7 +193,7 @@ def measure_turn_recoverability(
     from railgate.episodic import env_parts
 
     task, base, warm_s = start_measurement(cfg, out, prompts, branches, failed_per_prompt, progress, share_task=True)
-    parts = env_parts(cfg, task, base.tokenizer)
+    parts = env_parts(cfg, task, base.tokenizer, base.context_length if cfg.model.path else None)
     service, settings = parts.service, parts.settings
     threshold = cfg.task.success_threshold
     o = cfg.orchestrator

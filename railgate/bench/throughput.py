@@ -233,37 +233,14 @@ def _project_vocab() -> tuple[int, int]:
 def _build_model(
     arch: str, hidden: int, layers: int, vocab: int, seed: int, *, heads: int | None = None, max_len: int = 512
 ):
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    """``pipeline.policy.models.build_model`` in eval mode: ``project`` is the project's GPT-2
+    (pad id 0), ``gpt2`` the same without a pad token, ``llama`` a Llama of the same shape."""
+    from pipeline.policy.models import build_model
 
-    torch.manual_seed(seed)
     heads = heads or max(1, hidden // 32)
-    if arch == "project":
-        from pipeline.policy.models import build_model
-
-        return build_model(
-            vocab_size=vocab, d_model=hidden, n_layers=layers, n_heads=heads, max_len=max_len, seed=seed
-        ).eval()
-    if arch == "gpt2":
-        config = GPT2Config(
-            vocab_size=vocab,
-            n_embd=hidden,
-            n_layer=layers,
-            n_head=heads,
-            n_positions=max_len,
-            bos_token_id=1,
-            eos_token_id=2,
-        )
-        return GPT2LMHeadModel(config).eval()
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=4 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        max_position_embeddings=max_len,
-    )
-    return LlamaForCausalLM(config).eval()
+    pad = 0 if arch == "project" else None
+    family = "gpt2" if arch == "project" else arch
+    return build_model(vocab, hidden, layers, heads, max_len, seed, pad, arch=family).eval()
 
 
 def _close(contender) -> None:

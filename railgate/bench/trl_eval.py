@@ -2,8 +2,8 @@
 
 ``HeldOut`` samples ``samples`` completions of every held-out prompt from the model being trained
 (temperature 1, the training sampler's setting), grades them with the task's reward and reports
-the mean over prompts with a 95% interval over prompts (normal approximation of the mean of the
-per-prompt accuracies). Its random draws come from their own seeded generator
+the mean over prompts with its 95% interval over prompts, as every held-out accuracy of the
+project (``pipeline.intervals.prompt_mean``: Student's t over the per-prompt accuracies). Its random draws come from their own seeded generator
 (``torch.random.fork_rng``), so evaluating does not move the training run's random state, and
 the same model gives the same figure.
 
@@ -15,7 +15,6 @@ excluded): what ``railgate.bench.trl`` reads rollouts-to-target and cost from.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from pipeline.intervals import prompt_mean
 from railgate.bench.trl_report import Point
 
 
@@ -49,7 +49,7 @@ class HeldOut:
         self.batch_prompts = batch_prompts
 
     def __call__(self, model: Any) -> tuple[float, float]:
-        """(mean accuracy over prompts, half-width of its 95% interval)."""
+        """(mean accuracy over prompts, half-width of its 95% interval; nan with one prompt)."""
         per_prompt: list[float] = []
         was_training = model.training
         model.eval()
@@ -60,10 +60,8 @@ class HeldOut:
                     per_prompt += self._batch(model, self.rows[i : i + self.batch_prompts])
         finally:
             model.train(was_training)
-        n = len(per_prompt)
-        mean = sum(per_prompt) / n
-        sd = math.sqrt(sum((x - mean) ** 2 for x in per_prompt) / (n - 1)) if n > 1 else 0.0
-        return mean, 1.96 * sd / math.sqrt(n)
+        accuracy = prompt_mean(per_prompt)
+        return accuracy.mean, (accuracy.hi - accuracy.lo) / 2
 
     def _batch(self, model: Any, rows: list[dict[str, Any]]) -> list[float]:
         tok = self.tokenizer

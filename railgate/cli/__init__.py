@@ -134,7 +134,7 @@ def _main(argv: list[str] | None) -> int:
         if is_user_error(exc):
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        from railgate.rundir import disk_error
+        from railgate.diskerrors import disk_error
 
         message = disk_error(exc)  # a full disk or a read-only directory, however deep in the chain
         if message is None:

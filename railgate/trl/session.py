@@ -231,7 +231,7 @@ class GateSession:
         """``railgate/*``: cumulative counts of the run (what was generated, trained, abandoned,
         skipped, padded) and the gate's own counters (``railgate/gate/*``)."""
         budget = self.tracker.budget
-        gate = self.gate.metrics() if hasattr(self.gate, "metrics") else {}
+        gate = self.gate.metrics()
         out = {
             "railgate/rollouts_generated": float(self.rollouts_generated),
             "railgate/tokens_generated": float(budget.tokens_generated + self.sampler.filler_tokens),

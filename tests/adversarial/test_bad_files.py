@@ -12,7 +12,8 @@ import pytest
 from run_helpers import cli, sets, sim_run, tree_digest
 
 import railgate.evaluate
-from pipeline.tasks.dataset import DatasetError, load_problems
+from pipeline.datafiles import DatasetError
+from pipeline.tasks.dataset import load_problems
 from railgate.cli import main
 
 ROWS = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(5)]

@@ -15,8 +15,9 @@ import pytest
 from hf_models import save_tiny_llama
 from run_helpers import ROOT, SMALL, cli, sets, sim_run
 
+from pipeline.datafiles import DatasetError
 from pipeline.policy.models import ModelDirError, load_model
-from pipeline.tasks.dataset import DatasetError, load_problems
+from pipeline.tasks.dataset import load_problems
 
 INTERRUPT_AT = """
 import builtins, runpy, sys
