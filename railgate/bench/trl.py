@@ -58,8 +58,8 @@ class TrlBenchSpec:
     """Prompts (groups) per step."""
     group_size: int = 8
     """Completions per prompt (``num_generations``)."""
-    probe_size: int = 4
-    """The gate's probe (``gate_probe_size``), below ``group_size``."""
+    probe_size: int = 0
+    """The gate's probe (``gate_probe_size``), below ``group_size``; 0: half of ``group_size``."""
     eval_every: int = 2048
     """Generated rollouts between held-out evaluations."""
     eval_prompts: int = 512

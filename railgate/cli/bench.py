@@ -164,7 +164,9 @@ def _trl_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--prompts-per-step", type=int, default=d.prompts_per_step, help="default: %(default)s")
     parser.add_argument("--group-size", type=int, default=d.group_size, help="num_generations (default: %(default)s)")
-    parser.add_argument("--probe-size", type=int, default=d.probe_size, help="gate_probe_size (default: %(default)s)")
+    parser.add_argument(
+        "--probe-size", type=int, default=d.probe_size, help="gate_probe_size (default: %(default)s: half the group)"
+    )
     parser.add_argument(
         "--eval-every", type=int, default=d.eval_every, help="rollouts between evaluations (default: %(default)s)"
     )
@@ -212,10 +214,12 @@ def _trl(args: argparse.Namespace) -> int:
             "threads",
         )
     }
-    bad = {k: v for k, v in numbers.items() if v < (2 if k == "group_size" else 1)}
+    least = {"group_size": 2, "probe_size": 0}
+    bad = {k: v for k, v in numbers.items() if v < least.get(k, 1)}
     if bad:
         raise ConfigError(
-            ", ".join(f"--{k.replace('_', '-')}={v}" for k, v in bad.items()) + " must be >= 1 (--group-size >= 2)"
+            ", ".join(f"--{k.replace('_', '-')}={v}" for k, v in bad.items())
+            + " must be >= 1 (--group-size >= 2, --probe-size >= 0); raise it"
         )
     spec = TrlBenchSpec(
         model=args.model,
