@@ -1,7 +1,8 @@
 """``python run.py bench trl``: TRL's ``GRPOTrainer`` against ``GatedGRPOTrainer``, side by side.
 
-For each seed both trainers train the same model on the same dataset with the same reward,
-seed and rollout budget, at matched settings (fp32, no gradient checkpointing, AdamW at a
+For each seed both trainers train the same model on the same dataset, in the same order (the
+seed's ``paired_order``; neither trainer shuffles), with the same reward, seed and rollout
+budget, at matched settings (fp32, no gradient checkpointing, AdamW at a
 constant learning rate, ``loss_type="dapo"``, ``beta=0``, temperature 1, the same completion
 length and thread count), one after the other in this process. Plain GRPO runs ``budget /
 (prompts x group)`` steps; the gated trainer runs until it has generated ``budget`` rollouts
@@ -25,15 +26,20 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from pipeline.seeding import derive_seed
 from railgate.bench.trl_report import Point
 from railgate.bench.trl_tasks import TrlTask
 
 TRAINERS = ("grpo", "gated")
+
+T = TypeVar("T")
 
 TASKS = {"cpu": ("arithmetic",), "smollm": ("word", "questions")}
 """Each model's tasks (``railgate.bench.trl_tasks``), its default first."""
@@ -219,45 +225,15 @@ def model_and_task(spec: TrlBenchSpec, root: Path, progress: bool) -> tuple[Path
 
 def run_one(trainer: str, seed: int, spec: TrlBenchSpec, task: TrlTask, model_dir: Path, root: Path) -> RunRecord:
     """Train one trainer on one seed to the budget; its curve, counts and costs."""
-    from datasets import Dataset
     from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
 
     from railgate.bench.trl_eval import Curve, HeldOut
-    from railgate.trl import GatedGRPOConfig, GatedGRPOTrainer
 
-    step_rollouts = spec.prompts_per_step * spec.group_size
-    matched = matched_args(spec, task, trainer, seed, root)
-    dataset = Dataset.from_list(task.train_rows)
+    run, generated = build_trainer(trainer, seed, spec, task, model_dir, root)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     held_out = HeldOut(
         task.eval_rows, task.reward, tokenizer, task.max_completion_length, samples=spec.eval_samples, seed=1000 + seed
     )
-    if trainer == "grpo":
-        args = GRPOConfig(max_steps=spec.budget // step_rollouts, **matched)
-        run = GRPOTrainer(
-            model=str(model_dir), reward_funcs=task.reward, args=args, train_dataset=dataset, processing_class=tokenizer
-        )
-
-        def generated() -> tuple[int, int]:
-            return run.state.global_step * step_rollouts, int(run.state.num_input_tokens_seen)
-    else:
-        args = GatedGRPOConfig(
-            max_steps=10 * spec.budget // step_rollouts,
-            gate_max_rollouts=spec.budget,
-            gate_probe_size=spec.probe_size,
-            gate_reference_column="reference",
-            gate_reference_exact=task.reference_exact,
-            gate_reference_skip=task.reference_skip,
-            **matched,
-        )
-        run = GatedGRPOTrainer(
-            model=str(model_dir), reward_funcs=task.reward, args=args, train_dataset=dataset, processing_class=tokenizer
-        )
-
-        def generated() -> tuple[int, int]:
-            return run.gate.rollouts_generated, int(run.state.num_input_tokens_seen)
-
     curve = Curve(held_out, spec.eval_every, generated)
     run.add_callback(curve)
     wall = time.time()
@@ -277,6 +253,68 @@ def run_one(trainer: str, seed: int, spec: TrlBenchSpec, task: TrlTask, model_di
         int(run.state.global_step),
         gate,
     )
+
+
+def build_trainer(
+    trainer: str, seed: int, spec: TrlBenchSpec, task: TrlTask, model_dir: Path, root: Path
+) -> tuple[Any, Callable[[], tuple[int, int]]]:
+    """``trainer`` (``grpo`` or ``gated``) of one seed, untrained, on the seed's ``paired_order``
+    of the training rows, and the function giving its (rollouts, tokens) generated so far."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from railgate.trl import GatedGRPOConfig, GatedGRPOTrainer
+
+    step_rollouts = spec.prompts_per_step * spec.group_size
+    matched = matched_args(spec, task, trainer, seed, root)
+    dataset = Dataset.from_list(paired_order(task.train_rows, seed))
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    if trainer == "grpo":
+        args = GRPOConfig(max_steps=spec.budget // step_rollouts, **matched)
+        grpo = GRPOTrainer(
+            model=str(model_dir), reward_funcs=task.reward, args=args, train_dataset=dataset, processing_class=tokenizer
+        )
+
+        def grpo_generated() -> tuple[int, int]:
+            return grpo.state.global_step * step_rollouts, int(grpo.state.num_input_tokens_seen)
+
+        return grpo, grpo_generated
+    gated_args = GatedGRPOConfig(
+        max_steps=10 * spec.budget // step_rollouts,
+        gate_max_rollouts=spec.budget,
+        gate_probe_size=spec.probe_size,
+        gate_reference_column="reference",
+        gate_reference_exact=task.reference_exact,
+        gate_reference_skip=task.reference_skip,
+        **matched,
+    )
+    gated = GatedGRPOTrainer(
+        model=str(model_dir),
+        reward_funcs=task.reward,
+        args=gated_args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
+
+    def gated_generated() -> tuple[int, int]:
+        return gated.gate.rollouts_generated, int(gated.state.num_input_tokens_seen)
+
+    return gated, gated_generated
+
+
+def paired_order(rows: Sequence[T], seed: int) -> list[T]:
+    """``rows`` in the order every trainer of ``seed`` draws them: a seeded shuffle here, and each
+    trainer keeps dataset order (``shuffle_dataset=False`` in ``matched_args``), so the trainers of
+    a seed meet the same prompts in the same order (the gated one skips or abandons some of them).
+    The order differs between seeds and never depends on the trainer.
+
+    >>> paired_order(range(6), 0) == paired_order(range(6), 0) != paired_order(range(6), 1)
+    True
+    """
+    out = list(rows)
+    random.Random(derive_seed(seed, "bench-trl", "prompt-order")).shuffle(out)
+    return out
 
 
 def run_peer(seed: int, spec: TrlBenchSpec, root: Path) -> RunRecord:
@@ -321,6 +359,7 @@ def matched_args(spec: TrlBenchSpec, task: TrlTask, trainer: str, seed: int, roo
         use_cpu=True,
         seed=seed,
         data_seed=seed,
+        shuffle_dataset=False,  # the rows come in the seed's paired_order
         save_strategy="no",
         report_to=[],
         logging_steps=10,
