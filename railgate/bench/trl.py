@@ -19,7 +19,7 @@ Reported per trainer (mean ± std over seeds; ratios per seed, gated / plain): r
 0.1 and start + 0.2 (linear between evaluations; start = the shared first evaluation), final
 held-out accuracy with its 95% interval over prompts, training CPU-seconds per generated rollout
 (process time, evaluation and model loading excluded). Writes ``OUT/MODEL/trl.md``, ``trl.json``
-(every run, every evaluation) and ``trl.png``.
+(every run, every evaluation, every optimiser step: ``RunRecord.step_logs``) and ``trl.png``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pipeline.seeding import derive_seed
-from railgate.bench.trl_report import Point
+from railgate.bench.trl_report import Point, StepLog
 from railgate.bench.trl_tasks import TrlTask
 
 TRAINERS = ("grpo", "gated")
@@ -126,6 +126,20 @@ class RunRecord:
     eval_cpu_s: float
     steps: int
     gate: dict[str, float] = field(default_factory=dict)
+    step_logs: list[StepLog] = field(default_factory=list)
+    """Every optimiser step (``railgate.bench.trl_steps``); empty in records written before they were kept."""
+
+    @classmethod
+    def from_json(cls, r: dict[str, Any]) -> RunRecord:
+        """A record as ``trl.json`` stores it (``dataclasses.asdict``).
+
+        >>> run = RunRecord("grpo", 0, [Point(0, 0, 0.0, 0.1, 0.0, 0)], 8, 0, 1.0, 1.0, 0.0, 1, step_logs=[
+        ...     StepLog(1, 8, 40, 0.5, 0.5, 1)])
+        >>> RunRecord.from_json(json.loads(json.dumps(asdict(run)))) == run
+        True
+        """
+        points = [Point(**p) for p in r["points"]]
+        return cls(**{**r, "points": points, "step_logs": [StepLog(**x) for x in r.get("step_logs", [])]})
 
     @property
     def cpu_per_rollout(self) -> float:
@@ -145,7 +159,7 @@ class RunRecord:
         passes the budget, so its last point can lie past plain GRPO's; this compares them at
         the same count.
 
-        >>> from railgate.bench.trl_report import Point
+        >>> from railgate.bench.trl_report import Point, StepLog
         >>> run = RunRecord("gated", 0, [Point(0, 0, 0.0, 0.1, 0.0, 0), Point(100, 0, 1.0, 0.5, 0.0, 1)], 100, 0, 1.0, 0, 0, 1)
         >>> run.accuracy_at(25), run.accuracy_at(400)
         (0.2, 0.5)
@@ -173,10 +187,7 @@ def run_trl_bench(spec: TrlBenchSpec, out: Path, progress: bool = True) -> dict[
     root.mkdir(parents=True, exist_ok=True)
     model_dir, task = model_and_task(spec, root, progress)
     path = root / "trl.json"
-    runs = [
-        RunRecord(**{**r, "points": [Point(**p) for p in r["points"]]})
-        for r in (json.loads(path.read_text())["runs"] if path.exists() else [])
-    ]
+    runs = [RunRecord.from_json(r) for r in (json.loads(path.read_text())["runs"] if path.exists() else [])]
     trainers = TRAINERS + (("cgrpo",) if spec.peer_python else ())
     for seed in range(spec.first_seed, spec.first_seed + spec.seeds):
         for trainer in trainers:
@@ -228,8 +239,12 @@ def run_one(trainer: str, seed: int, spec: TrlBenchSpec, task: TrlTask, model_di
     from transformers import AutoTokenizer
 
     from railgate.bench.trl_eval import Curve, HeldOut
+    from railgate.bench.trl_steps import Steps, gated_mixed_groups, grpo_mixed_groups
 
     run, generated = build_trainer(trainer, seed, spec, task, model_dir, root)
+    mixed = gated_mixed_groups() if trainer == "gated" else grpo_mixed_groups(spec.prompts_per_step)
+    steps = Steps(generated, mixed)
+    run.add_callback(steps)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     held_out = HeldOut(
         task.eval_rows, task.reward, tokenizer, task.max_completion_length, samples=spec.eval_samples, seed=1000 + seed
@@ -252,6 +267,7 @@ def run_one(trainer: str, seed: int, spec: TrlBenchSpec, task: TrlTask, model_di
         curve.eval_cpu_s,
         int(run.state.global_step),
         gate,
+        steps.logs,
     )
 
 
@@ -333,8 +349,7 @@ def run_peer(seed: int, spec: TrlBenchSpec, root: Path) -> RunRecord:
             f"the C-GRPO peer run (seed {seed}) failed with exit {done.returncode} under --peer-python={spec.peer_python}; "
             "its traceback is above. Check that environment: PY -m pip install -e '.[cgrpo-peer]'"
         )
-    r = json.loads(record.read_text())
-    return RunRecord(**{**r, "points": [Point(**p) for p in r["points"]]})
+    return RunRecord.from_json(json.loads(record.read_text()))
 
 
 def matched_args(spec: TrlBenchSpec, task: TrlTask, trainer: str, seed: int, root: Path) -> dict[str, Any]:
@@ -362,8 +377,8 @@ def matched_args(spec: TrlBenchSpec, task: TrlTask, trainer: str, seed: int, roo
         shuffle_dataset=False,  # the rows come in the seed's paired_order
         save_strategy="no",
         report_to=[],
-        logging_steps=10,
         disable_tqdm=True,
+        logging_steps=1,  # every optimiser step goes into the run's step_logs
     )
 
 

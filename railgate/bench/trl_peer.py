@@ -51,6 +51,7 @@ def run_cgrpo(seed: int, spec: Any, task: Any, model_dir: Path, root: Path, peer
 
     from railgate.bench.trl import RunRecord, matched_args, paired_order
     from railgate.bench.trl_eval import Curve, HeldOut
+    from railgate.bench.trl_steps import Steps
 
     if peer.budget_grid[-1] != spec.group_size:
         raise ValueError(f"the budget grid {peer.budget_grid} must end at --group-size={spec.group_size}")
@@ -110,7 +111,9 @@ def run_cgrpo(seed: int, spec: Any, task: Any, model_dir: Path, root: Path, peer
             return control
 
     curve = Curve(held_out, spec.eval_every, generated)
+    steps = Steps(generated)  # C-GRPO's groups vary in size: no count of mixed groups
     run.add_callback(curve)
+    run.add_callback(steps)
     run.add_callback(Budget())
     wall = time.time()
     run.train()
@@ -130,6 +133,7 @@ def run_cgrpo(seed: int, spec: Any, task: Any, model_dir: Path, root: Path, peer
             "cgrpo/mean_k": sum(mean_k) / len(mean_k) if mean_k else float("nan"),
             "cgrpo/calibration_rollouts": float(run.calibration_rollouts),
         },
+        steps.logs,
     )
 
 

@@ -39,6 +39,27 @@ class Point:
     step: int
 
 
+@dataclass(frozen=True)
+class StepLog:
+    """One optimiser step of a run, as logged at its end (``railgate.bench.trl_steps``)."""
+
+    step: int
+    rollouts: int
+    """Rollouts generated so far (this step's included)."""
+    tokens: int
+    grad_norm: float | None
+    """The gradient norm before clipping (TRL's ``grad_norm``)."""
+    frac_reward_zero_std: float | None
+    """TRL's share of the step's rows whose group has all-equal rewards (a gated step's pad
+    groups, which have no rewards, count as not zero-std there)."""
+    mixed_groups: int | None
+    """Groups trained this step whose rewards differ: the gate's own count for the gated trainer,
+    ``prompts x (1 - frac_reward_zero_std)`` for GRPO; None where neither is known."""
+    loss: float | None = None
+    reward: float | None = None
+    """TRL's mean reward of the trained rows."""
+
+
 NAMES = {"grpo": "GRPOTrainer", "gated": "GatedGRPOTrainer", "cgrpo": "CGRPOTrainer (trl-cgrpo)"}
 
 
