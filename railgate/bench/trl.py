@@ -159,16 +159,30 @@ class RunRecord:
         passes the budget, so its last point can lie past plain GRPO's; this compares them at
         the same count.
 
-        >>> from railgate.bench.trl_report import Point, StepLog
+        >>> from railgate.bench.trl_report import Point
         >>> run = RunRecord("gated", 0, [Point(0, 0, 0.0, 0.1, 0.0, 0), Point(100, 0, 1.0, 0.5, 0.0, 1)], 100, 0, 1.0, 0, 0, 1)
         >>> run.accuracy_at(25), run.accuracy_at(400)
         (0.2, 0.5)
         """
+        return self._at(rollouts, "rollouts")
+
+    def accuracy_at_step(self, step: float) -> float:
+        """Held-out accuracy after ``step`` optimiser steps (linear between evaluations, which
+        record their step; the last evaluation's past the end).
+
+        >>> from railgate.bench.trl_report import Point
+        >>> run = RunRecord("gated", 0, [Point(0, 0, 0.0, 0.1, 0.0, 0), Point(90, 0, 1.0, 0.5, 0.0, 4)], 90, 0, 1.0, 0, 0, 4)
+        >>> run.accuracy_at_step(1), run.accuracy_at_step(9)
+        (0.2, 0.5)
+        """
+        return self._at(step, "step")
+
+    def _at(self, x: float, axis: str) -> float:
         for before, after in zip(self.points, self.points[1:]):
-            if before.rollouts <= rollouts <= after.rollouts and after.rollouts > before.rollouts:
-                w = (rollouts - before.rollouts) / (after.rollouts - before.rollouts)
-                return before.accuracy + w * (after.accuracy - before.accuracy)
-        return self.points[-1].accuracy if rollouts >= self.points[-1].rollouts else self.points[0].accuracy
+            x0, x1 = getattr(before, axis), getattr(after, axis)
+            if x0 <= x <= x1 and x1 > x0:
+                return before.accuracy + (x - x0) / (x1 - x0) * (after.accuracy - before.accuracy)
+        return self.points[-1].accuracy if x >= getattr(self.points[-1], axis) else self.points[0].accuracy
 
     def _to(self, target: float, axis: str) -> float | None:
         for before, after in zip(self.points, self.points[1:]):
