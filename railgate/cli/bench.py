@@ -140,6 +140,7 @@ def _allocation(args: argparse.Namespace) -> int:
 
 def _trl_options(parser: argparse.ArgumentParser) -> None:
     from railgate.bench.trl import TASKS, TrlBenchSpec
+    from railgate.bench.trl_rewards import REWARDS
 
     d = TrlBenchSpec()
     parser.add_argument(
@@ -154,6 +155,13 @@ def _trl_options(parser: argparse.ArgumentParser) -> None:
         default=d.task or None,
         help="the model's task (default: its first): smollm: word (word problems) or questions (one-operation "
         "arithmetic questions, an easier start); cpu: arithmetic",
+    )
+    parser.add_argument(
+        "--reward",
+        choices=tuple(REWARDS),
+        default=d.reward,
+        help="smollm's grading: last (the last number in the completion) or marker (the number after "
+        '"Answer:", which the prompt asks for; restating the prompt earns nothing) (default: %(default)s)',
     )
     parser.add_argument(
         "--seeds", type=int, default=d.seeds, help="seeds, each running both trainers (default: %(default)s)"
@@ -224,6 +232,7 @@ def _trl(args: argparse.Namespace) -> int:
     spec = TrlBenchSpec(
         model=args.model,
         task=args.task or "",
+        reward=args.reward,
         first_seed=args.first_seed,
         learning_rate=args.learning_rate,
         train_prompts=args.train_prompts,
@@ -237,7 +246,7 @@ def _trl(args: argparse.Namespace) -> int:
             "python -m venv peer && peer/bin/pip install -e '.[cgrpo-peer]'"
         )
     try:
-        spec.task_name()
+        spec.check()
     except ValueError as e:
         raise ConfigError(str(e)) from None
     report = run_trl_bench(spec, args.out, progress=not args.no_progress)
