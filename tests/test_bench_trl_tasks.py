@@ -55,3 +55,34 @@ def test_the_marker_reward_is_refused_for_the_cpu_model_before_any_run(tmp_path)
     assert out.returncode == 2
     assert "--reward=marker grades the chat tasks of --model=smollm" in out.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_mixed_questions_are_seeded_distinct_right_and_held_out_apart_at_every_level():
+    from collections import Counter
+
+    from railgate.bench.trl_tasks import mixed_questions
+
+    task = mixed_questions(4096, 64, seed=1)
+    assert task.train_rows == mixed_questions(4096, 64, seed=1).train_rows
+    assert task.eval_rows != mixed_questions(4096, 64, seed=2).eval_rows
+    rows = task.train_rows + task.eval_rows
+    texts = [r["prompt"][0]["content"] for r in rows]
+    assert len(set(texts)) == len(texts) == 4096 + 64  # held-out questions are never trained on
+    for row, text in zip(rows, texts):
+        expression = text.removeprefix("What is ").split("?")[0]
+        assert eval(expression) == int(row["answer"]) and 0 <= int(row["answer"]) <= 100
+        assert len(expression.split()) == 2 * row["operations"] + 1
+        assert task.reward([], [f"{expression} = {row['answer']}"], answer=[row["answer"]]) == [1.0]
+    assert Counter(r["operations"] for r in task.eval_rows) == {1: 22, 2: 21, 3: 21}
+    assert Counter(r["operations"] for r in rows)[1] == 164  # every one-operation question, then the rest
+    marked = mixed_questions(30, 6, seed=1, reward="marker")
+    assert marked.reward([], [marked.eval_rows[0]["reference"]], answer=[marked.eval_rows[0]["answer"]]) == [1.0]
+
+
+def test_the_mixed_task_is_a_smollm_task_of_the_command_line():
+    from railgate.bench.trl import TASKS, TrlBenchSpec
+
+    assert "mixed" in TASKS["smollm"]
+    assert TrlBenchSpec(model="smollm", task="mixed").label == "smollm-mixed"
+    with pytest.raises(ValueError, match="--task=mixed is a task of --model=smollm"):
+        TrlBenchSpec(model="cpu", task="mixed").check()

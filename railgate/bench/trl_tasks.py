@@ -14,6 +14,7 @@
   problem with one-digit numbers, about 20%. The reference (the number) is one of many
   completions that earn it: a lower bound.
 * ``questions``: one-operation arithmetic questions in a chat prompt (``arithmetic_questions``).
+* ``mixed``: one-, two- and three-operation questions together (``mixed_questions``).
 
 The chat tasks take a ``reward`` (``railgate.bench.trl_rewards``): ``last`` (the last number, the
 default) or ``marker`` (the number after ``Answer:``, which the prompt asks for; restating the
@@ -41,7 +42,15 @@ from typing import Any
 
 from railgate.bench.trl_rewards import REWARDS, Reward, last_number, last_number_reward
 
-__all__ = ["TrlTask", "arithmetic_questions", "arithmetic_task", "last_number", "last_number_reward", "word_problems"]
+__all__ = [
+    "TrlTask",
+    "arithmetic_questions",
+    "arithmetic_task",
+    "last_number",
+    "last_number_reward",
+    "mixed_questions",
+    "word_problems",
+]
 
 
 @dataclass(frozen=True)
@@ -147,6 +156,67 @@ def arithmetic_questions(n_train: int, n_eval: int, seed: int, reward: str = "la
         for a, op, b in pairs
     ]
     return _chat_task("questions", out[n_eval : n_eval + n_train], out[:n_eval], grade)
+
+
+MIXED_MAX_ANSWER = 100
+"""``mixed_questions``' answers lie in 0..this."""
+
+
+def mixed_questions(n_train: int, n_eval: int, seed: int, reward: str = "last") -> TrlTask:
+    """``n_eval`` held-out and up to ``n_train`` training questions of one, two and three
+    operations on the numbers 2-9 ("What is 7 + 3 * 2? Reply with only the number.", with the
+    usual precedence; answers 0-100), distinct, seeded, graded like ``arithmetic_questions``:
+    a task whose questions are meant to range from easy to hard, so that pass rates spread over
+    prompts as a real dataset's do (not measured on SmolLM2 yet). The levels take turns, so the
+    held-out questions are a third of each; once the 164 one-operation questions are used up the
+    other two levels share the rest. Each row's ``operations`` column gives its level.
+
+    >>> task = mixed_questions(30, 6, seed=0)
+    >>> [r["operations"] for r in task.eval_rows], len(task.train_rows)
+    ([1, 2, 3, 1, 2, 3], 30)
+    >>> row = task.eval_rows[1]
+    >>> row["prompt"][0]["content"], row["answer"]
+    ('What is 7 * 2 * 4? Reply with only the number.', '56')
+    """
+    grade = _reward(reward)
+    rng = random.Random(f"mixed-questions:{seed}")
+    seen: set[str] = set()
+    rows: list[dict[str, Any]] = []
+    open_levels = [1, 2, 3]
+    while len(rows) < n_eval + n_train and open_levels:
+        level = open_levels[len(rows) % len(open_levels)]
+        for _ in range(1000):  # draws before a level counts as used up
+            numbers = [rng.randint(2, 9) for _ in range(level + 1)]
+            ops = [rng.choice(tuple(OPERATIONS)) for _ in range(level)]
+            text = " ".join(x for pair in zip(map(str, numbers), [*ops, ""]) for x in pair).strip()
+            answer = _evaluate(numbers, ops)
+            if text not in seen and 0 <= answer <= MIXED_MAX_ANSWER:
+                break
+        else:
+            open_levels.remove(level)
+            continue
+        seen.add(text)
+        row = _chat_row(f"What is {text}?", "Reply with only the number.", answer, grade)
+        rows.append({**row, "operations": level})
+    if len(rows) <= n_eval:
+        raise ValueError(f"--eval-prompts={n_eval} leaves no training question of {len(rows)}; ask for fewer")
+    return _chat_task("mixed", rows[n_eval:], rows[:n_eval], grade)
+
+
+def _evaluate(numbers: list[int], ops: list[str]) -> int:
+    """``numbers`` joined by ``ops`` with the usual precedence (products first, then left to right).
+
+    >>> _evaluate([7, 3, 2], ["+", "*"]), _evaluate([9, 2, 3, 4], ["-", "-", "*"])
+    (13, -5)
+    """
+    terms, signs = [numbers[0]], [1]
+    for op, x in zip(ops, numbers[1:]):
+        if op == "*":
+            terms[-1] *= x
+        else:
+            terms.append(x)
+            signs.append(1 if op == "+" else -1)
+    return sum(s * t for s, t in zip(signs, terms))
 
 
 def _reward(name: str) -> Reward:

@@ -153,8 +153,8 @@ def _trl_options(parser: argparse.ArgumentParser) -> None:
         "--task",
         choices=sorted({t for tasks in TASKS.values() for t in tasks}),
         default=d.task or None,
-        help="the model's task (default: its first): smollm: word (word problems) or questions (one-operation "
-        "arithmetic questions, an easier start); cpu: arithmetic",
+        help="the model's task (default: its first): smollm: word (word problems), questions (one-operation "
+        "arithmetic questions, an easier start) or mixed (one-, two- and three-operation questions); cpu: arithmetic",
     )
     parser.add_argument(
         "--reward",
