@@ -106,3 +106,38 @@ def test_arithmetic_questions_are_seeded_distinct_and_right():
     assert len(arithmetic_questions(10, 64, seed=3).train_rows) == 10
     with pytest.raises(ValueError, match="--eval-prompts=351 leaves no training question"):
         arithmetic_questions(10, 351, seed=3)
+
+
+def _stepped(trainer: str, seed: int, accs: list[float], rollouts_per_step: int) -> RunRecord:
+    """A run evaluated after every step, each step costing ``rollouts_per_step``."""
+    points = [Point(i * rollouts_per_step, 0, float(i), a, 0.02, i) for i, a in enumerate(accs)]
+    n = len(accs) - 1
+    return RunRecord(trainer, seed, points, n * rollouts_per_step, 0, 1.0, 0.0, 0.0, n)
+
+
+def test_gated_minus_grpo_is_paired_by_seed_at_equal_rollouts_and_at_equal_steps_with_a_t_interval():
+    # The gated steps cost 1.5x GRPO's rollouts: ahead per step, behind per rollout.
+    runs = []
+    for seed, lift in enumerate((0.00, 0.02, 0.04)):
+        runs.append(_stepped("grpo", seed, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7], 64))
+        runs.append(_stepped("gated", seed, [0.1, 0.25 + lift, 0.4 + lift, 0.5 + lift, 0.55 + lift], 96))
+    r = summary(runs)["ratio"]
+    # equal rollouts: both at 384 (GRPO's step 6, the gated run's step 4)
+    assert r["equal_rollouts_difference"] == pytest.approx([-0.15, -0.13, -0.11])
+    # equal steps: both after step 4
+    assert r["equal_steps_difference"] == pytest.approx([0.05, 0.07, 0.09])
+    i = r["equal_steps_interval"]
+    half = 4.302652729749464 * 0.02 / 3**0.5  # t(0.975, 2) x sd / sqrt(seeds)
+    assert (i["mean"], i["lo"], i["hi"], i["n"]) == pytest.approx((0.07, 0.07 - half, 0.07 + half, 3))
+    text = markdown(TrlBenchSpec(), runs, summary(runs))
+    steps = f"+0.070 (± {half:.3f}: 95% {0.07 - half:+.3f} to {0.07 + half:+.3f}; seeds +0.050, +0.070, +0.090)"
+    assert f"at equal optimiser steps {steps}" in text
+    assert "at equal rollouts -0.130 (± " in text
+    assert "-0.130 ± 0.020 at equal rollouts" in text  # the ratio line keeps its mean ± std
+
+
+def test_one_seed_gives_its_differences_and_no_interval():
+    runs = [_stepped("grpo", 0, [0.1, 0.2, 0.3], 64), _stepped("gated", 0, [0.1, 0.3], 96)]
+    s = summary(runs)
+    assert s["ratio"]["equal_steps_interval"]["lo"] is None
+    assert "at equal optimiser steps +0.100 (one seed: no interval; seeds +0.100)" in markdown(TrlBenchSpec(), runs, s)

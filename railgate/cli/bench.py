@@ -140,6 +140,7 @@ def _allocation(args: argparse.Namespace) -> int:
 
 def _trl_options(parser: argparse.ArgumentParser) -> None:
     from railgate.bench.trl import TASKS, TrlBenchSpec
+    from railgate.bench.trl_rewards import REWARDS
 
     d = TrlBenchSpec()
     parser.add_argument(
@@ -152,8 +153,15 @@ def _trl_options(parser: argparse.ArgumentParser) -> None:
         "--task",
         choices=sorted({t for tasks in TASKS.values() for t in tasks}),
         default=d.task or None,
-        help="the model's task (default: its first): smollm: word (word problems) or questions (one-operation "
-        "arithmetic questions, an easier start); cpu: arithmetic",
+        help="the model's task (default: its first): smollm: word (word problems), questions (one-operation "
+        "arithmetic questions, an easier start) or mixed (one-, two- and three-operation questions); cpu: arithmetic",
+    )
+    parser.add_argument(
+        "--reward",
+        choices=tuple(REWARDS),
+        default=d.reward,
+        help="smollm's grading: last (the last number in the completion) or marker (the number after "
+        '"Answer:", which the prompt asks for; restating the prompt earns nothing) (default: %(default)s)',
     )
     parser.add_argument(
         "--seeds", type=int, default=d.seeds, help="seeds, each running both trainers (default: %(default)s)"
@@ -164,7 +172,9 @@ def _trl_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--prompts-per-step", type=int, default=d.prompts_per_step, help="default: %(default)s")
     parser.add_argument("--group-size", type=int, default=d.group_size, help="num_generations (default: %(default)s)")
-    parser.add_argument("--probe-size", type=int, default=d.probe_size, help="gate_probe_size (default: %(default)s)")
+    parser.add_argument(
+        "--probe-size", type=int, default=d.probe_size, help="gate_probe_size (default: %(default)s: half the group)"
+    )
     parser.add_argument(
         "--eval-every", type=int, default=d.eval_every, help="rollouts between evaluations (default: %(default)s)"
     )
@@ -212,14 +222,17 @@ def _trl(args: argparse.Namespace) -> int:
             "threads",
         )
     }
-    bad = {k: v for k, v in numbers.items() if v < (2 if k == "group_size" else 1)}
+    least = {"group_size": 2, "probe_size": 0}
+    bad = {k: v for k, v in numbers.items() if v < least.get(k, 1)}
     if bad:
         raise ConfigError(
-            ", ".join(f"--{k.replace('_', '-')}={v}" for k, v in bad.items()) + " must be >= 1 (--group-size >= 2)"
+            ", ".join(f"--{k.replace('_', '-')}={v}" for k, v in bad.items())
+            + " must be >= 1 (--group-size >= 2, --probe-size >= 0); raise it"
         )
     spec = TrlBenchSpec(
         model=args.model,
         task=args.task or "",
+        reward=args.reward,
         first_seed=args.first_seed,
         learning_rate=args.learning_rate,
         train_prompts=args.train_prompts,
@@ -233,7 +246,7 @@ def _trl(args: argparse.Namespace) -> int:
             "python -m venv peer && peer/bin/pip install -e '.[cgrpo-peer]'"
         )
     try:
-        spec.task_name()
+        spec.check()
     except ValueError as e:
         raise ConfigError(str(e)) from None
     report = run_trl_bench(spec, args.out, progress=not args.no_progress)

@@ -6,10 +6,14 @@ field list), so every TRL setting keeps its meaning. The gate's rules live once,
 builds them from these fields, and their checks run at construction with the messages naming
 the ``gate_*`` field and the fix.
 
+The probe size follows ``num_generations`` unless set (``gate_probe_size=0``: half the group):
+
 >>> args = GatedGRPOConfig(output_dir="out", num_generations=8, per_device_train_batch_size=16, use_cpu=True,
 ...                        report_to=[])
->>> args.gate_kind, args.gate_config().sara.probe_size, args.prompts_per_step
-('sara', 4, 2)
+>>> args.gate_kind, args.probe_size, args.gate_config().sara.probe_size, args.prompts_per_step
+('sara', 4, 4, 2)
+>>> GatedGRPOConfig(output_dir="out", num_generations=4, report_to=[], use_cpu=True).probe_size
+2
 >>> GatedGRPOConfig(output_dir="out", num_generations=4, gate_probe_size=4, report_to=[], use_cpu=True)
 Traceback (most recent call last):
 ...
@@ -58,9 +62,9 @@ class GatedGRPOConfig(GRPOConfig):
     mixed), ``hora`` (probe a step's prompts, split the rest of a budget by hit utility),
     ``ds`` (DAPO dynamic sampling: full groups, drop the all-same ones, refill) or ``uniform``
     (every group whole: plain GRPO)."""
-    gate_probe_size: int = 4
+    gate_probe_size: int = 0
     """SARA's probe k and HORA's G0: rollouts a prompt gets before the gate decides; below
-    ``num_generations``."""
+    ``num_generations``. 0: derived, ``num_generations // 2`` (at least 1; ``probe_size``)."""
     gate_tau_commit: float = 0.5
     """SARA: train on a group once its chance of ending mixed is at least this."""
     gate_tau_abandon: float = 0.45
@@ -124,9 +128,11 @@ class GatedGRPOConfig(GRPOConfig):
         super().__post_init__()
         if self.gate_kind not in GATE_KINDS:
             raise ValueError(f"gate_kind={self.gate_kind!r} is not one of {', '.join(GATE_KINDS)}; pick one of them")
-        if self.gate_kind in ("sara", "hora") and self.gate_probe_size >= self.num_generations:
+        if self.gate_probe_size < 0:
+            raise ValueError(f"gate_probe_size={self.gate_probe_size} must be >= 0 (0: num_generations // 2); raise it")
+        if self.gate_kind in ("sara", "hora") and self.probe_size >= self.num_generations:
             raise ValueError(
-                f"gate_probe_size={self.gate_probe_size} is not below num_generations={self.num_generations}: "
+                f"gate_probe_size={self.probe_size} is not below num_generations={self.num_generations}: "
                 "the gate could never stop a group before it is full; lower gate_probe_size or raise "
                 "num_generations"
             )
@@ -151,6 +157,12 @@ class GatedGRPOConfig(GRPOConfig):
         return self.gate_kind == "sara" and self.gate_reference_prior
 
     @property
+    def probe_size(self) -> int:
+        """The probe the gate uses: ``gate_probe_size``, or when it is 0 ``num_generations // 2``
+        (at least 1), so any group size of 2 or more has a probe below it."""
+        return self.gate_probe_size or max(1, self.num_generations // 2)
+
+    @property
     def prompts_per_step(self) -> int:
         """Groups in one generation batch: ``generation_batch_size / num_generations``."""
         return self.generation_batch_size // self.num_generations
@@ -158,7 +170,7 @@ class GatedGRPOConfig(GRPOConfig):
     def gate_config(self, reference_prior: bool | None = None) -> GateConfig:
         """railgate's ``GateConfig`` of these settings (``reference_prior``: override whether SARA
         uses it, e.g. when no reference column exists); ``ValueError`` naming the ``gate_*`` field."""
-        b, g, k = self.prompts_per_step, self.num_generations, self.gate_probe_size
+        b, g, k = self.prompts_per_step, self.num_generations, self.probe_size
         use_reference = self.uses_reference if reference_prior is None else reference_prior
         sections = {
             "sara": lambda: {

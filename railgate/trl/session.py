@@ -124,6 +124,7 @@ class GateSession:
         self.sampler = TrlSampler(trainer)
         self.rollouts_trained = 0
         self.pad_rows = 0
+        self.groups_mixed = 0  # trained groups whose rewards differ (non-zero advantage somewhere)
         self._last: TrainBatch | None = None
         self._filler: Row | None = None
 
@@ -195,6 +196,7 @@ class GateSession:
             filler=self._filler,
         )
         self.rollouts_trained += sum(not r.is_pad for r in out)
+        self.groups_mixed += sum(g.is_effective for g in batch.groups)
         self.pad_rows += sum(r.is_pad for r in out)
         self._check_ranks(batch)
         return out
@@ -238,6 +240,7 @@ class GateSession:
             "railgate/rollouts_trained": float(self.rollouts_trained),
             "railgate/groups_committed": float(budget.groups_committed),
             "railgate/groups_abandoned": float(budget.groups_abandoned),
+            "railgate/groups_mixed_trained": float(self.groups_mixed),
             "railgate/prompts_skipped": gate.get("gate/skip_reference", 0.0),
             "railgate/filler_rollouts": float(self.sampler.filler_rollouts),
             "railgate/pad_rows": float(self.pad_rows),
