@@ -7,7 +7,8 @@ import math
 
 import numpy as np
 import pytest
-from gate_harness import GateHarness, HarnessConfig, admit, kinds, pool_of, snap
+from gate_harness import GateHarness, HarnessConfig
+from gate_units import admit, kinds, pool_of, snap
 
 from controller.config import SaraConfig
 from controller.gates.sara import SaraGate

@@ -58,7 +58,15 @@ def trl_fresh_model(tmp_path):
 
 def test_sara_trains_only_mixed_groups_and_counts_every_rollout(tmp_path):
     # easy prompts always earn 1, hard ones 0: their probes are all-same, and SARA abandons them.
-    trainer = gated(tmp_path, outcome_rows(60), by_kind, gate_reference_prior=False, max_steps=4, gate_step_rollouts=50)
+    trainer = gated(
+        tmp_path,
+        outcome_rows(60),
+        by_kind,
+        gate_reference_prior=False,
+        gate_probe_when="always",
+        max_steps=4,
+        gate_step_rollouts=50,
+    )
     trainer.train()
     steps = [h for h in trainer.state.log_history if "loss" in h]
     assert len(steps) == 4 and all(h["frac_reward_zero_std"] == 0.0 for h in steps)  # every trained group is mixed
