@@ -65,3 +65,19 @@ def test_every_optimiser_step_is_recorded_and_survives_trl_json(tmp_path):
     _write(spec, runs, tmp_path)
     stored = json.loads((tmp_path / "trl.json").read_text())["runs"]
     assert [RunRecord.from_json(r) for r in stored] == runs
+
+
+def test_gate_defaults_leave_the_reference_settings_to_gated_grpo_config(tmp_path):
+    import dataclasses
+
+    from railgate.trl import GatedGRPOConfig
+
+    task = dataclasses.replace(tiny_task(), reference_exact=True, reference_skip=0.8)
+    told, _ = build_trainer("gated", 0, SPEC, task, model_dir(tmp_path), tmp_path)
+    assert (told.args.gate_reference_exact, told.args.gate_reference_skip) == (True, 0.8)  # the task's
+    spec = dataclasses.replace(SPEC, gate_defaults=True)
+    own, _ = build_trainer("gated", 0, spec, task, model_dir(tmp_path), tmp_path / "defaults")
+    defaults = GatedGRPOConfig(output_dir=str(tmp_path / "d"), use_cpu=True, bf16=False)
+    assert own.args.gate_reference_exact == defaults.gate_reference_exact is False
+    assert own.args.gate_reference_skip == defaults.gate_reference_skip
+    assert own.args.gate_reference_calibrate is True

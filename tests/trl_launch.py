@@ -10,8 +10,9 @@ Scenarios (the global batch is the same for any N: 4 prompts x 4 completions a s
 
 * ``hora``: HORA on prompts whose reward is fixed by the prompt (easy 1, hard 0), so its
   allocation is a function of the gathered probes alone -- the same for 1 and 2 processes;
-* ``split``: SARA with a reward of 1 on process 0 and 0 on process 1, so a group is mixed only
-  when its probe is split over the two processes (gathering is what makes it trainable);
+* ``split``: SARA (probing every prompt) with a reward of 1 on process 0 and 0 on process 1, so a
+  group is mixed only when its probe is split over the two processes (gathering is what makes it
+  trainable);
 * ``disagree``: like ``hora``, but process 1's dataset lacks a row, so its gate draws other
   prompts (the run must stop rather than train on groups the processes disagree about).
 
@@ -61,6 +62,7 @@ def main(scenario: str, out: Path, model: str) -> None:
         **CPU_RUN,
         gate_kind=kind,
         gate_probe_size=2,
+        gate_probe_when="always",  # probes always: the scenario is about a probe split over processes
         gate_hora_budget=14,
         gate_reference_prior=False,
         gate_step_rollouts=8,

@@ -72,6 +72,10 @@ class TrlBenchSpec:
     """Completions per prompt (``num_generations``)."""
     probe_size: int = 0
     """The gate's probe (``gate_probe_size``), below ``group_size``; 0: half of ``group_size``."""
+    gate_defaults: bool = False
+    """The gated trainer keeps ``GatedGRPOConfig``'s own reference settings (a reference that is not
+    known to be exact, calibrated online; skip 0.45) instead of the task's (the CPU model's exact
+    reference with skip 0.8): what a user who only changed the two names gets."""
     eval_every: int = 2048
     """Generated rollouts between held-out evaluations."""
     eval_prompts: int = 512
@@ -99,9 +103,12 @@ class TrlBenchSpec:
         ('smollm', 'smollm-questions')
         >>> TrlBenchSpec(model="smollm", task="questions", reward="marker").label
         'smollm-questions-marker'
+        >>> TrlBenchSpec(model="cpu", gate_defaults=True).label
+        'cpu-defaults'
         """
         label = self.model if self.task in ("", TASKS.get(self.model, ("",))[0]) else f"{self.model}-{self.task}"
-        return label if self.reward == "last" else f"{label}-{self.reward}"
+        label = label if self.reward == "last" else f"{label}-{self.reward}"
+        return f"{label}-defaults" if self.gate_defaults else label
 
     def check(self) -> None:
         """``ValueError`` naming the flag and the fix when the model has no such task or reward.
@@ -343,8 +350,8 @@ def build_trainer(
         gate_max_rollouts=spec.budget,
         gate_probe_size=spec.probe_size,
         gate_reference_column="reference",
-        gate_reference_exact=task.reference_exact,
-        gate_reference_skip=task.reference_skip,
+        **({} if spec.gate_defaults else {"gate_reference_exact": task.reference_exact}),
+        **({} if spec.gate_defaults else {"gate_reference_skip": task.reference_skip}),
         **matched,
     )
     gated = GatedGRPOTrainer(

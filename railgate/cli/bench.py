@@ -176,6 +176,12 @@ def _trl_options(parser: argparse.ArgumentParser) -> None:
         "--probe-size", type=int, default=d.probe_size, help="gate_probe_size (default: %(default)s: half the group)"
     )
     parser.add_argument(
+        "--gate-defaults",
+        action="store_true",
+        help="the gated trainer keeps GatedGRPOConfig's reference settings (calibrated, not exact; skip 0.45), "
+        "not the task's exact reference (output folder MODEL-defaults)",
+    )
+    parser.add_argument(
         "--eval-every", type=int, default=d.eval_every, help="rollouts between evaluations (default: %(default)s)"
     )
     parser.add_argument(
@@ -238,6 +244,7 @@ def _trl(args: argparse.Namespace) -> int:
         train_prompts=args.train_prompts,
         model_dir=args.model_dir,
         peer_python=args.peer_python,
+        gate_defaults=args.gate_defaults,
         **numbers,
     )
     if spec.peer_python and not Path(spec.peer_python).exists():
