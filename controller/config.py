@@ -256,6 +256,11 @@ class SaraConfig:
     (the uniform prior gives any group 0.778) but those ``MAX_SKIPS`` forces open. Where the
     likelihood is only a lower bound q, a scored prompt is skipped when 1 - q^G is at most this
     (at 0.8: q >= 0.818)."""
+    reference_skip_share: float = 1.0
+    """reference_prior: the largest share of prompts the screen skips: a prompt is skipped only if its
+    chance is also under this quantile of the latest openings' chances (``ReferenceScreen.skips``),
+    so a run where every prompt looks alike (a hard start: all chances low) skips almost none
+    instead of nearly all. 1: no cap, ``reference_skip`` alone decides."""
     reference_ahead: int = 0
     """reference_prior: prompts scored after each learner step, the next ones in the selector's
     order; 0: 4 x ``orchestrator.batch_groups`` (a step takes about two prompts a group, and
@@ -297,6 +302,10 @@ class SaraConfig:
         require(
             0 <= self.reference_skip < 1,
             f"{key}.reference_skip={self.reference_skip} must be in [0, 1) (a chance; 1 would skip every prompt)",
+        )
+        require(
+            0 < self.reference_skip_share <= 1,
+            f"{key}.reference_skip_share={self.reference_skip_share} must be in (0, 1] (a share of prompts; 1: no cap)",
         )
         require(
             self.reference_ahead >= 0,

@@ -33,10 +33,6 @@ A prompt with no score (reached before it was scored, or with no reference) gets
 prior unchanged, and its chance under that prior; ``metrics`` counts both, and the tokens scored.
 
 >>> from pipeline.types import Prompt
-
-# Smallest Beta parameter an exact prior gets: a prompt the policy answers right with
-# likelihood 1 (or 0) still has a proper prior.
-MIN_PSEUDO = 1e-3
 >>> upcoming = [Prompt(0, "", (1, 5)), Prompt(2, "", (1,)), Prompt(1, "", (1, 6))]
 >>> screen = ReferenceScreen({0: (7, 2), 1: (8, 2)}, lambda n: upcoming[:n], exact=True, strength=64, ahead=4)
 >>> [p.prompt_id for p in screen.wanted()]
@@ -54,6 +50,7 @@ MIN_PSEUDO = 1e-3
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -64,6 +61,10 @@ from pipeline.types import Prompt
 # Smallest Beta parameter an exact prior gets: a prompt the policy answers right with
 # likelihood 1 (or 0) still has a proper prior.
 MIN_PSEUDO = 1e-3
+# Openings whose mixed chances the skip share's quantile is taken over (the latest), and how
+# many it needs before it lowers the skip bar.
+SKIP_WINDOW = 256
+SKIP_MIN_OPENINGS = 32
 
 
 class Opening(NamedTuple):
@@ -120,6 +121,7 @@ class ReferenceScreen:
         self.calibration = None if exact else calibration
         self._logprob: dict[int, float] = {}
         self._counts = {"reference_scored": 0, "reference_scored_tokens": 0, "reference_unscored": 0}
+        self._chances: deque[float] = deque(maxlen=SKIP_WINDOW)
 
     def wanted(self) -> list[Prompt]:
         """The selector's next ``ahead`` prompts that have a reference and no score yet, each once
@@ -171,6 +173,31 @@ class ReferenceScreen:
         prior = (max(self.strength * q, MIN_PSEUDO), max(self.strength * (1.0 - q), MIN_PSEUDO))
         return Opening(prior, effective_probability(0, 0, group_size, prior), lp)
 
+    def skips(self, opening: Opening, limit: float, share: float = 1.0) -> bool:
+        """Whether the prompt of ``opening`` is skipped: its mixed chance is at most ``limit`` and,
+        with ``share`` below 1, under the ``share``-quantile of the chances of the latest
+        ``SKIP_WINDOW`` openings (once there are ``SKIP_MIN_OPENINGS``), so at most about that share
+        of the prompts is skipped. A run where every prompt looks alike -- a hard start, where each
+        group's chance is low -- then skips almost none instead of nearly all; where the chances
+        spread, the bar is ``limit``. Every opening asked about joins the window.
+
+        >>> screen = ReferenceScreen({}, lambda n: [], exact=True, strength=64, ahead=1)
+        >>> alike = Opening((1.0, 9.0), 0.3, -2.3)
+        >>> [screen.skips(alike, 0.8) for _ in range(40)][-1]          # no share: the limit alone
+        True
+        >>> [screen.skips(alike, 0.8, share=0.5) for _ in range(40)][-1]  # all alike: none skipped
+        False
+        >>> screen.skips(Opening((1.0, 99.0), 0.1, -4.6), 0.8, share=0.5)  # below the pool's median
+        True
+        """
+        chance = opening.mixed
+        below_share = True
+        if share < 1.0 and len(self._chances) >= SKIP_MIN_OPENINGS:
+            ordered = sorted(self._chances)
+            below_share = chance < ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+        self._chances.append(chance)
+        return chance <= limit and below_share
+
     def observe(self, logprob: float, successes: int, rollouts: int) -> None:
         """A group that opened with score ``logprob`` earned ``successes`` of ``rollouts``: what
         the calibration fits (nothing without one)."""
@@ -181,12 +208,15 @@ class ReferenceScreen:
         """The counters and the calibration's groups (scores are not kept: a resumed run scores
         afresh before its first step)."""
         state: dict[str, Any] = dict(self._counts)
+        state["chances"] = list(self._chances)
         if self.calibration is not None:
             state["calibration"] = self.calibration.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._counts.update({k: int(state.get(k, 0)) for k in self._counts})
+        self._chances.clear()
+        self._chances.extend(float(c) for c in state.get("chances", []))
         if self.calibration is not None:
             self.calibration.load_state_dict(state.get("calibration", {}))
 

@@ -149,3 +149,38 @@ def test_a_calibrated_lower_bound_skips_saturated_prompts_a_bound_alone_lets_thr
         calibrated.gate.metrics()["gate/skip_reference"] > 2 * bound.gate.metrics().get("gate/skip_reference", 0) + 10
     )
     assert effective["cal"] > effective["bound"], (effective, per_shipped)
+
+
+def _skips_on(rates: dict[int, float], share: float) -> tuple[float, GateHarness]:
+    """Share of the prompts SARA's exact reference screen (skip 0.8) skipped in a harness run over
+    prompts whose likelihood is their pass rate."""
+    n = len(rates)
+    config = SaraConfig(reference_prior=True, reference_skip=0.8, reference_skip_share=share)
+    gate = SaraGate(pool_of(n, seed=4), group_size=8, config=config)
+    screen = ReferenceScreen({i: (1,) for i in range(n)}, gate.source.peek, exact=True, strength=64, ahead=n)
+    gate.attach_reference(screen)
+    cfg = HarnessConfig(batch_groups=8, steps=20, max_async_steps=1, learner_time=0.0, max_open_groups=16)
+    harness = GateHarness(gate, rates, cfg)
+    original = gate.admit
+
+    def admit_scored(group_ids, step):
+        screen.update({p.prompt_id: math.log(rates[p.prompt_id]) for p in screen.wanted()}, tokens=0)
+        return original(group_ids, step)
+
+    gate.admit = admit_scored  # type: ignore[method-assign]
+    harness.run()
+    skipped = gate.metrics().get("gate/skip_reference", 0.0)
+    return skipped / (skipped + harness.stats["opened"]), harness
+
+
+def test_a_skip_share_keeps_a_hard_start_from_skipping_nearly_every_prompt():
+    rng = np.random.default_rng(5)
+    hard = {i: float(r) for i, r in enumerate(rng.uniform(0.02, 0.06, size=600))}  # every group ~ 0.3 mixed
+    uncapped, _ = _skips_on(hard, 1.0)
+    capped, harness = _skips_on(hard, 0.5)
+    assert uncapped > 0.9  # every chance is under 0.8: the limit alone skips almost all
+    assert capped < 0.6 and harness.stats["shipped"] > 0
+    spread = {i: float(r) for i, r in enumerate(rng.uniform(0.0, 1.0, size=600))}
+    spread_uncapped, _ = _skips_on(spread, 1.0)
+    spread_capped, _ = _skips_on(spread, 0.5)
+    assert 0.3 < spread_capped <= spread_uncapped  # rates that spread still skip the saturated ones

@@ -206,7 +206,8 @@ class SaraGate(BaseGate[SaraRecord]):
 
     def _screened_prompt(self) -> tuple[Prompt, tuple[float, float], float | None] | None:
         """The next prompt the reference screen lets through, its prior and score: prompts whose group
-        would be effective with chance at most ``reference_skip`` are skipped, at most ``MAX_SKIPS``
+        would be effective with chance at most ``reference_skip`` (and under the ``reference_skip_share``
+        quantile of the latest openings) are skipped, at most ``MAX_SKIPS``
         in a row (then the last one opens anyway, so a pool of solved prompts cannot stall
         admission); None when the selector has no prompt left."""
         assert self.reference is not None
@@ -217,7 +218,8 @@ class SaraGate(BaseGate[SaraRecord]):
             prompt = taken[0]
             base = self._prior_of(prompt.prompt_id, self._base_prior(prompt))
             opening = self.reference.opening(prompt.prompt_id, base, self.group_size)
-            if opening.mixed > self.config.reference_skip or skips == MAX_SKIPS:
+            skipped = self.reference.skips(opening, self.config.reference_skip, self.config.reference_skip_share)
+            if not skipped or skips == MAX_SKIPS:
                 return prompt, opening.prior, opening.logprob
             self._verdicts.add("skip_reference")
             self.source.release(prompt.prompt_id)

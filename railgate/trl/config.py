@@ -40,6 +40,7 @@ _RAILGATE_KEYS = {
     "gate.sara.tau_commit": "gate_tau_commit",
     "gate.sara.tau_abandon": "gate_tau_abandon",
     "gate.sara.reference_skip": "gate_reference_skip",
+    "gate.sara.reference_skip_share": "gate_reference_skip_share",
     "gate.sara.reference_strength": "gate_reference_strength",
     "gate.sara.reference_calibrate": "gate_reference_calibrate",
     "gate.sara.probe_when": "gate_probe_when",
@@ -89,6 +90,10 @@ class GatedGRPOConfig(GRPOConfig):
     gate_reference_skip: float = 0.45
     """Skip a prompt before any rollout when the reference prior gives its group a chance of
     ending mixed of at most this (railgate's CPU default uses 0.8 with an exact reference)."""
+    gate_reference_skip_share: float = 1.0
+    """The largest share of prompts the reference prior skips: a prompt is skipped only if its chance
+    is also under this quantile of the latest prompts' chances, so a hard start, where every prompt
+    looks alike, skips almost none. 1: ``gate_reference_skip`` alone decides."""
     gate_reference_calibrate: bool = True
     """With ``gate_reference_exact=False``: fit online how the reference's likelihood maps to the pass
     rates the run observes (``controller.reference_fit``) and, once fitted (32 scored groups), start
@@ -180,6 +185,7 @@ class GatedGRPOConfig(GRPOConfig):
                     tau_abandon=self.gate_tau_abandon,
                     reference_prior=use_reference,
                     reference_skip=self.gate_reference_skip,
+                    reference_skip_share=self.gate_reference_skip_share,
                     reference_calibrate=self.gate_reference_calibrate,
                     probe_when=self.gate_probe_when,  # type: ignore[arg-type]  # checked by SaraConfig
                     reference_strength=self.gate_reference_strength,
