@@ -27,6 +27,24 @@ def _observed(gamma: float, n: int = 300, seed: int = 0, kappa: float | None = N
     return fit
 
 
+def _screened_run(
+    gate: SaraGate, screen: ReferenceScreen, rates: dict[int, float], logprobs: dict[int, float], steps: int
+) -> GateHarness:
+    """A harness run of ``gate`` with ``screen`` attached, scoring the prompts it wants (from
+    ``logprobs``) before every admission, as the learner does after each step."""
+    gate.attach_reference(screen)
+    cfg = HarnessConfig(batch_groups=8, steps=steps, max_async_steps=1, learner_time=0.0, max_open_groups=16)
+    harness = GateHarness(gate, rates, cfg)
+    original = gate.admit
+
+    def admit_scored(group_ids, step):
+        screen.update({p.prompt_id: logprobs[p.prompt_id] for p in screen.wanted()}, tokens=0)
+        return original(group_ids, step)
+
+    gate.admit = admit_scored  # type: ignore[method-assign]
+    return harness.run()
+
+
 def test_an_exact_reference_fits_gamma_one_and_a_lifted_one_below():
     assert _observed(1.0).gamma() == pytest.approx(1.0, abs=0.1)
     assert _observed(0.3).gamma() == pytest.approx(0.3, abs=0.06)
@@ -126,17 +144,7 @@ def test_a_calibrated_lower_bound_skips_saturated_prompts_a_bound_alone_lets_thr
             ahead=n,
             calibration=ReferenceCalibration(min_groups=32) if calibrate else None,
         )
-        gate.attach_reference(screen)
-        cfg = HarnessConfig(batch_groups=8, steps=40, max_async_steps=1, learner_time=0.0, max_open_groups=16)
-        harness = GateHarness(gate, rates, cfg)
-        original = gate.admit
-
-        def admit_scored(group_ids, step):  # every step, the screen scores its prompts afresh
-            screen.update({p.prompt_id: logprobs[p.prompt_id] for p in screen.wanted()}, tokens=0)
-            return original(group_ids, step)
-
-        gate.admit = admit_scored  # type: ignore[method-assign]
-        return harness.run()
+        return _screened_run(gate, screen, rates, logprobs, steps=40)
 
     bound, calibrated = run(False), run(True)
     per_shipped = {
@@ -158,17 +166,7 @@ def _skips_on(rates: dict[int, float], share: float) -> tuple[float, GateHarness
     config = SaraConfig(reference_prior=True, reference_skip=0.8, reference_skip_share=share)
     gate = SaraGate(pool_of(n, seed=4), group_size=8, config=config)
     screen = ReferenceScreen({i: (1,) for i in range(n)}, gate.source.peek, exact=True, strength=64, ahead=n)
-    gate.attach_reference(screen)
-    cfg = HarnessConfig(batch_groups=8, steps=20, max_async_steps=1, learner_time=0.0, max_open_groups=16)
-    harness = GateHarness(gate, rates, cfg)
-    original = gate.admit
-
-    def admit_scored(group_ids, step):
-        screen.update({p.prompt_id: math.log(rates[p.prompt_id]) for p in screen.wanted()}, tokens=0)
-        return original(group_ids, step)
-
-    gate.admit = admit_scored  # type: ignore[method-assign]
-    harness.run()
+    harness = _screened_run(gate, screen, rates, {i: math.log(r) for i, r in rates.items()}, steps=20)
     skipped = gate.metrics().get("gate/skip_reference", 0.0)
     return skipped / (skipped + harness.stats["opened"]), harness
 

@@ -333,6 +333,7 @@ def build_trainer(
 
     step_rollouts = spec.prompts_per_step * spec.group_size
     matched = matched_args(spec, task, trainer, seed, root)
+    task_reference = {"gate_reference_exact": task.reference_exact, "gate_reference_skip": task.reference_skip}
     dataset = Dataset.from_list(paired_order(task.train_rows, seed))
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     if trainer == "grpo":
@@ -350,8 +351,7 @@ def build_trainer(
         gate_max_rollouts=spec.budget,
         gate_probe_size=spec.probe_size,
         gate_reference_column="reference",
-        **({} if spec.gate_defaults else {"gate_reference_exact": task.reference_exact}),
-        **({} if spec.gate_defaults else {"gate_reference_skip": task.reference_skip}),
+        **({} if spec.gate_defaults else task_reference),
         **matched,
     )
     gated = GatedGRPOTrainer(
