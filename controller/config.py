@@ -268,6 +268,15 @@ class SaraConfig:
     (about half the prompts are skipped). A prompt reached before it was scored starts from
     ``prior`` (``gate/reference_unscored`` counts them)."""
 
+    guidance: float = 0.0
+    """Guidance at a fixed level (``controller.guidance``): a group whose probe comes out all-wrong,
+    which the test would abandon, instead gets the rest of its group launched from the first
+    ``ceil(level x n)`` tokens of the prompt's reference response of ``n`` tokens (one of 0.25, 0.5,
+    0.75), kept if that makes it mixed; the guidance tokens never enter the loss. A prompt without
+    a reference is abandoned as before (``gate/guide_no_reference``). 0: off. Needs a model
+    engine (torch, vllm, ray) and a task with reference solutions; ``probe_first`` or
+    ``streaming``."""
+
     def __post_init__(self) -> None:
         key = "gate.sara"
         require(self.level_window >= 2, f"{key}.level_window={self.level_window} must be >= 2")
@@ -323,6 +332,15 @@ class SaraConfig:
         require(
             self.probe_noise_groups >= 0,
             f"{key}.probe_noise_groups={self.probe_noise_groups} must be >= 0 (mixed groups; 0: price rollouts only)",
+        )
+        require(
+            self.guidance in (0.0, 0.25, 0.5, 0.75),
+            f"{key}.guidance={self.guidance} must be 0 (off) or a share of the reference: 0.25, 0.5 or 0.75",
+        )
+        require(
+            not (self.guidance and self.launch == "eager"),
+            f"{key}.guidance={self.guidance} launches the rest of an all-wrong probe guided, which {key}.launch='eager' "
+            "(all G at once) has already launched unguided; use launch 'probe_first' or 'streaming', or guidance=0",
         )
         require(
             not (self.confident_pilot and self.launch == "eager"),

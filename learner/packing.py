@@ -2,7 +2,8 @@
 
 Every tensor the loss sees is ``[b, L]``: row i is rollout i's response, right-padded to the
 chunk's longest response L; ``targets`` holds the response tokens, ``loss_mask`` is True on
-them, ``old_logprobs`` holds the engine's log-probs. What the model runs on comes in one of
+them (but on an episode's observations and a guidance prefix, ``Rollout.guide_len``), ``old_logprobs``
+holds the engine's log-probs. What the model runs on comes in one of
 two layouts:
 
 * **full rows** (``share_prompts=False``): each row is ``prompt + response``, right-padded,
@@ -34,6 +35,9 @@ since the loss is a weighted sum over tokens with batch-wide normalisers.
 ...                   turns=Turns(ends=(1, 4), rewards=(0.0, 1.0), policy_mask=(True, False, True, True)))
 >>> pack([episode], [1.0], pad_id=0, micro_batch=8)[0].loss_mask.int().tolist()   # the observation (3) is left out
 [[1, 0, 1, 1]]
+>>> guided = Rollout("g", 0, (1,), (7, 8, 9, 2), (0.0,) * 4, 1.0, FinishReason.STOP, 0, guide_len=2, guide_level=0.5)
+>>> pack([guided], [1.0], pad_id=0, micro_batch=8)[0].loss_mask.int().tolist()   # the reference's 7, 8 are left out
+[[0, 0, 1, 1]]
 >>> f = pack(rs, [0.5, -0.5, 0.0], pad_id=0, micro_batch=8, share_prompts=False)[0]
 >>> f.index, f.input_ids.tolist()[0], f.score_positions.tolist()[0]
 ((1, 0, 2), [1, 7, 8, 9, 2], [0, 1, 2, 3])
@@ -96,6 +100,11 @@ def check_rollout(rollout: Rollout) -> None:
         raise BatchError(
             f"rollout {rollout.request_id!r} has an empty prompt; the first response token needs at least one "
             "context token to be scored (encode prompts with a BOS token)"
+        )
+    if not 0 <= rollout.guide_len < len(rollout.token_ids):
+        raise BatchError(
+            f"rollout {rollout.request_id!r} has guide_len={rollout.guide_len} for {len(rollout.token_ids)} tokens; "
+            "a guided rollout must generate at least one token of its own after the reference prefix"
         )
     if len(rollout.logprobs) != len(rollout.token_ids):
         raise BatchError(
@@ -160,6 +169,8 @@ def _responses(rows: list[Rollout], advantages: list[float | np.ndarray], index:
         targets[i, :n] = r.token_ids
         # An episode's observations are the environment's tokens: in the context, not in the loss.
         mask[i, :n] = r.turns.policy_mask if r.turns is not None else True
+        # A guidance prefix is the task's reference, not the policy's: context, not loss.
+        mask[i, : r.guide_len] = False
         tokens[i, :n] = True  # observations are in the context all the same
         old[i, :n] = r.logprobs
     if not np.isfinite(old).all():

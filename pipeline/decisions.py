@@ -55,6 +55,7 @@ def gate_decision(
             "launched": float(launched),
             "target_size": float(target_size),
             "executed": float(executed),
+            **guide_features(action),
         },
         actions=GATE_ACTIONS,
         chosen=action.kind.value,
@@ -63,6 +64,21 @@ def gate_decision(
         predicted_gain=float("nan"),
         policy_version=policy_version,
     )
+
+
+def guide_features(action: GroupAction) -> dict[str, float]:
+    """A guided launch's trace features (none for any other action): its level, the reference
+    tokens of its prefix and how many rollouts it launched, so replay and off-policy estimates
+    see the guided rollouts as their own arm.
+
+    >>> from pipeline.types import ActionKind, BranchSpec
+    >>> guide_features(GroupAction(ActionKind.LAUNCH, 3, n=4, branch=BranchSpec("reference-5", 2, (7, 8), guide_level=0.5)))
+    {'guide_level': 0.5, 'guide_tokens': 2.0, 'guided_rollouts': 4.0}
+    """
+    b = action.branch
+    if b is None or not b.guided:
+        return {}
+    return {"guide_level": b.guide_level, "guide_tokens": float(b.prefix_len), "guided_rollouts": float(action.n)}
 
 
 class NullSink:

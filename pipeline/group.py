@@ -84,6 +84,8 @@ class GroupRun:
                 finish_reason=s.result.finish_reason,
                 policy_version=s.result.policy_version,
                 turns=s.turns,
+                guide_len=s.request.guide_len,
+                guide_level=s.request.guide_level,
             )
             for s in sorted(self._valid, key=lambda s: s.request.sample_index)
         )

@@ -93,6 +93,16 @@ class BranchSpec:
     """A multi-turn branch: a new episode that continues episode ``source_request_id`` after its
     first ``turns`` turns and the environment's answer to the last of them (its environment
     rebuilt in that state); 0: a branch inside a single response."""
+    guide_level: float = 0.0
+    """A guided branch (``controller.guidance``): the prefix is the first ``ceil(level x n)`` tokens
+    of the prompt's reference response of ``n`` tokens, written by the task, not sampled by the
+    policy, so it stays out of the loss (``Rollout.guide_len``); ``source_request_id`` then names
+    the reference (``reference-<prompt_id>``), not a sample. 0: the prefix is an earlier sample's."""
+
+    @property
+    def guided(self) -> bool:
+        """The prefix is a reference's (guidance), not the policy's."""
+        return self.guide_level > 0
 
 
 @dataclass(frozen=True)
@@ -113,6 +123,23 @@ class SampleRequest:
         """Tokens at the start of the response that its branch's source generated (and paid
         for); 0 without a branch. Everything beyond them this request generates itself."""
         return self.branch.prefix_len if self.branch is not None else 0
+
+    @property
+    def guide_len(self) -> int:
+        """Tokens at the start of the response that a guidance reference wrote (``BranchSpec.guided``):
+        in the context, never in the loss; 0 for a fresh sample or a branch of the policy's own prefix.
+
+        >>> p = Prompt(0, "", (1,))
+        >>> SampleRequest("g0-s4", 0, 4, p, SamplingParams(), branch=BranchSpec("reference-0", 2, (5, 6), guide_level=0.5)).guide_len
+        2
+        """
+        b = self.branch
+        return b.prefix_len if b is not None and b.guided else 0
+
+    @property
+    def guide_level(self) -> float:
+        """The guidance level of a guided request (its share of the reference), else 0."""
+        return self.branch.guide_level if self.branch is not None else 0.0
 
 
 @dataclass(frozen=True)
@@ -310,6 +337,11 @@ class Rollout:
     policy_version: int
     turns: Turns | None = None
     """A multi-turn episode's structure: which tokens the policy generated; None: all of them."""
+    guide_len: int = 0
+    """Response tokens at the start that a guidance reference wrote, not the policy
+    (``SampleRequest.guide_len``): the learner masks them out of the loss; 0: none."""
+    guide_level: float = 0.0
+    """The guidance level of those tokens (the share of the reference they are); 0: unguided."""
 
 
 @dataclass(frozen=True)
@@ -335,6 +367,13 @@ class CommittedGroup:
     def successes(self) -> int:
         """Rollouts whose reward is above ``success_threshold``."""
         return sum(1 for r in self.rollouts if r.reward > self.success_threshold)
+
+    @property
+    def unguided(self) -> tuple[int, int]:
+        """``(successes, rollouts)`` among the rollouts with no guidance prefix (``Rollout.guide_len``
+        0): what the group says of the prompt's own pass rate; all of them in an unguided group."""
+        fresh = [r for r in self.rollouts if r.guide_len == 0]
+        return sum(1 for r in fresh if r.reward > self.success_threshold), len(fresh)
 
     @property
     def is_effective(self) -> bool:

@@ -147,6 +147,7 @@ def _build_torch(cfg: RunConfig, progress: bool) -> RunParts:
     )
     learner = TorchLearner(base.model, cfg.learner, pad_id=tokenizer.pad_id)
     reference = None if env is not None else _reference_screen(cfg, task, tokenizer, gate, train_problems)
+    _attach_guidance(cfg, task, tokenizer, gate, train_problems, episodic=env is not None)
     return RunParts(
         engine=engine,
         gate=gate,
@@ -217,6 +218,54 @@ def _reference_screen(cfg: RunConfig, task: Any, tokenizer: Any, gate: Any, prob
     )
     gate.attach_reference(screen)
     return screen
+
+
+def _attach_guidance(cfg: RunConfig, task: Any, tokenizer: Any, gate: Any, problems: list, episodic: bool) -> None:
+    """``gate.sara.guidance``: each training problem's reference response as the model's tokens
+    (the task's solution, without end-of-sequence), attached to the SARA gate at the configured
+    level (``controller.guidance``). A solution the reward rejects is dropped with a warning; so is
+    one whose prefix would leave no room under ``orchestrator.max_tokens``."""
+    level = cfg.gate.sara.guidance
+    if cfg.gate.kind not in ("sara", "sara_dps") or not level:
+        return
+    from controller.guidance import Guidance, guide_len
+
+    if cfg.controller.kind != "none":
+        raise ConfigError(
+            f"gate.sara.guidance={level} with controller.kind={cfg.controller.kind!r}: the controller's branches do "
+            "not yet know which prefix tokens a reference wrote; set controller.kind=none or gate.sara.guidance=0"
+        )
+    if episodic:
+        raise ConfigError(
+            f"gate.sara.guidance={level} continues a group from the prompt's reference response, which an "
+            f"environment task ({task.name!r}) has none of; set gate.sara.guidance=0"
+        )
+    references, rejected, too_long = {}, 0, 0
+    for p in problems:
+        if not _earns_reward(task, p):
+            rejected += 1
+            continue
+        ids = tuple(tokenizer.encode(p.solution))
+        if guide_len(len(ids), level) >= cfg.orchestrator.max_tokens:
+            too_long += 1
+            continue
+        references[task.prompt_id(p)] = ids
+    if rejected or too_long:
+        import warnings
+
+        warnings.warn(
+            f"gate.sara.guidance: {rejected} of {len(problems)} reference solutions of task {task.name!r} do not earn "
+            f"the reward and {too_long} leave no room under orchestrator.max_tokens={cfg.orchestrator.max_tokens}; "
+            "their prompts are never guided (gate/guide_no_reference counts them)",
+            stacklevel=2,
+        )
+    if not references:
+        raise ConfigError(
+            f"gate.sara.guidance={level} needs reference solutions the task's reward accepts; none of "
+            f"{len(problems)} training problems of task {task.name!r} has one (e.g. {problems[0].solution!r}); "
+            "give the data a solution column or set gate.sara.guidance=0"
+        )
+    gate.attach_guidance(Guidance(references, level))
 
 
 def _earns_reward(task: Any, problem: Any) -> bool:
@@ -323,6 +372,11 @@ def _build_gate(cfg: RunConfig, pool: PromptPool, success_probability: Callable[
 
 
 def _build_sim(cfg: RunConfig) -> RunParts:
+    if cfg.gate.kind in ("sara", "sara_dps") and cfg.gate.sara.guidance:
+        raise ConfigError(
+            f"gate.sara.guidance={cfg.gate.sara.guidance} continues all-wrong groups from the prompt's reference "
+            "response, which engine.kind=sim has none of; use engine.kind=torch (or vllm, ray) or set gate.sara.guidance=0"
+        )
     if cfg.gate.kind == "sara" and cfg.gate.sara.reference_prior:
         raise ConfigError(
             "gate.sara.reference_prior=true scores the policy's likelihood of each prompt's reference "

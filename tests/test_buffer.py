@@ -126,7 +126,7 @@ def test_torn_tail_warns_and_keeps_every_complete_step(tmp_path):
 def test_other_version_missing_directory_and_non_arrow_file_raise(tmp_path):
     SegmentWriter(tmp_path, SegmentKind("steps", STEPS.schema, 99), number=0).close()
     with pytest.raises(
-        BufferFormatError, match="steps-00000.arrows has steps schema version 99; this reader supports versions 1, 2"
+        BufferFormatError, match="steps-00000.arrows has steps schema version 99; this reader supports versions 1, 2, 3"
     ):
         read_all(tmp_path)
     with pytest.raises(BufferFormatError, match="missing"):

@@ -108,9 +108,10 @@ class BaseGate(Gate, Generic[R]):
 
     def on_step(self, step: int, batch: TrainBatch) -> list[GroupAction]:
         for group in batch.groups:
-            successes = group.successes
-            self.source.observe(group.prompt_id, successes, len(group.rewards))
-            self._shipped(group.prompt_id, successes, len(group.rewards))
+            # A guided rollout's reward is not a draw of the prompt's own pass rate: only the rest count.
+            successes, samples = group.unguided
+            self.source.observe(group.prompt_id, successes, samples)
+            self._shipped(group.prompt_id, successes, samples)
         self.source.advance(step)
         return self._stepped(step, batch)
 

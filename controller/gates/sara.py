@@ -44,6 +44,10 @@ With ``probe_when: pays`` (``controller.probing``) the gate fits how the run's p
 from its ended groups, starts each group's test from that fit (empirical Bayes) and launches a
 prompt's whole group, trained on whatever it holds (GRPO), wherever that yields more mixed groups
 per generated rollout than probing it would.
+With ``guidance`` (``attach_guidance``, ``controller.guidance``) a group whose probe is all-wrong,
+which the test would abandon, gets the rest of its group launched from a prefix of the prompt's
+reference response instead; it commits if the guided rollouts make it mixed and is abandoned
+once they all end otherwise.
 ``tau_commit`` is not published;
 0.5 is our default (with G = 8, k = 4 it commits exactly the mixed probes).
 """
@@ -57,13 +61,14 @@ from typing import Any
 from controller.config import SaraConfig
 from controller.gates.base import BaseGate
 from controller.gates.common import GroupRecord, abandon, commit, launch, too_many_failures
+from controller.guidance import Guidance
 from controller.level_prior import LevelPrior
 from controller.posterior import discount_posterior, effective_probability, mixed_bound
 from controller.probing import ProbingRule
 from controller.prompts import PromptPool
 from controller.reference import ReferenceScreen
 from controller.selectors import PromptSelector
-from pipeline.types import GroupAction, GroupPlan, GroupSnapshot, Prompt
+from pipeline.types import ActionKind, GroupAction, GroupPlan, GroupSnapshot, Prompt
 
 # Most prompts the reference screen skips for one group before it opens one anyway.
 MAX_SKIPS = 64
@@ -79,6 +84,9 @@ class SaraRecord(GroupRecord):
     """Launched whole because probing does not pay (``probe_when: pays``): committed as it starts."""
     reference_logprob: float | None = None
     """The reference score the group opened with (``reference_prior``), None without one."""
+    guided: int = 0
+    """With ``guidance``: the probe's rollouts (all wrong) when the rest of the group was launched
+    guided; 0: not guided. What the group says of the prompt's own pass rate is that probe."""
 
 
 class SaraGate(BaseGate[SaraRecord]):
@@ -133,6 +141,9 @@ class SaraGate(BaseGate[SaraRecord]):
         # reference_prior: the scores of the prompts next in line, attached by the run's builder,
         # which has the task's references and a learner to score them (``attach_reference``).
         self.reference: ReferenceScreen | None = None
+        # guidance: the references and level the rest of an all-wrong probe is launched from,
+        # attached by the run's builder, which has the task's references (``attach_guidance``).
+        self.guidance: Guidance | None = None
         self.probing = (
             ProbingRule(
                 group_size,
@@ -156,8 +167,19 @@ class SaraGate(BaseGate[SaraRecord]):
             )
         self.reference = screen
 
+    def attach_guidance(self, guidance: Guidance) -> None:
+        """Launch the rest of all-wrong probes from ``guidance``'s reference prefixes (``gate.sara.guidance``)."""
+        if guidance.level != self.config.guidance:
+            raise ValueError(
+                f"a guidance of level {guidance.level} was attached to a SARA gate with gate.sara.guidance="
+                f"{self.config.guidance}; set gate.sara.guidance={guidance.level} or attach one of that level"
+            )
+        self.guidance = guidance
+
     def metrics(self) -> dict[str, float]:
         out = super().metrics()
+        if self.guidance is not None:
+            out.update(self.guidance.metrics())
         if self.reference is not None:
             out.update(self.reference.metrics())
         if self.probing is not None:
@@ -248,6 +270,8 @@ class SaraGate(BaseGate[SaraRecord]):
         if rec.whole:
             self._verdicts.add("commit_whole")
             return [commit(gid, "sara whole: probing does not pay")]
+        if rec.guided:
+            return self._guided_update(snapshot, rec)
         if self.confident_pilot and t and not snapshot.is_mixed:
             bound = self.confident_bound(snapshot)
             if bound <= self.confident_max_mixed:
@@ -272,6 +296,9 @@ class SaraGate(BaseGate[SaraRecord]):
             rest = self.group_size - t - running
             return ([launch(gid, rest, "sara rest")] if rest > 0 else []) + [commit(gid, f"sara p_eff={p_eff:.3f}")]
         if p_eff <= self.tau_abandon:
+            guided = self._guide(snapshot, rec)
+            if guided:
+                return guided
             self._verdicts.add("abandon")
             return [abandon(gid, f"sara p_eff={p_eff:.3f}")]
         self._verdicts.add("continue")
@@ -279,6 +306,42 @@ class SaraGate(BaseGate[SaraRecord]):
             return []
         more = self.group_size - t if self.launch == "eager" else 1
         return [launch(gid, more, f"sara continue p_eff={p_eff:.3f}")]
+
+    def _guide(self, snapshot: GroupSnapshot, rec: SaraRecord) -> list[GroupAction]:
+        """With ``guidance``: the rest of an all-wrong probe, launched from the prompt's reference
+        prefix (nothing when guidance is off, the probe holds a success, rollouts still run, the
+        group is full or the prompt has no reference, counted)."""
+        rest = self.group_size - snapshot.finished
+        if self.guidance is None or snapshot.successes or snapshot.in_flight or rest <= 0:
+            return []
+        branch = self.guidance.branch(snapshot.prompt.prompt_id)
+        if branch is None:
+            return []
+        self.guidance.launched(rest)
+        self._verdicts.add("guide")
+        rec.guided = snapshot.finished
+        return [
+            GroupAction(
+                ActionKind.LAUNCH,
+                snapshot.group_id,
+                n=rest,
+                branch=branch,
+                reason=f"sara guide level={branch.guide_level} after {snapshot.finished} wrong",
+            )
+        ]
+
+    def _guided_update(self, snapshot: GroupSnapshot, rec: SaraRecord) -> list[GroupAction]:
+        """A guided group: committed once mixed, abandoned once its guided rollouts all ended
+        without making it so. Its record keeps the probe (all wrong) as the prompt's outcome: a
+        guided rollout's reward is not a draw of the prompt's own pass rate."""
+        rec.s, rec.f = 0, rec.guided
+        if snapshot.is_mixed:
+            self._verdicts.add("commit_guided")
+            return [commit(snapshot.group_id, "sara guided group is mixed")]
+        if snapshot.in_flight:
+            return []
+        self._verdicts.add("abandon_guided")
+        return [abandon(snapshot.group_id, "sara guided group is still all-same")]
 
     def confident_bound(self, snapshot: GroupSnapshot) -> float:
         """``confident_pilot``'s bound on P(the group turns out mixed) when its finished
@@ -325,6 +388,8 @@ class SaraGate(BaseGate[SaraRecord]):
             state["reference"] = self.reference.state_dict()
         if self.probing is not None:
             state["probing"] = self.probing.state_dict()
+        if self.guidance is not None:
+            state["guidance"] = self.guidance.state_dict()
         if self.levels is not None:
             state["levels"] = self.levels.state_dict()
             state["level_of"] = {str(k): v for k, v in self._level_of.items()}
@@ -336,6 +401,8 @@ class SaraGate(BaseGate[SaraRecord]):
             self.reference.load_state_dict(state.get("reference", {}))
         if self.probing is not None:
             self.probing.load_state_dict(state.get("probing", {}))
+        if self.guidance is not None:
+            self.guidance.load_state_dict(state.get("guidance", {}))
         if self.levels is not None:
             # A state saved without the level prior starts its fit afresh.
             self.levels.load_state_dict(state.get("levels", {"levels": []}))

@@ -39,7 +39,7 @@ no prefix log-prob or entropy: a boundary is not a token the engine reported), p
 >>> turn_due(point, None, RailConfig()), turn_due(point, None, RailConfig(turn_decisions="off"))
 (True, False)
 >>> turn_branch(point)
-BranchSpec(source_request_id='g3-s1', prefix_len=6, prefix_token_ids=(), prefix_logprobs=(), turns=1)
+BranchSpec(source_request_id='g3-s1', prefix_len=6, prefix_token_ids=(), prefix_logprobs=(), turns=1, guide_level=0.0)
 """
 
 from __future__ import annotations

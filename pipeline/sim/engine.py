@@ -127,6 +127,11 @@ class SimEngine(EngineBase):
         prefix_tokens: tuple[int, ...] = ()
         prefix_lps: tuple[float, ...] = ()
         source = None
+        if req.branch is not None and req.branch.guided:
+            raise ValueError(
+                f"request {req.request_id!r} is guided (guide_level={req.branch.guide_level}): the sim engine has no "
+                "reference responses to continue; use engine.kind=torch (or vllm, ray) or set gate.sara.guidance=0"
+            )
         if req.branch is not None:
             source = self._trajectory_of(req.branch.source_request_id)
             if source is None:

@@ -11,9 +11,12 @@ Columns (``STEPS.schema``)::
     reward float64, finish_reason int8 (FinishReason value), policy_version int64,
     advantage float32 (the learner's, null from a learner without them), group_launched int64, group_tokens int64,
     turn_ends list<int32>, turn_rewards list<float64>, policy_mask list<bool>
-        (a multi-turn episode's structure, ``pipeline.types.Turns``; null for a single response)
+        (a multi-turn episode's structure, ``pipeline.types.Turns``; null for a single response),
+    guide_len int32, guide_level float32
+        (a guided rollout's reference prefix, ``Rollout.guide_len``; null in a step with no guided rollout)
 
-Version 1 segments (before multi-turn episodes) read as version 2 with null turn columns.
+Version 1 segments (before multi-turn episodes) read with null turn columns, versions 1 and 2
+(before guidance) with null guide columns.
 
 The orchestrator trains on each batch from memory and writes it here behind the learner step,
 with ``Learner.advantages`` (null for the simulator's learner, which computes none).
@@ -46,7 +49,7 @@ from pipeline.store.arrowio import (
 )
 from pipeline.types import CommittedGroup, FinishReason, Rollout, TrainBatch, Turns
 
-BUFFER_SCHEMA_VERSION = 2
+BUFFER_SCHEMA_VERSION = 3
 
 _V1_FIELDS = [
     ("step", pa.int64()),
@@ -69,17 +72,29 @@ _TURN_FIELDS = [
     ("turn_rewards", pa.list_(pa.float64())),
     ("policy_mask", pa.list_(pa.bool_())),
 ]
+_GUIDE_FIELDS = [("guide_len", pa.int32()), ("guide_level", pa.float32())]
 _V1 = pa.schema(_V1_FIELDS)
 _V2 = pa.schema(_V1_FIELDS + _TURN_FIELDS)
+_V3 = pa.schema(_V1_FIELDS + _TURN_FIELDS + _GUIDE_FIELDS)
+
+
+def _with_nulls(batch: pa.RecordBatch, fields: list[tuple[str, pa.DataType]]) -> pa.RecordBatch:
+    """``batch`` with the current schema's columns it lacks, all null (the newest ones)."""
+    nulls = [pa.nulls(batch.num_rows, type=t) for _, t in fields]
+    return pa.record_batch([*batch.columns, *nulls], schema=_V3)
 
 
 def _from_v1(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """A version 1 batch with null turn columns: every rollout a single response."""
-    nulls = [pa.nulls(batch.num_rows, type=t) for _, t in _TURN_FIELDS]
-    return pa.record_batch([*batch.columns, *nulls], schema=_V2)
+    """A version 1 batch with null turn and guide columns: every rollout a single, unguided response."""
+    return _with_nulls(batch, _TURN_FIELDS + _GUIDE_FIELDS)
 
 
-STEPS = SegmentKind("steps", _V2, BUFFER_SCHEMA_VERSION, older={1: (_V1, _from_v1)})
+def _from_v2(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A version 2 batch with null guide columns: every rollout unguided."""
+    return _with_nulls(batch, _GUIDE_FIELDS)
+
+
+STEPS = SegmentKind("steps", _V3, BUFFER_SCHEMA_VERSION, older={1: (_V1, _from_v1), 2: (_V2, _from_v2)})
 _REASONS = {int(r): r for r in FinishReason}
 
 
@@ -213,6 +228,7 @@ def to_record_batch(batch: TrainBatch, advantages: Sequence[Sequence[float]] | N
         "group_launched": per_group(g.launched for g in batch.groups),
         "group_tokens": per_group(g.tokens for g in batch.groups),
         **_turn_columns(rollouts),
+        **_guide_columns(rollouts),
     }
     arrays = [
         columns[f.name] if isinstance(columns[f.name], pa.Array) else pa.array(columns[f.name], type=f.type)
@@ -230,6 +246,16 @@ def _turn_columns(rollouts: list[Rollout]) -> dict[str, pa.Array]:
         "turn_ends": pa.array([t.ends if t else None for t in turns], type=pa.list_(pa.int32())),
         "turn_rewards": pa.array([t.rewards if t else None for t in turns], type=pa.list_(pa.float64())),
         "policy_mask": pa.array([t.policy_mask if t else None for t in turns], type=pa.list_(pa.bool_())),
+    }
+
+
+def _guide_columns(rollouts: list[Rollout]) -> dict[str, pa.Array]:
+    """The guide columns: null in a step with no guided rollout (no cost then)."""
+    if all(r.guide_len == 0 for r in rollouts):
+        return {name: pa.nulls(len(rollouts), type=t) for name, t in _GUIDE_FIELDS}
+    return {
+        "guide_len": pa.array([r.guide_len for r in rollouts], type=pa.int32()),
+        "guide_level": pa.array([r.guide_level for r in rollouts], type=pa.float32()),
     }
 
 
@@ -297,9 +323,11 @@ def to_train_batch(record_batch: pa.RecordBatch | pa.Table) -> TrainBatch:
         None if ends is None else Turns(tuple(ends), tuple(rewards), tuple(mask))
         for ends, rewards, mask in zip(*(col[name].to_pylist() for name, _ in _TURN_FIELDS))
     ]
+    guide_len = [n or 0 for n in col["guide_len"].to_pylist()]
+    guide_level = [float(x or 0.0) for x in col["guide_level"].to_pylist()]
     rollouts = [
-        Rollout(rid, si, pt, tk, lp, rw, _REASONS[fr], pv, tn)
-        for rid, si, pt, tk, lp, rw, fr, pv, tn in zip(
+        Rollout(rid, si, pt, tk, lp, rw, _REASONS[fr], pv, tn, gl, gv)
+        for rid, si, pt, tk, lp, rw, fr, pv, tn, gl, gv in zip(
             py["request_id"],
             py["sample_index"],
             prompt_ids,
@@ -309,6 +337,8 @@ def to_train_batch(record_batch: pa.RecordBatch | pa.Table) -> TrainBatch:
             py["finish_reason"],
             py["policy_version"],
             turns,
+            guide_len,
+            guide_level,
         )
     ]
     groups, start, gids = [], 0, py["group_id"]

@@ -1,0 +1,111 @@
+"""Guidance: the rest of a hard group continues from a prefix of the prompt's reference response.
+
+When a group's probe comes out all-wrong, the gate may launch the rest of the group from a
+*guidance prefix* instead of abandoning it: the first ``ceil(level x n)`` tokens of the prompt's
+reference response of ``n`` tokens (its end-of-sequence token not counted), ``level`` one of
+``GUIDE_LEVELS``. The request is a branch (``BranchSpec`` with ``guide_level``) whose prefix the
+task wrote, not the policy: the engines continue it as they continue any branch, the rollout
+carries the prefix's length (``Rollout.guide_len``) and the learner leaves those tokens out of
+the loss, training the continuation on-policy given the guided context (docs/methods.md,
+"Guidance"). A prompt without a reference is never guided, and counted.
+
+``Guidance`` holds the run's references and its fixed level, makes the guided branches and
+counts what it did, as ``gate/guide_*`` metrics.
+
+>>> guide = Guidance({7: (4, 5, 6, 9)}, level=0.5)
+>>> b = guide.branch(7)
+>>> b.source_request_id, b.prefix_token_ids, b.prefix_len, b.guide_level
+('reference-7', (4, 5), 2, 0.5)
+>>> guide.branch(8) is None, guide.metrics()["gate/guide_no_reference"]   # no reference: never guided
+(True, 1.0)
+>>> guide_len(4, 0.75), guide_len(5, 0.25), guide_len(3, 0.5)
+(3, 2, 2)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pipeline.types import BranchSpec
+
+GUIDE_LEVELS = (0.25, 0.5, 0.75)
+"""The shares of a reference a guidance prefix may hold."""
+
+
+def guide_len(n: int, level: float) -> int:
+    """Tokens of a guidance prefix at ``level`` of a reference of ``n`` tokens: ``ceil(level x n)``
+    (computed so that float rounding cannot add a token: 0.75 x 4 is 3, not 4)."""
+    if level not in GUIDE_LEVELS:
+        raise ValueError(f"guidance level={level} must be one of {GUIDE_LEVELS}")
+    return math.ceil(round(level * n, 9))
+
+
+def reference_source(prompt_id: int) -> str:
+    """The ``source_request_id`` of a guided branch: the prompt's reference, not a sample."""
+    return f"reference-{prompt_id}"
+
+
+class Guidance:
+    """The references a gate guides from, at one fixed level, and its counters.
+
+    Parameters
+    ----------
+    references
+        prompt id -> the reference response's token ids *without* the end-of-sequence token (a
+        prefix must leave the end to the policy); prompts missing here, or with an empty
+        reference, are never guided.
+    level
+        The share of each reference the prefix holds, one of ``GUIDE_LEVELS``.
+
+    Examples
+    --------
+    >>> guide = Guidance({1: (3, 4, 5, 6)}, level=0.25)
+    >>> guide.branch(1).prefix_token_ids
+    (3,)
+    >>> guide.launched(4); guide.metrics()["gate/guide_rollouts"]
+    4.0
+    """
+
+    def __init__(self, references: Mapping[int, Sequence[int]], level: float):
+        if level not in GUIDE_LEVELS:
+            raise ValueError(
+                f"guidance level={level} must be one of {GUIDE_LEVELS} (the share of the reference the prefix holds)"
+            )
+        self.level = float(level)
+        self.references = {int(k): tuple(v) for k, v in references.items() if len(v) > 0}
+        self.groups = 0  # groups whose rest was launched guided
+        self.rollouts = 0  # guided rollouts launched
+        self.no_reference = 0  # all-wrong probes of prompts without a reference: not guided
+
+    def branch(self, prompt_id: int) -> BranchSpec | None:
+        """The guided branch of ``prompt_id`` at this level; None (counted) without a reference."""
+        reference = self.references.get(prompt_id)
+        if reference is None:
+            self.no_reference += 1
+            return None
+        k = guide_len(len(reference), self.level)
+        prefix = reference[:k]
+        return BranchSpec(reference_source(prompt_id), k, prefix, guide_level=self.level)
+
+    def launched(self, n: int) -> None:
+        """A group's rest of ``n`` rollouts was launched guided."""
+        self.groups += 1
+        self.rollouts += n
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "gate/guide_groups": float(self.groups),
+            "gate/guide_rollouts": float(self.rollouts),
+            "gate/guide_no_reference": float(self.no_reference),
+            "gate/guide_level": self.level,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"groups": self.groups, "rollouts": self.rollouts, "no_reference": self.no_reference}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.groups = int(state.get("groups", 0))
+        self.rollouts = int(state.get("rollouts", 0))
+        self.no_reference = int(state.get("no_reference", 0))
