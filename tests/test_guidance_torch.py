@@ -178,4 +178,6 @@ def test_configs_guide_yaml_is_the_cpu_default_with_guidance_at_one_half():
     default, guide = load_config("configs/default.yaml"), load_config("configs/guide.yaml")
     assert guide.gate.sara.guidance == 0.5 and default.gate.sara.guidance == 0.0
     assert guide.gate.kind == "sara" and guide.gate.sara.launch == default.gate.sara.launch
+    # the reference screen would skip the hard prompts before their probe: guidance never acted under it
+    assert default.gate.sara.reference_prior and not guide.gate.sara.reference_prior
     assert guide.orchestrator == default.orchestrator and guide.learner == default.learner
