@@ -231,7 +231,7 @@ def test_an_abandoned_group_closes_its_episodes_and_counts_each_once():
     h.tracker.handle(StreamCut(c.request.request_id, tokens=2))  # c's turn was streaming: the shell cut it
     budget = h.tracker.budget
     assert (budget.rollouts_finished, budget.rollouts_aborted, budget.rollouts_failed) == (1, 2, 0)
-    assert h.tracker.launches.in_flight == budget.rollouts_started - 3  # only the next group's episodes run
+    assert h.tracker.samples.started == budget.rollouts_started - 3  # only the next group's episodes run
 
 
 class _BranchAtFirstBoundary(NoopController):

@@ -136,7 +136,7 @@ def test_a_branch_waiting_for_capacity_whose_source_ended_starts_as_a_fresh_epis
 
     after = turn(a.request, done=False, reward=0.0)  # a failed turn: RAIL branches, no capacity left
     following = next(s for s in after if isinstance(s, Start))
-    assert following.request.request_id == "g0-s0-t1" and len(tracker.launches) == 2
+    assert following.request.request_id == "g0-s0-t1" and len(tracker.samples) == 2
     ended = turn(following.request, done=True, reward=0.0)  # the source ends before its branches start
     [fresh] = [s for s in ended if isinstance(s, Start)]
     assert fresh.request.request_id == "g0-s2" and fresh.request.branch is None
