@@ -45,7 +45,6 @@ class Deciders:
         self.run_id, self.hook_timer = run_id, hook_timer
         self.now, self.policy_version = now, policy_version
         self.token_hooks = controller.wants_tokens
-        self.turn_hooks = callable(getattr(controller, "on_turn", None))
         self._held: dict[int, list[GroupAction]] = {}  # gate proposals the controller holds until its batch is decided
         self._flush_sent = False
         self._events_since_flush = 0
@@ -58,7 +57,7 @@ class Deciders:
     @property
     def queued(self) -> int:
         """Decision points the controller queued and has not decided yet."""
-        return getattr(self.controller, "queued_decisions", 0)
+        return self.controller.queued_decisions
 
     def on_sample(self, group: GroupRun, groups: Mapping[int, GroupRun]) -> Sequence[GroupAction]:
         """A sample of ``group`` was scored: the actions to execute, in order (they may name
@@ -112,7 +111,7 @@ class Deciders:
 
     def on_turn(self, group: GroupRun, sample_index: int, point: TurnPoint) -> Sequence[GroupAction]:
         """An episode of ``group`` reached a turn boundary: the controller may act there."""
-        if not self.turn_hooks or group.closed:
+        if group.closed:
             return ()
         return self.controller.on_turn(self.snapshot(group), sample_index, point)
 

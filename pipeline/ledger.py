@@ -26,7 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pipeline.actions import EnvStep, Post, Score
+from pipeline.actions import Post
+from pipeline.lifecycle import Lifecycle
 from pipeline.messages import ControllerActions, EngineEvents, StreamCut, StreamFailed, StreamsClosed
 from pipeline.metrics import Budget
 from pipeline.protocols import Controller
@@ -59,12 +60,12 @@ class SampleLedger:
         budget: Budget,
         controller: Controller,
         policy_version: Callable[[], int],
-        episodic: bool = False,
+        lifecycle: Lifecycle,
     ):
         self.samples = samples
         self.budget = budget
-        self.episodic = episodic
-        self._answer = EnvStep if episodic else Score  # an episode's turn goes to its environment
+        self.lifecycle = lifecycle
+        self._answer = lifecycle.answer  # a Score, or an episode turn's EnvStep
         self.controller = controller
         self.policy_version = policy_version
         self._token_hooks = controller.wants_tokens
@@ -116,7 +117,7 @@ class SampleLedger:
         run = self.samples.streaming(final.request_id)
         if run is None:
             return
-        if run.cancelled and (self.episodic or not final.finish_reason.is_success):
+        if run.cancelled and not (self.lifecycle.scores_cancelled and final.finish_reason.is_success):
             self._count_abort(run, final)  # an abandoned episode ends here, whatever its turn did
             return
         self._ended(run, final)
@@ -166,10 +167,7 @@ class SampleLedger:
         episode's end), and the tokens its final event adds; its answer is on the way."""
         self.samples.end(run)
         b = self.budget
-        if self.episodic:
-            b.turns += 1
-        else:
-            b.count_rollout_end(final.finish_reason)
+        self.lifecycle.stream_ended(b, final.finish_reason)
         extra = _unstreamed(run, final)
         b.tokens_generated += extra
         run.group.count_tokens(extra)

@@ -43,7 +43,6 @@ from types import MappingProxyType
 from typing import Any
 
 from pipeline.actions import (
-    LEARNER_SLOTS,
     Action,
     Cancel,
     Checkpoint,
@@ -59,11 +58,11 @@ from pipeline.admission import Occupancy, admit, open_slots, stall_error
 from pipeline.batches import StepCutter
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.deciding import Deciders
-from pipeline.episodes import Episodes
 from pipeline.group import GroupRun
 from pipeline.hooktimer import HookTimer
 from pipeline.launches import Requests
 from pipeline.ledger import STREAM_MESSAGES, SampleLedger
+from pipeline.lifecycle import Lifecycle, SingleTurn
 from pipeline.messages import (
     ControllerActions,
     CutStep,
@@ -110,6 +109,7 @@ class GroupTracker:
         now: Callable[[], float] = lambda: 0.0,
         policy_version: Callable[[], int] = lambda: 0,
         shell: ShellSettings = ShellSettings(),
+        lifecycle: Lifecycle | None = None,
     ):
         self.gate, self.controller, self.config, self.shell = gate, controller, config, shell
         self.seed, self.run_id = seed, run_id
@@ -124,10 +124,8 @@ class GroupTracker:
         self.batches = StepCutter(config.batch_groups, config.batch_rollouts)  # committed groups -> batches
         self.steplog = StepLog(self.budget, config)
         self.requests = Requests(config, seed, now)
-        self.ledger = SampleLedger(
-            self.samples, self.budget, controller, policy_version, episodic=shell.episodes is not None
-        )
-        self.episodes = Episodes(shell.episodes) if shell.episodes is not None else None
+        self.lifecycle = lifecycle if lifecycle is not None else SingleTurn()  # or episodes of turns
+        self.ledger = SampleLedger(self.samples, self.budget, controller, policy_version, self.lifecycle)
         self._groups: dict[int, GroupRun] = {}
         self._next_group_id = 0
         self._sealed_open = 0  # open groups that are sealed (committed, still finishing)
@@ -194,7 +192,7 @@ class GroupTracker:
             self._execute(msg.actions, source="controller")
         elif kind is StepDone:
             self._on_step_done(msg)
-            if self.shell.inline_learner:  # the rest of the tick the batch interrupted
+            if self.shell.learner.trains_inline:  # the rest of the tick the batch interrupted
                 self._from_batches()
         elif kind is Started:
             if self.shell.evaluates and self._steps_done == 0 and not self.evals:
@@ -238,7 +236,7 @@ class GroupTracker:
             step = batch.step + 1
             evaluate = self.shell.evaluates and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0))
             self._out.append(Train(batch, bool(evaluate), self._checkpoint_due(step)))
-            if self.shell.inline_learner:
+            if self.shell.learner.trains_inline:
                 return  # nothing else happens until its StepDone
         self._pump()
         self._admit()
@@ -246,7 +244,7 @@ class GroupTracker:
 
     def _learner_room(self) -> bool:
         in_hands = self.batches.batches_sent - self._steps_done
-        return in_hands == 0 if self.shell.inline_learner else in_hands < LEARNER_SLOTS
+        return in_hands < self.shell.learner.slots
 
     def _checkpoint_due(self, step: int) -> bool:
         every = self.shell.checkpoint_every
@@ -265,9 +263,7 @@ class GroupTracker:
             self._check_progress()
         if self.stop_reason:
             self._stopped = True
-            if self.episodes is not None:
-                self.budget.rollouts_aborted += self.episodes.stop(self.samples.streaming_ids(), self._out)
-                self.samples.cancel_all()
+            self.budget.rollouts_aborted += self.lifecycle.stop(self.samples, self._out)
             self._out.append(Stop(self.stop_reason))
 
     # --- admission and launches ----------------------------------------------------------
@@ -303,8 +299,7 @@ class GroupTracker:
             self.budget.rollouts_started += 1
             if sample.origin >= 0:
                 self.budget.rollouts_intervention += 1
-            if self.episodes is not None:
-                request = self.episodes.start(request, self._out)
+            request = self.lifecycle.start(request, self._out)  # an episode: its first turn
             self.samples.start(sample, request)
             self._out.append(Start(request))
 
@@ -331,24 +326,15 @@ class GroupTracker:
         group = self._groups.get(request.group_id)
         if group is None or group.closed:  # abandoned while the environment answered: counted then
             return
-        if self.episodes is None:
-            raise TypeError(f"GroupTracker.handle got a TurnDone for {request.request_id} in a run without episodes")
-        outcome = self.episodes.after_turn(msg, self._out)
+        outcome = self.lifecycle.after_turn(msg, self._out)
         if isinstance(outcome, ScoredSample):
             self.samples.finish(request.request_id)
-            self._count_episode(outcome, msg.error)
+            self.lifecycle.scored(self.budget, outcome, msg.error)
             return self._decide_on(outcome)
         following, point = outcome
         self.samples.next_turn(request.request_id, following)
         self._out.append(Start(following))
         self._execute(self.deciders.on_turn(group, request.sample_index, point), source="controller")
-
-    def _count_episode(self, scored: ScoredSample, env_error: str) -> None:
-        """An episode ended: count it as a rollout, and an environment failure or a truncation."""
-        b = self.budget
-        b.env_failures += bool(env_error)
-        b.episodes_truncated_context += scored.turns is not None and scored.turns.truncated
-        b.count_rollout_end(scored.result.finish_reason)
 
     def _execute(self, actions: Sequence[GroupAction], source: str) -> None:
         for action in actions:
@@ -393,9 +379,7 @@ class GroupTracker:
             request_id = sample.request_id
             self.samples.cancel(request_id)
             self._out.append(Cancel(request_id))
-            if self.episodes is not None and self.episodes.abandon(
-                request_id, self.samples.streaming(request_id) is not None, self._out
-            ):
+            if self.lifecycle.abandon(request_id, self.samples.streaming(request_id) is not None, self._out):
                 self.budget.rollouts_aborted += 1  # closed between two turns: its slot is free now
                 self.samples.drop(sample)
         effective = False

@@ -8,9 +8,10 @@ import pytest
 from controller.gates.uniform import UniformGate
 from controller.noop import NoopController
 from controller.prompts import PromptPool
-from pipeline.actions import CloseEpisode, EnvStep, ForkEpisode, ShellSettings, Start, Train
+from pipeline.actions import INLINE, CloseEpisode, EnvStep, ForkEpisode, ShellSettings, Start, Train
 from pipeline.config.sections import EpisodeSettings, OrchestratorConfig
 from pipeline.episodes import EpisodeBook
+from pipeline.lifecycle import Episodes
 from pipeline.messages import Started, StreamCut, Tick, TurnDone
 from pipeline.tracker import GroupTracker
 from pipeline.types import (
@@ -127,7 +128,8 @@ class Harness:
             gate or UniformGate(pool, group_size),
             NoopController(),
             cfg,
-            shell=ShellSettings(inline_learner=True, episodes=settings),
+            shell=ShellSettings(INLINE),
+            lifecycle=Episodes(settings),
         )
         self.closed: list[str] = []
         self.forks: list[ForkEpisode] = []
@@ -263,7 +265,9 @@ def test_an_episode_abandoned_while_its_environment_answers_is_counted_then():
 
 def test_a_turn_branch_forks_the_environment_and_starts_from_the_source_context():
     h = Harness(group_size=2)
-    h.tracker = GroupTracker(h.tracker.gate, _BranchAtFirstBoundary(), h.tracker.config, shell=h.tracker.shell)
+    h.tracker = GroupTracker(
+        h.tracker.gate, _BranchAtFirstBoundary(), h.tracker.config, shell=h.tracker.shell, lifecycle=h.tracker.lifecycle
+    )
     a, b = h.start()
     _, starts = h.answer(h.finish_turn(a, (7, 8)), observation=(5, 6))
     assert h.forks == [ForkEpisode("g0-s0", 1, "g0-s2")]

@@ -33,7 +33,8 @@ counts when the object is named like a group or a sample."""
 BUDGET_WRITERS = {
     "pipeline/metrics.py",  # Budget's own methods
     "pipeline/tracker.py",  # groups, launches, episodes' ends, dropped interventions
-    "pipeline/ledger.py",  # the stream side: tokens, each rollout's end, aborts (a call per delta)
+    "pipeline/ledger.py",  # the stream side: tokens, aborts (a call per delta)
+    "pipeline/lifecycle.py",  # a run mode's ends: a single turn's rollout, an episode's turns and end
     "pipeline/steplog.py",  # what a learner step consumed: tokens and rollouts trained, staleness
     "pipeline/tasks/rewards/health.py",  # the reward counters, carried over a resume and at the end
 }
