@@ -13,9 +13,15 @@ writer of them; what the run asks about samples in flight is counted from it:
 * ``started_of(group_id)``: the samples a group's abandonment cancels;
 * ``streaming(request_id)``: the record whose stream events the ledger counts.
 
+A start makes the sample's ``SampleRequest`` (``Requests.make``): request id
+``g<group>-s<index>``, the group's next sample index, the sampling parameters (the run's
+defaults or the action's) with a seed derived from the run seed, the group and the index
+(``pipeline.seeding.sample_seed``), the engine time of the launch and the decision that caused it.
+
 An episode (``pipeline.episodes``) is one sample whose record moves from turn to turn: each
 turn is its own request, and ``next_turn`` files the record under the new turn's request id.
 
+>>> from pipeline.config.sections import OrchestratorConfig
 >>> from pipeline.group import GroupRun
 >>> from pipeline.types import Prompt, SampleRequest, SamplingParams
 >>> group = GroupRun(0, Prompt(0, "", (1,)), target_size=2, opened_step=0)
@@ -25,6 +31,8 @@ turn is its own request, and ``next_turn`` files the record under the new turn's
 >>> table.start(sample, SampleRequest("g0-s0", 0, 0, group.prompt, SamplingParams()))
 >>> table.next_queued() is None, table.started, table.in_flight(0)  # the one slot is taken
 (True, 1, 2)
+>>> Requests(OrchestratorConfig(), seed=0).make(sample, index=5).request_id
+'g0-s5'
 >>> table.end(sample); table.finish("g0-s0").state, table.started
 (<SampleState.ENDED: 'ended'>, 0)
 >>> table.end(sample)  # doctest: +ELLIPSIS
@@ -37,9 +45,11 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from pipeline.config.sections import OrchestratorConfig
+from pipeline.seeding import sample_seed
 from pipeline.types import BranchSpec, SampleRequest, SamplingParams
 
 
@@ -239,6 +249,32 @@ class Samples:
         del of_group[rid]
         if not of_group:
             del self._of_group[group_id]
+
+
+class Requests:
+    """Makes the request of each sample the tracker starts (module docstring)."""
+
+    def __init__(self, config: OrchestratorConfig, seed: int, now: Callable[[], float] = lambda: 0.0):
+        self.seed, self.now = seed, now
+        self._default = SamplingParams(temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens)
+
+    def make(self, sample: Sample, index: int) -> SampleRequest:
+        """The request of ``sample``, sample ``index`` of its group."""
+        group = sample.group
+        base = sample.params or self._default
+        params = SamplingParams(
+            base.temperature, base.top_p, base.max_tokens, sample_seed(self.seed, group.group_id, index)
+        )
+        return SampleRequest(
+            request_id=f"g{group.group_id}-s{index}",
+            group_id=group.group_id,
+            sample_index=index,
+            prompt=group.prompt,
+            params=params,
+            branch=sample.branch,
+            launch_time=self.now(),
+            origin=sample.origin,
+        )
 
 
 def _missing(request_id: str) -> SampleTransitionError:

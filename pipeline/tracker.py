@@ -60,7 +60,6 @@ from pipeline.config.sections import OrchestratorConfig
 from pipeline.deciding import Deciders
 from pipeline.group import GroupRun
 from pipeline.hooktimer import HookTimer
-from pipeline.launches import Requests
 from pipeline.ledger import STREAM_MESSAGES, SampleLedger
 from pipeline.lifecycle import Lifecycle, SingleTurn
 from pipeline.messages import (
@@ -78,7 +77,7 @@ from pipeline.messages import (
 )
 from pipeline.metrics import Budget
 from pipeline.protocols import Controller, DecisionSink, Gate, GateProtocolError
-from pipeline.samples import Samples
+from pipeline.samples import Requests, Samples
 from pipeline.steplog import StepLog
 from pipeline.types import (
     ActionKind,
