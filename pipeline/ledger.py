@@ -185,4 +185,4 @@ class SampleLedger:
 
 def _unstreamed(run: Sample, final: SampleFinished) -> int:
     """Tokens the final event adds beyond its request's branch prefix and the deltas streamed."""
-    return max(0, final.num_tokens - run.request.prefix_len - run.streamed)
+    return max(0, run.request.beyond_prefix(final.num_tokens) - run.streamed)

@@ -208,24 +208,13 @@ class Samples:
 
     def next_turn(self, request_id: str, request: SampleRequest) -> None:
         """The episode whose turn ``request_id`` was answered starts its next turn as ``request``."""
-        sample = self._live.get(request_id)
-        if sample is None:
-            raise _missing(request_id)
-        if sample.state is not SampleState.ENDED:
-            raise _refused(sample, "take another turn", "an ended turn")
-        self._unfile(sample)
+        sample = self._take_ended(request_id, "take another turn")
         sample.request, sample.state, sample.streamed = request, SampleState.RUNNING, 0
         self._file(sample)
 
     def finish(self, request_id: str) -> Sample:
         """The tracker has seen the answer to the sample ``request_id``: it is done."""
-        sample = self._live.get(request_id)
-        if sample is None:
-            raise _missing(request_id)
-        if sample.state is not SampleState.ENDED:
-            raise _refused(sample, "finish", "an ended sample")
-        self._unfile(sample)
-        return sample
+        return self._take_ended(request_id, "finish")
 
     def drop(self, sample: Sample) -> None:
         """The sample ended as an abort (its stream cut, or its episode closed between turns):
@@ -235,6 +224,16 @@ class Samples:
         self._unfile(sample)
 
     # --- the indexes -----------------------------------------------------------------------
+
+    def _take_ended(self, request_id: str, what: str) -> Sample:
+        """The ended sample ``request_id``, out of the indexes (refused unless it is ended)."""
+        sample = self._live.get(request_id)
+        if sample is None:
+            raise _missing(request_id)
+        if sample.state is not SampleState.ENDED:
+            raise _refused(sample, what, "an ended sample")
+        self._unfile(sample)
+        return sample
 
     def _file(self, sample: Sample) -> None:
         rid = sample.request.request_id
