@@ -27,11 +27,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pipeline.actions import Post
-from pipeline.lifecycle import Lifecycle
 from pipeline.messages import ControllerActions, EngineEvents, StreamCut, StreamFailed, StreamsClosed
 from pipeline.metrics import Budget
 from pipeline.protocols import Controller
-from pipeline.samples import Sample, Samples
+from pipeline.samples import Lifecycle, Sample, Samples
 from pipeline.types import FinishReason, SampleFinished, SampleRequest, TokenDelta
 
 
@@ -66,6 +65,7 @@ class SampleLedger:
         self.budget = budget
         self.lifecycle = lifecycle
         self._answer = lifecycle.answer  # a Score, or an episode turn's EnvStep
+        self._count_stream_end = lifecycle.count_stream_end
         self.controller = controller
         self.policy_version = policy_version
         self._token_hooks = controller.wants_tokens
@@ -167,7 +167,7 @@ class SampleLedger:
         episode's end), and the tokens its final event adds; its answer is on the way."""
         self.samples.end(run)
         b = self.budget
-        self.lifecycle.stream_ended(b, final.finish_reason)
+        self._count_stream_end(b, final.finish_reason)  # a rollout's end, or an episode's turn
         extra = _unstreamed(run, final)
         b.tokens_generated += extra
         run.group.count_tokens(extra)

@@ -54,8 +54,8 @@ from pipeline.actions import (
 from pipeline.collector import fewer_collections
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.engines.mux import StreamMux, multiplexer_of
+from pipeline.episodes import lifecycle_for
 from pipeline.learning import LearnerStep
-from pipeline.lifecycle import lifecycle_for
 from pipeline.messages import (
     EngineEvents,
     SampleDone,

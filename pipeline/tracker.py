@@ -61,7 +61,6 @@ from pipeline.deciding import Deciders
 from pipeline.group import GroupRun
 from pipeline.hooktimer import HookTimer
 from pipeline.ledger import STREAM_MESSAGES, SampleLedger
-from pipeline.lifecycle import Lifecycle, SingleTurn
 from pipeline.messages import (
     ControllerActions,
     CutStep,
@@ -77,7 +76,7 @@ from pipeline.messages import (
 )
 from pipeline.metrics import Budget
 from pipeline.protocols import Controller, DecisionSink, Gate, GateProtocolError
-from pipeline.samples import Requests, Samples
+from pipeline.samples import Lifecycle, Requests, Samples, SingleTurn
 from pipeline.steplog import StepLog
 from pipeline.types import (
     ActionKind,
@@ -328,7 +327,8 @@ class GroupTracker:
         outcome = self.lifecycle.after_turn(msg, self._out)
         if isinstance(outcome, ScoredSample):
             self.samples.finish(request.request_id)
-            self.lifecycle.scored(self.budget, outcome, msg.error)
+            truncated = outcome.turns is not None and outcome.turns.truncated
+            self.budget.count_episode_end(outcome.result.finish_reason, bool(msg.error), truncated)
             return self._decide_on(outcome)
         following, point = outcome
         self.samples.next_turn(request.request_id, following)

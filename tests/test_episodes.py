@@ -10,8 +10,7 @@ from controller.noop import NoopController
 from controller.prompts import PromptPool
 from pipeline.actions import INLINE, CloseEpisode, EnvStep, ForkEpisode, ShellSettings, Start, Train
 from pipeline.config.sections import EpisodeSettings, OrchestratorConfig
-from pipeline.episodes import EpisodeBook
-from pipeline.lifecycle import Episodes
+from pipeline.episodes import EpisodeBook, Episodes
 from pipeline.messages import Started, StreamCut, Tick, TurnDone
 from pipeline.tracker import GroupTracker
 from pipeline.types import (

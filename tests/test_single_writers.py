@@ -25,7 +25,11 @@ MUTATORS = {"append", "extend", "pop", "popitem", "clear", "remove", "insert", "
 
 SAMPLE_FIELDS = frozenset(Sample.__slots__)
 GROUP_FIELDS = frozenset(f.name for f in dataclasses.fields(GroupRun))
-BUDGET_FIELDS = frozenset(f.name for f in dataclasses.fields(Budget)) | {"count_rollout_end"}
+BUDGET_FIELDS = frozenset(f.name for f in dataclasses.fields(Budget)) | {
+    "count_rollout_end",
+    "count_turn",
+    "count_episode_end",
+}
 COMMON = frozenset({"state", "request", "group", "params", "branch", "tokens", "closed", "samples"})
 """Field names other objects have too (an episode's ``tokens``, a switch's ``closed``): a change
 counts when the object is named like a group or a sample."""
@@ -34,7 +38,6 @@ BUDGET_WRITERS = {
     "pipeline/metrics.py",  # Budget's own methods
     "pipeline/tracker.py",  # groups, launches, episodes' ends, dropped interventions
     "pipeline/ledger.py",  # the stream side: tokens, aborts (a call per delta)
-    "pipeline/lifecycle.py",  # a run mode's ends: a single turn's rollout, an episode's turns and end
     "pipeline/steplog.py",  # what a learner step consumed: tokens and rollouts trained, staleness
     "pipeline/tasks/rewards/health.py",  # the reward counters, carried over a resume and at the end
 }
@@ -51,7 +54,7 @@ def _changes(tree: ast.AST):
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             if node.func.attr in MUTATORS and isinstance(node.func.value, ast.Attribute):
                 targets = [node.func.value]  # x.field.append(...)
-            elif node.func.attr == "count_rollout_end":
+            elif node.func.attr.startswith("count_"):
                 targets = [node.func]
         for target in targets:
             for t in ast.walk(target) if isinstance(target, ast.Tuple) else [target]:
