@@ -114,6 +114,16 @@ class SampleRequest:
         for); 0 without a branch. Everything beyond them this request generates itself."""
         return self.branch.prefix_len if self.branch is not None else 0
 
+    def beyond_prefix(self, response_tokens: int) -> int:
+        """Of a response of ``response_tokens`` tokens, the ones this request generated itself:
+        those beyond its branch prefix (the one rule, wherever a sample's own tokens are counted).
+
+        >>> SampleRequest("g0-s1", 0, 1, Prompt(0, "", (1,)), SamplingParams(),
+        ...               branch=BranchSpec("g0-s0", 2, (5, 6), (-0.1, -0.2))).beyond_prefix(3)
+        1
+        """
+        return response_tokens - self.prefix_len
+
 
 @dataclass(frozen=True)
 class TokenDelta:
@@ -216,7 +226,7 @@ class ScoredSample:
         >>> ScoredSample(request, SampleFinished("g0-s1", (5, 6, 7), (0.0,) * 3, FinishReason.STOP, 0), 1.0).new_tokens
         1
         """
-        return len(self.result.token_ids) - self.request.prefix_len
+        return self.request.beyond_prefix(len(self.result.token_ids))
 
     @property
     def is_valid(self) -> bool:
