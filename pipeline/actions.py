@@ -20,7 +20,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from pipeline.config.sections import EpisodeSettings
 from pipeline.types import SampleFinished, SampleRequest, TrainBatch
 
 
@@ -129,21 +128,40 @@ def cannot_carry_out(shell: str, action: object) -> TypeError:
     )
 
 
+LEARNER_SLOTS = 2
+"""Batches in the learner's hands at once (``Train`` actions not yet answered) while it trains
+beside generation: the one training and one waiting for it."""
+
+
+@dataclass(frozen=True)
+class LearnerTiming:
+    """When the learner trains the batches the tracker hands out: a part the shell is built with
+    (its clock declares it, ``pipeline.clock``), read by the tracker as a value.
+
+    >>> INLINE.slots, CONCURRENT.slots, INLINE.trains_inline
+    (1, 2, True)
+    """
+
+    slots: int
+    """Batches in the learner's hands at once (``Train`` actions not yet answered)."""
+    trains_inline: bool
+    """The shell trains a batch the moment it is handed out and answers with its ``StepDone``
+    before anything else happens (a virtual clock: learning takes no engine time), so a
+    ``Train`` ends the tracker's tick and its ``StepDone`` finishes it. Otherwise a learner task
+    trains while generation goes on."""
+
+
+INLINE = LearnerTiming(slots=1, trains_inline=True)
+CONCURRENT = LearnerTiming(slots=LEARNER_SLOTS, trains_inline=False)
+
+
 @dataclass(frozen=True)
 class ShellSettings:
     """How the shell around the tracker carries these actions out."""
 
-    inline_learner: bool = False
-    """Train each batch the moment it fills, before anything else happens (a virtual clock,
-    where learning takes no engine time); otherwise a learner task trains while generation goes on."""
+    learner: LearnerTiming = CONCURRENT
+    """When the learner trains a handed-out batch (``INLINE`` or ``CONCURRENT``)."""
     evaluates: bool = False
     """The run has a held-out evaluator: evaluate the start and every ``eval_every`` steps."""
     checkpoint_every: int = 0
     """Steps between checkpoints (and one at the last step and on an interrupt); 0: none."""
-    episodes: EpisodeSettings | None = None
-    """The task is an environment: each sample is an episode of turns (``pipeline.episodes``)."""
-
-
-LEARNER_SLOTS = 2
-"""Batches in the learner's hands at once (``Train`` actions not yet answered): the one
-training and one waiting for it."""

@@ -41,6 +41,8 @@ from typing import Any
 
 import anyio
 
+from pipeline.actions import CONCURRENT, INLINE
+
 
 def running_event_type() -> type:
     """The cheapest Event class for the running async backend: ``asyncio.Event`` under asyncio
@@ -62,6 +64,9 @@ def running_event_type() -> type:
 
 class WallClock:
     """Real time since construction. ``sleep_until`` really sleeps; holds do nothing."""
+
+    learner_timing = CONCURRENT
+    """Learning takes real time: a learner task trains beside generation."""
 
     def __init__(self) -> None:
         self._start = time.monotonic()
@@ -94,6 +99,10 @@ class WallClock:
 
 class VirtualClock:
     """Discrete-event engine time; see the module docstring."""
+
+    learner_timing = INLINE
+    """Learning takes no engine time: each batch is trained the moment it fills (same results,
+    and reproducible runs)."""
 
     def __init__(self) -> None:
         self._now = 0.0

@@ -20,7 +20,8 @@ from pipeline.decisions import NullSink, gate_decision
 from pipeline.group import GroupRun
 from pipeline.hooktimer import HookTimer
 from pipeline.protocols import Controller, DecisionSink, Gate
-from pipeline.types import ActionKind, GroupAction, TrainBatch, TurnPoint
+from pipeline.samples import Samples
+from pipeline.types import ActionKind, GroupAction, GroupSnapshot, TrainBatch, TurnPoint
 
 DECIDE_WITHIN_EVENTS = 64
 """Queued decision points wait at most this many tracking-loop messages for their batch."""
@@ -33,17 +34,17 @@ class Deciders:
         self,
         gate: Gate,
         controller: Controller,
+        samples: Samples,
         *,
         run_id: str,
         hook_timer: HookTimer | None,
         now: Callable[[], float],
         policy_version: Callable[[], int],
     ):
-        self.gate, self.controller = gate, controller
+        self.gate, self.controller, self.samples = gate, controller, samples
         self.run_id, self.hook_timer = run_id, hook_timer
         self.now, self.policy_version = now, policy_version
         self.token_hooks = controller.wants_tokens
-        self.turn_hooks = callable(getattr(controller, "on_turn", None))
         self._held: dict[int, list[GroupAction]] = {}  # gate proposals the controller holds until its batch is decided
         self._flush_sent = False
         self._events_since_flush = 0
@@ -56,13 +57,13 @@ class Deciders:
     @property
     def queued(self) -> int:
         """Decision points the controller queued and has not decided yet."""
-        return getattr(self.controller, "queued_decisions", 0)
+        return self.controller.queued_decisions
 
     def on_sample(self, group: GroupRun, groups: Mapping[int, GroupRun]) -> Sequence[GroupAction]:
         """A sample of ``group`` was scored: the actions to execute, in order (they may name
         any open group of ``groups``: HORA decides a whole batch at its last probe)."""
         started = time.perf_counter_ns() if self.hook_timer is not None else 0
-        snapshot = group.snapshot(self.policy_version())
+        snapshot = self.snapshot(group)
         proposed = [] if group.sealed else self.gate.update(snapshot)
         final = self.controller.on_group(snapshot, proposed)
         if self.hook_timer is not None:
@@ -110,9 +111,13 @@ class Deciders:
 
     def on_turn(self, group: GroupRun, sample_index: int, point: TurnPoint) -> Sequence[GroupAction]:
         """An episode of ``group`` reached a turn boundary: the controller may act there."""
-        if not self.turn_hooks or group.closed:
+        if group.closed:
             return ()
-        return self.controller.on_turn(group.snapshot(self.policy_version()), sample_index, point)
+        return self.controller.on_turn(self.snapshot(group), sample_index, point)
+
+    def snapshot(self, group: GroupRun) -> GroupSnapshot:
+        """The group as the gate and the controller see it now."""
+        return group.snapshot(self.policy_version(), self.samples.in_flight(group.group_id))
 
     def on_step(self, batch: TrainBatch, groups: Mapping[int, GroupRun]) -> Sequence[GroupAction]:
         """The learner trained on ``batch``: the gate may act on its open groups (logged)."""
@@ -130,7 +135,7 @@ class Deciders:
         if group is None:
             return
         decision_id = self.trace.next_decision_id()
-        group.decision_ids.append(decision_id)
+        group.note_decision(decision_id)
         if self._records:  # a NullSink keeps none: do not build them
             self.trace.log_decision(
                 gate_decision(
@@ -138,7 +143,7 @@ class Deciders:
                     action,
                     prompt=group.prompt,
                     rewards=group.rewards,
-                    in_flight=len(group.in_flight),
+                    in_flight=self.samples.started_in(group.group_id),
                     launched=group.launched,
                     target_size=group.target_size,
                     executed=executed,

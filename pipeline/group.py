@@ -1,7 +1,17 @@
 """Per-group state in the tracker: what was launched, what finished, what it cost.
 
-Only ``pipeline.tracker.GroupTracker`` mutates a ``GroupRun`` (single writer); everything
-else sees immutable ``GroupSnapshot``\\ s and ``CommittedGroup``\\ s derived from it.
+A ``GroupRun`` changes only through its own methods (``tests/test_single_writers.py`` checks
+that no other module assigns its fields), called by the tracker and its stream-side ledger;
+everything else sees immutable ``GroupSnapshot``\\ s and ``CommittedGroup``\\ s derived from
+it. Which of its samples are queued or running is not kept here: ``pipeline.samples`` holds one
+record per sample, and a snapshot is handed the group's count from there.
+
+>>> from pipeline.types import Prompt
+>>> group = GroupRun(0, Prompt(0, "", (1,)), target_size=4, opened_step=0)
+>>> group.launch(), group.launch(), group.seal(), group.seal()
+(0, 1, True, False)
+>>> group.snapshot(policy_version=0, in_flight=2).launched
+2
 """
 
 from __future__ import annotations
@@ -9,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from pipeline.types import CommittedGroup, GroupSnapshot, Prompt, Rollout, SampleRequest, ScoredSample
+from pipeline.types import CommittedGroup, FinishReason, GroupSnapshot, Prompt, Rollout, ScoredSample
 
 
 @dataclass
@@ -19,14 +29,12 @@ class GroupRun:
     target_size: int
     opened_step: int
     launched: int = 0
-    queued: int = 0  # launches waiting for engine capacity
     failed: int = 0
     aborted: int = 0
     tokens: int = 0
     sealed: bool = False
     closed: bool = False
     samples: list[ScoredSample] = field(default_factory=list)  # every ended sample, in finishing order
-    in_flight: dict[str, SampleRequest] = field(default_factory=dict)  # running samples by request id
     decision_ids: list[int] = field(default_factory=list)
     # Kept as samples end, so that a snapshot does not re-scan them: the valid ones, their
     # rewards and origins, and the completed samples that got no reward.
@@ -35,6 +43,38 @@ class GroupRun:
     _origins: list[int] = field(default_factory=list)
     _logprob_sums: list[float] = field(default_factory=list)
     _unrewarded: int = 0
+
+    def launch(self) -> int:
+        """One more sample starts: its sample index."""
+        self.launched += 1
+        return self.launched - 1
+
+    def seal(self) -> bool:
+        """Committed: the gate launches no more (True the first time)."""
+        first, self.sealed = not self.sealed, True
+        return first
+
+    def close(self) -> None:
+        self.closed = True
+
+    def count_tokens(self, n: int) -> None:
+        """Its samples generated ``n`` more tokens."""
+        self.tokens += n
+
+    def count_abort(self) -> None:
+        """One of its samples ended as an abort."""
+        self.aborted += 1
+
+    def count_end(self, reason: FinishReason) -> None:
+        """One of its samples ended for ``reason`` and was seen by the tracker (failed, aborted)."""
+        if reason is FinishReason.ERROR:
+            self.failed += 1
+        elif reason is FinishReason.ABORTED:
+            self.aborted += 1
+
+    def note_decision(self, decision_id: int) -> None:
+        """A gate decision on the group went into the trace (its outcome follows at the close)."""
+        self.decision_ids.append(decision_id)
 
     def add(self, scored: ScoredSample) -> None:
         """One more ended sample of the group (any finish reason)."""
@@ -56,13 +96,15 @@ class GroupRun:
     def origins(self) -> tuple[int, ...]:
         return tuple(self._origins)
 
-    def snapshot(self, policy_version: int) -> GroupSnapshot:
+    def snapshot(self, policy_version: int, in_flight: int) -> GroupSnapshot:
+        """The group as gates see it; ``in_flight``: its samples started or queued and not done
+        (``pipeline.samples.Samples.in_flight``)."""
         return GroupSnapshot(
             group_id=self.group_id,
             prompt=self.prompt,
             target_size=self.target_size,
             rewards=self.rewards,
-            in_flight=len(self.in_flight) + self.queued,  # queued launches are as good as running
+            in_flight=in_flight,
             launched=self.launched,
             # a sample with no reward counts as failed: gates stop paying for a group that gets none
             failed=self.failed + self._unrewarded,

@@ -1,6 +1,7 @@
-"""The stream side of the group tracker: every running sample and what its stream costs.
+"""The stream side of the group tracker: what each running sample's stream costs.
 
-``SampleLedger`` registers each sample the tracker starts and counts what its stream brings --
+``SampleLedger`` finds each stream's sample in the tracker's sample table (``pipeline.samples``,
+which it moves along: ended, or dropped as an abort) and counts what its stream brings --
 token deltas, the final event, the tokens an aborted sample produced while it was being
 aborted -- into the run's ``Budget`` and the sample's group. It is the hot path of a run (a call
 per token delta), so it does only that: it does not decide anything. What it returns is what
@@ -25,24 +26,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pipeline.actions import EnvStep, Post, Score
-from pipeline.group import GroupRun
+from pipeline.actions import Post
 from pipeline.messages import ControllerActions, EngineEvents, StreamCut, StreamFailed, StreamsClosed
 from pipeline.metrics import Budget
 from pipeline.protocols import Controller
+from pipeline.samples import Lifecycle, Sample, Samples
 from pipeline.types import FinishReason, SampleFinished, SampleRequest, TokenDelta
-
-
-class Running:
-    """One running sample: its group, its request, the tokens its deltas carried, and whether
-    its group was abandoned (its remaining events then count as its abort's)."""
-
-    __slots__ = ("group", "request", "streamed", "cancelled")
-
-    def __init__(self, group: GroupRun, request: SampleRequest):
-        self.group, self.request = group, request
-        self.streamed = 0
-        self.cancelled = False
 
 
 def failed_final(request: SampleRequest, error: str, policy_version: int) -> SampleFinished:
@@ -62,40 +51,24 @@ STREAM_MESSAGES = frozenset({TokenDelta, SampleFinished, EngineEvents, StreamFai
 
 
 class SampleLedger:
-    """Running samples by request id, and the stream-side counting rules (module docstring).
-
-    ``on_gone`` is called when a cancelled sample's engine slot is free again.
-    """
+    """The stream-side counting rules (module docstring) over the samples of ``samples``."""
 
     def __init__(
         self,
+        samples: Samples,
         budget: Budget,
         controller: Controller,
         policy_version: Callable[[], int],
-        on_gone: Callable[[], None],
-        episodic: bool = False,
+        lifecycle: Lifecycle,
     ):
+        self.samples = samples
         self.budget = budget
-        self.episodic = episodic
-        self._answer = EnvStep if episodic else Score  # an episode's turn goes to its environment
+        self.lifecycle = lifecycle
+        self._answer = lifecycle.answer  # a Score, or an episode turn's EnvStep
+        self._count_stream_end = lifecycle.count_stream_end
         self.controller = controller
         self.policy_version = policy_version
-        self.on_gone = on_gone
-        self.running: dict[str, Running] = {}
         self._token_hooks = controller.wants_tokens
-
-    def started(self, group: GroupRun, request: SampleRequest) -> None:
-        self.running[request.request_id] = Running(group, request)
-
-    def cancel_all(self) -> None:
-        """The run is over: what any stream still brings counts as its cut."""
-        for run in self.running.values():
-            run.cancelled = True
-
-    def cancelled(self, request_id: str) -> None:
-        run = self.running.get(request_id)
-        if run is not None:
-            run.cancelled = True
 
     # --- events -------------------------------------------------------------------------
 
@@ -122,28 +95,29 @@ class SampleLedger:
 
     def tokens(self, delta: TokenDelta, out: list) -> None:
         """A streamed delta (``out`` takes a ``Post`` of the token hook's actions)."""
-        run = self.running.get(delta.request_id)
+        run = self.samples.streaming(delta.request_id)
         if run is None:
             return
         n = len(delta.token_ids)
-        run.streamed += n
+        self.samples.streamed_tokens(run, n)
         if run.cancelled:
             self.budget.tokens_generated += n
             return
         group = run.group
-        group.tokens += n
+        group.count_tokens(n)
         self.budget.tokens_generated += n
         if self._token_hooks and not group.closed:
-            actions = self.controller.on_tokens(group.snapshot(self.policy_version()), run.request.sample_index, delta)
+            snapshot = group.snapshot(self.policy_version(), self.samples.in_flight(group.group_id))
+            actions = self.controller.on_tokens(snapshot, run.request.sample_index, delta)
             if actions:
                 out.append(Post(ControllerActions(tuple(actions))))
 
     def finished(self, final: SampleFinished, out: list) -> None:
         """A sample's final event (``out`` takes its ``Score``, unless it was aborted)."""
-        run = self.running.pop(final.request_id, None)
+        run = self.samples.streaming(final.request_id)
         if run is None:
             return
-        if run.cancelled and (self.episodic or not final.finish_reason.is_success):
+        if run.cancelled and not (self.lifecycle.scores_cancelled and final.finish_reason.is_success):
             self._count_abort(run, final)  # an abandoned episode ends here, whatever its turn did
             return
         self._ended(run, final)
@@ -163,10 +137,10 @@ class SampleLedger:
         self, request_id: str, error: str, out: list, tokens_after: int = 0, final_after: SampleFinished | None = None
     ) -> None:
         """The engine raised on a stream; what was drained while aborting it counts against the run."""
-        run = self.running.pop(request_id, None)
+        run = self.samples.streaming(request_id)
         if run is None:
             return
-        run.streamed += tokens_after
+        self.samples.streamed_tokens(run, tokens_after)
         self.budget.tokens_generated += tokens_after
         if final_after is not None:
             self._abort_tokens(run, final_after)
@@ -179,38 +153,36 @@ class SampleLedger:
 
     def cut(self, request_id: str, tokens: int, final: SampleFinished | None) -> None:
         """A stream that ended by an abort (its group abandoned, or the run over)."""
-        run = self.running.pop(request_id, None)
+        run = self.samples.streaming(request_id)
         if run is None:
             return
-        run.streamed += tokens
+        self.samples.streamed_tokens(run, tokens)
         self.budget.tokens_generated += tokens
         self._count_abort(run, final)
 
     # --- counting ------------------------------------------------------------------------
 
-    def _ended(self, run: Running, final: SampleFinished) -> None:
+    def _ended(self, run: Sample, final: SampleFinished) -> None:
         """Count a sample's end by its reason (an episode's turn: a turn; the tracker counts the
-        episode's end), and the tokens its final event adds."""
+        episode's end), and the tokens its final event adds; its answer is on the way."""
+        self.samples.end(run)
         b = self.budget
-        if self.episodic:
-            b.turns += 1
-        else:
-            b.count_rollout_end(final.finish_reason)
+        self._count_stream_end(b, final.finish_reason)  # a rollout's end, or an episode's turn
         extra = _unstreamed(run, final)
         b.tokens_generated += extra
-        run.group.tokens += extra
+        run.group.count_tokens(extra)
 
-    def _abort_tokens(self, run: Running, final: SampleFinished) -> None:
+    def _abort_tokens(self, run: Sample, final: SampleFinished) -> None:
         self.budget.tokens_generated += _unstreamed(run, final)
 
-    def _count_abort(self, run: Running, final: SampleFinished | None) -> None:
+    def _count_abort(self, run: Sample, final: SampleFinished | None) -> None:
         if final is not None:
             self._abort_tokens(run, final)
         self.budget.rollouts_aborted += 1
-        run.group.aborted += 1
-        self.on_gone()
+        run.group.count_abort()
+        self.samples.drop(run)  # its engine slot is free
 
 
-def _unstreamed(run: Running, final: SampleFinished) -> int:
+def _unstreamed(run: Sample, final: SampleFinished) -> int:
     """Tokens the final event adds beyond its request's branch prefix and the deltas streamed."""
-    return max(0, final.num_tokens - run.request.prefix_len - run.streamed)
+    return max(0, run.request.beyond_prefix(final.num_tokens) - run.streamed)

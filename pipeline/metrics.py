@@ -65,6 +65,18 @@ class Budget:
         else:
             self.rollouts_finished += 1
 
+    def count_turn(self, reason: FinishReason) -> None:
+        """Count one turn of a multi-turn episode, whatever its reason (the episode's end is
+        counted as a rollout once it is scored, ``count_episode_end``)."""
+        self.turns += 1
+
+    def count_episode_end(self, reason: FinishReason, env_failed: bool, truncated: bool) -> None:
+        """Count an episode that ended for ``reason``: a rollout's end, and an environment
+        failure or a truncation at the model's context."""
+        self.env_failures += env_failed
+        self.episodes_truncated_context += truncated
+        self.count_rollout_end(reason)
+
     @property
     def tokens_wasted(self) -> int:
         return self.tokens_generated - self.tokens_trained

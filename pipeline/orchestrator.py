@@ -51,10 +51,10 @@ from pipeline.actions import (
     Train,
     cannot_carry_out,
 )
-from pipeline.clock import VirtualClock
 from pipeline.collector import fewer_collections
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.engines.mux import StreamMux, multiplexer_of
+from pipeline.episodes import lifecycle_for
 from pipeline.learning import LearnerStep
 from pipeline.messages import (
     EngineEvents,
@@ -112,7 +112,7 @@ class Orchestrator:
         self.config = config
         self.outputs = outputs if outputs is not None else RunOutputs()
         self.clock = parts.clock
-        self._inline_learner = isinstance(self.clock, VirtualClock)
+        self._inline_learner = self.clock.learner_timing.trains_inline
         checkpoint_every = self.outputs.checkpoint_every if self.outputs.checkpoint is not None else 0
         self.tracker = GroupTracker(
             parts.gate,
@@ -124,12 +124,8 @@ class Orchestrator:
             hook_timer=self.outputs.hook_timer,
             now=self.clock.now,
             policy_version=lambda: parts.engine.policy_version,
-            shell=ShellSettings(
-                self._inline_learner,
-                parts.evaluator is not None,
-                checkpoint_every,
-                parts.episodes.settings if parts.episodes is not None else None,
-            ),
+            shell=ShellSettings(self.clock.learner_timing, parts.evaluator is not None, checkpoint_every),
+            lifecycle=lifecycle_for(parts.episodes.settings if parts.episodes is not None else None),
         )
         self.learn = LearnerStep(parts, self.outputs)
         self._scopes: dict[str, anyio.CancelScope] = {}  # running sample tasks by request id

@@ -133,8 +133,10 @@ class Gate(Protocol):
 class Controller(Protocol):
     """Intervention controller (RAIL). ``NoopController`` in ``controller`` does nothing.
 
-    ``wants_tokens`` and ``metrics()`` have defaults here (a subclass of ``Controller``
-    inherits them): no token hooks, no metrics.
+    ``wants_tokens``, ``queued_decisions``, ``on_turn``, ``flush_decisions`` and ``metrics()``
+    have defaults here (a subclass of ``Controller`` inherits them): no token hooks, nothing
+    queued, nothing done at a turn, no metrics. As for a gate's capabilities, readers read the
+    member itself, never with a fallback of their own.
     """
 
     wants_tokens: bool = False

@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.actions import Cancel, Post, Record, Score, ShellSettings, Start, Stop, Train, cannot_carry_out
+from pipeline.actions import INLINE, Cancel, Post, Record, Score, ShellSettings, Start, Stop, Train, cannot_carry_out
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.messages import CutStep, SampleDone, StepDone, Tick
 from pipeline.protocols import Controller, Gate, GateStalled
@@ -115,9 +115,7 @@ class RoundDriver:
         if step_rollouts < 0:
             raise ValueError(f"step_rollouts={step_rollouts} must be >= 0 (0: no cap)")
         self.admission = AdmissionSwitch(gate)
-        self.tracker = GroupTracker(
-            self.admission, controller, config, shell=ShellSettings(inline_learner=True), **tracker_options
-        )
+        self.tracker = GroupTracker(self.admission, controller, config, shell=ShellSettings(INLINE), **tracker_options)
         self.step_rollouts = step_rollouts
         self.before_admit = before_admit or (lambda: None)
         self.rounds = 0  # every round of the run

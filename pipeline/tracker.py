@@ -14,7 +14,8 @@ groups through ``gate.admit``, queues their launches under the concurrency limit
 ``gate.update`` and ``controller.on_group`` about every scored sample, executes the actions
 they return (launch, commit, abandon), ships committed groups into batches, books each learner
 step (``pipeline.steplog``), decides when to evaluate, checkpoint and stop, and checkpoints all
-of it. The stream side (token deltas, final events, aborts) is counted by its
+of it. Every sample has one record in its sample table (``pipeline.samples.Samples``), from
+queued to done; the stream side (token deltas, final events, aborts) is counted by its
 ``pipeline.ledger.SampleLedger``.
 
 >>> from controller.gates.uniform import UniformGate; from controller.noop import NoopController
@@ -42,7 +43,6 @@ from types import MappingProxyType
 from typing import Any
 
 from pipeline.actions import (
-    LEARNER_SLOTS,
     Action,
     Cancel,
     Checkpoint,
@@ -58,10 +58,8 @@ from pipeline.admission import Occupancy, admit, open_slots, stall_error
 from pipeline.batches import StepCutter
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.deciding import Deciders
-from pipeline.episodes import Episodes
 from pipeline.group import GroupRun
 from pipeline.hooktimer import HookTimer
-from pipeline.launches import LaunchQueue
 from pipeline.ledger import STREAM_MESSAGES, SampleLedger
 from pipeline.messages import (
     ControllerActions,
@@ -78,11 +76,11 @@ from pipeline.messages import (
 )
 from pipeline.metrics import Budget
 from pipeline.protocols import Controller, DecisionSink, Gate, GateProtocolError
+from pipeline.samples import Lifecycle, Requests, Samples, SingleTurn
 from pipeline.steplog import StepLog
 from pipeline.types import (
     ActionKind,
     CommittedGroup,
-    FinishReason,
     GroupAction,
     ScoredSample,
     TokenDelta,
@@ -109,23 +107,23 @@ class GroupTracker:
         now: Callable[[], float] = lambda: 0.0,
         policy_version: Callable[[], int] = lambda: 0,
         shell: ShellSettings = ShellSettings(),
+        lifecycle: Lifecycle | None = None,
     ):
         self.gate, self.controller, self.config, self.shell = gate, controller, config, shell
         self.seed, self.run_id = seed, run_id
         self.now, self.policy_version = now, policy_version
+        self.samples = Samples(config.max_concurrent_samples)  # one record per sample, from queued to done
         self.deciders = Deciders(
-            gate, controller, run_id=run_id, hook_timer=hook_timer, now=now, policy_version=policy_version
+            gate, controller, self.samples, run_id=run_id, hook_timer=hook_timer, now=now, policy_version=policy_version
         )
         self.attach_trace(trace)
         self.budget = Budget()
         self.stop_reason = ""
         self.batches = StepCutter(config.batch_groups, config.batch_rollouts)  # committed groups -> batches
         self.steplog = StepLog(self.budget, config)
-        self.launches = LaunchQueue(config, seed, self.budget, now)
-        self.ledger = SampleLedger(
-            self.budget, controller, policy_version, on_gone=self.launches.freed, episodic=shell.episodes is not None
-        )
-        self.episodes = Episodes(shell.episodes, self.budget) if shell.episodes is not None else None
+        self.requests = Requests(config, seed, now)
+        self.lifecycle = lifecycle if lifecycle is not None else SingleTurn()  # or episodes of turns
+        self.ledger = SampleLedger(self.samples, self.budget, controller, policy_version, self.lifecycle)
         self._groups: dict[int, GroupRun] = {}
         self._next_group_id = 0
         self._sealed_open = 0  # open groups that are sealed (committed, still finishing)
@@ -192,7 +190,7 @@ class GroupTracker:
             self._execute(msg.actions, source="controller")
         elif kind is StepDone:
             self._on_step_done(msg)
-            if self.shell.inline_learner:  # the rest of the tick the batch interrupted
+            if self.shell.learner.trains_inline:  # the rest of the tick the batch interrupted
                 self._from_batches()
         elif kind is Started:
             if self.shell.evaluates and self._steps_done == 0 and not self.evals:
@@ -236,7 +234,7 @@ class GroupTracker:
             step = batch.step + 1
             evaluate = self.shell.evaluates and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0))
             self._out.append(Train(batch, bool(evaluate), self._checkpoint_due(step)))
-            if self.shell.inline_learner:
+            if self.shell.learner.trains_inline:
                 return  # nothing else happens until its StepDone
         self._pump()
         self._admit()
@@ -244,7 +242,7 @@ class GroupTracker:
 
     def _learner_room(self) -> bool:
         in_hands = self.batches.batches_sent - self._steps_done
-        return in_hands == 0 if self.shell.inline_learner else in_hands < LEARNER_SLOTS
+        return in_hands < self.shell.learner.slots
 
     def _checkpoint_due(self, step: int) -> bool:
         every = self.shell.checkpoint_every
@@ -263,9 +261,7 @@ class GroupTracker:
             self._check_progress()
         if self.stop_reason:
             self._stopped = True
-            if self.episodes is not None:
-                self.episodes.stop(self.ledger.running, self._out)
-                self.ledger.cancel_all()
+            self.budget.rollouts_aborted += self.lifecycle.stop(self.samples, self._out)
             self._out.append(Stop(self.stop_reason))
 
     # --- admission and launches ----------------------------------------------------------
@@ -274,7 +270,7 @@ class GroupTracker:
         """Open the groups the gate wants while the limits of ``pipeline.admission`` leave room."""
         if self.stop_reason or self.budget_spent():
             return
-        free = self.config.max_concurrent_samples - self.launches.in_flight - len(self.launches)
+        free = self.config.max_concurrent_samples - self.samples.started - len(self.samples)
         sent = self.batches.batches_sent
         occupancy = Occupancy(
             sent - self._steps_done, len(self.pending), len(self._groups), self._sealed_open, free, sent
@@ -286,7 +282,7 @@ class GroupTracker:
             self._next_group_id += 1
             self._groups[group.group_id] = group
             self.budget.groups_opened += 1
-            self.launches.enqueue(group, plan.initial, plan.params, None)
+            self.samples.queue(group, plan.initial, plan.params, None)
         self._pump()
 
     def budget_spent(self) -> bool:
@@ -296,26 +292,27 @@ class GroupTracker:
 
     def _pump(self) -> None:
         """Start queued samples while the concurrency limit allows (an episode: its first turn)."""
-        for group, request in self.launches.pump():
-            if self.episodes is not None:
-                request = self.episodes.start(group, request, self._out)
-            self.ledger.started(group, request)
+        while (sample := self.samples.next_queued()) is not None:
+            request = self.requests.make(sample, sample.group.launch())
+            self.budget.rollouts_started += 1
+            if sample.origin >= 0:
+                self.budget.rollouts_intervention += 1
+            request = self.lifecycle.start(request, self._out)  # an episode: its first turn
+            self.samples.start(sample, request)
             self._out.append(Start(request))
 
     # --- decisions -----------------------------------------------------------------------
 
     def _on_sample(self, scored: ScoredSample) -> None:
         """A sample ended and was scored: the gate and the controller decide; their actions run."""
-        self.launches.freed()  # counted until the tracker has seen it, so a stall check cannot race it
+        self.samples.finish(scored.request.request_id)  # running until the tracker has seen it
+        self._decide_on(scored)
+
+    def _decide_on(self, scored: ScoredSample) -> None:
         group = self._groups.get(scored.request.group_id)
-        reason = scored.result.finish_reason
         if group is None or group.closed:
             return  # a straggler of an abandoned group
-        group.in_flight.pop(scored.request.request_id, None)
-        if reason is FinishReason.ERROR:
-            group.failed += 1
-        elif reason is FinishReason.ABORTED:
-            group.aborted += 1
+        group.count_end(scored.result.finish_reason)
         group.add(scored)
         self._touched.add(group.group_id)
         self._execute(self.deciders.on_sample(group, self._groups), source="gate")
@@ -327,15 +324,14 @@ class GroupTracker:
         group = self._groups.get(request.group_id)
         if group is None or group.closed:  # abandoned while the environment answered: counted then
             return
-        if self.episodes is None:
-            raise TypeError(f"GroupTracker.handle got a TurnDone for {request.request_id} in a run without episodes")
-        group.in_flight.pop(request.request_id, None)
-        outcome = self.episodes.after_turn(msg, self._out)
+        outcome = self.lifecycle.after_turn(msg, self._out)
         if isinstance(outcome, ScoredSample):
-            return self._on_sample(outcome)
+            self.samples.finish(request.request_id)
+            truncated = outcome.turns is not None and outcome.turns.truncated
+            self.budget.count_episode_end(outcome.result.finish_reason, bool(msg.error), truncated)
+            return self._decide_on(outcome)
         following, point = outcome
-        group.in_flight[following.request_id] = following
-        self.ledger.started(group, following)
+        self.samples.next_turn(request.request_id, following)
         self._out.append(Start(following))
         self._execute(self.deciders.on_turn(group, request.sample_index, point), source="controller")
 
@@ -352,10 +348,9 @@ class GroupTracker:
             if action.kind is ActionKind.LAUNCH:
                 if group.sealed and action.origin < 0:
                     raise GateProtocolError.launch_after_commit(source, action.n, group.group_id)
-                self.launches.enqueue(group, action.n, action.params, action.branch, action.origin)
+                self.samples.queue(group, action.n, action.params, action.branch, action.origin)
             elif action.kind is ActionKind.COMMIT:
-                if not group.sealed:
-                    group.sealed = True
+                if group.seal():
                     self._sealed_open += 1
                 self._touched.add(group.group_id)
             elif action.kind is ActionKind.ABANDON:
@@ -369,22 +364,23 @@ class GroupTracker:
         touched, self._touched = self._touched, set()
         for group_id in touched:
             group = self._groups.get(group_id)
-            if group is not None and group.sealed and not group.in_flight and not group.queued:
+            if group is not None and group.sealed and not self.samples.in_flight(group_id):
                 self._close(group, committed=True)
 
     def _close(self, group: GroupRun, committed: bool) -> None:
-        group.closed = True
+        closing = self.deciders.snapshot(group)  # as it stood: its samples still counted in flight
+        group.close()
         del self._groups[group.group_id]
         self.deciders.forget(group.group_id)
         if group.sealed:
             self._sealed_open -= 1
-        for request_id in group.in_flight:
-            self.ledger.cancelled(request_id)
+        for sample in self.samples.started_of(group.group_id):
+            request_id = sample.request_id
+            self.samples.cancel(request_id)
             self._out.append(Cancel(request_id))
-            if self.episodes is not None and self.episodes.abandon(
-                request_id, request_id in self.ledger.running, self._out
-            ):
-                self.launches.freed()
+            if self.lifecycle.abandon(request_id, self.samples.streaming(request_id) is not None, self._out):
+                self.budget.rollouts_aborted += 1  # closed between two turns: its slot is free now
+                self.samples.drop(sample)
         effective = False
         if committed:
             shipped = group.committed()
@@ -396,11 +392,11 @@ class GroupTracker:
                 self.budget.groups_committed += 1
                 self.budget.groups_effective += int(effective)
                 self.batches.committed(shipped, group.launched)
-                self.controller.on_closed(shipped, group.snapshot(self.policy_version()))
+                self.controller.on_closed(shipped, closing)
         if not committed:
             self.batches.abandoned(group.launched)
             self.budget.groups_abandoned += 1
-            self.controller.on_closed(None, group.snapshot(self.policy_version()))
+            self.controller.on_closed(None, closing)
         self.gate.on_closed(group.group_id, committed)
         for decision_id in group.decision_ids:
             self.trace.log_outcome(decision_id, float(effective), group.tokens)
@@ -432,13 +428,13 @@ class GroupTracker:
     def _check_progress(self) -> None:
         """Stop (budget spent) or raise ``GateStalled`` instead of waiting forever when nothing
         can produce another message."""
-        running = self.launches.in_flight or len(self.launches) or self.batches.batches_sent > self._steps_done
+        running = self.samples.started or len(self.samples) or self.batches.batches_sent > self._steps_done
         if running or self.decisions_queued or self.batches.batch_len():  # held groups: the controller's batch
             return
         if self.budget_spent():
             self.stop_reason = f"rollout budget of {self.config.max_rollouts} spent"
             return
-        held = sum(1 for g in self._groups.values() if not g.in_flight)
+        held = sum(1 for g in self._groups.values() if not self.samples.started_in(g.group_id))
         raise stall_error(self.gate, len(self._groups), held, len(self.pending), self.batches.describe())
 
     # --- checkpoint: both directions ------------------------------------------------------

@@ -141,6 +141,16 @@ class SampleRequest:
         """The guidance level of a guided request (its share of the reference), else 0."""
         return self.branch.guide_level if self.branch is not None else 0.0
 
+    def beyond_prefix(self, response_tokens: int) -> int:
+        """Of a response of ``response_tokens`` tokens, the ones this request generated itself:
+        those beyond its branch prefix (the one rule, wherever a sample's own tokens are counted).
+
+        >>> SampleRequest("g0-s1", 0, 1, Prompt(0, "", (1,)), SamplingParams(),
+        ...               branch=BranchSpec("g0-s0", 2, (5, 6), (-0.1, -0.2))).beyond_prefix(3)
+        1
+        """
+        return response_tokens - self.prefix_len
+
 
 @dataclass(frozen=True)
 class TokenDelta:
@@ -243,7 +253,7 @@ class ScoredSample:
         >>> ScoredSample(request, SampleFinished("g0-s1", (5, 6, 7), (0.0,) * 3, FinishReason.STOP, 0), 1.0).new_tokens
         1
         """
-        return len(self.result.token_ids) - self.request.prefix_len
+        return self.request.beyond_prefix(len(self.result.token_ids))
 
     @property
     def is_valid(self) -> bool:

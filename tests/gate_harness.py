@@ -315,7 +315,8 @@ class GateHarness:
         # Frozen messages are shared, not copied (walking them dominated a clone's cost).
         frozen = [*_TOKENS, *_LOGPROBS, *self.batch_log, *self.learner_waiting, *self.tracker.pending]
         for group in [*self.groups.values(), *self.closed_groups]:
-            frozen += [group.prompt, *group.samples, *group.in_flight.values()]
+            frozen += [group.prompt, *group.samples]
+        frozen += list(self.tracker.samples.requests())
         memo = {id(x): x for x in frozen}
         memo[id(self.gate)] = gate
         return copy.deepcopy(self, memo=memo)
@@ -389,7 +390,12 @@ class GateHarness:
         self._rewards[request_id] = reward
         self._act(self.tracker.handle(final))
         g = self.tracker.group(group.group_id)
-        if g is not None and not g.sealed and g.group_id not in self.held and not g.in_flight and not g.queued:
+        if (
+            g is not None
+            and not g.sealed
+            and g.group_id not in self.held
+            and not self.tracker.samples.in_flight(g.group_id)
+        ):
             raise ProtocolViolation(
                 f"{type(self.gate).__name__} left group {g.group_id} idle with no verdict "
                 f"(rewards={g.rewards}, failed={g.failed})"
@@ -435,7 +441,7 @@ class GateHarness:
             if any(len(g.rollouts) < 2 for g in batch.groups):
                 raise AssertionError(f"batch {batch.step} holds a group with fewer than 2 rollouts")
         for g in self.groups.values():
-            if not (g.sealed or g.group_id in self.held or g.in_flight or g.queued):
+            if not (g.sealed or g.group_id in self.held or self.tracker.samples.in_flight(g.group_id)):
                 raise AssertionError(f"group {g.group_id} is open with no verdict and nothing running")
         if self.cfg.fail_prob == 0 and s["dropped"]:
             raise AssertionError(f"{s['dropped']} committed groups had fewer than 2 rollouts without any failure")

@@ -8,7 +8,7 @@ import pytest
 from controller.gates.uniform import UniformGate
 from controller.noop import NoopController
 from controller.prompts import PromptPool
-from pipeline.actions import ShellSettings, Start, Stop, Train
+from pipeline.actions import INLINE, ShellSettings, Start, Stop, Train
 from pipeline.config.build import ConfigError
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.messages import SampleDone, Started, StepDone, Tick
@@ -61,9 +61,7 @@ class Driver:
             max_async_steps=0,
             **cfg,
         )
-        self.tracker = GroupTracker(
-            gate_cls(pool, G), NoopController(), config, shell=ShellSettings(inline_learner=True)
-        )
+        self.tracker = GroupTracker(gate_cls(pool, G), NoopController(), config, shell=ShellSettings(INLINE))
         if state is not None:
             self.tracker.load_state_dict(state)
         self.closes: list[tuple[int, bool, int]] = []  # (group id, committed, rollouts launched)

@@ -81,3 +81,22 @@ def test_gate_defaults_leave_the_reference_settings_to_gated_grpo_config(tmp_pat
     assert own.args.gate_reference_exact == defaults.gate_reference_exact is False
     assert own.args.gate_reference_skip == defaults.gate_reference_skip
     assert own.args.gate_reference_calibrate is True
+
+
+def test_gate_set_overrides_the_task_and_the_defaults_and_refuses_an_unknown_field(tmp_path):
+    import dataclasses
+
+    import pytest
+
+    task = dataclasses.replace(tiny_task(), reference_exact=True, reference_skip=0.8)
+    spec = dataclasses.replace(
+        SPEC, gate_settings=(("gate_reference_skip", "0.6"), ("gate_reference_skip_share", "0.5"))
+    )
+    gated, _ = build_trainer("gated", 0, spec, task, model_dir(tmp_path), tmp_path)
+    assert (gated.args.gate_reference_skip, gated.args.gate_reference_skip_share) == (0.6, 0.5)
+    assert gated.args.gate_reference_exact is True  # the task's, not overridden
+    assert spec.label.endswith("-gate_reference_skip=0.6-gate_reference_skip_share=0.5")
+    with pytest.raises(ValueError, match="no field gate_reference_skp.*e.g. gate_reference_skip"):
+        dataclasses.replace(SPEC, gate_settings=(("gate_reference_skp", "0.6"),)).check()
+    with pytest.raises(ValueError, match="gate_reference_exact=maybe: not a bool"):
+        dataclasses.replace(SPEC, gate_settings=(("gate_reference_exact", "maybe"),)).check()

@@ -8,9 +8,9 @@ import pytest
 from controller.gates.uniform import UniformGate
 from controller.noop import NoopController
 from controller.prompts import PromptPool
-from pipeline.actions import CloseEpisode, EnvStep, ForkEpisode, ShellSettings, Start, Train
+from pipeline.actions import INLINE, CloseEpisode, EnvStep, ForkEpisode, ShellSettings, Start, Train
 from pipeline.config.sections import EpisodeSettings, OrchestratorConfig
-from pipeline.episodes import EpisodeBook
+from pipeline.episodes import EpisodeBook, Episodes
 from pipeline.messages import Started, StreamCut, Tick, TurnDone
 from pipeline.tracker import GroupTracker
 from pipeline.types import (
@@ -127,7 +127,8 @@ class Harness:
             gate or UniformGate(pool, group_size),
             NoopController(),
             cfg,
-            shell=ShellSettings(inline_learner=True, episodes=settings),
+            shell=ShellSettings(INLINE),
+            lifecycle=Episodes(settings),
         )
         self.closed: list[str] = []
         self.forks: list[ForkEpisode] = []
@@ -231,7 +232,7 @@ def test_an_abandoned_group_closes_its_episodes_and_counts_each_once():
     h.tracker.handle(StreamCut(c.request.request_id, tokens=2))  # c's turn was streaming: the shell cut it
     budget = h.tracker.budget
     assert (budget.rollouts_finished, budget.rollouts_aborted, budget.rollouts_failed) == (1, 2, 0)
-    assert h.tracker.launches.in_flight == budget.rollouts_started - 3  # only the next group's episodes run
+    assert h.tracker.samples.started == budget.rollouts_started - 3  # only the next group's episodes run
 
 
 class _BranchAtFirstBoundary(NoopController):
@@ -263,7 +264,9 @@ def test_an_episode_abandoned_while_its_environment_answers_is_counted_then():
 
 def test_a_turn_branch_forks_the_environment_and_starts_from_the_source_context():
     h = Harness(group_size=2)
-    h.tracker = GroupTracker(h.tracker.gate, _BranchAtFirstBoundary(), h.tracker.config, shell=h.tracker.shell)
+    h.tracker = GroupTracker(
+        h.tracker.gate, _BranchAtFirstBoundary(), h.tracker.config, shell=h.tracker.shell, lifecycle=h.tracker.lifecycle
+    )
     a, b = h.start()
     _, starts = h.answer(h.finish_turn(a, (7, 8)), observation=(5, 6))
     assert h.forks == [ForkEpisode("g0-s0", 1, "g0-s2")]

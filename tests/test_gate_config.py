@@ -39,7 +39,7 @@ def test_every_kind_builds_with_defaults(kind):
 def test_settings_reach_the_gate():
     data = apply_overrides({"kind": "sara"}, ["sara.tau_abandon=0.3", "sara.launch=eager", "sara.prior=[2, 3]"])
     gate = make(data)
-    assert (gate.tau_abandon, gate.launch, gate.prior) == (0.3, "eager", (2.0, 3.0))
+    assert (gate.config.tau_abandon, gate.config.launch, gate.prior) == (0.3, "eager", (2.0, 3.0))
     assert make({"kind": "ds", "ds": {"keep_surplus": True, "oversample": 2}}).round_size == 8
     assert make({"kind": "sara_dps", "dps": {"explore": 0.5}}).source.explore == 0.5
 

@@ -8,8 +8,9 @@ from controller.rail.config import RailConfig
 from controller.rail.controller import RailController
 from controller.rail.features import group_features
 from controller.rail.turns import turn_due
-from pipeline.actions import ForkEpisode, ShellSettings, Start
+from pipeline.actions import INLINE, ForkEpisode, ShellSettings, Start
 from pipeline.config.sections import EpisodeSettings, OrchestratorConfig
+from pipeline.episodes import Episodes
 from pipeline.messages import Started, Tick, TurnDone
 from pipeline.tracker import GroupTracker
 from pipeline.types import ActionKind, BranchSpec, FinishReason, Prompt, SampleFinished, SamplingParams, TurnPoint
@@ -125,7 +126,7 @@ def test_a_branch_waiting_for_capacity_whose_source_ended_starts_as_a_fresh_epis
     cfg = OrchestratorConfig(batch_groups=1, group_size=2, steps=1, max_open_groups=1, max_concurrent_samples=2)
     settings = EpisodeSettings(max_turns=3, max_episode_tokens=64, turn_tokens=4)
     tracker = GroupTracker(
-        UniformGate(pool, 2), _Once(), cfg, shell=ShellSettings(inline_learner=True, episodes=settings)
+        UniformGate(pool, 2), _Once(), cfg, shell=ShellSettings(INLINE), lifecycle=Episodes(settings)
     )
     out = [*tracker.handle(Started()), *tracker.handle(Tick())]
     a = [s for s in out if isinstance(s, Start)][0]
@@ -136,7 +137,7 @@ def test_a_branch_waiting_for_capacity_whose_source_ended_starts_as_a_fresh_epis
 
     after = turn(a.request, done=False, reward=0.0)  # a failed turn: RAIL branches, no capacity left
     following = next(s for s in after if isinstance(s, Start))
-    assert following.request.request_id == "g0-s0-t1" and len(tracker.launches) == 2
+    assert following.request.request_id == "g0-s0-t1" and len(tracker.samples) == 2
     ended = turn(following.request, done=True, reward=0.0)  # the source ends before its branches start
     [fresh] = [s for s in ended if isinstance(s, Start)]
     assert fresh.request.request_id == "g0-s2" and fresh.request.branch is None

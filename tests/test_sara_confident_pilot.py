@@ -108,7 +108,7 @@ def test_group_snapshots_carry_each_rollouts_summed_log_probs():
         request = SampleRequest(f"r{i}", 0, i, prompt, SamplingParams())
         done = SampleFinished(f"r{i}", (5,) * len(lps), lps, FinishReason.STOP, 0)
         group.add(ScoredSample(request, done, reward=1.0))
-    sums = group.snapshot(0).logprob_sums
+    sums = group.snapshot(0, in_flight=0).logprob_sums
     assert sums[0] == -0.75 and math.isnan(sums[1])
 
 

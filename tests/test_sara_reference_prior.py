@@ -113,7 +113,7 @@ def test_reference_skip_sets_how_likely_a_mixed_group_must_be_to_open_apart_from
     strict, _ = screened_gate(rates, reference_skip=0.7)
     assert [p.prompt.prompt_id for p in admit(strict, 2)] in ([1, 3], [3, 1])
     assert strict.metrics()["gate/skip_reference"] == 2.0
-    assert strict.tau_abandon == 0.45  # the probe's test keeps its threshold
+    assert strict.config.tau_abandon == 0.45  # the probe's test keeps its threshold
     with pytest.raises(ConfigError, match=r"reference_skip=1.0 must be in \[0, 1\)"):
         SaraConfig(reference_skip=1.0)
 

@@ -210,7 +210,7 @@ def test_none_rewards_are_counted_and_left_out_of_the_group():
             ScoredSample(request, SampleFinished(request.request_id, (i,), (0.0,), FinishReason.STOP, 0), reward, error)
         )
     assert service.no_reward == 1 and service.errors == 0
-    assert group.rewards == (1.0, 1.0) and group.snapshot(0).failed == 1
+    assert group.rewards == (1.0, 1.0) and group.snapshot(0, in_flight=0).failed == 1
     assert [r.sample_index for r in group.committed().rollouts] == [1, 2]
 
 

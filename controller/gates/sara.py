@@ -121,15 +121,7 @@ class SaraGate(BaseGate[SaraRecord]):
     def __init__(self, source: PromptPool | PromptSelector, group_size: int, config: SaraConfig = SaraConfig()):
         super().__init__(source, group_size)
         config.check_sizes(group_size, batch_groups=1)
-        self.config = config
-        self.probe_size = config.probe_size
-        self.tau_commit = config.tau_commit
-        self.tau_abandon = config.tau_abandon
-        self.prior = (float(config.prior[0]), float(config.prior[1]))
-        self.history_discount = config.history_discount
-        self.launch = config.launch
-        self.confident_pilot = config.confident_pilot
-        self.confident_max_mixed = config.confident_max_mixed
+        self.config = config  # every setting is read from here, nowhere copied
         # prompt_id -> carried posterior (a, b); only kept when history_discount > 0.
         self._carried: dict[int, tuple[float, float]] = {}
         self.levels = (
@@ -157,6 +149,12 @@ class SaraGate(BaseGate[SaraRecord]):
             if config.probe_when == "pays"
             else None
         )
+
+    @property
+    def prior(self) -> tuple[float, float]:
+        """The gate's Beta prior, ``config.prior``, as floats."""
+        a, b = self.config.prior
+        return float(a), float(b)
 
     def attach_reference(self, screen: ReferenceScreen) -> None:
         """Use ``screen``'s reference likelihoods for priors and skips (``gate.sara.reference_prior``)."""
@@ -189,7 +187,13 @@ class SaraGate(BaseGate[SaraRecord]):
     # --- admission ----------------------------------------------------------------------
 
     def admit(self, group_ids: range, step: int) -> list[GroupPlan]:
-        initial = self.group_size if self.launch == "eager" else 1 if self.confident_pilot else self.probe_size
+        initial = (
+            self.group_size
+            if self.config.launch == "eager"
+            else 1
+            if self.config.confident_pilot
+            else self.config.probe_size
+        )
         chosen: list[tuple[Prompt, tuple[float, float], float | None]]
         if self.reference is None:
             chosen = [
@@ -199,7 +203,7 @@ class SaraGate(BaseGate[SaraRecord]):
             chosen = [c for c in (self._screened_prompt() for _ in group_ids) if c is not None]
         plans = []
         for group_id, (prompt, (a, b), logprob) in zip(group_ids, chosen):
-            probed = initial == self.probe_size
+            probed = initial == self.config.probe_size
             certain = probed and self.config.whole_when_certain and self.certain((a, b))
             unpaid = probed and not certain and self.probing is not None and self.probing.choose((a, b)) == "whole"
             self._open(group_id, prompt, a=a, b=b, whole=unpaid, reference_logprob=logprob)
@@ -213,8 +217,8 @@ class SaraGate(BaseGate[SaraRecord]):
     def certain(self, prior: tuple[float, float]) -> bool:
         """Whether every probe outcome commits a group that starts from ``prior``: a mixed probe
         has ``P_eff = 1``, so the all-success and the all-failure probes decide (``whole_when_certain``)."""
-        k = self.probe_size
-        return min(self.predict(k, 0, prior), self.predict(0, k, prior)) >= self.tau_commit
+        k = self.config.probe_size
+        return min(self.predict(k, 0, prior), self.predict(0, k, prior)) >= self.config.tau_commit
 
     def _base_prior(self, prompt: Prompt) -> tuple[float, float]:
         """The gate's prior; with ``level_prior`` the prompt's level's (noting the level); with
@@ -254,7 +258,7 @@ class SaraGate(BaseGate[SaraRecord]):
         carried = self._carried.get(prompt_id)
         if carried is None:
             return base
-        return discount_posterior(carried[0], carried[1], self.history_discount, base)
+        return discount_posterior(carried[0], carried[1], self.config.history_discount, base)
 
     # --- the sequential test ------------------------------------------------------------
 
@@ -272,30 +276,30 @@ class SaraGate(BaseGate[SaraRecord]):
             return [commit(gid, "sara whole: probing does not pay")]
         if rec.guided:
             return self._guided_update(snapshot, rec)
-        if self.confident_pilot and t and not snapshot.is_mixed:
+        if self.config.confident_pilot and t and not snapshot.is_mixed:
             bound = self.confident_bound(snapshot)
-            if bound <= self.confident_max_mixed:
+            if bound <= self.config.confident_max_mixed:
                 self._verdicts.add("abandon_confident")
                 return [abandon(gid, f"sara confident, P(mixed) <= {bound:.3f}")]
-        if t < self.probe_size and self.launch == "streaming" and snapshot.is_mixed:
+        if t < self.config.probe_size and self.config.launch == "streaming" and snapshot.is_mixed:
             self._verdicts.add("commit_early")
             rest = self.group_size - t - running
             return ([launch(gid, rest, "sara rest")] if rest > 0 else []) + [
                 commit(gid, "sara mixed before the probe is in")
             ]
-        if t < self.probe_size:
+        if t < self.config.probe_size:
             # The probe is not in yet: launch the rest of it after a pilot, replace samples the
             # engine failed on.
-            wanted = self.group_size if self.launch == "eager" else self.probe_size
+            wanted = self.group_size if self.config.launch == "eager" else self.config.probe_size
             missing = wanted - t - running
             reason = "sara probe after the pilot" if snapshot.launched < wanted else "replace failed"
             return [launch(gid, missing, reason)] if running == 0 and missing > 0 else []
         p_eff = self.predict(snapshot.successes, snapshot.failures, (rec.a, rec.b))
-        if p_eff >= self.tau_commit:
+        if p_eff >= self.config.tau_commit:
             self._verdicts.add("commit")
             rest = self.group_size - t - running
             return ([launch(gid, rest, "sara rest")] if rest > 0 else []) + [commit(gid, f"sara p_eff={p_eff:.3f}")]
-        if p_eff <= self.tau_abandon:
+        if p_eff <= self.config.tau_abandon:
             guided = self._guide(snapshot, rec)
             if guided:
                 return guided
@@ -304,7 +308,7 @@ class SaraGate(BaseGate[SaraRecord]):
         self._verdicts.add("continue")
         if running > 0:
             return []
-        more = self.group_size - t if self.launch == "eager" else 1
+        more = self.group_size - t if self.config.launch == "eager" else 1
         return [launch(gid, more, f"sara continue p_eff={p_eff:.3f}")]
 
     def _guide(self, snapshot: GroupSnapshot, rec: SaraRecord) -> list[GroupAction]:
@@ -377,7 +381,7 @@ class SaraGate(BaseGate[SaraRecord]):
             self.levels.observe(self._level_of[prompt_id], successes, samples)
 
     def _carry(self, prompt_id: int, successes: int, failures: int) -> None:
-        if self.history_discount <= 0.0:
+        if self.config.history_discount <= 0.0:
             return
         a, b = self._prior_of(prompt_id)
         self._carried[prompt_id] = (a + successes, b + failures)

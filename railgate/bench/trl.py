@@ -76,6 +76,9 @@ class TrlBenchSpec:
     """The gated trainer keeps ``GatedGRPOConfig``'s own reference settings (a reference that is not
     known to be exact, calibrated online; skip 0.45) instead of the task's (the CPU model's exact
     reference with skip 0.8): what a user who only changed the two names gets."""
+    gate_settings: tuple[tuple[str, str], ...] = ()
+    """``GatedGRPOConfig`` fields the gated trainer sets last, as (name, value) text pairs
+    (``--gate-set NAME=VALUE``), over the task's and the bench's own; see ``gate_overrides``."""
     eval_every: int = 2048
     """Generated rollouts between held-out evaluations."""
     eval_prompts: int = 512
@@ -105,10 +108,13 @@ class TrlBenchSpec:
         'smollm-questions-marker'
         >>> TrlBenchSpec(model="cpu", gate_defaults=True).label
         'cpu-defaults'
+        >>> TrlBenchSpec(model="cpu", gate_defaults=True, gate_settings=(("gate_reference_skip", "0.8"),)).label
+        'cpu-defaults-gate_reference_skip=0.8'
         """
         label = self.model if self.task in ("", TASKS.get(self.model, ("",))[0]) else f"{self.model}-{self.task}"
         label = label if self.reward == "last" else f"{label}-{self.reward}"
-        return f"{label}-defaults" if self.gate_defaults else label
+        label = f"{label}-defaults" if self.gate_defaults else label
+        return "-".join((label, *(f"{name}={value}" for name, value in self.gate_settings)))
 
     def check(self) -> None:
         """``ValueError`` naming the flag and the fix when the model has no such task or reward.
@@ -119,6 +125,7 @@ class TrlBenchSpec:
         ValueError: --reward=marker grades the chat tasks of --model=smollm; --model=cpu grades its arithmetic by the exact answer: leave --reward at last
         """
         self.task_name()
+        gate_overrides(self.gate_settings)
         if self.reward not in REWARDS:
             raise ValueError(f"--reward={self.reward!r} is not one of {', '.join(REWARDS)}; pick one of them")
         if self.model == "cpu" and self.reward != "last":
@@ -320,6 +327,48 @@ def run_one(trainer: str, seed: int, spec: TrlBenchSpec, task: TrlTask, model_di
     )
 
 
+def gate_overrides(settings: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """``--gate-set`` pairs as ``GatedGRPOConfig`` keyword arguments, each value read as its field's
+    type; a name that is not a ``gate_*`` field, or a value its type cannot read, is a
+    ``ValueError`` naming it and the fix.
+
+    >>> gate_overrides((("gate_reference_skip", "0.8"), ("gate_reference_exact", "true")))
+    {'gate_reference_skip': 0.8, 'gate_reference_exact': True}
+    >>> gate_overrides((("gate_reference_skp", "0.8"),))
+    Traceback (most recent call last):
+    ...
+    ValueError: --gate-set gate_reference_skp=0.8: GatedGRPOConfig has no field gate_reference_skp; pick one of its gate_* fields (docs/trl.md's settings), e.g. gate_reference_skip
+    """
+    import dataclasses
+    import difflib
+
+    from railgate.trl import GatedGRPOConfig
+
+    fields = {f.name: f for f in dataclasses.fields(GatedGRPOConfig) if f.name.startswith("gate_")}
+    out: dict[str, Any] = {}
+    for name, text in settings:
+        if name not in fields:
+            near = difflib.get_close_matches(name, fields, n=1)
+            raise ValueError(
+                f"--gate-set {name}={text}: GatedGRPOConfig has no field {name}; pick one of its gate_* fields "
+                f"(docs/trl.md's settings){', e.g. ' + near[0] if near else ''}"
+            )
+        kind = type(fields[name].default)
+        try:
+            if kind is bool:
+                if text.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(text)
+                out[name] = text.lower() in ("true", "1")
+            else:
+                out[name] = kind(text)
+        except ValueError:
+            raise ValueError(
+                f"--gate-set {name}={text}: not a {kind.__name__} (the field's default is {fields[name].default!r}); "
+                "give a value of that type"
+            ) from None
+    return out
+
+
 def build_trainer(
     trainer: str, seed: int, spec: TrlBenchSpec, task: TrlTask, model_dir: Path, root: Path
 ) -> tuple[Any, Callable[[], tuple[int, int]]]:
@@ -347,12 +396,15 @@ def build_trainer(
 
         return grpo, grpo_generated
     gated_args = GatedGRPOConfig(
-        max_steps=10 * spec.budget // step_rollouts,
-        gate_max_rollouts=spec.budget,
-        gate_probe_size=spec.probe_size,
-        gate_reference_column="reference",
-        **({} if spec.gate_defaults else task_reference),
-        **matched,
+        **{
+            "max_steps": 10 * spec.budget // step_rollouts,
+            "gate_max_rollouts": spec.budget,
+            "gate_probe_size": spec.probe_size,
+            "gate_reference_column": "reference",
+            **({} if spec.gate_defaults else task_reference),
+            **matched,
+            **gate_overrides(spec.gate_settings),  # last: a --gate-set wins over the bench's own settings
+        }
     )
     gated = GatedGRPOTrainer(
         model=str(model_dir),

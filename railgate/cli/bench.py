@@ -182,6 +182,14 @@ def _trl_options(parser: argparse.ArgumentParser) -> None:
         "not the task's exact reference (output folder MODEL-defaults)",
     )
     parser.add_argument(
+        "--gate-set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set a GatedGRPOConfig gate_* field for the gated trainer, after the task's settings "
+        "(repeatable; the output folder names it), e.g. --gate-set gate_reference_skip=0.8",
+    )
+    parser.add_argument(
         "--eval-every", type=int, default=d.eval_every, help="rollouts between evaluations (default: %(default)s)"
     )
     parser.add_argument(
@@ -235,6 +243,11 @@ def _trl(args: argparse.Namespace) -> int:
             ", ".join(f"--{k.replace('_', '-')}={v}" for k, v in bad.items())
             + " must be >= 1 (--group-size >= 2, --probe-size >= 0); raise it"
         )
+    pairs = [item.partition("=") for item in args.gate_set]
+    if any(not sep or not name for name, sep, _ in pairs):
+        raise ConfigError(
+            f"--gate-set takes NAME=VALUE, got {args.gate_set!r}; e.g. --gate-set gate_reference_skip=0.8"
+        )
     spec = TrlBenchSpec(
         model=args.model,
         task=args.task or "",
@@ -245,6 +258,7 @@ def _trl(args: argparse.Namespace) -> int:
         model_dir=args.model_dir,
         peer_python=args.peer_python,
         gate_defaults=args.gate_defaults,
+        gate_settings=tuple((name.strip(), value.strip()) for name, _, value in pairs),
         **numbers,
     )
     if spec.peer_python and not Path(spec.peer_python).exists():

@@ -1,0 +1,120 @@
+"""Each piece of the run's state has the writers docs/design.md names, and no others.
+
+The check reads every module of the packages with ``ast`` and finds each place that changes an
+attribute of another object (``x.field = ...``, ``x.field += ...``, ``x.field.append(...)``;
+``self.field`` is an object's own): a sample record's fields may change only in
+``pipeline/samples.py``, a ``GroupRun``'s only in ``pipeline/group.py`` (its own methods), and
+the run's ``Budget`` only in the modules listed in ``BUDGET_WRITERS``. A second writer fails
+here with the module and line.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+from pipeline.group import GroupRun
+from pipeline.metrics import Budget
+from pipeline.samples import Sample
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("pipeline", "controller", "learner", "railgate")
+CORE = sorted((ROOT / "pipeline").glob("*.py"))  # the tracker and its parts, where groups and samples live
+MUTATORS = {"append", "extend", "pop", "popitem", "clear", "remove", "insert", "update", "setdefault", "add", "discard"}
+
+SAMPLE_FIELDS = frozenset(Sample.__slots__)
+GROUP_FIELDS = frozenset(f.name for f in dataclasses.fields(GroupRun))
+BUDGET_FIELDS = frozenset(f.name for f in dataclasses.fields(Budget)) | {
+    "count_rollout_end",
+    "count_turn",
+    "count_episode_end",
+}
+COMMON = frozenset({"state", "request", "group", "params", "branch", "tokens", "closed", "samples"})
+"""Field names other objects have too (an episode's ``tokens``, a switch's ``closed``): a change
+counts when the object is named like a group or a sample."""
+
+BUDGET_WRITERS = {
+    "pipeline/metrics.py",  # Budget's own methods
+    "pipeline/tracker.py",  # groups, launches, episodes' ends, dropped interventions
+    "pipeline/ledger.py",  # the stream side: tokens, aborts (a call per delta)
+    "pipeline/steplog.py",  # what a learner step consumed: tokens and rollouts trained, staleness
+    "pipeline/tasks/rewards/health.py",  # the reward counters, carried over a resume and at the end
+}
+
+
+def _changes(tree: ast.AST):
+    """(attribute name, the object's expression, line) of every change to another object's attribute."""
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in MUTATORS and isinstance(node.func.value, ast.Attribute):
+                targets = [node.func.value]  # x.field.append(...)
+            elif node.func.attr.startswith("count_"):
+                targets = [node.func]
+        for target in targets:
+            for t in ast.walk(target) if isinstance(target, ast.Tuple) else [target]:
+                if isinstance(t, ast.Attribute) and not (isinstance(t.value, ast.Name) and t.value.id == "self"):
+                    yield t.attr, ast.unparse(t.value), node.lineno
+
+
+def _writers(paths, fields: frozenset[str], names: tuple[str, ...] = ()) -> dict[str, list[str]]:
+    """Modules that change one of ``fields``; a field of ``COMMON`` only on an object whose
+    expression holds one of ``names``."""
+    found: dict[str, list[str]] = {}
+    for path in paths:
+        rel = path.relative_to(ROOT).as_posix()
+        for attr, base, line in _changes(ast.parse(path.read_text(encoding="utf-8"))):
+            if attr in fields and (attr not in COMMON or any(n in base.lower() for n in names)):
+                found.setdefault(rel, []).append(f"{rel}:{line} {base}.{attr}")
+    return found
+
+
+def _everywhere():
+    return [p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))]
+
+
+def test_only_the_sample_table_changes_a_sample_record():
+    writers = _writers([*CORE, ROOT / "tests" / "gate_harness.py"], SAMPLE_FIELDS, ("sample", "run"))
+    writers.pop("pipeline/samples.py", None)
+    assert not writers, f"a sample record changed outside pipeline/samples.py (use Samples' methods): {writers}"
+
+
+def test_only_group_py_changes_a_group_run():
+    writers = _writers([*CORE, ROOT / "tests" / "gate_harness.py"], GROUP_FIELDS, ("group", "run"))
+    writers.pop("pipeline/group.py", None)
+    assert not writers, f"a GroupRun changed outside pipeline/group.py (use its methods): {writers}"
+
+
+def test_the_budget_has_only_its_named_writers():
+    writers = {m: hits for m, hits in _writers(_everywhere(), BUDGET_FIELDS).items() if m not in BUDGET_WRITERS}
+    assert not writers, (
+        f"the run's Budget changed in a module that is not one of its writers {sorted(BUDGET_WRITERS)}: "
+        f"{writers}; count it in one of them (docs/design.md says why each one writes)"
+    )
+
+
+def test_no_second_count_of_running_samples():
+    """What runs is counted from ``pipeline.samples`` only: no module of the core keeps an
+    ``in_flight`` counter or a ``running`` table of its own."""
+    stores = []
+    for path in CORE:
+        if path.name == "samples.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                if node.attr in {"in_flight", "running", "queued"}:
+                    stores.append(f"{path.name}:{node.lineno} .{node.attr}")
+    assert not stores, f"a second count of running samples: {stores}; derive it from pipeline.samples.Samples"
+
+
+def test_the_check_finds_a_second_writer():
+    source = (
+        "def f(group, budget, run):\n    group.decision_ids.append(1)\n    budget.turns += 1\n    run.streamed = 0\n"
+    )
+    found = sorted(_changes(ast.parse(source)))
+    assert found == [("decision_ids", "group", 2), ("streamed", "run", 4), ("turns", "budget", 3)]
