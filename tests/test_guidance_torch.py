@@ -10,6 +10,7 @@ learner trains nothing and keeps its batches, and the held-out evaluation runs a
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections import Counter
 
 import anyio
@@ -24,7 +25,6 @@ from controller.prompts import PromptPool
 from learner.packing import pack
 from pipeline.clock import WallClock
 from pipeline.config.build import ConfigError
-from pipeline.config.sections import OrchestratorConfig
 from pipeline.engines.torch_engine import TorchEngine
 from pipeline.evaluation import SamplingEvaluator
 from pipeline.orchestrator import Orchestrator
@@ -35,23 +35,15 @@ from railgate.build import build_components
 from railgate.config import load_config
 from tests.engine_models import tiny_gpt2
 from tests.rail_fakes import ListSink
+from tests.test_rail_torch_branching import CFG as BRANCHING_CFG
 from tests.test_rail_torch_branching import FrozenLearner
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.timeout(120)
 
 EOS = 2
-CFG = OrchestratorConfig(
-    batch_groups=2,
-    group_size=8,
-    steps=3,
-    max_tokens=12,
-    max_concurrent_samples=64,
-    max_open_groups=8,
-    max_async_steps=1,
-    eval_every=1,
-    reward_threads=1,
-)
+# the RAIL branching test's run, with whole groups of 8, shorter answers and an evaluation each step
+CFG = dataclasses.replace(BRANCHING_CFG, group_size=8, max_tokens=12, eval_every=1)
 
 
 def references(n: int) -> dict[int, tuple[int, ...]]:
