@@ -7,6 +7,7 @@ Head size 32: vLLM's CPU attention kernels take 32, 64, 80, ... but not 16.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -86,3 +87,16 @@ async def read_all(engine, requests) -> dict[str, list]:
         for request in requests:
             tg.start_soon(one, request)
     return out
+
+
+def run_then_close(orchestrator: Any, engine: Any) -> Any:
+    """Run ``orchestrator`` to its end under anyio and close ``engine`` whatever happens; the run's
+    summary."""
+
+    async def main() -> Any:
+        try:
+            return await orchestrator.run()
+        finally:
+            await engine.aclose()
+
+    return anyio.run(main)

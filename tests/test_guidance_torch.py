@@ -13,7 +13,6 @@ import copy
 import dataclasses
 from collections import Counter
 
-import anyio
 import pytest
 import torch
 
@@ -33,7 +32,7 @@ from pipeline.tasks.rewards.scoring import ScoringService
 from pipeline.types import Prompt, SampleRequest
 from railgate.build import build_components
 from railgate.config import load_config
-from tests.engine_models import tiny_gpt2
+from tests.engine_models import run_then_close, tiny_gpt2
 from tests.rail_fakes import ListSink
 from tests.test_rail_torch_branching import CFG as BRANCHING_CFG
 from tests.test_rail_torch_branching import FrozenLearner
@@ -108,13 +107,7 @@ def run():
     )
     orch = Orchestrator(parts, CFG, RunOutputs(trace=sink), seed=11, run_id="guide")
 
-    async def main():
-        try:
-            return await orch.run()
-        finally:
-            await engine.aclose()
-
-    summary = anyio.run(main)
+    summary = run_then_close(orch, engine)
     return summary, engine, gate, sink, learner
 
 

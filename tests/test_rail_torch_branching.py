@@ -22,7 +22,6 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-import anyio
 import pytest
 import torch
 
@@ -49,7 +48,7 @@ from pipeline.types import (
     TokenDelta,
     TrainBatch,
 )
-from tests.engine_models import tiny_gpt2
+from tests.engine_models import run_then_close, tiny_gpt2
 from tests.rail_fakes import ListSink
 
 torch.set_num_threads(1)
@@ -248,13 +247,7 @@ def execute() -> Run:
     )
     orch = Orchestrator(parts, CFG, RunOutputs(trace=sink), seed=11, run_id="branching")
 
-    async def main():
-        try:
-            return await orch.run()
-        finally:
-            await engine.aclose()
-
-    summary = anyio.run(main)
+    summary = run_then_close(orch, engine)
     assert engine.open_requests == 0
     return Run(summary.budget, summary.steps, engine, rail, sink, learner, scorer, reference)
 
