@@ -32,7 +32,7 @@ def tiny_gpt2(
     """
     from pipeline.policy.models import build_model
 
-    model = build_model(vocab_size, d_model, n_layers, n_heads, max_len, seed, initializer_range=initializer_range)
+    model = build_model(vocab_size, d_model, n_layers, n_heads, max_len, seed=seed, initializer_range=initializer_range)
     return model.eval()
 
 

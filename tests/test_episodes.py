@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import anyio
 import pytest
+from stub_gates import AbandonAtFirstEnd
 
 from controller.gates.uniform import UniformGate
 from controller.noop import NoopController
@@ -216,15 +217,10 @@ def test_one_episode_that_ends_well_first_means_no_stop():
     assert h.tracker.budget.env_failures == 1
 
 
-class _AbandonAtFirstEnd(UniformGate):
-    def update(self, snapshot):
-        return [GroupAction(ActionKind.ABANDON, snapshot.group_id)]
-
-
 def test_an_abandoned_group_closes_its_episodes_and_counts_each_once():
     """Two episodes are generating a turn when the group is abandoned: one's turn completes
     anyway, the other's stream is cut; each is counted aborted once."""
-    h = Harness(group_size=3, gate=_AbandonAtFirstEnd(PromptPool([Prompt(i, "", (1, 2)) for i in range(8)], seed=0), 3))
+    h = Harness(group_size=3, gate=AbandonAtFirstEnd(PromptPool([Prompt(i, "", (1, 2)) for i in range(8)], seed=0), 3))
     a, b, c = h.start()
     h.answer(h.finish_turn(a), done=True)  # a ends; the gate abandons the group
     assert "g0-s1" in h.closed and "g0-s2" in h.closed
@@ -253,7 +249,7 @@ class _BranchAtFirstBoundary(NoopController):
 
 
 def test_an_episode_abandoned_while_its_environment_answers_is_counted_then():
-    h = Harness(group_size=2, gate=_AbandonAtFirstEnd(PromptPool([Prompt(i, "", (1, 2)) for i in range(8)], seed=0), 2))
+    h = Harness(group_size=2, gate=AbandonAtFirstEnd(PromptPool([Prompt(i, "", (1, 2)) for i in range(8)], seed=0), 2))
     a, b = h.start()
     waiting = h.finish_turn(b)  # b's environment is answering ...
     h.answer(h.finish_turn(a), done=True)  # ... when a ends and the gate abandons the group

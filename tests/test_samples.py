@@ -1,8 +1,8 @@
 """The sample table: one record per sample, its transitions, and the counts derived from it."""
 
 import pytest
+from stub_gates import AbandonAtFirstEnd
 
-from controller.gates.uniform import UniformGate
 from controller.noop import NoopController
 from controller.prompts import PromptPool
 from pipeline.config.sections import OrchestratorConfig
@@ -11,9 +11,7 @@ from pipeline.messages import SampleDone, Started, StreamCut, Tick
 from pipeline.samples import Samples, SampleState, SampleTransitionError
 from pipeline.tracker import GroupTracker
 from pipeline.types import (
-    ActionKind,
     FinishReason,
-    GroupAction,
     Prompt,
     SampleFinished,
     SampleRequest,
@@ -119,17 +117,12 @@ def test_a_dropped_sample_cannot_end_or_be_dropped_again():
         table.end(queued)
 
 
-class _AbandonFirst(UniformGate):
-    def update(self, snapshot):
-        return [GroupAction(ActionKind.ABANDON, snapshot.group_id)]
-
-
 def test_the_tracker_counts_from_the_table_through_an_abandonment():
     """Group 0 is abandoned at its first score: its running sibling is cancelled, its cut frees
     the slot, and the snapshots, the admission room and the budget all read the same records."""
     pool = PromptPool([Prompt(i, "", (1,)) for i in range(8)], seed=0)
     cfg = OrchestratorConfig(batch_groups=1, group_size=2, steps=1, max_concurrent_samples=2, max_open_groups=1)
-    tracker = GroupTracker(_AbandonFirst(pool, 2), NoopController(), cfg)
+    tracker = GroupTracker(AbandonAtFirstEnd(pool, 2), NoopController(), cfg)
     starts = [*tracker.handle(Started()), *tracker.handle(Tick())]
     assert [s.request.request_id for s in starts] == ["g0-s0", "g0-s1"] and tracker.samples.started == 2
     [score] = tracker.handle(SampleFinished("g0-s0", (7,), (0.0,), FinishReason.STOP, 0))

@@ -23,11 +23,11 @@ VOCAB = 32
 
 
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
-    return build_model(VOCAB, 32, 2, 2, 64, seed, 0, arch="llama", mlp_ratio=2)
+    return build_model(VOCAB, 32, 2, 2, 64, seed=seed, pad_id=0, arch="llama", mlp_ratio=2)
 
 
 def tiny_gpt2(seed: int = 0) -> GPT2LMHeadModel:
-    return build_model(VOCAB, 32, 2, 2, 64, seed, None)
+    return build_model(VOCAB, 32, 2, 2, 64, seed=seed, pad_id=None)
 
 
 def make_learner(model=None, **overrides) -> TorchLearner:

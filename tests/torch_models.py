@@ -34,7 +34,7 @@ def tiny_model(arch: str, seed: int = 0):
     """``pipeline.policy.models.build_model``'s ``arch`` at the engine tests' shape: vocabulary
     64, width 32, 2 layers, 2 heads, context 64, peaked logits; seeded, in eval mode."""
     mlp = 2 if arch == "llama" else 4
-    return build_model(64, 32, 2, 2, 64, seed, None, initializer_range=0.2, arch=arch, mlp_ratio=mlp).eval()
+    return build_model(64, 32, 2, 2, 64, seed=seed, pad_id=None, initializer_range=0.2, arch=arch, mlp_ratio=mlp).eval()
 
 
 def request(rid: str, tokens, *, max_tokens=12, temperature=GREEDY, top_p=1.0, seed=0, branch=None) -> SampleRequest:

@@ -147,25 +147,10 @@ def model_config(
     raise ValueError(f"arch={arch!r} must be gpt2 or llama")
 
 
-def build_model(
-    vocab_size: int,
-    d_model: int = 128,
-    n_layers: int = 2,
-    n_heads: int = 4,
-    max_len: int = 64,
-    seed: int = 0,
-    pad_id: int | None = 0,
-    bos_id: int = 1,
-    eos_id: int = 2,
-    initializer_range: float = 0.02,
-    *,
-    arch: str = "gpt2",
-    mlp_ratio: int = 4,
-    **extra: Any,
-):
-    """A freshly initialised small causal LM of ``model_config`` (same arguments), seeded (the
-    global RNG is left as it was). The one builder of every small model: the project's policy,
-    the engine benchmark's and the tests'.
+def build_model(*config_args: Any, seed: int = 0, **config_kwargs: Any):
+    """A freshly initialised small causal LM of ``model_config(*config_args, **config_kwargs)``,
+    seeded by ``seed`` (the global RNG is left as it was). The one builder of every small model:
+    the project's policy, the engine benchmark's and the tests'.
 
     >>> model = build_model(vocab_size=20, d_model=32, n_layers=1, n_heads=2, max_len=16)
     >>> type(model).__name__, model.config.n_positions
@@ -175,25 +160,12 @@ def build_model(
     """
     from transformers import GPT2LMHeadModel, LlamaForCausalLM
 
-    config = model_config(
-        vocab_size,
-        d_model,
-        n_layers,
-        n_heads,
-        max_len,
-        pad_id,
-        bos_id,
-        eos_id,
-        initializer_range,
-        arch=arch,
-        mlp_ratio=mlp_ratio,
-        **extra,
-    )
+    config = model_config(*config_args, **config_kwargs)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = (GPT2LMHeadModel if arch == "gpt2" else LlamaForCausalLM)(config)
-    if pad_id is not None:
-        model.generation_config.pad_token_id = pad_id
+        model = (LlamaForCausalLM if config.model_type == "llama" else GPT2LMHeadModel)(config)
+    if config.pad_token_id is not None:
+        model.generation_config.pad_token_id = config.pad_token_id
     return model
 
 
@@ -391,7 +363,7 @@ def build_base_model(
         model_cfg.n_layers,
         model_cfg.n_heads,
         model_cfg.max_len,
-        model_cfg.seed,
+        seed=model_cfg.seed,
     )
     report = warm_start(
         task,

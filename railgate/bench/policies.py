@@ -25,6 +25,9 @@ policies of RAIL are SARA plus a controller:
 * ``sara_ref_skip`` -- ``sara_ref`` that opens only prompts whose group the prior gives a chance
   above 0.8 of coming out mixed (``gate.sara.reference_skip``): skips cost no rollouts.
 * ``sara_ref_skip_rollouts`` -- ``sara_ref_skip`` with a learner step of rollouts generated.
+* ``sara_guide`` -- SARA that launches the rest of an all-wrong probe from the first half of the
+  prompt's reference response instead of abandoning it (``gate.sara.guidance=0.5``), the fixed
+  rule "always guide all-wrong groups at 50%"; no reference prior (it would commit those probes).
 * ``sara_rail_s2l`` -- shadow-to-live: the heuristic acts (with exploration) until the
   doubly-robust lower bound says the learned policy is better, then the learned policy acts.
 
@@ -35,7 +38,7 @@ policies of RAIL are SARA plus a controller:
 >>> overrides("nope")
 Traceback (most recent call last):
 ...
-pipeline.config.build.ConfigError: unknown policy 'nope'; choose from uniform, ds, pilot_commit, hora, sara, sara_rollouts, sara_dps_rollouts, sara_eager, sara_stream, sara_level, sara_pilot, sara_ref, sara_ref_rollouts, sara_ref_skip, sara_ref_skip_rollouts, dps, sara_dps, oracle, sara_arpo, sara_rail, sara_rail_s2l
+pipeline.config.build.ConfigError: unknown policy 'nope'; choose from uniform, ds, pilot_commit, hora, sara, sara_rollouts, sara_dps_rollouts, sara_eager, sara_stream, sara_level, sara_pilot, sara_ref, sara_ref_rollouts, sara_ref_skip, sara_ref_skip_rollouts, sara_guide, dps, sara_dps, oracle, sara_arpo, sara_rail, sara_rail_s2l
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ POLICIES: dict[str, tuple[str, ...]] = {
         "gate.sara.reference_skip=0.8",
         "orchestrator.batch_rollouts=auto",
     ),
+    "sara_guide": ("gate.kind=sara", "gate.sara.guidance=0.5"),
     "dps": ("gate.kind=dps",),
     "sara_dps": ("gate.kind=sara_dps",),
     "oracle": ("gate.kind=oracle",),

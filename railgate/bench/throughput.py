@@ -240,7 +240,7 @@ def _build_model(
     heads = heads or max(1, hidden // 32)
     pad = 0 if arch == "project" else None
     family = "gpt2" if arch == "project" else arch
-    return build_model(vocab, hidden, layers, heads, max_len, seed, pad, arch=family).eval()
+    return build_model(vocab, hidden, layers, heads, max_len, seed=seed, pad_id=pad, arch=family).eval()
 
 
 def _close(contender) -> None:
