@@ -276,6 +276,10 @@ class SaraConfig:
     a reference is abandoned as before (``gate/guide_no_reference``). 0: off. Needs a model
     engine (torch, vllm, ray) and a task with reference solutions; ``probe_first`` or
     ``streaming``."""
+    guidance_anneal_step: int = 0
+    """A QuestA-style schedule: from this learner step on, guidance is one level lower (0.75 -> 0.5,
+    0.5 -> 0.25; 0.25 stays), so the policy writes more of a hard answer itself once it has
+    learned from the longer prefixes. 0: the level stays ``guidance`` for the whole run."""
 
     def __post_init__(self) -> None:
         key = "gate.sara"
@@ -336,6 +340,11 @@ class SaraConfig:
         require(
             self.guidance in (0.0, 0.25, 0.5, 0.75),
             f"{key}.guidance={self.guidance} must be 0 (off) or a share of the reference: 0.25, 0.5 or 0.75",
+        )
+        require(
+            self.guidance_anneal_step >= 0 and (self.guidance or not self.guidance_anneal_step),
+            f"{key}.guidance_anneal_step={self.guidance_anneal_step} must be >= 0, and 0 while {key}.guidance is 0 "
+            f"(there is no level to lower); set {key}.guidance to 0.25, 0.5 or 0.75",
         )
         require(
             not (self.guidance and self.launch == "eager"),

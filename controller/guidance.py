@@ -9,8 +9,9 @@ carries the prefix's length (``Rollout.guide_len``) and the learner leaves those
 the loss, training the continuation on-policy given the guided context (docs/methods.md,
 "Guidance"). A prompt without a reference is never guided, and counted.
 
-``Guidance`` holds the run's references and its fixed level, makes the guided branches and
-counts what it did, as ``gate/guide_*`` metrics.
+``Guidance`` holds the run's references and its level, makes the guided branches and counts what
+it did, as ``gate/guide_*`` metrics. The level is fixed, or lowered one step at a learner step
+(``anneal_step``, QuestA's schedule of a long hint first and a shorter one later).
 
 >>> guide = Guidance({7: (4, 5, 6, 9)}, level=0.5)
 >>> b = guide.branch(7)
@@ -20,6 +21,9 @@ counts what it did, as ``gate/guide_*`` metrics.
 (True, 1.0)
 >>> guide_len(4, 0.75), guide_len(5, 0.25), guide_len(3, 0.5)
 (3, 2, 2)
+>>> annealed = Guidance({7: (4, 5, 6, 9)}, level=0.5, anneal_step=100)
+>>> annealed.branch(7, step=99).prefix_token_ids, annealed.branch(7, step=100).prefix_token_ids
+((4, 5), (4,))
 """
 
 from __future__ import annotations
@@ -58,6 +62,9 @@ class Guidance:
         reference, are never guided.
     level
         The share of each reference the prefix holds, one of ``GUIDE_LEVELS``.
+    anneal_step
+        From this learner step on the level is the next lower one of ``GUIDE_LEVELS`` (the lowest
+        stays); 0: the level is fixed.
 
     Examples
     --------
@@ -68,26 +75,37 @@ class Guidance:
     4.0
     """
 
-    def __init__(self, references: Mapping[int, Sequence[int]], level: float):
+    def __init__(self, references: Mapping[int, Sequence[int]], level: float, anneal_step: int = 0):
         if level not in GUIDE_LEVELS:
             raise ValueError(
                 f"guidance level={level} must be one of {GUIDE_LEVELS} (the share of the reference the prefix holds)"
             )
+        if anneal_step < 0:
+            raise ValueError(f"guidance anneal_step={anneal_step} must be >= 0 (0: a fixed level)")
         self.level = float(level)
+        self.anneal_step = int(anneal_step)
+        self.current = self.level  # the level of the latest guided branch
         self.references = {int(k): tuple(v) for k, v in references.items() if len(v) > 0}
         self.groups = 0  # groups whose rest was launched guided
         self.rollouts = 0  # guided rollouts launched
         self.no_reference = 0  # all-wrong probes of prompts without a reference: not guided
 
-    def branch(self, prompt_id: int) -> BranchSpec | None:
-        """The guided branch of ``prompt_id`` at this level; None (counted) without a reference."""
+    def level_at(self, step: int) -> float:
+        """The level of a branch made at learner step ``step``."""
+        if self.anneal_step and step >= self.anneal_step:
+            return GUIDE_LEVELS[max(GUIDE_LEVELS.index(self.level) - 1, 0)]
+        return self.level
+
+    def branch(self, prompt_id: int, step: int = 0) -> BranchSpec | None:
+        """The guided branch of ``prompt_id`` at learner step ``step``'s level; None (counted)
+        without a reference."""
         reference = self.references.get(prompt_id)
         if reference is None:
             self.no_reference += 1
             return None
-        k = guide_len(len(reference), self.level)
-        prefix = reference[:k]
-        return BranchSpec(reference_source(prompt_id), k, prefix, guide_level=self.level)
+        self.current = level = self.level_at(step)
+        k = guide_len(len(reference), level)
+        return BranchSpec(reference_source(prompt_id), k, reference[:k], guide_level=level)
 
     def launched(self, n: int) -> None:
         """A group's rest of ``n`` rollouts was launched guided."""
@@ -99,7 +117,7 @@ class Guidance:
             "gate/guide_groups": float(self.groups),
             "gate/guide_rollouts": float(self.rollouts),
             "gate/guide_no_reference": float(self.no_reference),
-            "gate/guide_level": self.level,
+            "gate/guide_level": self.current,
         }
 
     def state_dict(self) -> dict[str, Any]:

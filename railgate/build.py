@@ -265,7 +265,7 @@ def _attach_guidance(cfg: RunConfig, task: Any, tokenizer: Any, gate: Any, probl
             f"{len(problems)} training problems of task {task.name!r} has one (e.g. {problems[0].solution!r}); "
             "give the data a solution column or set gate.sara.guidance=0"
         )
-    gate.attach_guidance(Guidance(references, level))
+    gate.attach_guidance(Guidance(references, level, cfg.gate.sara.guidance_anneal_step))
 
 
 def _earns_reward(task: Any, problem: Any) -> bool:

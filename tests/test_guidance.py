@@ -92,6 +92,20 @@ def test_an_all_wrong_probe_with_a_reference_gets_the_rest_of_its_group_guided_a
     assert "gate/abandon" not in m
 
 
+def test_an_annealed_guidance_halves_its_prefix_from_the_anneal_step_on():
+    """QuestA's schedule: 50% of the reference before learner step 3, 25% from it on."""
+    gate = SaraGate(pool_of(4), group_size=8, config=SaraConfig(guidance=0.5, guidance_anneal_step=3))
+    gate.attach_guidance(Guidance({p: REFERENCE for p in range(4)}, 0.5, anneal_step=3))
+    levels = []
+    for step in (0, 2, 3, 9):
+        [plan] = gate.admit(range(step, step + 1), step)
+        [launch] = gate.update(snap(plan.group_id, plan.prompt.prompt_id, (0, 0, 0, 0)))
+        levels.append((launch.branch.guide_level, len(launch.branch.prefix_token_ids)))
+        gate.on_closed(plan.group_id, committed=False)
+    assert levels == [(0.5, 3), (0.5, 3), (0.25, 2), (0.25, 2)]
+    assert gate.metrics()["gate/guide_level"] == 0.25
+
+
 def test_a_guided_group_that_stays_all_wrong_is_abandoned_once_its_guided_rollouts_end():
     gate = guided_gate()
     gid = opened(gate, 1)
@@ -159,6 +173,8 @@ def test_guidance_settings_are_refused_with_the_fix():
         SaraConfig(guidance=0.4)
     with pytest.raises(ConfigError, match="use launch 'probe_first' or 'streaming', or guidance=0"):
         SaraConfig(guidance=0.5, launch="eager")
+    with pytest.raises(ConfigError, match="guidance_anneal_step=5 must be >= 0, and 0 while gate.sara.guidance is 0"):
+        SaraConfig(guidance_anneal_step=5)
     gate = SaraGate(pool_of(2), group_size=8, config=SaraConfig(guidance=0.25))
     with pytest.raises(ValueError, match="set gate.sara.guidance=0.5 or attach one of that level"):
         gate.attach_guidance(Guidance({}, 0.5))

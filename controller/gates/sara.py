@@ -136,6 +136,7 @@ class SaraGate(BaseGate[SaraRecord]):
         # guidance: the references and level the rest of an all-wrong probe is launched from,
         # attached by the run's builder, which has the task's references (``attach_guidance``).
         self.guidance: Guidance | None = None
+        self._step = 0  # the learner step of the latest admission
         self.probing = (
             ProbingRule(
                 group_size,
@@ -187,6 +188,7 @@ class SaraGate(BaseGate[SaraRecord]):
     # --- admission ----------------------------------------------------------------------
 
     def admit(self, group_ids: range, step: int) -> list[GroupPlan]:
+        self._step = step  # the learner step guidance's schedule reads
         initial = (
             self.group_size
             if self.config.launch == "eager"
@@ -318,7 +320,7 @@ class SaraGate(BaseGate[SaraRecord]):
         rest = self.group_size - snapshot.finished
         if self.guidance is None or snapshot.successes or snapshot.in_flight or rest <= 0:
             return []
-        branch = self.guidance.branch(snapshot.prompt.prompt_id)
+        branch = self.guidance.branch(snapshot.prompt.prompt_id, self._step)
         if branch is None:
             return []
         self.guidance.launched(rest)
