@@ -342,7 +342,7 @@ class SaraConfig:
             f"{key}.guidance={self.guidance} must be 0 (off) or a share of the reference: 0.25, 0.5 or 0.75",
         )
         require(
-            self.guidance_anneal_step >= 0 and (self.guidance or not self.guidance_anneal_step),
+            self.guidance_anneal_step >= 0 and (self.guidance > 0 or self.guidance_anneal_step == 0),
             f"{key}.guidance_anneal_step={self.guidance_anneal_step} must be >= 0, and 0 while {key}.guidance is 0 "
             f"(there is no level to lower); set {key}.guidance to 0.25, 0.5 or 0.75",
         )

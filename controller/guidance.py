@@ -96,14 +96,18 @@ class Guidance:
             return GUIDE_LEVELS[max(GUIDE_LEVELS.index(self.level) - 1, 0)]
         return self.level
 
-    def branch(self, prompt_id: int, step: int = 0) -> BranchSpec | None:
-        """The guided branch of ``prompt_id`` at learner step ``step``'s level; None (counted)
-        without a reference."""
+    def has_reference(self, prompt_id: int) -> bool:
+        """Whether ``prompt_id`` can be guided (RAIL offers its guidance arms only then)."""
+        return prompt_id in self.references
+
+    def branch(self, prompt_id: int, step: int = 0, level: float | None = None) -> BranchSpec | None:
+        """The guided branch of ``prompt_id`` at learner step ``step``'s level, or at ``level``
+        (a RAIL guidance arm's); None (counted) without a reference."""
         reference = self.references.get(prompt_id)
         if reference is None:
             self.no_reference += 1
             return None
-        self.current = level = self.level_at(step)
+        self.current = level = self.level_at(step) if level is None else level
         k = guide_len(len(reference), level)
         return BranchSpec(reference_source(prompt_id), k, reference[:k], guide_level=level)
 

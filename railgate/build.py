@@ -39,13 +39,14 @@ def build_components(
     run's TraceLog; none: not logged), which carry ``run_id`` (default ``cfg.name``; a training
     run passes its own, ``railgate.runid``). The simulator's world is ``parts.engine.world``."""
     preflight(cfg)  # before any warm start or model load
+    guidance = None  # the task's reference prefixes, when RAIL's guidance arms need them
     if cfg.engine.kind == "sim":
         components = _build_sim(cfg)
     elif cfg.engine.kind in ("torch", "vllm", "ray"):
-        components = _build_torch(cfg, progress)
+        components, guidance = _build_torch(cfg, progress)
     else:
         raise ConfigError(f"engine.kind={cfg.engine.kind!r} must be one of sim, torch, vllm, ray")
-    components.controller = build_controller(cfg, sink, components.clock, run_id)
+    components.controller = build_controller(cfg, sink, components.clock, run_id, guidance)
     return components
 
 
@@ -72,14 +73,24 @@ def build_orchestrator(
     )
 
 
-def build_controller(cfg: RunConfig, sink: DecisionSink | None, clock: Any, run_id: str | None = None) -> Controller:
+def build_controller(
+    cfg: RunConfig, sink: DecisionSink | None, clock: Any, run_id: str | None = None, guidance: Any = None
+) -> Controller:
+    """The run's controller; ``guidance``: the references RAIL's guidance arms continue from
+    (``controller.rail.guide_levels``; ``_guidance`` builds them)."""
     if cfg.controller.kind == "none":
         return NoopController()
     from controller.rail.controller import RailController
     from pipeline.types import SamplingParams
 
     o = cfg.orchestrator
-    return RailController(
+    if cfg.controller.rail.guide_levels and guidance is None:
+        raise ConfigError(
+            f"controller.rail.guide_levels={list(cfg.controller.rail.guide_levels)} continue all-failed groups from "
+            f"the prompt's reference response, which engine.kind={cfg.engine.kind} has none of; use engine.kind=torch "
+            "(or vllm, ray) with a task that has solutions, or set controller.rail.guide_levels=[]"
+        )
+    rail = RailController(
         cfg.controller.rail,
         sink=sink if sink is not None else NullSink(),
         default_params=SamplingParams(temperature=o.temperature, top_p=o.top_p, max_tokens=o.max_tokens),
@@ -87,9 +98,12 @@ def build_controller(cfg: RunConfig, sink: DecisionSink | None, clock: Any, run_
         run_id=run_id if run_id is not None else cfg.name,
         clock=clock.now,
     )
+    if guidance is not None:
+        rail.attach_guidance(guidance)
+    return rail
 
 
-def _build_torch(cfg: RunConfig, progress: bool) -> RunParts:
+def _build_torch(cfg: RunConfig, progress: bool) -> tuple[RunParts, Any]:
     """A real language model: the task, its base policy (warm-started and cached in the run
     directory on first use, or loaded from model.path), the torch engine on a copy of it and
     the learner on the original."""
@@ -147,8 +161,10 @@ def _build_torch(cfg: RunConfig, progress: bool) -> RunParts:
     )
     learner = TorchLearner(base.model, cfg.learner, pad_id=tokenizer.pad_id)
     reference = None if env is not None else _reference_screen(cfg, task, tokenizer, gate, train_problems)
-    _attach_guidance(cfg, task, tokenizer, gate, train_problems, episodic=env is not None)
-    return RunParts(
+    guidance = _guidance(cfg, task, tokenizer, train_problems, episodic=env is not None)
+    if guidance is not None and cfg.gate.sara.guidance:
+        gate.attach_guidance(guidance)
+    parts = RunParts(
         engine=engine,
         gate=gate,
         controller=NoopController(),
@@ -159,6 +175,7 @@ def _build_torch(cfg: RunConfig, progress: bool) -> RunParts:
         reference=reference,
         episodes=env.service if env is not None else None,
     )
+    return parts, guidance
 
 
 def _scoring(cfg: RunConfig, scorer: Scorer) -> ScoringService:
@@ -220,33 +237,38 @@ def _reference_screen(cfg: RunConfig, task: Any, tokenizer: Any, gate: Any, prob
     return screen
 
 
-def _attach_guidance(cfg: RunConfig, task: Any, tokenizer: Any, gate: Any, problems: list, episodic: bool) -> None:
-    """``gate.sara.guidance``: each training problem's reference response as the model's tokens
-    (the task's solution, without end-of-sequence), attached to the SARA gate at the configured
-    level (``controller.guidance``). A solution the reward rejects is dropped with a warning; so is
-    one whose prefix would leave no room under ``orchestrator.max_tokens``."""
-    level = cfg.gate.sara.guidance
-    if cfg.gate.kind not in ("sara", "sara_dps") or not level:
-        return
+def _guidance(cfg: RunConfig, task: Any, tokenizer: Any, problems: list, episodic: bool) -> Any:
+    """The references guidance continues from (``controller.guidance.Guidance``), when the SARA
+    gate guides (``gate.sara.guidance``) or RAIL offers guidance arms (``controller.rail.guide_levels``);
+    None otherwise. Each training problem's reference response is the task's solution as the
+    model's tokens, without end-of-sequence. A solution the reward rejects is dropped with a
+    warning; so is one whose longest prefix would leave no room under ``orchestrator.max_tokens``."""
+    gate_level = cfg.gate.sara.guidance if cfg.gate.kind in ("sara", "sara_dps") else 0.0
+    rail_levels = tuple(cfg.controller.rail.guide_levels) if cfg.controller.kind == "rail" else ()
+    if not gate_level and not rail_levels:
+        return None
     from controller.guidance import Guidance, guide_len
 
-    if cfg.controller.kind != "none":
+    setting = f"gate.sara.guidance={gate_level}" if gate_level else f"controller.rail.guide_levels={list(rail_levels)}"
+    if gate_level and cfg.controller.kind != "none":
         raise ConfigError(
-            f"gate.sara.guidance={level} with controller.kind={cfg.controller.kind!r}: the controller's branches do "
-            "not yet know which prefix tokens a reference wrote; set controller.kind=none or gate.sara.guidance=0"
+            f"{setting} with controller.kind={cfg.controller.kind!r}: two places would guide the same groups; "
+            "set gate.sara.guidance=0 and give RAIL its guidance arms (controller.rail.guide_levels), or "
+            "controller.kind=none"
         )
     if episodic:
         raise ConfigError(
-            f"gate.sara.guidance={level} continues a group from the prompt's reference response, which an "
-            f"environment task ({task.name!r}) has none of; set gate.sara.guidance=0"
+            f"{setting} continues a group from the prompt's reference response, which an environment task "
+            f"({task.name!r}) has none of; turn guidance off"
         )
+    longest = max((gate_level, *rail_levels))
     references, rejected, too_long = {}, 0, 0
     for p in problems:
         if not _earns_reward(task, p):
             rejected += 1
             continue
         ids = tuple(tokenizer.encode(p.solution))
-        if guide_len(len(ids), level) >= cfg.orchestrator.max_tokens:
+        if guide_len(len(ids), longest) >= cfg.orchestrator.max_tokens:
             too_long += 1
             continue
         references[task.prompt_id(p)] = ids
@@ -254,18 +276,18 @@ def _attach_guidance(cfg: RunConfig, task: Any, tokenizer: Any, gate: Any, probl
         import warnings
 
         warnings.warn(
-            f"gate.sara.guidance: {rejected} of {len(problems)} reference solutions of task {task.name!r} do not earn "
+            f"{setting}: {rejected} of {len(problems)} reference solutions of task {task.name!r} do not earn "
             f"the reward and {too_long} leave no room under orchestrator.max_tokens={cfg.orchestrator.max_tokens}; "
             "their prompts are never guided (gate/guide_no_reference counts them)",
             stacklevel=2,
         )
     if not references:
         raise ConfigError(
-            f"gate.sara.guidance={level} needs reference solutions the task's reward accepts; none of "
+            f"{setting} needs reference solutions the task's reward accepts; none of "
             f"{len(problems)} training problems of task {task.name!r} has one (e.g. {problems[0].solution!r}); "
-            "give the data a solution column or set gate.sara.guidance=0"
+            "give the data a solution column or turn guidance off"
         )
-    gate.attach_guidance(Guidance(references, level, cfg.gate.sara.guidance_anneal_step))
+    return Guidance(references, gate_level or 0.5, cfg.gate.sara.guidance_anneal_step if gate_level else 0)
 
 
 def _earns_reward(task: Any, problem: Any) -> bool:

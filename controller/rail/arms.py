@@ -2,7 +2,9 @@
 
 * ``noop``                      leave the group to the gate (its reward is 0 by construction);
 * ``branch(b, T)``              launch b samples that continue a chosen prefix at temperature T;
-* ``resample(n, T)``            launch n fresh samples of the prompt at temperature T.
+* ``resample(n, T)``            launch n fresh samples of the prompt at temperature T;
+* ``guide(n, l)``               launch n samples that continue the first ``l`` of the prompt's
+  reference response (``controller/guidance.py``): offered where a group's samples all failed.
 
 An arm turns into one ``GroupAction`` (``LAUNCH``) carrying the decision id as its ``origin``,
 so the samples it launches show up in ``GroupSnapshot.origins`` and its reward can be computed
@@ -32,29 +34,41 @@ from typing import Any, Literal
 from controller.rail.config import RailConfig
 from pipeline.types import ActionKind, BranchSpec, GroupAction, SamplingParams
 
-ArmKind = Literal["noop", "branch", "resample"]
+ArmKind = Literal["noop", "branch", "resample", "guide"]
 
-_NAME = re.compile(r"^(branch)_b(\d+)_t([0-9.eE+-]+)$|^(resample)_n(\d+)_t([0-9.eE+-]+)$")
+_NAME = re.compile(r"^(branch)_b(\d+)_t([0-9.eE+-]+)$|^(resample)_n(\d+)_t([0-9.eE+-]+)$|^(guide)_n(\d+)_l([0-9.]+)$")
 
 
 @dataclass(frozen=True)
 class Arm:
-    """One intervention: its kind, how many samples it launches and at which temperature."""
+    """One intervention: its kind, how many samples it launches, at which temperature, and (a
+    guidance arm) the share of the reference its samples continue from."""
 
     kind: ArmKind
     n: int = 0
     temperature: float = 1.0
+    level: float = 0.0
     _name: str = field(default="", init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.kind not in ("noop", "branch", "resample"):
-            raise ValueError(f"arm kind={self.kind!r} must be 'noop', 'branch' or 'resample'")
+        if self.kind not in ("noop", "branch", "resample", "guide"):
+            raise ValueError(f"arm kind={self.kind!r} must be 'noop', 'branch', 'resample' or 'guide'")
+        if (self.kind == "guide") != (self.level > 0):
+            raise ValueError(
+                f"{self.kind} arm with level={self.level}: a guide arm has a level in (0, 1), no other arm has one"
+            )
         if self.kind != "noop" and self.n < 1:
             raise ValueError(f"{self.kind} arm with n={self.n}: an intervention launches at least one sample")
         if not self.temperature > 0:
             raise ValueError(f"arm temperature={self.temperature} must be > 0")
         letter = "b" if self.kind == "branch" else "n"
-        name = "noop" if self.kind == "noop" else f"{self.kind}_{letter}{self.n}_t{self.temperature:g}"
+        name = (
+            "noop"
+            if self.kind == "noop"
+            else f"guide_n{self.n}_l{self.level:g}"
+            if self.kind == "guide"
+            else f"{self.kind}_{letter}{self.n}_t{self.temperature:g}"
+        )
         object.__setattr__(self, "_name", name)  # names are looked up on every decision
 
     @property
@@ -70,6 +84,8 @@ class Arm:
         """The arm's features (the bandit's action namespace), given its expected token cost."""
         if self.kind == "noop":
             return {"noop": 1.0}
+        if self.kind == "guide":
+            return {"guide": 1.0, "n": self.n / 4.0, "level": self.level, "cost_k": cost_tokens / 1000.0}
         return {
             self.kind: 1.0,
             "n": self.n / 4.0,
@@ -83,11 +99,12 @@ class Arm:
     ) -> list[GroupAction]:
         """The ``GroupAction``\\ s that carry out this arm (none for the no-op).
 
-        ``default`` supplies ``top_p`` and ``max_tokens``; the orchestrator sets the seed.
+        ``default`` supplies ``top_p`` and ``max_tokens``; the orchestrator sets the seed. A branch
+        arm continues ``branch``, a guide arm ``branch`` as its guidance prefix.
         """
         if self.kind == "noop":
             return []
-        if self.kind == "branch" and branch is None:
+        if self.kind in ("branch", "guide") and branch is None:
             raise ValueError(f"arm {self.name} needs a BranchSpec (the prefix to continue); none was given")
         params = SamplingParams(temperature=self.temperature, top_p=default.top_p, max_tokens=default.max_tokens)
         return [
@@ -96,7 +113,7 @@ class Arm:
                 group_id=group_id,
                 n=self.n,
                 params=params,
-                branch=branch if self.kind == "branch" else None,
+                branch=branch if self.kind in ("branch", "guide") else None,
                 reason=f"rail {self.name}",
                 origin=decision_id,
             )
@@ -113,19 +130,22 @@ def parse_arm(name: str) -> Arm:
     m = _NAME.match(name)
     if m is None:
         raise ValueError(
-            f"arm name {name!r} is not 'noop', 'branch_b<n>_t<T>' or 'resample_n<n>_t<T>'; "
+            f"arm name {name!r} is not 'noop', 'branch_b<n>_t<T>', 'resample_n<n>_t<T>' or 'guide_n<n>_l<level>'; "
             "was the trace written by another controller?"
         )
     if m.group(1):
         return Arm("branch", int(m.group(2)), float(m.group(3)))
+    if m.group(7):
+        return Arm("guide", int(m.group(8)), level=float(m.group(9)))
     return Arm("resample", int(m.group(5)), float(m.group(6)))
 
 
 def build_arms(config: RailConfig) -> tuple[Arm, ...]:
-    """Every arm the configuration allows, no-op first, then branches, then resamples."""
+    """Every arm the configuration allows, no-op first, then branches, resamples and guidance."""
     arms = [NOOP]
     arms += [Arm("branch", int(b), float(t)) for b in config.branch_sizes for t in config.branch_temperatures]
     arms += [Arm("resample", int(n), float(t)) for n in config.resample_sizes for t in config.resample_temperatures]
+    arms += [Arm("guide", int(config.guide_size), level=float(level)) for level in config.guide_levels]
     seen: set[str] = set()
     unique = []
     for arm in arms:
@@ -137,13 +157,22 @@ def build_arms(config: RailConfig) -> tuple[Arm, ...]:
 
 def expected_tokens(arm: Arm, length_estimate: float, prefix_fraction: float) -> float:
     """Tokens the arm is expected to generate: each branch writes the rest of a response
-    (``1 - prefix_fraction`` of it), each fresh sample a whole one."""
+    (``1 - prefix_fraction`` of it), each guided sample the rest after its share of the reference
+    (``1 - level``, the reference taken as long as a response), each fresh sample a whole one."""
+    return float(arm.n * length_estimate * written_share(arm, prefix_fraction))
+
+
+def written_share(arm: Arm, prefix_fraction: float) -> float:
+    """The share of a response each of the arm's samples writes (0 for the no-op).
+
+    >>> written_share(Arm("guide", 4, level=0.25), 0.9), written_share(Arm("resample", 2), 0.9)
+    (0.75, 1.0)
+    """
     if arm.kind == "noop":
         return 0.0
     if arm.kind == "branch":
-        rest = min(max(1.0 - prefix_fraction, 0.0), 1.0)
-        return float(arm.n * length_estimate * rest)
-    return float(arm.n * length_estimate)
+        return min(max(1.0 - prefix_fraction, 0.0), 1.0)
+    return 1.0 - arm.level
 
 
 def blocks_by_arms(arms_of: Iterable[tuple[Arm, ...]]) -> list[list[int]]:

@@ -4,7 +4,10 @@
 * ``arpo``: an ARPO-like heuristic (arXiv 2507.19849): at a high-entropy token of a running
   sample (a token decision point is one by construction) branch the prefix; on a rescue
   (the gate wants to abandon a saturated group) branch too, or resample when no prefix can be
-  branched; when the gate commits, do nothing.
+  branched; when the gate commits, do nothing;
+* ``guide``: the fixed guidance rule: on a rescue where guidance arms are on offer (the group's
+  samples all failed and its prompt has a reference), guide at the level closest to 0.5;
+  otherwise the no-op.
 
 Both mix their rule with a uniformly random arm with probability ``epsilon``, so every arm has
 a logged propensity of at least ``epsilon / K`` and importance weighting can evaluate any other
@@ -129,10 +132,37 @@ class ArpoBehaviour(BehaviourPolicy):
         return noop
 
 
+class GuideBehaviour(BehaviourPolicy):
+    """Guide every rescue it can at the level closest to ``level`` (exploring with probability
+    ``epsilon``): the fixed rule "guide all-wrong groups at 50%".
+
+    >>> from controller.rail.arms import build_arms
+    >>> arms = build_arms(RailConfig(branch_sizes=(), resample_sizes=(), token_decisions=False,
+    ...                              guide_levels=(0.25, 0.5, 0.75)))
+    >>> probs = GuideBehaviour(epsilon=0.0).distribution(Context.build("rescue", {"length_estimate": 0.1}, arms))[0]
+    >>> arms[probs.index(1.0)].name
+    'guide_n4_l0.5'
+    """
+
+    name = "guide"
+
+    def __init__(self, epsilon: float = 0.2, seed: int = 0, level: float = 0.5):
+        super().__init__(epsilon, seed)
+        self.level = level
+
+    def rule(self, context: Context) -> int:
+        guides = [(abs(a.level - self.level), i) for i, a in enumerate(context.arms) if a.kind == "guide"]
+        if context.point != "rescue" or not guides:
+            return noop_index(context)
+        return min(guides)[1]
+
+
 def build_behaviour(config: RailConfig, seed: int) -> BehaviourPolicy:
     """The behaviour policy ``config.behaviour`` with ``config.behaviour_epsilon``."""
     if config.behaviour == "none":
         return NoneBehaviour(config.behaviour_epsilon, seed)
     if config.behaviour == "arpo":
         return ArpoBehaviour(config.behaviour_epsilon, seed)
-    raise ValueError(f"controller.rail.behaviour={config.behaviour!r} must be 'none' or 'arpo'")
+    if config.behaviour == "guide":
+        return GuideBehaviour(config.behaviour_epsilon, seed)
+    raise ValueError(f"controller.rail.behaviour={config.behaviour!r} must be 'none', 'arpo' or 'guide'")

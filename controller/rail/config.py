@@ -50,9 +50,9 @@ class RailConfig:
     backend: Literal["vw", "river"] = "vw"
     """Learner: vw (``--cb_explore_adf --squarecb -q sa``) or river (per-arm Huber regressors
     with SquareCB's inverse-gap exploration)."""
-    behaviour: Literal["none", "arpo"] = "arpo"
-    """Behaviour policy of shadow mode: none (always no-op) or arpo (branch at high-entropy
-    tokens and on rescues)."""
+    behaviour: Literal["none", "arpo", "guide"] = "arpo"
+    """Behaviour policy of shadow mode: none (always no-op), arpo (branch at high-entropy
+    tokens and on rescues) or guide (guide every all-failed rescue at the level nearest 0.5)."""
     behaviour_epsilon: float = 0.2
     """Probability with which the behaviour policy picks a uniformly random arm instead of its
     rule, so that every arm has a positive logged propensity (off-policy evaluation needs it)."""
@@ -65,6 +65,14 @@ class RailConfig:
     """Fresh-resample arms: how many new samples from the prompt."""
     resample_temperatures: tuple[float, ...] = (1.0, 1.3)
     """Fresh-resample arms: sampling temperatures."""
+    guide_levels: tuple[float, ...] = ()
+    """Guidance arms (``controller/guidance.py``), offered at a rescue point whose ended samples all
+    failed and whose prompt has a reference: ``guide_size`` samples continue the first
+    ``ceil(level x n)`` tokens of the reference response, one arm per level (of 0.25, 0.5, 0.75).
+    Empty: no guidance arms. Needs a task with references; refused beside branch arms and token
+    decisions, whose prefixes could start inside a reference's tokens."""
+    guide_size: int = 4
+    """Guidance arms: how many guided samples one launches (the rest of a probe of 4 in a group of 8)."""
 
     rescue_on_abandon: bool = True
     """Group-level decision when the gate proposes ABANDON of a saturated group: the controller
@@ -176,7 +184,10 @@ class RailConfig:
     def __post_init__(self) -> None:
         require(self.mode in ("live", "shadow"), f"{KEY}.mode={self.mode!r} must be 'live' or 'shadow'")
         require(self.backend in ("vw", "river"), f"{KEY}.backend={self.backend!r} must be 'vw' or 'river'")
-        require(self.behaviour in ("none", "arpo"), f"{KEY}.behaviour={self.behaviour!r} must be 'none' or 'arpo'")
+        require(
+            self.behaviour in ("none", "arpo", "guide"),
+            f"{KEY}.behaviour={self.behaviour!r} must be 'none', 'arpo' or 'guide'",
+        )
         require(
             0.0 <= self.behaviour_epsilon <= 1.0,
             f"{KEY}.behaviour_epsilon={self.behaviour_epsilon} must be in [0, 1]; use > 0 so that IPS is possible",
@@ -185,13 +196,26 @@ class RailConfig:
         _positive_ints(self.resample_sizes, "resample_sizes")
         _temperatures(self.branch_temperatures, "branch_temperatures")
         _temperatures(self.resample_temperatures, "resample_temperatures")
-        arms = len(self.branch_sizes) * len(self.branch_temperatures) + len(self.resample_sizes) * len(
-            self.resample_temperatures
+        require(
+            all(level in (0.25, 0.5, 0.75) for level in self.guide_levels),
+            f"{KEY}.guide_levels={tuple(self.guide_levels)} must hold shares of the reference: 0.25, 0.5 or 0.75 "
+            "(or be empty: no guidance arms)",
         )
         require(
+            self.guide_size >= 1, f"{KEY}.guide_size={self.guide_size} must be >= 1 (guided samples an arm launches)"
+        )
+        branches = len(self.branch_sizes) * len(self.branch_temperatures)
+        require(
+            not (self.guide_levels and (branches or self.token_decisions)),
+            f"{KEY}.guide_levels={tuple(self.guide_levels)} with branch arms or token decisions: a branch could "
+            "continue a guided sample from inside its reference tokens; set branch_sizes=[] and "
+            "token_decisions=false, or guide_levels=[]",
+        )
+        arms = branches + len(self.resample_sizes) * len(self.resample_temperatures) + len(self.guide_levels)
+        require(
             arms > 0,
-            f"{KEY}: no intervention arms (branch_sizes x branch_temperatures and resample_sizes x "
-            "resample_temperatures are all empty); give at least one size and one temperature",
+            f"{KEY}: no intervention arms (branch_sizes x branch_temperatures, resample_sizes x "
+            "resample_temperatures and guide_levels are all empty); give at least one size and one temperature",
         )
         require(
             self.turn_decisions in ("off", "failed", "all"),

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from controller.gates.common import hold
+from controller.guidance import Guidance
 from controller.rail import state as state_io
 from controller.rail.arms import Arm, build_arms
 from controller.rail.bandit import BanditLearner
@@ -99,7 +100,13 @@ class RailController:
         self._clock = clock or time.time
         self.arms = build_arms(config)
         self._branch_arms = tuple(a for a in self.arms if a.kind == "branch")
-        self._other_arms = tuple(a for a in self.arms if a.kind != "branch")
+        # Guidance arms are offered only at a rescue of an all-failed group whose prompt has a
+        # reference (``_guided_arms``); every other point chooses among the rest.
+        self._unguided_arms = tuple(a for a in self.arms if a.kind != "guide")
+        self._other_arms = tuple(a for a in self._unguided_arms if a.kind != "branch")
+        self._guided_arms = tuple(a for a in self.arms if a.kind != "branch")
+        self.guidance: Guidance | None = None
+        """The references guidance arms continue from (``attach_guidance``); None: none offered."""
         self.learner: BanditLearner = build_learner(config, derive_seed(seed, "rail", "learner"))
         self.behaviour = build_behaviour(config, derive_seed(seed, "rail", "behaviour"))
         self.decider = Decider(config, self.learner, self.behaviour, derive_seed(seed, "rail", "decider"))
@@ -127,6 +134,15 @@ class RailController:
     @property
     def mode(self) -> str:
         return self.outcomes.mode
+
+    def attach_guidance(self, guidance: Guidance) -> None:
+        """Offer the guidance arms (``controller.rail.guide_levels``) from ``guidance``'s references."""
+        if len(self._guided_arms) == len(self._other_arms):
+            raise ValueError(
+                "guidance was attached to a RAIL controller without guidance arms; set controller.rail.guide_levels "
+                "(e.g. [0.25, 0.5, 0.75])"
+            )
+        self.guidance = guidance
 
     @property
     def promoter(self) -> Any:
@@ -290,11 +306,21 @@ class RailController:
     def _arms(self, can_branch: bool) -> tuple[Arm, ...]:
         return self.arms if can_branch else self._other_arms
 
-    def _group_point(self, snapshot: GroupSnapshot) -> Point | None:
-        return group_point(snapshot, self.buffers, self.arms, self._other_arms, self.default_params.max_tokens)
+    def _group_point(self, snapshot: GroupSnapshot, point: str) -> Point | None:
+        guidance = self.guidance
+        if (
+            point == "rescue"
+            and guidance is not None
+            and snapshot.successes == 0
+            and guidance.has_reference(snapshot.prompt.prompt_id)
+        ):  # guidance arms, and no branches (the config refuses both at once)
+            return group_point(snapshot, self.buffers, self._guided_arms, self._guided_arms, 0)
+        return group_point(
+            snapshot, self.buffers, self._unguided_arms, self._other_arms, self.default_params.max_tokens
+        )
 
     def _group_decision(self, snapshot: GroupSnapshot, group: GroupState, point: str) -> list[GroupAction]:
-        found = self._group_point(snapshot)
+        found = self._group_point(snapshot, point)
         if found is None:
             return []
         return self._decide(point, snapshot, group, found.prefix, found.arms, found.source, found.position)
@@ -308,7 +334,7 @@ class RailController:
         if not self.config.batch_group_decisions or snapshot.in_flight > 0:
             return False
         started = time.perf_counter_ns()
-        found = self._group_point(snapshot)
+        found = self._group_point(snapshot, point)
         if found is None:
             return False
         context = self._context(point, snapshot, group, found.prefix, found.arms)
@@ -407,6 +433,10 @@ class RailController:
             tokens, logprobs = source.prefix(position)
             branch = BranchSpec(source.request_id, position, tokens, logprobs)
             self.buffers.expect_branch(snapshot.group_id, source, position, arm.n)
+        elif arm.kind == "guide":
+            assert self.guidance is not None  # guidance arms are only offered with a reference
+            branch = self.guidance.branch(snapshot.prompt.prompt_id, level=arm.level)
+            self.guidance.launched(arm.n)
         return arm.actions(snapshot.group_id, decision_id, self.default_params, branch)
 
     def set_mode(self, mode: str, policy_version: int = 0) -> None:

@@ -186,13 +186,13 @@ class Context:
         length = values.get("length_estimate", 0.0) * 1000.0
         rest = min(max(1.0 - values.get("position_fraction", 0.0), 0.0), 1.0)
         arms = tuple(arms)
-        # expected_tokens of every arm, from its samples and whether it only writes the rest.
+        # expected_tokens of every arm, from its samples and the share of a response each writes.
         rules = _COST_RULES.get(arms, _cost_rules)
         return cls(
             point,
             values,
             arms,
-            tuple([0.0 if not n else n * length * rest if branch else n * length for n, branch in rules]),
+            tuple([0.0 if not n else n * length * (rest if branch else share) for n, branch, share in rules]),
         )
 
     @property
@@ -212,10 +212,14 @@ def _names_of(arms: tuple[Arm, ...]) -> tuple[str, ...]:
     return tuple(a.name for a in arms)
 
 
-def _cost_rules(arms: tuple[Arm, ...]) -> tuple[tuple[float, bool], ...]:
-    """Per arm, its expected samples (0 for the no-op) and whether it is a branch
+def _cost_rules(arms: tuple[Arm, ...]) -> tuple[tuple[float, bool, float], ...]:
+    """Per arm, its expected samples (0 for the no-op), whether it is a branch (its share is the
+    context's ``1 - position_fraction``) and otherwise the share of a response each sample writes
     (``expected_tokens``'s rule, taken apart once per arms tuple)."""
-    return tuple((0.0 if a.is_noop else float(a.n), a.kind == "branch") for a in arms)
+    return tuple(
+        (0.0 if a.is_noop else float(a.n), a.kind == "branch", 1.0 if a.kind != "guide" else 1.0 - a.level)
+        for a in arms
+    )
 
 
 _ARM_NAMES = ArmsCache()

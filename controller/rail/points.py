@@ -40,7 +40,7 @@ from pipeline.types import GroupAction, GroupSnapshot
 QUEUED = "rail: decision queued"
 """The reason of the HOLD that ``on_group`` returns while a group-level point waits for its batch."""
 DECISIONS_AT = {point: f"decisions_{point}" for point in ALL_POINTS}
-INTERVENTIONS_OF = {kind: f"interventions_{kind}" for kind in ("branch", "resample")}
+INTERVENTIONS_OF = {kind: f"interventions_{kind}" for kind in ("branch", "resample", "guide")}
 """The counters of decisions per point and of interventions per arm kind, named once."""
 
 

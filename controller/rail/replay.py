@@ -51,7 +51,7 @@ import numpy as np
 from controller.ope import Estimate, doubly_robust, ips, snips
 from controller.rail.arms import parse_arm
 from controller.rail.bandit import BanditLearner, Decision
-from controller.rail.behaviour import ArpoBehaviour, NoneBehaviour
+from controller.rail.behaviour import ArpoBehaviour, BehaviourPolicy, GuideBehaviour, NoneBehaviour
 from controller.rail.config import RailConfig
 from controller.rail.decider import SHADOW_PREFIX, Decider
 from controller.rail.features import DECISION_POINTS, Context
@@ -197,7 +197,8 @@ def replay(
 ) -> ReplayReport:
     """Progressive replay of ``logged`` through ``learner`` (a fresh ``config.backend`` one if
     None) and off-policy estimates of the learned policy (with the live threshold rule when
-    ``live_rule``), of always-no-op and of the ARPO heuristic (with ``config.behaviour_epsilon``)."""
+    ``live_rule``), of always-no-op, of the ARPO heuristic and, when the trace offered guidance
+    arms, of the fixed guidance rule (both with ``config.behaviour_epsilon``)."""
     records = logged.records
     if not records:
         raise ReplayError(
@@ -206,7 +207,12 @@ def replay(
         )
     learner = learner if learner is not None else build_learner(config, seed)
     decider = Decider(config, learner, NoneBehaviour(0.0, seed), seed)
-    fixed = {"noop": NoneBehaviour(0.0, seed), "arpo": ArpoBehaviour(config.behaviour_epsilon, seed)}
+    fixed: dict[str, BehaviourPolicy] = {
+        "noop": NoneBehaviour(0.0, seed),
+        "arpo": ArpoBehaviour(config.behaviour_epsilon, seed),
+    }
+    if any(arm.kind == "guide" for x in records for arm in x.context.arms):  # the fixed guidance rule too
+        fixed["guide"] = GuideBehaviour(config.behaviour_epsilon, seed)
     n = len(records)
     r = np.fromiter((x.reward for x in records), float, n)
     mu = np.fromiter((x.behaviour_propensity for x in records), float, n)
