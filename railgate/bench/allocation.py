@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from configs import SCENARIO_DIR
+from pipeline.config.build import ConfigError
 from railgate.bench.allocation_report import regime_notes, report_text, summarise, to_target
 from railgate.bench.base_model import ensure_shared_base_model
 from railgate.bench.paired import RateLog
@@ -287,6 +288,38 @@ def grid(bench: BenchGrid, out: Path, progress: bool = True) -> list[RunSpec]:
     return [dataclasses.replace(spec, base_model=base_model) for spec in specs]
 
 
+def earlier_runs(bench: BenchGrid, specs: list[RunSpec], path: Path) -> list[dict[str, Any]]:
+    """The runs in ``path`` that ``specs`` do not run again, checked to share ``bench``'s budget
+    and ``--set`` overrides (a run with other settings would not be comparable); none without
+    the file.
+
+    >>> import tempfile
+    >>> path = Path(tempfile.mkdtemp()) / "allocation.json"
+    >>> grid_ = BenchGrid(Path("configs/sim.yaml"), [""], ["sara"], 1, 100, [""])
+    >>> spec = RunSpec("configs/sim.yaml", "", "", "sara", 0, 100)
+    >>> _ = path.write_text(json.dumps([{"policy": "uniform", "seed": 0, "scenario": "", "model": "", "budget": 100,
+    ...                                  "overrides": []}, {"policy": "sara", "seed": 0, "scenario": "", "model": "",
+    ...                                  "budget": 100, "overrides": []}]))
+    >>> [r["policy"] for r in earlier_runs(grid_, [spec], path)]   # sara is run again: only uniform is kept
+    ['uniform']
+    """
+    if not path.exists():
+        return []
+    again = {(s.policy, s.seed, s.scenario, s.model) for s in specs}
+    kept = []
+    for r in json.loads(path.read_text()):
+        if (r["policy"], r["seed"], r["scenario"], r["model"]) in again:
+            continue
+        if r["budget"] != bench.budget or r.get("overrides") != list(bench.extra):
+            raise ConfigError(
+                f"--add: {path} holds run {r['policy']} seed {r['seed']} with budget {r['budget']} and overrides "
+                f"{r.get('overrides', 'unrecorded')}, this one has budget {bench.budget} and {list(bench.extra)}; "
+                "give the same --budget and --set options, or another --out"
+            )
+        kept.append(r)
+    return kept
+
+
 def run_allocation_bench(
     bench: BenchGrid,
     out: Path,
@@ -294,18 +327,22 @@ def run_allocation_bench(
     workers: int = 2,
     title: str = "Allocation benchmark",
     progress: bool = True,
+    add: bool = False,
 ) -> list[dict[str, Any]]:
+    """Run ``bench``'s grid into ``out`` and report it; ``add``: keep the runs of an earlier
+    invocation into ``out`` (other policies or seeds, same budget and overrides) and report
+    them together with this one's (``earlier_runs``)."""
     out.mkdir(parents=True, exist_ok=True)
     specs = grid(bench, out, progress=progress)
     from tqdm import tqdm
 
-    results = []
+    results = earlier_runs(bench, specs, out / "allocation.json") if add else []
     started = time.perf_counter()
     # spawn, not fork: a parent that has run torch (the shared warm start) must not fork.
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         for result in tqdm(pool.map(run_one, specs), total=len(specs), desc=title.lower(), disable=not progress):
-            results.append(result)
+            results.append({**result, "overrides": list(bench.extra)})
             (out / "allocation.json").write_text(json.dumps(results))  # a crash keeps finished runs
     text = report_text(results, target_gain, title, bench.setup(), time.perf_counter() - started)
     (out / "allocation.md").write_text(text)

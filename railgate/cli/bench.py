@@ -100,6 +100,11 @@ def _allocation_options(name: str) -> Callable[[argparse.ArgumentParser], None]:
         parser.add_argument("--target-gain", type=float, default=0.08, help="target = start accuracy + this")
         parser.add_argument("--workers", type=int, default=2, help="parallel runs")
         parser.add_argument("--out", type=Path, default=Path(f"runs/bench_{name}"))
+        parser.add_argument(
+            "--add",
+            action="store_true",
+            help="keep the runs already in OUT (other policies or seeds, same --budget and --set) and report all together",
+        )
         overrides(parser, "config override applied to every run (repeatable)")
 
     return configure
@@ -133,7 +138,13 @@ def _allocation(args: argparse.Namespace) -> int:
         first_seed=args.first_seed,
     )
     run_allocation_bench(
-        bench, args.out, args.target_gain, workers=args.workers, title=title, progress=not args.no_progress
+        bench,
+        args.out,
+        args.target_gain,
+        workers=args.workers,
+        title=title,
+        progress=not args.no_progress,
+        add=args.add,
     )
     return 0
 
