@@ -292,3 +292,30 @@ def test_buffered_guided_rows_read_back_from_disk(tmp_path):
         buf.put(TrainBatch(0, (mixed_group(),)))
     table = read_all(tmp_path)
     assert table.column("guide_len").to_pylist() == [0] * 4 + [3] * 4
+
+
+def screened_guided_gate(rates: dict[int, float], guided: tuple[int, ...]) -> SaraGate:
+    """A SARA gate with the exact reference prior (its screen holds log(rate) of each prompt) and
+    guidance at 0.5 from references of the prompts ``guided``."""
+    from controller.reference import ReferenceScreen
+
+    gate = SaraGate(pool_of(len(rates)), group_size=8, config=SaraConfig(reference_prior=True, guidance=0.5))
+    screen = ReferenceScreen({i: (3, 2) for i in rates}, gate.source.peek, exact=True, strength=64, ahead=len(rates))
+    screen.update({i: math.log(q) for i, q in rates.items()}, tokens=0)
+    gate.attach_reference(screen)
+    gate.attach_guidance(Guidance({p: REFERENCE for p in guided}, 0.5))
+    return gate
+
+
+def test_with_guidance_the_screen_opens_the_hard_prompts_it_would_skip_and_their_probe_is_guided():
+    """The reference prior skips prompts both too easy and too hard to give a mixed group; with
+    guidance the hard ones that have a reference open instead, and their all-wrong probe is guided."""
+    gate = screened_guided_gate({0: 0.999, 1: 0.5, 2: 0.001}, guided=(0, 1, 2))
+    plans = {p.prompt.prompt_id: p for p in admit(gate, 2)}
+    assert sorted(plans) == [1, 2]  # 0 (solved) is skipped, 2 (hard) opens
+    m = gate.metrics()
+    assert (m["gate/skip_reference"], m["gate/open_to_guide"]) == (1.0, 1.0)
+    [launch] = gate.update(snap(plans[2].group_id, 2, (0, 0, 0, 0)))
+    assert launch.kind is ActionKind.LAUNCH and launch.n == 4 and launch.branch.guide_level == 0.5
+    no_reference = screened_guided_gate({0: 0.001, 1: 0.5}, guided=(1,))
+    assert [p.prompt.prompt_id for p in admit(no_reference, 1)] == [1]  # hard and nothing to guide from: skipped

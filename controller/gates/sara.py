@@ -235,7 +235,8 @@ class SaraGate(BaseGate[SaraRecord]):
     def _screened_prompt(self) -> tuple[Prompt, tuple[float, float], float | None] | None:
         """The next prompt the reference screen lets through, its prior and score: prompts whose group
         would be effective with chance at most ``reference_skip`` (and under the ``reference_skip_share``
-        quantile of the latest openings) are skipped, at most ``MAX_SKIPS``
+        quantile of the latest openings) are skipped, but for hard ones that guidance will take
+        (``_guides_instead``), at most ``MAX_SKIPS``
         in a row (then the last one opens anyway, so a pool of solved prompts cannot stall
         admission); None when the selector has no prompt left."""
         assert self.reference is not None
@@ -247,11 +248,21 @@ class SaraGate(BaseGate[SaraRecord]):
             base = self._prior_of(prompt.prompt_id, self._base_prior(prompt))
             opening = self.reference.opening(prompt.prompt_id, base, self.group_size)
             skipped = self.reference.skips(opening, self.config.reference_skip, self.config.reference_skip_share)
+            if skipped and self._guides_instead(prompt.prompt_id, opening.prior):
+                self._verdicts.add("open_to_guide")
+                skipped = False
             if not skipped or skips == MAX_SKIPS:
                 return prompt, opening.prior, opening.logprob
             self._verdicts.add("skip_reference")
             self.source.release(prompt.prompt_id)
         raise AssertionError("unreachable: the last pass returns")
+
+    def _guides_instead(self, prompt_id: int, prior: tuple[float, float]) -> bool:
+        """With guidance: a prompt the screen would skip as too hard (its prior's mean pass rate
+        below 1/2) and that has a reference opens anyway, so that its all-wrong probe is guided;
+        the screen still skips the prompts it expects the policy to pass."""
+        a, b = prior
+        return self.guidance is not None and a / (a + b) < 0.5 and self.guidance.has_reference(prompt_id)
 
     def _prior_of(self, prompt_id: int, base: tuple[float, float] | None = None) -> tuple[float, float]:
         """The prompt's prior: ``base`` (the gate's prior or its level's), or its carried

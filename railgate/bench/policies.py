@@ -28,6 +28,9 @@ policies of RAIL are SARA plus a controller:
 * ``sara_guide`` -- SARA that launches the rest of an all-wrong probe from the first half of the
   prompt's reference response instead of abandoning it (``gate.sara.guidance=0.5``), the fixed
   rule "always guide all-wrong groups at 50%"; no reference prior (it would commit those probes).
+* ``sara_ref_skip_guide`` -- ``sara_ref_skip`` with guidance at 50%: the screen still skips the
+  prompts it expects the policy to pass, but opens the hard ones it would skip when they have a
+  reference, and their all-wrong probes are guided.
 * ``sara_guide_anneal`` -- ``sara_guide`` at 50% until learner step 320 and 25% after (QuestA's
   schedule; 320 is half of the 8-group benchmark's 640 steps: set
   ``gate.sara.guidance_anneal_step`` for another length).
@@ -48,7 +51,7 @@ policies of RAIL are SARA plus a controller:
 >>> overrides("nope")
 Traceback (most recent call last):
 ...
-pipeline.config.build.ConfigError: unknown policy 'nope'; choose from uniform, ds, pilot_commit, hora, sara, sara_rollouts, sara_dps_rollouts, sara_eager, sara_stream, sara_level, sara_pilot, sara_ref, sara_ref_rollouts, sara_ref_skip, sara_ref_skip_rollouts, sara_guide, sara_guide_anneal, dps, sara_dps, oracle, sara_arpo, sara_rail, sara_rail_s2l, sara_rail_guide, sara_rail_guide_s2l
+pipeline.config.build.ConfigError: unknown policy 'nope'; choose from uniform, ds, pilot_commit, hora, sara, sara_rollouts, sara_dps_rollouts, sara_eager, sara_stream, sara_level, sara_pilot, sara_ref, sara_ref_rollouts, sara_ref_skip, sara_ref_skip_rollouts, sara_guide, sara_ref_skip_guide, sara_guide_anneal, dps, sara_dps, oracle, sara_arpo, sara_rail, sara_rail_s2l, sara_rail_guide, sara_rail_guide_s2l
 """
 
 from __future__ import annotations
@@ -87,6 +90,12 @@ POLICIES: dict[str, tuple[str, ...]] = {
         "orchestrator.batch_rollouts=auto",
     ),
     "sara_guide": ("gate.kind=sara", "gate.sara.guidance=0.5"),
+    "sara_ref_skip_guide": (
+        "gate.kind=sara",
+        "gate.sara.reference_prior=true",
+        "gate.sara.reference_skip=0.8",
+        "gate.sara.guidance=0.5",
+    ),
     "sara_guide_anneal": ("gate.kind=sara", "gate.sara.guidance=0.5", "gate.sara.guidance_anneal_step=320"),
     "dps": ("gate.kind=dps",),
     "sara_dps": ("gate.kind=sara_dps",),
