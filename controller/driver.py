@@ -11,9 +11,10 @@ to sample more of the group, train on it or drop it::
     # verdict.kind: "train" (the group is effective enough: train on group.rewards) or "drop"
     driver.step_done(trained_groups)                 # after your optimizer step
 
-The rules are the orchestrator's (``pipeline.protocols``): the gate sees one ``GroupSnapshot``
-per ended sample, built by ``snapshot_of`` from what the caller knows; once it commits a group
-it is not asked again, and the group only takes the rewards of the samples it asked for.
+The rules are the orchestrator's (``pipeline.protocols``): each group's state is the tracker's
+own group record (``pipeline.group.GroupRun``), and the gate sees that record's
+``GroupSnapshot`` after every ended sample; once it commits a group it is not asked again, and
+the group only takes the rewards of the samples it asked for.
 Reporting more rewards than were asked for, or reporting to a group that ended, raises
 ``LifecycleError`` instead of counting a sample twice. A reward of ``None`` is "no reward":
 counted as a failed sample, not as a success or failure.
@@ -52,22 +53,25 @@ Verdict(kind='sample', n=4)
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from controller.config import SaraConfig
 from controller.reference import ReferenceScreen
 from controller.selectors import PromptSelector
+from pipeline.group import GroupRun
 from pipeline.types import (
+    NO_REWARD,
     ActionKind,
     CommittedGroup,
     FinishReason,
     GroupAction,
-    GroupSnapshot,
     Prompt,
-    Rollout,
+    SampleFinished,
+    SampleRequest,
+    SamplingParams,
+    ScoredSample,
     TrainBatch,
 )
 
@@ -84,42 +88,6 @@ class Verdict:
 
     kind: Literal["sample", "wait", "train", "drop", "skip"]
     n: int = 0
-
-
-def snapshot_of(
-    group_id: int,
-    prompt: Prompt,
-    rewards: Sequence[float],
-    target_size: int,
-    launched: int,
-    in_flight: int = 0,
-    failed: int = 0,
-    tokens: int = 0,
-    policy_version: int = 0,
-) -> GroupSnapshot:
-    """The ``GroupSnapshot`` a gate reads, from what a sampling loop knows: the rewards so far,
-    how many samples were started (``launched``) and are still running (``in_flight``).
-
-    >>> s = snapshot_of(0, Prompt(3, "2+2=", ()), rewards=[1.0, 0.0], target_size=8, launched=4, in_flight=2)
-    >>> s.finished, s.successes, s.is_mixed
-    (2, 1, True)
-    """
-    if launched < len(rewards) + in_flight + failed:
-        raise ValueError(
-            f"launched={launched} is below the {len(rewards)} rewards + {in_flight} running + {failed} failed "
-            "samples; count every sample started"
-        )
-    return GroupSnapshot(
-        group_id=group_id,
-        prompt=prompt,
-        target_size=target_size,
-        rewards=tuple(float(r) for r in rewards),
-        in_flight=in_flight,
-        launched=launched,
-        failed=failed,
-        tokens=tokens,
-        policy_version=policy_version,
-    )
 
 
 class _CallerChoice(PromptSelector):
@@ -149,108 +117,113 @@ class _CallerChoice(PromptSelector):
 @dataclass
 class DrivenGroup:
     """One group of the caller's prompt: ``start``, then ``report`` rewards until the verdict is
-    ``train`` or ``drop``."""
+    ``train`` or ``drop``. Its state is the tracker's own group record (``pipeline.group.GroupRun``:
+    what was launched, every ended sample, the rewards, the commit), changed only through that
+    record's methods; the group adds only how many samples the caller was told to draw."""
 
     driver: GateDriver
-    group_id: int
-    prompt: Prompt
-    target_size: int
+    run: GroupRun
     initial: int
-    rewards: list[float] = field(default_factory=list)
-    launched: int = 0  # samples the gate asked for so far
-    handed: int = 0  # of those, samples the caller was told to draw
-    failed: int = 0  # samples reported with no reward (None)
-    committed: bool = False
-    ended: str = ""  # "train" or "drop" once the group is over
+    handed: int = 0  # of the samples the gate launched, those the caller was told to draw
+    ended: str = ""  # "train", "drop" or "skip" once the group is over
+
+    @property
+    def group_id(self) -> int:
+        return self.run.group_id
+
+    @property
+    def prompt(self) -> Prompt:
+        return self.run.prompt
+
+    @property
+    def launched(self) -> int:
+        """Samples the gate asked for so far."""
+        return self.run.launched
+
+    @property
+    def rewards(self) -> list[float]:
+        """The rewards reported so far (samples reported with no reward left out)."""
+        return list(self.run.rewards)
 
     def start(self) -> Verdict:
         """The first samples to draw (the probe); ``skip`` when the gate passed over the prompt."""
         if self.ended == "skip":
             return Verdict("skip")
-        if self.launched:
+        if self.run.launched:
             raise LifecycleError(f"group {self.group_id} was started already; report its rewards")
-        self.launched = self.handed = self.initial
+        for _ in range(self.initial):
+            self.run.launch()
+        self.handed = self.initial
         return Verdict("sample", self.initial)
 
     def report(self, rewards: Sequence[float | None], tokens: int = 0) -> Verdict:
-        """Rewards of samples the gate asked for (any number of them, in any order); the next step."""
+        """Rewards of samples the gate asked for (any number of them, in any order; ``tokens``:
+        what they generated); the next step."""
+        run = self.run
         if self.ended:
             raise LifecycleError(
-                f"group {self.group_id} (prompt {self.prompt.prompt_id}) ended ({self.ended!r}) after {len(self.rewards)} "
-                "rewards; open a new group for more samples of this prompt"
+                f"group {self.group_id} (prompt {self.prompt.prompt_id}) ended ({self.ended!r}) after "
+                f"{len(run.samples)} rewards; open a new group for more samples of this prompt"
             )
-        outstanding = self.handed - len(self.rewards) - self.failed
+        outstanding = self.handed - len(run.samples)
         if len(rewards) > outstanding:
             raise LifecycleError(
                 f"group {self.group_id} got {len(rewards)} rewards but only {outstanding} samples are out "
                 f"({self.handed} asked for); report only the samples the gate asked for"
             )
+        run.count_tokens(tokens)
         gate = self.driver.gate
         for reward in rewards:
-            if reward is None or (isinstance(reward, float) and math.isnan(reward)):
-                self.failed += 1
-            else:
-                self.rewards.append(float(reward))
-            if self.committed:
+            run.add(self._scored(reward))
+            if run.sealed:
                 continue  # a committed group is not asked again; it collects its samples
-            in_flight = self.launched - len(self.rewards) - self.failed
-            snapshot = snapshot_of(
-                self.group_id,
-                self.prompt,
-                self.rewards,
-                self.target_size,
-                self.launched,
-                in_flight,
-                self.failed,
-                tokens,
-                self.driver.step,
-            )
+            snapshot = run.snapshot(self.driver.step, in_flight=run.launched - len(run.samples))
             if any(self._apply(action) for action in gate.update(snapshot)):
                 return self._end("drop")  # the rest of this report belongs to a dropped group: unread
         return self._next()
+
+    def _scored(self, reward: float | None) -> ScoredSample:
+        """The next reported sample as the record keeps it (no tokens: the caller holds them); a
+        reward of None or NaN is "no reward", which the record counts as a failed sample."""
+        index = len(self.run.samples)
+        request_id = f"g{self.group_id}-s{index}"
+        request = SampleRequest(request_id, self.group_id, index, self.prompt, SamplingParams())
+        finished = SampleFinished(request_id, (), (), FinishReason.STOP, self.driver.step)
+        return ScoredSample(request, finished, NO_REWARD if reward is None else float(reward))
 
     def _apply(self, action: GroupAction) -> bool:
         """Apply one gate action; True when it abandons the group."""
         if action.group_id != self.group_id:
             raise LifecycleError(f"the gate acted on group {action.group_id} while group {self.group_id} reported")
         if action.kind is ActionKind.LAUNCH:
-            self.launched += action.n
+            for _ in range(action.n):
+                self.run.launch()
         elif action.kind is ActionKind.COMMIT:
-            self.committed = True
+            self.run.seal()
         elif action.kind is ActionKind.ABANDON:
             return True
         return False
 
     def _next(self) -> Verdict:
-        new = self.launched - self.handed
+        new = self.run.launched - self.handed
         if new > 0:  # the gate asked for more: the caller draws them
             self.handed += new
             return Verdict("sample", new)
-        if self.handed > len(self.rewards) + self.failed:
+        if self.handed > len(self.run.samples):
             return Verdict("wait")  # the caller still holds drawn samples to report
-        if self.committed:
+        if self.run.sealed:
             return self._end("train")
         return Verdict("wait")  # the gate holds the group (SARA never does)
 
     def _end(self, how: str) -> Verdict:
         self.ended = how
+        self.run.close()
         self.driver.gate.on_closed(self.group_id, how == "train")
         return Verdict(how)  # type: ignore[arg-type]
 
     def as_committed(self) -> CommittedGroup:
         """The group as the gate's ``on_step`` reads it (rewards only; no tokens)."""
-        rollouts = tuple(
-            Rollout(f"g{self.group_id}-s{i}", i, (), (), (), r, FinishReason.STOP, self.driver.step)
-            for i, r in enumerate(self.rewards)
-        )
-        return CommittedGroup(
-            self.group_id,
-            self.prompt.prompt_id,
-            rollouts,
-            self.launched,
-            0,
-            success_threshold=self.prompt.success_threshold,
-        )
+        return self.run.committed()
 
 
 class GateDriver:
@@ -326,13 +299,14 @@ class GateDriver:
         plans = self.gate.admit(range(group_id, group_id + 1), self.step)
         self._next_id += 1
         if not plans and self.reference is not None and not self._source.offered:
-            return DrivenGroup(self, group_id, prompt, 0, 0, ended="skip")  # the screen passed over it
+            return DrivenGroup(self, GroupRun(group_id, prompt, 0, self.step), 0, ended="skip")  # screened out
         if len(plans) != 1:
             raise LifecycleError(
                 f"{type(self.gate).__name__} opened {len(plans)} groups for one prompt; it needs a "
                 "prompt source of its own, not the caller's choice"
             )
-        return DrivenGroup(self, plans[0].group_id, plans[0].prompt, plans[0].target_size, plans[0].initial)
+        plan = plans[0]
+        return DrivenGroup(self, GroupRun(plan.group_id, plan.prompt, plan.target_size, self.step), plan.initial)
 
     def metrics(self) -> dict[str, float]:
         """The gate's counters (``gate/<reason>``, ``gate/reference_*``)."""

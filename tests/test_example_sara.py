@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from hf_models import save_tiny_llama
 
-from controller.driver import GateDriver, LifecycleError, snapshot_of
-from pipeline.types import Prompt
+from controller.driver import GateDriver, LifecycleError, Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "sara_in_your_loop.py"
@@ -63,5 +62,7 @@ def test_shaped_rewards_read_against_the_threshold():
     group = driver.open("p", prompt_id=1)
     group.start()
     assert group.report([1.0, 1.0]).kind == "drop"  # both below 1.5: all failures
-    s = snapshot_of(0, Prompt(0, "", (), success_threshold=1.5), [2.0, 1.0], target_size=4, launched=2)
-    assert s.is_mixed
+    mixed = driver.open("q", prompt_id=2)
+    mixed.start()
+    assert mixed.report([2.0, 1.0]) == Verdict("sample", 2)  # one above 1.5, one below: mixed, so the rest
+    assert mixed.report([2.0, 1.0]).kind == "train"
