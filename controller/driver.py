@@ -65,12 +65,8 @@ from pipeline.types import (
     NO_REWARD,
     ActionKind,
     CommittedGroup,
-    FinishReason,
     GroupAction,
     Prompt,
-    SampleFinished,
-    SampleRequest,
-    SamplingParams,
     ScoredSample,
     TrainBatch,
 )
@@ -183,13 +179,10 @@ class DrivenGroup:
         return self._next()
 
     def _scored(self, reward: float | None) -> ScoredSample:
-        """The next reported sample as the record keeps it (no tokens: the caller holds them); a
-        reward of None or NaN is "no reward", which the record counts as a failed sample."""
-        index = len(self.run.samples)
-        request_id = f"g{self.group_id}-s{index}"
-        request = SampleRequest(request_id, self.group_id, index, self.prompt, SamplingParams())
-        finished = SampleFinished(request_id, (), (), FinishReason.STOP, self.driver.step)
-        return ScoredSample(request, finished, NO_REWARD if reward is None else float(reward))
+        """The next reported sample as the record keeps it; a reward of None or NaN is "no
+        reward", which the record counts as a failed sample."""
+        value = NO_REWARD if reward is None else float(reward)
+        return ScoredSample.reward_only(self.group_id, len(self.run.samples), self.prompt, value, self.driver.step)
 
     def _apply(self, action: GroupAction) -> bool:
         """Apply one gate action; True when it abandons the group."""

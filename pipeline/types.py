@@ -243,6 +243,22 @@ class ScoredSample:
     """A multi-turn episode's structure (``result.token_ids`` is then all of its turns and
     observations); None for a single response."""
 
+    @classmethod
+    def reward_only(cls, group_id: int, index: int, prompt: Prompt, reward: float, policy_version: int) -> ScoredSample:
+        """Sample ``index`` of group ``group_id`` known only by its reward, as a caller's own
+        sampling loop reports it (it holds the tokens): no tokens, a finished stop.
+
+        >>> s = ScoredSample.reward_only(3, 1, Prompt(0, "", (1,)), 1.0, policy_version=0)
+        >>> s.request.request_id, s.is_valid, ScoredSample.reward_only(3, 2, s.request.prompt, NO_REWARD, 0).is_valid
+        ('g3-s1', True, False)
+        """
+        request_id = f"g{group_id}-s{index}"
+        return cls(
+            SampleRequest(request_id, group_id, index, prompt, SamplingParams()),
+            SampleFinished(request_id, (), (), FinishReason.STOP, policy_version),
+            reward,
+        )
+
     @property
     def new_tokens(self) -> int:
         """Tokens of the response beyond its branch prefix (``request.prefix_len``): the ones
