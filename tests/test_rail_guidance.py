@@ -81,6 +81,7 @@ def test_an_all_failed_rescue_with_a_reference_is_guided_at_the_rules_level_and_
     )
     assert "guide_n4_l0.75" in record.actions
     assert rail.counts["interventions_guide"] == 1 and rail.guidance.rollouts == 4
+    assert rail.counts["guide_level_0.5"] == 1
 
 
 def test_guidance_arms_are_not_offered_after_a_success_or_without_a_reference():

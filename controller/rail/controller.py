@@ -437,6 +437,7 @@ class RailController:
             assert self.guidance is not None  # guidance arms are only offered with a reference
             branch = self.guidance.branch(snapshot.prompt.prompt_id, level=arm.level)
             self.guidance.launched(arm.n)
+            counts[f"guide_level_{arm.level:g}"] += 1  # which level the controller chose
         return arm.actions(snapshot.group_id, decision_id, self.default_params, branch)
 
     def set_mode(self, mode: str, policy_version: int = 0) -> None:
