@@ -284,9 +284,12 @@ class ProbingRule:
         return choice
 
     def metrics(self) -> dict[str, float]:
-        """``gate/probing_probe``, ``gate/probing_whole`` (prompts), and the fitted run prior's
-        mean and strength (``gate/probing_prior_mean``, ``gate/probing_prior_strength``) once fitted."""
+        """``gate/probing_probe``, ``gate/probing_whole`` (prompts), the fitted run prior's
+        mean and strength (``gate/probing_prior_mean``, ``gate/probing_prior_strength``) once fitted,
+        and ``gate/probing_noise_groups`` while steps are priced."""
         out = {f"gate/probing_{k}": float(v) for k, v in self._choices.items()}
+        if math.isfinite(self.noise_groups):
+            out["gate/probing_noise_groups"] = float(self.noise_groups)
         run = self.run_prior()
         if run is not None:
             out["gate/probing_prior_mean"] = run[0] / (run[0] + run[1])

@@ -376,9 +376,9 @@ def build_trainer(
     of the training rows, and the function giving its (rollouts, tokens) generated so far."""
     from datasets import Dataset
     from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
-    from railgate.trl import GatedGRPOConfig, GatedGRPOTrainer
+    from railgate.trl import GatedGRPOConfig, GatedGRPOTrainer, MeasuredGRPOTrainer
 
     step_rollouts = spec.prompts_per_step * spec.group_size
     matched = matched_args(spec, task, trainer, seed, root)
@@ -387,7 +387,7 @@ def build_trainer(
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     if trainer == "grpo":
         args = GRPOConfig(max_steps=spec.budget // step_rollouts, **matched)
-        grpo = GRPOTrainer(
+        grpo = MeasuredGRPOTrainer(
             model=str(model_dir), reward_funcs=task.reward, args=args, train_dataset=dataset, processing_class=tokenizer
         )
 

@@ -60,6 +60,11 @@ class StepLog:
     loss: float | None = None
     reward: float | None = None
     """TRL's mean reward of the trained rows."""
+    trace_sigma: float | None = None
+    grad_dot_prev: float | None = None
+    """The step's estimates of tr(Σ) and |G|² (``railgate.trl.noise``; None on the first step)."""
+    rows_trained: float | None = None
+    """Rows the step trained (pad rows included), the batch the noise scale is compared with."""
 
 
 NAMES = {"grpo": "GRPOTrainer", "gated": "GatedGRPOTrainer", "cgrpo": "CGRPOTrainer (trl-cgrpo)"}
@@ -98,6 +103,8 @@ def _stats(rs: Sequence[Any], grpo: Sequence[Any]) -> dict[str, Any]:
         "cpu_per_rollout": [r.cpu_per_rollout for r in rs],
         "rollouts": [r.rollouts for r in rs],
         "steps": [r.steps for r in rs],
+        "noise_scale_rows": [run_regime(r)["noise_scale"] for r in rs],
+        "regime": [run_regime(r)["regime"] for r in rs],
     }
 
 
@@ -202,6 +209,8 @@ def markdown(spec: Any, runs: Sequence[Any], s: dict[str, Any]) -> str:
             + f" | {last.accuracy:.3f} ± {last.ci95:.3f} | {run.cpu_s:.0f} | {1000 * run.cpu_per_rollout:.2f} | "
             f"{_count(run.gate, 'railgate/prompts_skipped')} | {_count(run.gate, 'railgate/groups_abandoned')} |"
         )
+    if any(x.trace_sigma is not None for r in runs for x in r.step_logs):
+        lines += ["", *regime_lines(runs)]
     if any(r.trainer == "cgrpo" for r in runs):
         lines += [
             "",
@@ -244,6 +253,58 @@ def _paired_line(title: str, r: dict[str, Any]) -> str:
             within = f"± {(i['hi'] - i['lo']) / 2:.3f}: 95% {i['lo']:+.3f} to {i['hi']:+.3f}"
         parts.append(f"{words} {i['mean']:+.3f} ({within}; seeds {per_seed})")
     return f"{title} in held-out accuracy, paired by seed (mean, 95% t interval over seeds): " + "; ".join(parts) + "."
+
+
+def run_regime(run: Any) -> dict[str, Any]:
+    """One run's gradient noise scale over its steps (``railgate.regime.NoiseScaleLog``: the ratio
+    of the run means of the steps' tr(Σ) and |G|² estimates, with Fieller's 95% interval), the rows
+    a step trains, the regime and its sentence; ``regime`` is ``not measured`` for a run whose
+    steps logged no estimates (records written before they were kept).
+
+    >>> from railgate.bench.trl import RunRecord
+    >>> logs = [StepLog(i, 64 * i, 0, 1.0, 0.5, 4, trace_sigma=t, grad_dot_prev=g, rows_trained=64.0)
+    ...         for i, (t, g) in enumerate([(40.0, 1.0), (24.0, 1.0), (32.0, 1.0)], 2)]
+    >>> r = run_regime(RunRecord("grpo", 0, [], 256, 0, 1.0, 1.0, 0.0, 4, {}, logs))
+    >>> r["noise_scale"], r["rows"], r["regime"]
+    (32.0, 64.0, 'step-limited')
+    """
+    from railgate.regime import NoiseScaleLog, regime, regime_sentence
+
+    log = NoiseScaleLog()
+    for x in run.step_logs:
+        if x.trace_sigma is not None and x.grad_dot_prev is not None:
+            log(
+                x.step,
+                {
+                    "learner/trace_sigma": x.trace_sigma,
+                    "learner/grad_dot_prev": x.grad_dot_prev,
+                    "learner/rollouts_trained": x.rows_trained,
+                },
+            )
+    m = log.summary()
+    rows, noise, low, high = m["batch_rollouts"], m["noise_scale"], m["noise_scale_low"], m["noise_scale_high"]
+    return {
+        "noise_scale": noise,
+        "low": low,
+        "high": high,
+        "rows": rows,
+        "steps": m["noise_scale_steps"],
+        "regime": regime(rows, noise, low),
+        "sentence": regime_sentence(rows, noise, low, high, steps=int(m["noise_scale_steps"] or 0)).replace(
+            "rollouts", "rows"
+        ),
+    }
+
+
+def regime_lines(runs: Sequence[Any]) -> list[str]:
+    """The report's paragraph on the regime: each run's noise scale in words (rows: completions
+    trained per optimiser step, a gated step's zero-advantage pad rows included; B / B_simple is
+    the same with or without them, see ``railgate.trl.noise``)."""
+    order = {"grpo": 0, "gated": 1, "cgrpo": 2}
+    lines = ["Regime, from each run's gradient noise scale (`railgate.trl.noise`, run means, 95% interval):", ""]
+    for run in sorted(runs, key=lambda r: (r.seed, order.get(r.trainer, 3))):
+        lines.append(f"- {run.trainer}, seed {run.seed}: {run_regime(run)['sentence']}")
+    return lines
 
 
 def _count(gate: dict[str, float], key: str) -> str:

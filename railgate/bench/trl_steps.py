@@ -2,7 +2,8 @@
 
 ``Steps`` is the ``TrainerCallback`` that turns each step's log into a ``StepLog``: where the run
 was (rollouts and tokens generated so far, read from the run as ``Curve`` reads them), TRL's
-``grad_norm``, ``frac_reward_zero_std``, ``loss`` and ``reward``, and the step's mixed groups (a
+``grad_norm``, ``frac_reward_zero_std``, ``loss`` and ``reward``, the gradient noise estimates both
+trainers log (``railgate.trl.noise``), and the step's mixed groups (a
 function of the log, since the trainers know them differently: ``grpo_mixed_groups`` and
 ``gated_mixed_groups``). The summary log TRL writes at the end of training (no ``grad_norm``)
 is not a step and is left out.
@@ -77,6 +78,9 @@ class Steps(TrainerCallback):
                 self.mixed_groups(logs),
                 _number(logs.get("loss")),
                 _number(logs.get("reward")),
+                _number(logs.get("railgate/trace_sigma")),
+                _number(logs.get("railgate/grad_dot_prev")),
+                _number(logs.get("railgate/rows_trained")),
             )
         )
         return control

@@ -103,6 +103,12 @@ class GatedGRPOConfig(GRPOConfig):
     """SARA: ``pays`` fits how the run's pass rates spread (from its own groups) and launches a
     prompt's whole group, trained on as GRPO would, wherever probing it would yield fewer mixed
     groups per generated rollout (``controller.probing``); ``always`` probes every prompt."""
+    gate_probe_price_steps: bool = False
+    """SARA with ``gate_probe_when="pays"``: price optimiser steps as well as rollouts, with the
+    gradient noise scale measured from the run's own steps (``railgate.trl.noise``): where a step's
+    mixed groups are many times the noise scale (a step-limited run), every step counts about the
+    same and the cheaper step -- whole groups -- wins even where probing finds more mixed groups per
+    rollout (``controller.probing.step_value``). False: rollouts only."""
     gate_reference_strength: float = 64.0
     """Pseudo-rollouts an exact reference likelihood counts for in the prior."""
     gate_reference_ahead: int = 0
@@ -145,6 +151,12 @@ class GatedGRPOConfig(GRPOConfig):
             raise ValueError(
                 f"gate_step_rollouts={self.gate_step_rollouts} must be >= 1 (a step may always generate "
                 "one full group per prompt); raise it"
+            )
+        if self.gate_probe_price_steps and not (self.gate_kind == "sara" and self.gate_probe_when == "pays"):
+            raise ValueError(
+                f"gate_probe_price_steps=True prices steps in SARA's probing rule, which gate_kind={self.gate_kind!r} "
+                f"with gate_probe_when={self.gate_probe_when!r} does not run; set gate_kind='sara' and "
+                "gate_probe_when='pays', or gate_probe_price_steps=False"
             )
         if self.gate_max_rollouts < 0:
             raise ValueError(f"gate_max_rollouts={self.gate_max_rollouts} must be >= 0 (0: no limit)")

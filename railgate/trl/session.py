@@ -22,6 +22,7 @@ Seeds (``pipeline.seeding.derive_seed`` of ``args.seed``): ``prompts`` for the p
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from controller.gates.registry import build_gate
+from controller.gates.sara import SaraGate
 from controller.noop import NoopController
 from controller.prompts import PromptPool
 from controller.reference import ReferenceScreen
@@ -125,6 +127,8 @@ class GateSession:
         self.rollouts_trained = 0
         self.pad_rows = 0
         self.groups_mixed = 0  # trained groups whose rewards differ (non-zero advantage somewhere)
+        self.batches = 0  # generation batches handed to TRL
+        self.price_steps = bool(args.gate_probe_price_steps) and isinstance(self.gate, SaraGate)
         self._last: TrainBatch | None = None
         self._filler: Row | None = None
 
@@ -179,6 +183,7 @@ class GateSession:
         """The next generation batch's global rows (see the module docstring)."""
         if self._last is not None:
             self.driver.step_done(self._last)
+            self._price_steps()
         self.sampler.begin_step()
         batch = self.driver.next_batch(self.sampler)
         self._last = batch
@@ -198,8 +203,21 @@ class GateSession:
         self.rollouts_trained += sum(not r.is_pad for r in out)
         self.groups_mixed += sum(g.is_effective for g in batch.groups)
         self.pad_rows += sum(r.is_pad for r in out)
+        self.batches += 1
         self._check_ranks(batch)
         return out
+
+    def _price_steps(self) -> None:
+        """``gate_probe_price_steps``: hand SARA's probing rule the noise scale of the informative
+        rows in mixed groups (the trainer's measured noise scale x the run's share of trained rows
+        in mixed groups / G); until it is measured the rule prices rollouts only."""
+        if not self.price_steps or self.batches == 0:
+            return
+        share = self.groups_mixed / (self.batches * self.prompts)
+        noise = self.trainer.noise.noise_groups(self.group_size, share)
+        if math.isfinite(noise) and noise >= 0:
+            assert isinstance(self.gate, SaraGate) and self.gate.probing is not None
+            self.gate.probing.noise_groups = noise
 
     def _blank(self) -> Any:
         """A pad row's completion: empty text, or an empty assistant message for chat prompts."""

@@ -12,7 +12,9 @@ loss and the weights match a plain ``GRPOTrainer``'s step for step). TRL's own s
 runs and sets the number of steps; its prompts are not used.
 
 Evaluation (``eval_dataset``) is TRL's, ungated. The counts of what was generated are logged
-as ``railgate/*`` through TRL's logger, beside its own metrics.
+as ``railgate/*`` through TRL's logger, beside its own metrics, and so is the gradient noise
+scale of the optimiser steps (``railgate.trl.noise``), which ``gate_probe_price_steps`` feeds to
+SARA's probing rule.
 
 >>> import inspect
 >>> [name for name, _ in inspect.getmembers(GatedGRPOTrainer, inspect.isfunction)
@@ -30,6 +32,7 @@ from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from railgate.trl.checks import check_arguments, check_processor
+from railgate.trl.noise import MeasuresNoise
 from railgate.trl.rows import Row, local_share
 from railgate.trl.session import GateSession
 
@@ -43,7 +46,7 @@ class _Served:
     rewards: torch.Tensor
 
 
-class GatedGRPOTrainer(GRPOTrainer):
+class GatedGRPOTrainer(MeasuresNoise, GRPOTrainer):
     """``GRPOTrainer`` with railgate's gate deciding which groups are generated and trained.
 
     Takes exactly ``GRPOTrainer``'s arguments; ``args`` must be a ``GatedGRPOConfig``. Settings
