@@ -95,6 +95,23 @@ def test_guidance_arms_are_not_offered_after_a_success_or_without_a_reference():
     assert sink.decisions == []
 
 
+def test_guidance_points_see_the_prompts_guidance_history_and_the_runs_pass_rate():
+    rail, sink = controller(guide_config(batch_group_decisions=False, resample_sizes=(2,)))
+    rescue(rail, probe(0, group_id=1))  # guided: the rule guides every all-failed rescue
+    first = sink.decisions[-1].features
+    assert (first["guide_count"], first["guide_mixed_rate"], first["run_success_rate"]) == (0.0, 0.5, 0.5)
+    rail.on_closed(None, probe(0, rewards=(0.0,) * 8, group_id=1))  # the guided group still failed
+    rescue(rail, probe(0, group_id=2))
+    second = sink.decisions[-1].features
+    assert second["guide_count"] == 1 / 8 and second["guide_mixed_rate"] == pytest.approx(1 / 3)
+    assert second["run_success_rate"] == 0.0
+    rescue(rail, probe(5, group_id=3))  # no reference: no guidance point, no guidance features
+    assert "guide_count" not in sink.decisions[-1].features
+    restored, _ = controller(guide_config(batch_group_decisions=False))
+    restored.load_state_dict(rail.state_dict())
+    assert restored.guide_history.features(0) == rail.guide_history.features(0)
+
+
 def test_guidance_arm_settings_are_refused_with_the_fix():
     with pytest.raises(ConfigError, match="must hold shares of the reference: 0.25, 0.5 or 0.75"):
         guide_config(guide_levels=(0.4,))

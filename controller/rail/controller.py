@@ -42,6 +42,7 @@ from controller.rail.buffers import PrefixBuffers, RequestBuffer
 from controller.rail.config import RailConfig
 from controller.rail.decider import Choice, Decider
 from controller.rail.features import Context, PrefixInfo, group_features
+from controller.rail.guide_history import GuideHistory
 from controller.rail.learners import build_learner
 from controller.rail.outcomes import Outcomes, PendingDecision
 from controller.rail.points import DECISIONS_AT, INTERVENTIONS_OF, QUEUED, GroupState, Point, QueuedPoint, group_point
@@ -107,6 +108,8 @@ class RailController:
         self._guided_arms = tuple(a for a in self.arms if a.kind != "branch")
         self.guidance: Guidance | None = None
         """The references guidance arms continue from (``attach_guidance``); None: none offered."""
+        self.guide_history = GuideHistory()
+        """The prompts' guidance outcomes and the run's pass rate, features of guidance points."""
         self.learner: BanditLearner = build_learner(config, derive_seed(seed, "rail", "learner"))
         self.behaviour = build_behaviour(config, derive_seed(seed, "rail", "behaviour"))
         self.decider = Decider(config, self.learner, self.behaviour, derive_seed(seed, "rail", "decider"))
@@ -293,6 +296,14 @@ class RailController:
         if committed and state.rescued_from and snapshot.is_mixed:
             # A saturated probe (all fail / all pass) the gate would have abandoned, made mixed.
             self.counts[f"recovered_{state.rescued_from}"] += 1
+        if self.guidance is not None:
+            done = len(snapshot.rewards)
+            self.guide_history.closed(
+                snapshot.prompt.prompt_id,
+                guided=any(d.context.arms[d.acted.action].kind == "guide" for d in state.decisions),
+                mixed=committed and snapshot.is_mixed,
+                success_share=snapshot.successes / done if done else 0.0,
+            )
         self.outcomes.settle(state.decisions, snapshot, committed, self.length_estimate)
 
     # --- decisions -----------------------------------------------------------------------
@@ -356,7 +367,9 @@ class RailController:
             snapshot.policy_version - group.first_version,
             group.interventions,
         )
-        return Context.build(point, features, arms, checked=True)  # group_features checked them
+        if any(a.kind == "guide" for a in arms):  # a guidance point: the prompt's history, the run's progress
+            features.update(self.guide_history.features(snapshot.prompt.prompt_id))
+        return Context.build(point, features, arms, checked=True)  # group_features and GuideHistory checked them
 
     def _decide(
         self,

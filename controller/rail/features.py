@@ -26,6 +26,9 @@ namespace ``a``). Features are scaled to stay O(1) for both backends:
 ``policy_age``         policy versions since the controller first saw the group
 ``interventions``      interventions the controller already made on this group
 ``length_estimate``    expected response length, in thousands of tokens
+``guide_count``,       guidance points only: the prompt's guidance history and the run's recent
+``guide_mixed_rate``,  pass rate (``controller.rail.guide_history``)
+``run_success_rate``
 =====================  ===========================================================================
 
 Sanitisation (the rule, tested): a log-prob of ``-inf`` (a token the policy gave probability 0)

@@ -3,8 +3,9 @@ builds it, ``RailController.load_state_dict`` reads it back), its header and its
 
 What is kept: the learner (its model bytes, base64, with a SHA-256 checksum), the frozen copy,
 the behaviour policy's and the decider's random states, the promotion window and mode, the
-gain-error window, the response-length estimate and the counters. Open groups are not kept: a
-resumed run closes them, so their decisions simply have no outcome in the trace.
+gain-error window, the response-length estimate, the counters and the guidance history
+(``controller.rail.guide_history``). Open groups are not kept: a resumed run closes them, so
+their decisions simply have no outcome in the trace.
 
 A file that is missing, not JSON, of another format or version, or whose model fails its
 checksum raises ``ControllerStateError`` naming the file and the fix; nothing is half-loaded
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.rail.bandit import ControllerStateError
+from controller.rail.guide_history import GuideHistory
 
 FORMAT = "railgate.rail"
 VERSION = 1
@@ -135,6 +137,7 @@ def controller_state(rail: Any) -> dict[str, Any]:
         "gain_errors": rail.outcomes.gain_errors.state_dict(),
         "length": rail.length_estimate,
         "counts": dict(rail.counts),
+        "guide_history": rail.guide_history.state_dict(),
     }
 
 
@@ -150,6 +153,8 @@ def load_controller_state(rail: Any, state: dict[str, Any], where: str) -> None:
         promoter = dict(state["promoter"])
         length = float(state["length"])
         counts = {str(k): int(v) for k, v in state["counts"].items()}
+        history = GuideHistory()
+        history.load_state_dict(state.get("guide_history", {}))  # absent in states written before it was kept
         rail.learner.load_state_dict(state["learner"])
         rail.behaviour.load_state_dict(state["behaviour"])
         rail.decider.load_state_dict(state["decider"])
@@ -163,3 +168,4 @@ def load_controller_state(rail: Any, state: dict[str, Any], where: str) -> None:
     rail.length_estimate = length
     rail.counts.clear()
     rail.counts.update(counts)
+    rail.guide_history = history
