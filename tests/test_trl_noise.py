@@ -12,30 +12,20 @@ import pytest
 trl = pytest.importorskip("trl")
 
 import torch  # noqa: E402
+import trl_fixtures as fx  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from trl_fixtures import MATCHED, arithmetic_rows, by_kind, length_reward, model_dir, outcome_rows  # noqa: E402
 
 from controller.probing import ProbingRule  # noqa: E402
 from railgate.trl import GatedGRPOConfig, GatedGRPOTrainer, MeasuredGRPOTrainer  # noqa: E402
 
 
 def test_measured_grpo_trains_exactly_like_grpo_and_reads_the_gradient_before_clipping(tmp_path):
-    rows = arithmetic_rows(12)
+    rows = fx.arithmetic_rows(12)
     # a clip so small that every step is clipped: an estimate read after it would see norm 1e-4
-    settings = {**MATCHED, "shuffle_dataset": False, "max_steps": 4, "max_grad_norm": 1e-4}
-    plain = trl.GRPOTrainer(
-        model=model_dir(tmp_path),
-        reward_funcs=length_reward,
-        train_dataset=Dataset.from_list(rows),
-        args=trl.GRPOConfig(output_dir=str(tmp_path / "plain"), **settings),
-    )
+    settings = {**fx.MATCHED, "shuffle_dataset": False, "max_steps": 4, "max_grad_norm": 1e-4}
+    plain = fx.plain_trainer(tmp_path, "plain", rows, fx.length_reward, settings)
     plain.train()
-    measured = MeasuredGRPOTrainer(
-        model=model_dir(tmp_path),
-        reward_funcs=length_reward,
-        train_dataset=Dataset.from_list(rows),
-        args=trl.GRPOConfig(output_dir=str(tmp_path / "measured"), **settings),
-    )
+    measured = fx.plain_trainer(tmp_path, "measured", rows, fx.length_reward, settings, MeasuredGRPOTrainer)
     measured.train()
     assert all(torch.equal(p, q) for p, q in zip(plain.model.parameters(), measured.model.parameters()))
     steps = [x for x in measured.state.log_history if "grad_norm" in x]
@@ -51,11 +41,9 @@ def test_measured_grpo_trains_exactly_like_grpo_and_reads_the_gradient_before_cl
 
 
 def test_without_clipping_the_step_is_measured_before_the_optimiser_steps(tmp_path):
-    trainer = MeasuredGRPOTrainer(
-        model=model_dir(tmp_path),
-        reward_funcs=length_reward,
-        train_dataset=Dataset.from_list(arithmetic_rows(12)),
-        args=trl.GRPOConfig(output_dir=str(tmp_path / "noclip"), **{**MATCHED, "max_grad_norm": 0.0}),
+    settings = {**fx.MATCHED, "max_grad_norm": 0.0}
+    trainer = fx.plain_trainer(
+        tmp_path, "noclip", fx.arithmetic_rows(12), fx.length_reward, settings, MeasuredGRPOTrainer
     )
     trainer.train()
     steps = [x for x in trainer.state.log_history if "grad_norm" in x]
@@ -65,10 +53,13 @@ def test_without_clipping_the_step_is_measured_before_the_optimiser_steps(tmp_pa
 def test_the_gated_trainer_prices_steps_with_its_measured_noise_scale(tmp_path):
     args = GatedGRPOConfig(
         output_dir=str(tmp_path / "gated"),
-        **{**MATCHED, "gate_probe_size": 2, "max_steps": 6, "gate_probe_price_steps": True},
+        **{**fx.MATCHED, "gate_probe_size": 2, "max_steps": 6, "gate_probe_price_steps": True},
     )
     trainer = GatedGRPOTrainer(
-        model=model_dir(tmp_path), reward_funcs=by_kind, args=args, train_dataset=Dataset.from_list(outcome_rows(60))
+        model=fx.model_dir(tmp_path),
+        reward_funcs=fx.by_kind,
+        args=args,
+        train_dataset=Dataset.from_list(fx.outcome_rows(60)),
     )
     trainer.train()
     noise = trainer.noise.value

@@ -14,7 +14,15 @@ trl = pytest.importorskip("trl")
 
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from trl_fixtures import MATCHED, arithmetic_rows, by_kind, length_reward, model_dir, outcome_rows  # noqa: E402
+from trl_fixtures import (  # noqa: E402
+    MATCHED,
+    arithmetic_rows,
+    by_kind,
+    length_reward,
+    model_dir,
+    outcome_rows,
+    plain_trainer,
+)
 
 from pipeline.store.tracelog import read_trace  # noqa: E402
 from railgate.trl import GatedGRPOConfig, GatedGRPOTrainer  # noqa: E402
@@ -33,12 +41,7 @@ def gated(tmp_path, rows, reward, **overrides):
 def test_a_gate_that_commits_everything_trains_exactly_like_grpo_trainer(tmp_path, batching):
     rows = arithmetic_rows(6)
     settings = {**MATCHED, "shuffle_dataset": False, **batching}  # both trainers take prompts in dataset order
-    plain = trl.GRPOTrainer(
-        model=model_dir(tmp_path),
-        reward_funcs=length_reward,
-        train_dataset=Dataset.from_list(rows),
-        args=trl.GRPOConfig(output_dir=str(tmp_path / "plain"), **settings),
-    )
+    plain = plain_trainer(tmp_path, "plain", rows, length_reward, settings)
     plain.train()
     mine = gated(tmp_path, rows, length_reward, gate_kind="uniform", shuffle_dataset=False, **batching)
     mine.train()

@@ -60,3 +60,19 @@ def by_kind(prompts, completions, kind, **kwargs):
 def length_reward(prompts, completions, **kwargs):
     """A reward that varies with the completion: its length in characters, mod 3, and a bonus."""
     return [float(len(c) % 3 == 0) + 0.1 * len(c) for c in completions]
+
+
+def plain_trainer(
+    root: Path, name: str, rows: list[dict[str, Any]], reward: Any, settings: dict[str, Any], cls: Any = None
+):
+    """TRL's ``GRPOTrainer`` (or ``cls``, a subclass) on ``rows`` with ``GRPOConfig(**settings)``,
+    writing under ``root / name``."""
+    import trl
+    from datasets import Dataset
+
+    return (cls or trl.GRPOTrainer)(
+        model=model_dir(root),
+        reward_funcs=reward,
+        train_dataset=Dataset.from_list(rows),
+        args=trl.GRPOConfig(output_dir=str(root / name), **settings),
+    )
