@@ -175,11 +175,17 @@ def regime(batch: float | None, noise_scale: float | None, low: float | None = N
 
 
 def regime_sentence(
-    batch: float | None, noise_scale: float | None, low: float | None = None, high: float | None = None, steps: int = 0
+    batch: float | None,
+    noise_scale: float | None,
+    low: float | None = None,
+    high: float | None = None,
+    steps: int = 0,
+    unit: str = "rollouts",
 ) -> str:
     """What the noise scale means for a run whose steps train ``batch`` rollouts, in words;
     with an interval (``low``, ``high``; ``high`` None: unbounded) when one is given, and
-    ``steps`` the steps measured (to tell an unresolved gradient from no measurement).
+    ``steps`` the steps measured (to tell an unresolved gradient from no measurement);
+    ``unit`` names what batch and noise scale count (a TRL trainer's ``rows``).
 
     >>> print(regime_sentence(64.0, 640.0, low=320.0, high=None))
     the noise scale (640 rollouts; 95% interval 320 to unbounded) is 10.0 times the batch (64 rollouts): progress is noise-limited; skipping saturated groups pays more than smaller batches (at a learning rate tuned to the batch size; at a fixed one, smaller batches also take more steps of the same size)
@@ -188,13 +194,13 @@ def regime_sentence(
     if kind == "not measured":
         if batch and low is not None:
             return (
-                f"the gradient is not resolved over the run: the noise scale is at least {low:.0f} rollouts "
+                f"the gradient is not resolved over the run: the noise scale is at least {low:.0f} {unit} "
                 f"(95% lower bound) against a batch of {batch:.0f}, too close to say which way progress is limited"
             )
         if batch and steps:
             return (
                 f"the gradient is not resolved over the run's {steps} measured steps (the run mean of |G|² is within "
-                f"its noise of 0): the noise scale is too far above the batch ({batch:.0f} rollouts) for the run to "
+                f"its noise of 0): the noise scale is too far above the batch ({batch:.0f} {unit}) for the run to "
                 "bound it; more steps are needed to say which way progress is limited"
             )
         return (
@@ -206,21 +212,21 @@ def regime_sentence(
     if low is not None or high is not None:
         interval = f"; 95% interval {low or 0:.0f} to {'unbounded' if high is None else f'{high:.0f}'}"
     if noise_scale is not None and noise_scale <= 0:
-        head = f"the micro-batches' gradients agree exactly (noise scale 0) at a batch of {batch:.0f} rollouts"
+        head = f"the micro-batches' gradients agree exactly (noise scale 0) at a batch of {batch:.0f} {unit}"
     elif noise_scale is None:  # resolved only as a lower bound
         head = (
-            f"the gradient is not resolved over the run: the noise scale is at least {low:.0f} rollouts (95% lower "
-            f"bound), {low / batch:.1f} times the batch ({batch:.0f} rollouts)"
+            f"the gradient is not resolved over the run: the noise scale is at least {low:.0f} {unit} (95% lower "
+            f"bound), {low / batch:.1f} times the batch ({batch:.0f} {unit})"
         )
     elif kind == "noise-limited":
         head = (
-            f"the noise scale ({noise_scale:.0f} rollouts{interval}) is {noise_scale / batch:.1f} times the batch "
-            f"({batch:.0f} rollouts)"
+            f"the noise scale ({noise_scale:.0f} {unit}{interval}) is {noise_scale / batch:.1f} times the batch "
+            f"({batch:.0f} {unit})"
         )
     else:
         head = (
-            f"the batch ({batch:.0f} rollouts) is {batch / max(noise_scale, 1e-12):.1f} times the noise scale "
-            f"({noise_scale:.0f} rollouts{interval})"
+            f"the batch ({batch:.0f} {unit}) is {batch / max(noise_scale, 1e-12):.1f} times the noise scale "
+            f"({noise_scale:.0f} {unit}{interval})"
         )
     tail = {
         "step-limited": "progress is step-limited; smaller batches pay more than skipping saturated groups",

@@ -70,7 +70,8 @@ def test_the_gated_trainer_prices_steps_with_its_measured_noise_scale(tmp_path):
     assert math.isfinite(probing.noise_groups) and m["railgate/gate/probing_noise_groups"] == probing.noise_groups
     # the noise scale of the informative rows, in groups: B_simple x share of rows in mixed groups / G
     trainer.gate._price_steps()
-    share = trainer.gate.groups_mixed / (trainer.gate.batches * trainer.gate.prompts)
+    share = trainer.gate.groups_mixed * 4 / (trainer.gate.rollouts_trained + trainer.gate.pad_rows)
+    assert trainer.gate.mixed_row_share == share
     assert 0 < share < 1 and probing.noise_groups == pytest.approx(noise * share / 4)
     logged = [x for x in trainer.state.log_history if "railgate/noise_scale" in x]
     assert logged and all(x["railgate/noise_scale"] > 0 for x in logged)

@@ -94,6 +94,7 @@ def summary(runs: Sequence[Any]) -> dict[str, Any]:
 def _stats(rs: Sequence[Any], grpo: Sequence[Any]) -> dict[str, Any]:
     """One trainer's runs; targets from the start of GRPO's run of the same seed."""
     starts = [g.points[0].accuracy for g in grpo]
+    regimes = [run_regime(r) for r in rs]
     return {
         "start": [r.points[0].accuracy for r in rs],
         "to_target": {str(t): [r.rollouts_to(a + t) for r, a in zip(rs, starts)] for t in TARGETS},
@@ -103,8 +104,8 @@ def _stats(rs: Sequence[Any], grpo: Sequence[Any]) -> dict[str, Any]:
         "cpu_per_rollout": [r.cpu_per_rollout for r in rs],
         "rollouts": [r.rollouts for r in rs],
         "steps": [r.steps for r in rs],
-        "noise_scale_rows": [run_regime(r)["noise_scale"] for r in rs],
-        "regime": [run_regime(r)["regime"] for r in rs],
+        "noise_scale_rows": [g["noise_scale"] for g in regimes],
+        "regime": [g["regime"] for g in regimes],
     }
 
 
@@ -290,9 +291,7 @@ def run_regime(run: Any) -> dict[str, Any]:
         "rows": rows,
         "steps": m["noise_scale_steps"],
         "regime": regime(rows, noise, low),
-        "sentence": regime_sentence(rows, noise, low, high, steps=int(m["noise_scale_steps"] or 0)).replace(
-            "rollouts", "rows"
-        ),
+        "sentence": regime_sentence(rows, noise, low, high, steps=int(m["noise_scale_steps"] or 0), unit="rows"),
     }
 
 

@@ -127,8 +127,8 @@ class GateSession:
         self.rollouts_trained = 0
         self.pad_rows = 0
         self.groups_mixed = 0  # trained groups whose rewards differ (non-zero advantage somewhere)
-        self.batches = 0  # generation batches handed to TRL
-        self.price_steps = bool(args.gate_probe_price_steps) and isinstance(self.gate, SaraGate)
+        # gate_probe_price_steps: the probing rule that is handed the measured noise scale
+        self._priced = self.gate.probing if args.gate_probe_price_steps and isinstance(self.gate, SaraGate) else None
         self._last: TrainBatch | None = None
         self._filler: Row | None = None
 
@@ -203,7 +203,6 @@ class GateSession:
         self.rollouts_trained += sum(not r.is_pad for r in out)
         self.groups_mixed += sum(g.is_effective for g in batch.groups)
         self.pad_rows += sum(r.is_pad for r in out)
-        self.batches += 1
         self._check_ranks(batch)
         return out
 
@@ -211,13 +210,17 @@ class GateSession:
         """``gate_probe_price_steps``: hand SARA's probing rule the noise scale of the informative
         rows in mixed groups (the trainer's measured noise scale x the run's share of trained rows
         in mixed groups / G); until it is measured the rule prices rollouts only."""
-        if not self.price_steps or self.batches == 0:
+        if self._priced is None:
             return
-        share = self.groups_mixed / (self.batches * self.prompts)
-        noise = self.trainer.noise.noise_groups(self.group_size, share)
+        noise = self.trainer.noise.noise_groups(self.group_size, self.mixed_row_share)
         if math.isfinite(noise) and noise >= 0:
-            assert isinstance(self.gate, SaraGate) and self.gate.probing is not None
-            self.gate.probing.noise_groups = noise
+            self._priced.noise_groups = noise
+
+    @property
+    def mixed_row_share(self) -> float:
+        """The share of the rows handed to TRL so far that sit in mixed groups (0 before any)."""
+        rows = self.rollouts_trained + self.pad_rows
+        return self.groups_mixed * self.group_size / rows if rows else 0.0
 
     def _blank(self) -> Any:
         """A pad row's completion: empty text, or an empty assistant message for chat prompts."""
