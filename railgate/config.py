@@ -30,6 +30,7 @@ from pipeline.config.sections import (
     EngineConfig,
     LogConfig,
     OrchestratorConfig,
+    ReplayConfig,
     SimConfig,
     TorchEngineConfig,
 )
@@ -40,6 +41,9 @@ ROLLOUT_STEP_GATES = ("uniform", "sara", "dps", "sara_dps")
 """The gates that commit group by group with no per-step quota of their own, so a learner
 step may be defined by rollouts (``orchestrator.batch_rollouts``). DS, Pilot-Commit and HORA
 fill exactly ``batch_groups`` groups per step; the oracle books rollouts as uncounted."""
+
+MODEL_FREE_ENGINES = ("sim", "replay")
+"""Engines that run no model: the task, model and generation-length settings are unused."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class RunConfig:
     """Name of the run in traces (default: the run directory's name)."""
     engine: EngineConfig = field(default_factory=EngineConfig)
     sim: SimConfig = field(default_factory=SimConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
     orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
     gate: GateConfig = field(default_factory=GateConfig)
     controller: ControllerConfig = field(default_factory=ControllerConfig)
@@ -77,7 +82,13 @@ class RunConfig:
             "change gate.kind or set orchestrator.batch_rollouts=0",
         )
         self.gate.check_sampling(o.temperature, o.top_p)
-        if self.engine.kind != "sim" and not self.model.path:
+        if self.engine.kind == "replay":
+            require(
+                bool(self.replay.log),
+                "engine.kind=replay needs a group log to replay: --set replay.log=PATH (a directory written by "
+                "`python run.py record`, or a .parquet file of the group-log columns)",
+            )
+        if self.engine.kind not in MODEL_FREE_ENGINES and not self.model.path:
             require(
                 o.max_tokens < self.model.max_len,
                 f"orchestrator.max_tokens={o.max_tokens} leaves no room for a prompt in model.max_len={self.model.max_len}; "
@@ -140,7 +151,7 @@ def fill_lengths(data: dict[str, Any]) -> dict[str, Any]:
         return data
     default_len = BaseModelConfig.__dataclass_fields__["max_len"].default
     fit = task.lengths(default_len)
-    if engine.kind == "sim" or (fit is None and model_data.get("path")):
+    if engine.kind in MODEL_FREE_ENGINES or (fit is None and model_data.get("path")):
         return data  # a user's model with a task of no stated need: the settings' own defaults
     if fit is None:  # the project's model: the short answers it is built for
         fit = (PROJECT_MODEL_MAX_TOKENS, default_len)

@@ -40,6 +40,9 @@ class Opened:
     prompt: Callable[[int], Prompt]
     new_weights: Callable[[Any], Any]
     max_tokens: int = 16
+    refuses_branches: type[Exception] | None = None
+    """The error a branch request's stream raises in an engine that cannot branch (replay: it has
+    only the recorded samples); None: the engine branches (contract point 4)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,30 @@ def make_torch() -> Opened:
         return {k: v + 0.1 * torch.randn_like(v) for k, v in eng.model.state_dict().items()}
 
     return Opened(engine, prompt, new_weights)
+
+
+def make_replay() -> Opened:
+    from pipeline.engines.replay import ReplayEngine
+    from pipeline.replay.order import NotReplayable, ReplayOrder
+    from pipeline.store.grouplog import GroupLog, RecordedGroup, RecordedSample
+
+    groups = tuple(
+        RecordedGroup(
+            g,
+            prompt_id=100 + g,
+            samples=tuple(
+                RecordedSample(
+                    k, float((g + k) % 2), 40 + 7 * k, k, tuple(3 + (g * 5 + k + j) % 60 for j in range(40 + 7 * k))
+                )
+                for k in range(4)
+            ),
+        )
+        for g in range(16)
+    )
+    order = ReplayOrder(GroupLog(groups, ("conformance",)), seed=0)
+    return Opened(
+        ReplayEngine(order, rate=200.0), order.prompts.__getitem__, lambda eng: None, refuses_branches=NotReplayable
+    )
 
 
 def engine_prompt(i: int) -> Prompt:
@@ -120,6 +147,7 @@ def make_ray() -> Opened:
 ENGINE_FACTORIES: list[EngineCase] = [
     EngineCase("sim", make_sim, max_tokens=512),
     EngineCase("torch", make_torch, max_tokens=24),
+    EngineCase("replay", make_replay, max_tokens=64),
     EngineCase(
         "vllm", make_vllm, max_tokens=16, shared=True, marks=(pytest.mark.integration, pytest.mark.timeout(600))
     ),
@@ -252,6 +280,13 @@ async def test_4_branch_starts_with_the_prefix(opened):
     spec = BranchSpec(
         "c4.src", prefix_len=k, prefix_token_ids=source.token_ids[:k], prefix_logprobs=source.logprobs[:k]
     )
+    if opened.refuses_branches is not None:  # contract point 6: the stream raises, nothing is invented
+        stream = engine.stream(sample(opened, "c4.branch", 3, seed=2, branch=spec))
+        with pytest.raises(opened.refuses_branches):
+            await stream.__anext__()
+        await stream.aclose()
+        assert engine.open_requests == 0
+        return
     events = (await read_all(engine, [sample(opened, "c4.branch", 3, seed=2, branch=spec)]))["c4.branch"]
     final = check_stream(events, "c4.branch", start=k)
     assert final.finish_reason.is_success

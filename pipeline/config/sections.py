@@ -132,13 +132,45 @@ class RayEngineConfig:
 class EngineConfig:
     """Which inference engine generates rollouts."""
 
-    kind: Literal["sim", "torch", "vllm", "ray"] = "sim"
+    kind: Literal["sim", "torch", "vllm", "ray", "replay"] = "sim"
     """``sim``: the policy simulator; ``torch``: in-process transformers model;
-    ``vllm``: vLLM AsyncLLM; ``ray``: replicas of another engine as Ray actors."""
+    ``vllm``: vLLM AsyncLLM; ``ray``: replicas of another engine as Ray actors; ``replay``:
+    the samples of a recorded group log (``replay`` section), with the learner off."""
     fail_every: int = 0
     """Fault injection for tests: every n-th request raises inside the engine (0 = never)."""
     ray: RayEngineConfig = field(default_factory=RayEngineConfig)
     """``engine.kind: ray`` only."""
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Exact replay (``engine.kind: replay``): the pipeline runs unchanged over a recorded group
+    log (``pipeline.store.grouplog``), each request served a recorded sample
+    (``pipeline.engines.replay``), with the learner off. The task and model sections are unused."""
+
+    log: str = ""
+    """The group log: a directory of ``groups-NNNNN.arrows`` segments (``run.py record``) or a
+    ``.parquet`` file. Required with ``engine.kind: replay`` (``--set replay.log=PATH``)."""
+    format: Literal["auto", "native", "trl", "areal", "verl"] = "auto"
+    """How to read ``log``: ``native`` (and ``auto``, which reads native logs) is railgate's own
+    format; other frameworks' logs are read by ``bench replay --format``, not by the pipeline."""
+    order_seed: int = 0
+    """The replay order (``pipeline.replay.order.ReplayOrder``): 0 keeps the log's group order and
+    each group's finishing order; another seed shuffles both, the same way for every gate."""
+    rate: float = 1000.0
+    """Tokens a second a replayed sample is released at, in engine time
+    (``pipeline.replay.timing.DEFAULT_RATE``): a sample of n tokens takes n / rate seconds."""
+    on_bad_row: Literal["error", "skip"] = "error"
+    """A group the log cannot be trusted on: ``error`` stops with the file, row and fix; ``skip``
+    leaves it out and counts it."""
+    reference_exact: bool = False
+    """The log's ``reference_logprob`` is the prompt's pass rate (the reference is the only
+    rewarded response, one token sequence spells it): SARA's reference prior takes it as exact.
+    False: a lower bound, as for a model whose tokenizer can spell the reference several ways."""
+
+    def __post_init__(self) -> None:
+        require(self.rate > 0, f"replay.rate={self.rate} must be > 0 tokens a second, e.g. 1000")
+        require(self.order_seed >= 0, f"replay.order_seed={self.order_seed} must be >= 0 (0: the log's order)")
 
 
 @dataclass(frozen=True)
