@@ -104,3 +104,47 @@ class PromptPool:
         self._cursor = int(state["cursor"])
         self._evicted = set(int(i) for i in state["evicted"])
         self._order = self._permutation(self._epoch)
+
+
+class OnePassPool(PromptPool):
+    """The prompts in the order given, each handed out once: no epochs, no reshuffle (a replay
+    visits each recorded group at most once, having no samples for a second group of it).
+    ``take`` returns fewer than asked at the end and then none; ``remaining`` counts what is left.
+
+    >>> from pipeline.types import Prompt
+    >>> pool = OnePassPool([Prompt(i, "", (i,)) for i in (4, 2, 7)])
+    >>> [p.prompt_id for p in pool.peek(5)], [p.prompt_id for p in pool.take(2)], pool.remaining
+    ([4, 2, 7], [4, 2], 1)
+    >>> [p.prompt_id for p in pool.take(2)], pool.take(1), pool.remaining, pool.epoch
+    ([7], [], 0, 0)
+    """
+
+    def __init__(self, prompts: Sequence[Prompt]):
+        super().__init__(prompts, seed=0)
+
+    @property
+    def remaining(self) -> int:
+        """Prompts not handed out yet and not evicted."""
+        return sum(1 for i in self._order[self._cursor :] if self.prompts[i].prompt_id not in self._evicted)
+
+    def take(self, n: int) -> list[Prompt]:
+        out: list[Prompt] = []
+        while len(out) < n and self._cursor < len(self._order):
+            prompt = self.prompts[self._order[self._cursor]]
+            self._cursor += 1
+            if prompt.prompt_id not in self._evicted:
+                out.append(prompt)
+        return out
+
+    def peek(self, n: int) -> list[Prompt]:
+        out: list[Prompt] = []
+        cursor = self._cursor
+        while len(out) < n and cursor < len(self._order):
+            prompt = self.prompts[self._order[cursor]]
+            cursor += 1
+            if prompt.prompt_id not in self._evicted:
+                out.append(prompt)
+        return out
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        return np.arange(len(self.prompts))

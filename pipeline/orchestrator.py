@@ -126,6 +126,7 @@ class Orchestrator:
             policy_version=lambda: parts.engine.policy_version,
             shell=ShellSettings(self.clock.learner_timing, parts.evaluator is not None, checkpoint_every),
             lifecycle=lifecycle_for(parts.episodes.settings if parts.episodes is not None else None),
+            prompts_left=parts.prompts_left,
         )
         self.learn = LearnerStep(parts, self.outputs)
         self._scopes: dict[str, anyio.CancelScope] = {}  # running sample tasks by request id

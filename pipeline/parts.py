@@ -45,6 +45,10 @@ class RunParts:
     """``gate.sara.reference_prior``: where the learner's reference likelihoods go after each step."""
     episodes: EpisodeService | None = None
     """The task is an environment: every sample is an episode of turns, stepped through this."""
+    prompts_left: Callable[[], int] | None = None
+    """A finite prompt source (a replay visits each recorded group once): how many prompts it can
+    still hand out. At 0, once nothing can run, the run ends ("prompts exhausted") instead of
+    stalling with ``GateStalled``. None: an endless source (an epoch-cycling pool)."""
 
 
 @dataclass

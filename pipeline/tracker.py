@@ -89,6 +89,12 @@ from pipeline.types import (
 _NONE: tuple = ()  # what most calls return: no allocation
 
 
+PROMPTS_EXHAUSTED = "prompts exhausted"
+"""The stop reason of a run over a finite prompt source (``prompts_left``) once it has handed out
+every prompt and nothing can run any more (held groups stay open; committed groups short of a
+batch stay untrained): a replay's end."""
+
+
 class GroupTracker:
     """Group state, admission, actions, batches, budget and step accounting of one run; see the
     module docstring. ``now`` and ``policy_version`` read the engine's clock and weights version
@@ -108,8 +114,10 @@ class GroupTracker:
         policy_version: Callable[[], int] = lambda: 0,
         shell: ShellSettings = ShellSettings(),
         lifecycle: Lifecycle | None = None,
+        prompts_left: Callable[[], int] | None = None,
     ):
         self.gate, self.controller, self.config, self.shell = gate, controller, config, shell
+        self.prompts_left = prompts_left  # a finite prompt source (replay); None: an endless one
         self.seed, self.run_id = seed, run_id
         self.now, self.policy_version = now, policy_version
         self.samples = Samples(config.max_concurrent_samples)  # one record per sample, from queued to done
@@ -433,6 +441,9 @@ class GroupTracker:
             return
         if self.budget_spent():
             self.stop_reason = f"rollout budget of {self.config.max_rollouts} spent"
+            return
+        if self.prompts_left is not None and self.prompts_left() == 0:
+            self.stop_reason = PROMPTS_EXHAUSTED  # every prompt was handed out and nothing can run
             return
         held = sum(1 for g in self._groups.values() if not self.samples.started_in(g.group_id))
         raise stall_error(self.gate, len(self._groups), held, len(self.pending), self.batches.describe())

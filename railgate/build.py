@@ -10,20 +10,25 @@ from typing import Any
 
 from controller.gates.registry import build_gate
 from controller.noop import NoopController
-from controller.prompts import PromptPool
+from controller.prompts import OnePassPool, PromptPool
 from controller.reference import ReferenceScreen
 from controller.reference_fit import ReferenceCalibration
 from pipeline.clock import VirtualClock, WallClock
 from pipeline.config.build import ConfigError
 from pipeline.decisions import NullSink
+from pipeline.engines.replay import ReplayEngine
 from pipeline.envs.render import renderer_for
 from pipeline.orchestrator import Orchestrator
 from pipeline.parts import RunOutputs, RunParts
 from pipeline.protocols import Controller, DecisionSink, Gate, Scorer
+from pipeline.replay.learner import NoLearner
+from pipeline.replay.order import ReplayOrder
+from pipeline.replay.reward import RecordedReward, ServedRewards
 from pipeline.seeding import derive_seed
 from pipeline.sim.engine import SimEngine
 from pipeline.sim.learner import SimLearner
 from pipeline.sim.world import SimAnswerScorer, SimEvaluator, SimWorld
+from pipeline.store.grouplog import GroupLog, GroupLogError, read_group_log
 from pipeline.tasks.rewards.health import RewardsFailing
 from pipeline.tasks.rewards.scoring import ScoringService
 from railgate.config import RunConfig
@@ -44,8 +49,10 @@ def build_components(
         components = _build_sim(cfg)
     elif cfg.engine.kind in ("torch", "vllm", "ray"):
         components, guidance = _build_torch(cfg, progress)
+    elif cfg.engine.kind == "replay":
+        components = _build_replay(cfg)
     else:
-        raise ConfigError(f"engine.kind={cfg.engine.kind!r} must be one of sim, torch, vllm, ray")
+        raise ConfigError(f"engine.kind={cfg.engine.kind!r} must be one of sim, torch, vllm, ray, replay")
     components.controller = build_controller(cfg, sink, components.clock, run_id, guidance)
     return components
 
@@ -421,3 +428,96 @@ def _build_sim(cfg: RunConfig) -> RunParts:
         clock=clock,
         evaluator=SimEvaluator(world, engine),
     )
+
+
+def read_replay_log(cfg: RunConfig) -> GroupLog:
+    """The group log ``replay.log`` names, read and checked (``pipeline.store.grouplog``); a
+    ``ConfigError`` naming the setting and the fix when it cannot be replayed."""
+    r = cfg.replay
+    if r.format not in ("auto", "native"):
+        raise ConfigError(
+            f"replay.format={r.format}: a pipeline replay reads railgate's own group logs (replay.format=native or "
+            f"auto); read a {r.format} log with `python run.py bench replay --format {r.format}`, or convert it "
+            "to a native log first"
+        )
+    try:
+        log = read_group_log(r.log, on_bad_row=r.on_bad_row)
+    except GroupLogError as exc:
+        raise ConfigError(f"replay.log={r.log}: {exc}") from exc
+    if not log.groups:
+        raise ConfigError(f"replay.log={r.log} holds no complete group; record some with `python run.py record`")
+    return log
+
+
+def _build_replay(cfg: RunConfig) -> RunParts:
+    """Exact replay (``engine.kind: replay``): the recorded groups of ``replay.log`` in the order
+    of ``replay.order_seed``, each offered once (``OnePassPool``; the run ends when they are used
+    up and nothing runs), served by the replay engine on a virtual clock and scored with their
+    recorded rewards; the learner is off (``NoLearner``) and nothing is evaluated. The oracle's
+    success probability is each group's recorded success share; SARA's reference prior reads each
+    group's ``reference_logprob`` from the log, all scored up front (a group without one opens
+    with the gate's own prior)."""
+    g, o = cfg.gate, cfg.orchestrator
+    if g.kind in ("sara", "sara_dps") and g.sara.guidance:
+        raise ConfigError(
+            f"gate.sara.guidance={g.sara.guidance} continues all-wrong groups from a reference response, text a "
+            "replay does not have (engine.kind=replay serves only recorded samples); set gate.sara.guidance=0"
+        )
+    log = read_replay_log(cfg)
+    if o.group_size > log.group_size:
+        raise ConfigError(
+            f"orchestrator.group_size={o.group_size} is above the {log.group_size} samples per group recorded in "
+            f"replay.log={cfg.replay.log}; a replay cannot invent samples: set orchestrator.group_size="
+            f"{log.group_size} or less, or record more samples per prompt (run.py record --samples)"
+        )
+    order = ReplayOrder(log, seed=cfg.replay.order_seed)
+    clock = VirtualClock()
+    served = ServedRewards()
+    engine = ReplayEngine(order, clock=clock, rate=cfg.replay.rate, served=served)
+    pool = OnePassPool(order.prompts)
+
+    def recorded_success(prompt_id: int) -> float:
+        group = order.group(prompt_id)
+        return group.successes / group.size
+
+    gate = _build_gate(cfg, pool, success_probability=recorded_success)
+    if g.kind == "sara" and g.sara.reference_prior:
+        _recorded_reference_screen(cfg, order, gate)
+    return RunParts(
+        engine=engine,
+        gate=gate,
+        controller=NoopController(),
+        scoring=_scoring(cfg, RecordedReward(served)),
+        learner=NoLearner(),
+        clock=clock,
+        evaluator=None,
+        prompts_left=lambda: pool.remaining,
+    )
+
+
+def _recorded_reference_screen(cfg: RunConfig, order: ReplayOrder, gate: Any) -> ReferenceScreen:
+    """``gate.sara.reference_prior`` in a replay: a ``ReferenceScreen`` holding every recorded
+    group's ``reference_logprob`` from the start (no learner scores anything), attached to the
+    SARA gate. Exact or a lower bound as ``replay.reference_exact`` says."""
+    sara = cfg.gate.sara
+    scores = {p.prompt_id: lp for p in order.prompts if (lp := order.reference_logprob(p.prompt_id)) is not None}
+    if not scores:
+        raise ConfigError(
+            f"gate.sara.reference_prior=true reads each group's reference_logprob, which no group of "
+            f"replay.log={cfg.replay.log} has; record with reference scoring, or set gate.sara.reference_prior=false"
+        )
+    exact = cfg.replay.reference_exact
+    screen = ReferenceScreen(
+        {},  # nothing to score: every likelihood is in the log
+        gate.source.peek,
+        exact=exact,
+        strength=sara.reference_strength,
+        ahead=sara.scored_ahead(cfg.orchestrator.batch_groups),
+        calibration=ReferenceCalibration() if sara.reference_calibrate and not exact else None,
+    )
+    try:
+        screen.update(scores, tokens=0)
+    except ValueError as exc:
+        raise ConfigError(f"replay.log={cfg.replay.log}: {exc}") from exc
+    gate.attach_reference(screen)
+    return screen

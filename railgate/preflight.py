@@ -39,6 +39,13 @@ def preflight(cfg: RunConfig) -> None:
         if importlib.util.find_spec(module) is None:
             key = "engine.kind" if name == kind else "engine.ray.inner"
             raise ConfigError(f"{key}={name} needs the {module!r} package, which is not installed; install it: {hint}")
+    if kind == "replay":
+        if not Path(cfg.replay.log).exists():
+            raise ConfigError(
+                f"replay.log={cfg.replay.log} does not exist; point it at a group log directory "
+                "(python run.py record --out DIR) or a .parquet file of group-log rows"
+            )
+        return
     if kind != "sim":
         _check_model_path(cfg.model.path)
         if cfg.task.name == "dataset":
