@@ -463,6 +463,12 @@ def _build_replay(cfg: RunConfig) -> RunParts:
             f"gate.sara.guidance={g.sara.guidance} continues all-wrong groups from a reference response, text a "
             "replay does not have (engine.kind=replay serves only recorded samples); set gate.sara.guidance=0"
         )
+    if g.kind in ("dps", "sara_dps"):
+        raise ConfigError(
+            f"gate.kind={g.kind}: DPS picks prompts it has seen again as their beliefs change, and a replay has one "
+            "recorded group per prompt (each is offered once); replay another gate (uniform, sara, ds, "
+            "pilot_commit, hora, oracle)"
+        )
     log = read_replay_log(cfg)
     if o.group_size > log.group_size:
         raise ConfigError(
