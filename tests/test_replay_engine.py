@@ -49,7 +49,9 @@ def world(n_groups: int = 48, seed: int = 0, with_ids: bool = True) -> list[Reco
             )
             for k in range(K)
         )
-        groups.append(RecordedGroup(g, prompt_id=1000 + g, samples=samples, reference_logprob=float(np.log(max(p, 0.01)))))
+        groups.append(
+            RecordedGroup(g, prompt_id=1000 + g, samples=samples, reference_logprob=float(np.log(max(p, 0.01))))
+        )
     return groups
 
 

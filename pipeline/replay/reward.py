@@ -70,8 +70,9 @@ class ServedRewards:
                 "RecordedReward scores only samples a ReplayEngine sharing its ServedRewards produced (build both "
                 "with railgate.build for engine.kind=replay)"
             )
-        for i, (tokens, reward) in enumerate(queue):
-            if tokens is token_ids:
+        for i, (tokens, recorded) in enumerate(queue):
+            if tokens is token_ids:  # this very sample
+                reward = recorded
                 del queue[i]
                 break
         else:
