@@ -249,10 +249,12 @@ def test_areal_missing_field_and_torn_line(tmp_path):
     assert f"{task_file(tmp_path)} line 2: no reward" in message and "an AReaL dump line has task_id" in message
     # skip: the line is dropped (1 row, in no group), its group is then short and dropped too (3 rows)
     assert_skipped(read_log(path, on_bad_row="skip"), 1, 4, [0, 2])
-    with open(task_file(tmp_path), "a") as f:
+    torn = areal_log(tmp_path / "torn", lambda lines: lines[:3])
+    with open(task_file(torn), "a") as f:
         f.write('{"task_id": 1, "sample_')  # a line cut off by a crash
-    with pytest.raises(GroupLogError, match=rf"{task_file(tmp_path)} line 5: not JSON"):
-        read_log(path)
+    with pytest.raises(GroupLogError, match=rf"{task_file(torn)} line 4: not JSON"):
+        read_log(torn)
+    assert_skipped(read_log(torn, on_bad_row="skip"), 1, 4, [0, 2])
 
 
 def verl_log(tmp_path: Path, score=lambda i: float(i % 2)) -> Path:
