@@ -217,7 +217,9 @@ def test_areal_nan_reward(tmp_path):
         return lines
 
     path = areal_log(tmp_path, nan)
-    with pytest.raises(GroupLogError, match=rf"{task_file(tmp_path)} line 3 \(group 1\): reward is nan .*numeric reward"):
+    with pytest.raises(
+        GroupLogError, match=rf"{task_file(tmp_path)} line 3 \(group 1\): reward is nan .*numeric reward"
+    ):
         read_log(path)
     assert_skipped(read_log(path, on_bad_row="skip"), 1, 4, [0, 2])
 

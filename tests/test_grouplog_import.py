@@ -129,7 +129,9 @@ def test_trl_sums_reward_functions_skipping_the_ones_that_do_not_apply(tmp_path)
 def test_trl_group_size_is_inferred_only_when_unambiguous(tmp_path):
     # the same prompt twice in a row makes a run of 8 beside runs of 4: K cannot be told
     path = _trl_file(tmp_path, ["x"] * 8 + ["y"] * 4, [1.0, 0.0] * 6)
-    with pytest.raises(GroupLogError, match=r"runs of identical prompts: 1 of length 4, 1 of length 8.*--num-generations N"):
+    with pytest.raises(
+        GroupLogError, match=r"runs of identical prompts: 1 of length 4, 1 of length 8.*--num-generations N"
+    ):
         read_log(path, tokenize=words)
     log = read_log(path, tokenize=words, num_generations=4)
     assert [g.prompt_text for g in log.groups] == ["x", "x", "y"] and log.group_size == 4

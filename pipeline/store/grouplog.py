@@ -542,9 +542,7 @@ def _rewards(table: pa.Table, where: str) -> tuple[np.ndarray, dict[int, str]]:
         values = column.cast(pa.float64()).fill_null(math.nan).to_numpy(zero_copy_only=False)
         return np.asarray(values, dtype=np.float64), {}
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-        raise GroupLogError(
-            f"{where}: column 'reward' is {kind}, not numeric; write each sample's reward as a number"
-        )
+        raise GroupLogError(f"{where}: column 'reward' is {kind}, not numeric; write each sample's reward as a number")
     reward = np.full(table.num_rows, math.nan)
     not_numbers: dict[int, str] = {}
     for i, text in enumerate(column.to_pylist()):
@@ -565,9 +563,7 @@ def _whole_numbers(table: pa.Table, name: str, where: str) -> list[int | None]:
     if pa.types.is_integer(kind):
         return column.to_pylist()
     if not pa.types.is_floating(kind):
-        raise GroupLogError(
-            f"{where}: column {name!r} is {kind}, not integer; write {name} as whole numbers"
-        )
+        raise GroupLogError(f"{where}: column {name!r} is {kind}, not integer; write {name} as whole numbers")
     return [int(v) if v is not None and math.isfinite(v) and v == int(v) else None for v in column.to_pylist()]
 
 

@@ -37,10 +37,10 @@ import re
 from pathlib import Path
 
 from pipeline.store.foreign.common import (
+    TOKENIZER_FIX,
     ImportedRows,
     Problems,
     Tokenize,
-    TOKENIZER_FIX,
     as_int,
     count_tokens,
     read_jsonl,

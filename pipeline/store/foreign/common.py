@@ -146,7 +146,10 @@ class ImportedRows:
 
     def origin(self) -> RowOrigin:
         return RowOrigin(
-            tuple(self.files), np.asarray(self.file_of, dtype=np.int64), np.asarray(self.row_of, dtype=np.int64), self.unit
+            tuple(self.files),
+            np.asarray(self.file_of, dtype=np.int64),
+            np.asarray(self.row_of, dtype=np.int64),
+            self.unit,
         )
 
     def log(self, problems: Problems, notes: Sequence[str] = (), duplicate_rows: int = 0) -> GroupLog:
@@ -191,7 +194,9 @@ def count_tokens(tokenize: Tokenize, text: str) -> int:
 def require_tokenizer(tokenize: Tokenize | None, where: str, fmt: str, why: str) -> Tokenize:
     """``tokenize``, or a ``GroupLogError`` saying the log keeps no lengths and what to pass."""
     if tokenize is None:
-        raise GroupLogError(f"{where}: {fmt} logs {why}, so completions must be re-tokenised to count their tokens; {TOKENIZER_FIX}")
+        raise GroupLogError(
+            f"{where}: {fmt} logs {why}, so completions must be re-tokenised to count their tokens; {TOKENIZER_FIX}"
+        )
     return tokenize
 
 

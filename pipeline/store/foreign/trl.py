@@ -88,7 +88,9 @@ def trl_files(path: str | os.PathLike) -> list[Path]:
 
 
 def _matches(directory: Path) -> list[Path]:
-    found = [(int(m.group(1)), p) for p in directory.glob("completions_*.parquet") if (m := FILE_PATTERN.fullmatch(p.name))]
+    found = [
+        (int(m.group(1)), p) for p in directory.glob("completions_*.parquet") if (m := FILE_PATTERN.fullmatch(p.name))
+    ]
     return [p for _, p in sorted(found)]
 
 
@@ -205,7 +207,9 @@ def _read(file: Path) -> pa.Table:
     try:
         table = pq.read_table(file)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise GroupLogError(f"{file} is not a readable Parquet file ({exc}); TRL writes it with pandas.to_parquet") from None
+        raise GroupLogError(
+            f"{file} is not a readable Parquet file ({exc}); TRL writes it with pandas.to_parquet"
+        ) from None
     missing = [c for c in ("prompt", "completion") if c not in table.column_names]
     if missing:
         raise GroupLogError(
