@@ -14,9 +14,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.store.arrowio import TornSegmentWarning
+from pipeline.store.arrowio import SegmentKind, SegmentWriter, TornSegmentWarning
 from pipeline.store.foreign import read_log
 from pipeline.store.grouplog import (
+    GROUPS,
     GroupLogError,
     GroupLogWriter,
     RecordedGroup,
@@ -125,6 +126,19 @@ def test_missing_column_parquet(tmp_path):
         read_group_log(path, on_bad_row="skip")  # no reward at all: nothing to skip to
     message = str(err.value)
     assert f"{path}: missing column(s) reward" in message and "a group log needs group_id, prompt_id" in message
+
+
+def test_missing_column_segment(tmp_path):
+    # a segment that claims to hold groups but lacks the reward column
+    table = group_table([good(0)]).drop_columns(["reward"])
+    kind = SegmentKind(GROUPS.prefix, table.schema, GROUPS.version)
+    with SegmentWriter(tmp_path, kind, number=0) as w:
+        w.write(table.to_batches()[0])
+    with pytest.raises(GroupLogError) as err:
+        read_group_log(tmp_path, on_bad_row="skip")
+    message = str(err.value)
+    assert f"{w.path} claims groups version 1 but its columns differ (missing column(s) reward" in message
+    assert "write groups segments with railgate's writer" in message
 
 
 def test_non_numeric_reward_column(tmp_path):
