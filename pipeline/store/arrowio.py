@@ -242,7 +242,15 @@ def _check_schema(path: Path, schema: pa.Schema, kind: SegmentKind, error: type[
         )
     expected = kind.schema if version == str(kind.version) else older[version]
     if not schema.remove_metadata().equals(expected):
-        raise error(f"{path} claims {kind.prefix} version {version} but its columns differ: {schema.remove_metadata()}")
+        missing = [n for n in expected.names if n not in schema.names]
+        extra = [n for n in schema.names if n not in expected.names]
+        differ = f"missing column(s) {', '.join(missing)}" if missing else ""
+        differ += ("; " if differ else "") + f"unexpected column(s) {', '.join(extra)}" if extra else ""
+        raise error(
+            f"{path} claims {kind.prefix} version {version} but its columns differ "
+            f"({differ or 'a type or the order'}: {schema.remove_metadata()}); write {kind.prefix} segments "
+            f"with railgate's writer for them, or read the file with the release that wrote it"
+        )
     return meta.get(RUN_ID_KEY, b"").decode()
 
 

@@ -33,8 +33,10 @@ same columns (``write_parquet``; a hand-made Parquet file needs only ``group_id`
 ``prompt_id``, ``sample_index`` and ``reward``; the rest take the defaults in ``OPTIONAL``).
 
 Reading checks what replay relies on and names the file, row and fix when a log breaks it:
-a missing column, a non-numeric or NaN reward, a duplicate sample index, a group whose
-indices are not 0 .. K-1, groups of different sizes, a group split across files. With
+a missing column, a non-numeric or NaN reward, an id that is not a whole number, a duplicate
+sample index, a group whose indices (or finish orders) are not 0 .. K-1, a negative length,
+groups of different sizes, a group split across files. A torn last segment (a writer killed
+mid-batch) is not an error: its complete batches are read, with a ``TornSegmentWarning``. With
 ``on_bad_row="skip"`` each bad group is left out and counted instead (a group of a size other
 than the log's most common one, too).
 
@@ -204,6 +206,8 @@ class GroupLog:
     skipped_groups: int = 0
     notes: tuple[str, ...] = field(default=())
     """What a reader should know (an importer's warning that the log is biased, say)."""
+    duplicate_rows: int = 0
+    """Rows an importer dropped as repeats of rows already read (TRL can write one batch twice)."""
 
     @property
     def group_size(self) -> int:
@@ -287,18 +291,20 @@ def recorded_groups(directory: str | os.PathLike) -> list[RecordedGroup]:
 
 @dataclass(frozen=True)
 class RowOrigin:
-    """Where each row of a table came from: ``files[file_of[i]]``, row ``row_of[i]`` (0-based)."""
+    """Where each row of a table came from: ``files[file_of[i]]``, ``unit`` ``row_of[i]``: a
+    table's row (0-based, ``unit="row"``) or a JSONL file's line (1-based, ``unit="line"``)."""
 
     files: tuple[str, ...]
     file_of: np.ndarray
     row_of: np.ndarray
+    unit: str = "row"
 
     @classmethod
     def single(cls, path: str, rows: int) -> RowOrigin:
         return cls((path,), np.zeros(rows, dtype=np.int64), np.arange(rows, dtype=np.int64))
 
     def where(self, i: int) -> str:
-        return f"{self.files[int(self.file_of[i])]} row {int(self.row_of[i])}"
+        return f"{self.files[int(self.file_of[i])]} {self.unit} {int(self.row_of[i])}"
 
 
 def read_group_log(path: str | os.PathLike, on_bad_row: OnBadRow = "error") -> GroupLog:
@@ -346,7 +352,10 @@ def groups_from_table(
     table: pa.Table, origin: RowOrigin, on_bad_row: OnBadRow = "error", fmt: str = "native", notes: Sequence[str] = ()
 ) -> GroupLog:
     """The groups of a table with ``GROUPS``' column names (the native reader and every importer
-    end here, so every log is checked by the same rules). ``origin`` names each row's file and row."""
+    end here, so every log is checked by the same rules). ``origin`` names each row's file and row.
+
+    A ``reward`` column of strings (a CSV turned into Parquet, an importer's JSON values) is read
+    value by value: a string that reads as a number is that number, any other one is a bad row."""
     if on_bad_row not in ("error", "skip"):
         raise GroupLogError(f"on_bad_row={on_bad_row!r} must be 'error' or 'skip'")
     where = origin.files[0] if len(origin.files) == 1 else f"{len(origin.files)} files ({origin.files[0]}, ...)"
@@ -354,28 +363,37 @@ def groups_from_table(
     if missing:
         raise GroupLogError(
             f"{where}: missing column(s) {', '.join(missing)} (it has {', '.join(table.column_names) or 'none'}); "
-            f"a group log needs {', '.join(REQUIRED)} (docs/replay.md lists every column)"
+            f"a group log needs {', '.join(REQUIRED)} (the module docstring of pipeline/store/grouplog.py lists every column)"
         )
-    reward_type = table.schema.field("reward").type
-    if not (pa.types.is_floating(reward_type) or pa.types.is_integer(reward_type) or pa.types.is_boolean(reward_type)):
-        raise GroupLogError(
-            f"{where}: column 'reward' is {reward_type}, not numeric; write each sample's reward as a number"
-        )
+    reward, not_numbers = _rewards(table, where)
+    ids = {name: _whole_numbers(table, name, where) for name in ("group_id", "prompt_id", "sample_index")}
     cols = {name: _column(table, name) for name in GROUPS.schema.names}
-    reward = np.asarray(table.column("reward").cast(pa.float64()).fill_null(math.nan).to_numpy(zero_copy_only=False))
+    has_finish_order = "finish_order" in table.column_names
 
     bad: dict[int, str] = {}  # group id -> the first problem found in it (skip mode)
+    orphan_rows = 0  # rows without a usable group id (skip mode): counted, in no group
 
-    def problem(gid: int, row: int, what: str, fix: str) -> None:
+    def problem(gid: int | None, row: int, what: str, fix: str) -> None:
         if on_bad_row == "error":
+            group = f" (group {gid})" if gid is not None else ""
             raise GroupLogError(
-                f"{origin.where(row)} (group {gid}): {what}; {fix}, or pass --on-bad-row skip to leave such groups out"
+                f"{origin.where(row)}{group}: {what}; {fix}, or pass --on-bad-row skip to leave such groups out"
             )
-        bad.setdefault(gid, what)
+        if gid is not None:
+            bad.setdefault(gid, what)
 
     rows_of: dict[int, list[int]] = {}
-    for i, gid in enumerate(cols["group_id"]):
-        rows_of.setdefault(int(gid), []).append(i)
+    for i, gid in enumerate(ids["group_id"]):
+        if gid is None:
+            problem(
+                None,
+                i,
+                f"group_id is {cols['group_id'][i]!r}, not a whole number",
+                "give every row the integer id of its group",
+            )
+            orphan_rows += 1
+            continue
+        rows_of.setdefault(gid, []).append(i)
 
     for gid, rows in rows_of.items():
         files = {int(origin.file_of[i]) for i in rows}
@@ -389,7 +407,16 @@ def groups_from_table(
             )
             continue
         seen: dict[int, int] = {}
+        orders: list[int] = []
         for i in rows:
+            if i in not_numbers:
+                problem(
+                    gid,
+                    i,
+                    f"reward {not_numbers[i]!r} is not a number",
+                    "write each sample's reward as a number",
+                )
+                break
             if not math.isfinite(reward[i]):
                 problem(
                     gid,
@@ -398,7 +425,16 @@ def groups_from_table(
                     "give every sample a numeric reward (a reward function that failed: score it 0 or drop the group)",
                 )
                 break
-            idx = int(cols["sample_index"][i])
+            idx = ids["sample_index"][i]
+            if idx is None or ids["prompt_id"][i] is None:
+                name = "sample_index" if idx is None else "prompt_id"
+                problem(
+                    gid,
+                    i,
+                    f"{name} is {cols[name][i]!r}, not a whole number",
+                    f"give every row an integer {name}",
+                )
+                break
             if idx in seen:
                 problem(
                     gid,
@@ -407,7 +443,13 @@ def groups_from_table(
                     "give each sample of a group its own index 0 .. K-1",
                 )
                 break
+            n = cols["num_tokens"][i]
+            if n is not None and n < 0:
+                problem(gid, i, f"num_tokens is {n}", "write each sample's length in tokens (0 or more)")
+                break
             seen[idx] = i
+            if has_finish_order and cols["finish_order"][i] is not None:
+                orders.append(int(cols["finish_order"][i]))
         else:
             if sorted(seen) != list(range(len(seen))):
                 problem(
@@ -415,6 +457,14 @@ def groups_from_table(
                     rows[0],
                     f"sample indices {sorted(seen)} are not 0 .. {len(seen) - 1}",
                     "number each group's samples 0 .. K-1 (a group cut short is not a full group: drop it)",
+                )
+            elif orders and sorted(orders) != list(range(len(seen))):
+                problem(
+                    gid,
+                    rows[0],
+                    f"finish_order values {sorted(orders)} are not 0 .. {len(seen) - 1}, each once",
+                    "write the order each sample finished in within its group (0 .. K-1), or leave the column "
+                    "out (then samples finished in index order)",
                 )
 
     sizes = Counter(len(rows) for gid, rows in rows_of.items() if gid not in bad)
@@ -437,8 +487,8 @@ def groups_from_table(
         first = rows[0]
         samples = []
         for i in rows:
-            ids = cols["completion_ids"][i]
-            ids = tuple(int(t) for t in ids) if ids is not None else ()
+            ids_i = cols["completion_ids"][i]
+            token_ids = tuple(int(t) for t in ids_i) if ids_i is not None else ()
             n = cols["num_tokens"][i]
             order = cols["finish_order"][i]
             reason = str(cols["finish_reason"][i] or "stop").lower()
@@ -450,13 +500,14 @@ def groups_from_table(
                     "record only samples that completed (an aborted sample is not a full group's)",
                 )
                 break
+            index = ids["sample_index"][i]
             samples.append(
                 RecordedSample(
-                    index=int(cols["sample_index"][i]),
+                    index=index,
                     reward=float(reward[i]),
-                    num_tokens=int(n) if n is not None else len(ids),
-                    finish_order=int(order) if order is not None else int(cols["sample_index"][i]),
-                    token_ids=ids,
+                    num_tokens=int(n) if n is not None else len(token_ids),
+                    finish_order=int(order) if order is not None else index,
+                    token_ids=token_ids,
                     text=str(cols["completion_text"][i] or ""),
                     finish_reason=_FINISH[reason],
                     policy_version=int(cols["policy_version"][i] or 0),
@@ -467,7 +518,7 @@ def groups_from_table(
             groups.append(
                 RecordedGroup(
                     group_id=gid,
-                    prompt_id=int(cols["prompt_id"][first]),
+                    prompt_id=ids["prompt_id"][first],
                     samples=tuple(samples),
                     step=int(cols["step"][first] or 0),
                     prompt_text=str(cols["prompt_text"][first] or ""),
@@ -479,8 +530,41 @@ def groups_from_table(
                     ),
                 )
             )
-    skipped_rows = sum(len(rows_of[g]) for g in bad)
+    skipped_rows = orphan_rows + sum(len(rows_of[g]) for g in bad)
     return GroupLog(tuple(groups), origin.files, fmt, skipped_rows, len(bad), tuple(notes))
+
+
+def _rewards(table: pa.Table, where: str) -> tuple[np.ndarray, dict[int, str]]:
+    """The reward column as floats (null: NaN), and the rows whose value is not a number (strings)."""
+    column = table.column("reward")
+    kind = column.type
+    if pa.types.is_floating(kind) or pa.types.is_integer(kind) or pa.types.is_boolean(kind):
+        values = column.cast(pa.float64()).fill_null(math.nan).to_numpy(zero_copy_only=False)
+        return np.asarray(values, dtype=np.float64), {}
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise GroupLogError(f"{where}: column 'reward' is {kind}, not numeric; write each sample's reward as a number")
+    reward = np.full(table.num_rows, math.nan)
+    not_numbers: dict[int, str] = {}
+    for i, text in enumerate(column.to_pylist()):
+        if text is None:
+            continue
+        try:
+            reward[i] = float(text)
+        except ValueError:
+            not_numbers[i] = text
+    return reward, not_numbers
+
+
+def _whole_numbers(table: pa.Table, name: str, where: str) -> list[int | None]:
+    """An id column as ints; None where a value is null or not a whole number (a float column
+    from pandas holds ids as 3.0, and NaN where one is missing)."""
+    column = table.column(name)
+    kind = column.type
+    if pa.types.is_integer(kind):
+        return column.to_pylist()
+    if not pa.types.is_floating(kind):
+        raise GroupLogError(f"{where}: column {name!r} is {kind}, not integer; write {name} as whole numbers")
+    return [int(v) if v is not None and math.isfinite(v) and v == int(v) else None for v in column.to_pylist()]
 
 
 def _column(table: pa.Table, name: str) -> list[Any]:
