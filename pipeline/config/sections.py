@@ -353,7 +353,7 @@ class DataConfig:
     num_train_prompts: int = 4096
     """Training prompts drawn from the task's training split."""
     num_eval_prompts: int = 512
-    """Held-out prompts; 200 prompts x 16 samples is +-2-3 points of noise (docs/design.md, "9. Weight update")."""
+    """Held-out prompts; 200 prompts x 16 samples is +-2-3 points of noise."""
     eval_samples: int = 4
     """Samples per held-out prompt (accuracy = their mean reward; pass@k with k = this)."""
     eval_temperature: float = 1.0

@@ -24,7 +24,7 @@ Settings (``task.env.config``, ``ChainSettings``): number of operations, operand
 operators, the largest value, retries and whether the hint is given. The defaults (2-3
 operations, operands 1-9, '+-*' with a multiplier of 2 or 3, values up to 99, 2 retries, hints)
 are chosen so that the project's CPU model starts in the 0.2-0.5 success band after a short
-warm start on ``demo_actions`` episodes (docs/envs.md has what was measured).
+warm start on ``demo_actions`` episodes (docs/benchmarks/recoverability.md measures what branching from its turns is worth).
 
 >>> env = ChainEnv({}, {"reward_spec": {"ground_truth": "12+7-4*2"}})
 >>> env.init([{"role": "user", "content": "12+7="}])[0][0]["content"]
