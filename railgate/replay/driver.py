@@ -77,10 +77,13 @@ def not_replayable(cfg: RunConfig) -> str:
 
 @dataclass
 class ReplayRun:
-    """One gate's replay: an outcome per replayed prompt (sorted by prompt id), the gate's own
-    metrics at the end, the tracker's budget counters, learner steps shipped and why it ended."""
+    """One gate's replay: an outcome per replayed prompt (sorted by prompt id), the prompts in the
+    order the gate opened groups for them (a selector of its own, DPS, opens them out of replay
+    order), the gate's own metrics at the end, the tracker's budget counters, learner steps
+    shipped and why it ended."""
 
     outcomes: list[PromptOutcome]
+    opened_order: list[int] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     budget: dict[str, float] = field(default_factory=dict)
     steps: int = 0
@@ -228,6 +231,7 @@ class _Replay:
             self.end = "pool replayed"
         return ReplayRun(
             self._outcomes(),
+            opened_order=list(self.prompt_of.values()),
             metrics=dict(self.gate.metrics()),
             budget=self.tracker.budget.as_metrics(),
             steps=self.steps,

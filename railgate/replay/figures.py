@@ -12,6 +12,7 @@ their figures can be averaged per group before prompts are resampled, ``railgate
   ``full_same``: committed though its full group (the first ``group_size`` samples of the order,
   what a whole group would have been) is all-same; with ``group_size`` = K both are the same;
 * ``full_mixed``: that full group is mixed; ``wrong_abandon``: abandoned though it is;
+  ``skipped_mixed``: never opened (a screen or the oracle's draw passed it over) though it is;
 * ``decided_at``: samples ended at the gate's first verdict (0: none);
 * ``pass_rate``: the recorded group's success fraction over all K samples.
 
@@ -44,6 +45,7 @@ FIELDS = (
     "full_same",
     "full_mixed",
     "wrong_abandon",
+    "skipped_mixed",
     "decided_at",
     "pass_rate",
 )
@@ -85,6 +87,7 @@ def prompt_figures(order: ReplayOrder, outcomes: Sequence[PromptOutcome], group_
             committed and not full_mixed,
             full_mixed,
             abandoned and full_mixed,
+            not o.opened and full_mixed,
             o.decided_at,
             group.successes / group.size,
         )
@@ -98,20 +101,27 @@ def prompt_figures(order: ReplayOrder, outcomes: Sequence[PromptOutcome], group_
 
 
 def fill_cost(
-    outcomes: Sequence[PromptOutcome], informative: np.ndarray, batch: int
+    outcomes: Sequence[PromptOutcome], informative: np.ndarray, batch: int, walk: Sequence[int] | None = None
 ) -> tuple[float, float, int]:
     """Rollouts and tokens it took to fill a learner step of ``batch`` informative groups, walking
-    the outcomes in replay order (``informative`` per replayed prompt, in the same order): the
-    mean over the steps filled, and how many were (nan, nan, 0 when none was).
+    the outcomes (``informative`` per replayed prompt, in the same order) in the order of ``walk``
+    (the prompts in the order their groups opened; default: replay order; a prompt never opened
+    costs nothing, wherever it stands): the mean over the steps filled, and how many were (nan,
+    nan, 0 when none was).
 
     >>> outs = [PromptOutcome(i, True, "committed", 4, 40, 4) for i in range(5)]
     >>> fill_cost(outs, np.array([1, 0, 1, 1, 1]), batch=2)
     (10.0, 100.0, 2)
+    >>> fill_cost(outs, np.array([1, 0, 1, 1, 1]), batch=2, walk=[0, 2, 1, 3, 4])
+    (10.0, 100.0, 2)
+    >>> fill_cost(outs, np.array([1, 0, 1, 1, 1]), batch=2, walk=[0, 2, 3, 4, 1])
+    (8.0, 80.0, 2)
     """
     rollouts = tokens = 0.0
     found = filled = 0
     at_rollouts = at_tokens = 0.0
-    for o, good in zip(outcomes, informative):
+    for i in walk if walk is not None else range(len(outcomes)):
+        o, good = outcomes[i], informative[i]
         rollouts += o.samples
         tokens += o.tokens
         if good:
