@@ -290,7 +290,9 @@ def _replay_options(parser: argparse.ArgumentParser) -> None:
     from railgate.replay.bench import DEFAULT_GATES, ReplaySpec
 
     d = ReplaySpec()
-    parser.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="group logs (a directory, segment or file each)")
+    parser.add_argument(
+        "logs", nargs="+", type=Path, metavar="LOG", help="group logs (a directory, segment or file each)"
+    )
     parser.add_argument(
         "--format",
         choices=("auto", "native", "trl", "areal", "verl"),
@@ -312,9 +314,7 @@ def _replay_options(parser: argparse.ArgumentParser) -> None:
         default=",".join(DEFAULT_GATES),
         help="comma-separated policies of railgate/bench/policies.py (default: %(default)s)",
     )
-    parser.add_argument(
-        "--group-size", type=int, default=0, help="samples per group, at most the log's K (default: K)"
-    )
+    parser.add_argument("--group-size", type=int, default=0, help="samples per group, at most the log's K (default: K)")
     parser.add_argument(
         "--batch", type=int, default=d.batch, help="informative groups per learner step (default: %(default)s)"
     )

@@ -71,12 +71,18 @@ class ReplaySpec:
             )
         unknown = [g for g in self.gates if g not in POLICIES]
         if unknown or not self.gates:
-            raise ConfigError(f"--gates: unknown policy {', '.join(unknown) or '(none given)'}; choose from {', '.join(POLICIES)}")
+            raise ConfigError(
+                f"--gates: unknown policy {', '.join(unknown) or '(none given)'}; choose from {', '.join(POLICIES)}"
+            )
         load_config(None, list(self.extra))  # a bad --set fails here, not as every gate's reason
 
 
 def open_replay_log(
-    path: Path, fmt: str = "auto", tokenizer: str | None = None, num_generations: int | None = None, on_bad_row: str = "error"
+    path: Path,
+    fmt: str = "auto",
+    tokenizer: str | None = None,
+    num_generations: int | None = None,
+    on_bad_row: str = "error",
 ) -> GroupLog:
     """The log at ``path``: through ``railgate.replay.logs.open_log`` (every format) where this
     checkout has it, else the native reader (``pipeline.store.grouplog``)."""

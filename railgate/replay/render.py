@@ -79,7 +79,11 @@ def table(report: dict[str, Any]) -> str:
                 _pct(g["wrong_abandon_share"]),
                 _pct(g["skipped_mixed_share"]),
                 _pct(g["wasted_commits_served"])
-                + ("" if _same(g["wasted_commits_served"], g["wasted_commits_full"]) else f" / {_pct(g['wasted_commits_full'])} full"),
+                + (
+                    ""
+                    if _same(g["wasted_commits_served"], g["wasted_commits_full"])
+                    else f" / {_pct(g['wasted_commits_full'])} full"
+                ),
                 _pct(g["decided_within_4"]),
                 "n/a" if not trained["n"] else f"{trained['mean']:.2f} ({trained['q25']:.2f}-{trained['q75']:.2f})",
                 _num(g["distinct_prompts_trained"]),
@@ -194,8 +198,10 @@ def plot(reports: Sequence[dict[str, Any]], path: Path) -> None:
     for (left, right), report in zip(axes, reports):
         names = list(report["gates"])
         y = [report["gates"][g]["informative_per_1k_rollouts"] for g in names]
-        err = [[max(0.0, v - lo) if math.isfinite(lo) else 0.0 for v, lo, _ in y],
-               [max(0.0, hi - v) if math.isfinite(hi) else 0.0 for v, _, hi in y]]
+        err = [
+            [max(0.0, v - lo) if math.isfinite(lo) else 0.0 for v, lo, _ in y],
+            [max(0.0, hi - v) if math.isfinite(hi) else 0.0 for v, _, hi in y],
+        ]
         left.bar(names, [v for v, _, _ in y], yerr=err, capsize=3, color="tab:blue")
         left.set_ylabel("informative groups / 1,000 rollouts")
         left.set_title(", ".join(report["log"]["sources"])[-60:])

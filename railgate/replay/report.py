@@ -78,7 +78,10 @@ def log_report(
     for g, fs in figures.items():
         p = pooled[g]
         y, t = per_rollout[g], per_token[g]
-        fills = [fill_cost(r.outcomes, in_replay_order(f, o, "informative"), batch, r.opened_order) for o, r, f in zip(orders, runs[g], fs)]
+        fills = [
+            fill_cost(r.outcomes, in_replay_order(f, o, "informative"), batch, r.opened_order)
+            for o, r, f in zip(orders, runs[g], fs)
+        ]
         decided = np.concatenate([f["decided_at"][f["decided_at"] > 0] for f in fs])
         trained = np.concatenate([f["pass_rate"][f["informative"] > 0] for f in fs])
         distinct = [_distinct(o, f) for o, f in zip(orders, fs)]
@@ -123,7 +126,9 @@ def log_summary(orders: Sequence[ReplayOrder], group_size: int) -> dict[str, Any
     log = orders[0].log
     mixed_first = [
         sum(
-            0 < sum(s.reward > o.group(p.prompt_id).success_threshold for s in o.sample_order(p.prompt_id)[:group_size]) < group_size
+            0
+            < sum(s.reward > o.group(p.prompt_id).success_threshold for s in o.sample_order(p.prompt_id)[:group_size])
+            < group_size
             for p in o.prompts
         )
         for o in orders
@@ -183,7 +188,13 @@ def _profile(rates: np.ndarray) -> dict[str, float]:
     if len(rates) == 0:
         return {"n": 0, "mean": math.nan, "q25": math.nan, "median": math.nan, "q75": math.nan}
     q25, q50, q75 = np.percentile(rates, [25, 50, 75])
-    return {"n": int(len(rates)), "mean": float(rates.mean()), "q25": float(q25), "median": float(q50), "q75": float(q75)}
+    return {
+        "n": int(len(rates)),
+        "mean": float(rates.mean()),
+        "q25": float(q25),
+        "median": float(q50),
+        "q75": float(q75),
+    }
 
 
 def _mean_metrics(metrics: Sequence[Mapping[str, float]]) -> dict[str, float]:
