@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipeline.replay.order import NotReplayable, ReplayOrder
-from pipeline.store.grouplog import GroupLog, GroupLogWriter, RecordedGroup
+from pipeline.store.grouplog import GroupLog, GroupLogWriter, RecordedGroup, RecordedSample
 from railgate.cli import main
 from railgate.replay.bench import ReplaySpec, gate_config, replay_log
 from railgate.replay.driver import replay, replay_gate
@@ -136,3 +136,15 @@ def test_cli_end_to_end_writes_json_csv_and_png(tmp_path, capsys):
     assert len((out / "replay.csv").read_text().strip().splitlines()) == 1 + 4
     assert (out / "replay.png").stat().st_size > 0
     assert main(["bench", "replay", str(log_dir), "--group-size", "5", "--no-progress"]) == 2
+
+
+def test_an_abort_pays_the_tokens_out_by_then():
+    # Eager SARA launches all 8 at once; the four short samples (8 tokens) end the all-wrong probe
+    # at t = 8 / rate, and the four long ones (80 tokens) are aborted then, having 8 tokens out.
+    samples = tuple(RecordedSample(i, 0.0, 8 if i < 4 else 80, i) for i in range(8))
+    log = GroupLog((RecordedGroup(0, 0, samples), RecordedGroup.of(1, 1, (1.0, 0.0) * 4)), ("test",))
+    run = replay(gate_config("sara_eager", 8, 1, ()), ReplayOrder(log), 8, 1, rate=1000.0)
+    first = run.outcomes[0]
+    assert (first.verdict, first.samples, first.decided_at) == ("abandoned", 8, 4)
+    assert first.tokens == 4 * 8 + 4 * 8
+    assert run.budget["pipeline/tokens_generated"] == first.tokens + 8 * 8

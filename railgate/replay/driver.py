@@ -242,7 +242,7 @@ class _Replay:
         try:
             self._act(self.tracker.handle(Tick()))
         except GateStalled:
-            if self.events:
+            if self.running:  # samples still run: a real stall, not the pool's end
                 raise
             self.end = "pool replayed"
 
@@ -254,7 +254,7 @@ class _Replay:
             elif kind is Cancel:
                 launched_at, n, _, _, request = self.running.pop(action.request_id)
                 paid = tokens_out(launched_at, n, self.rate, self.now)
-                self.tokens[request.group_id] += paid
+                self.tokens[request.group_id] += paid - n  # it was booked in full at its start
                 self._act(self.tracker.handle(StreamCut(action.request_id, paid)))
             elif kind is Score:
                 self.ended[action.request.group_id] += 1
