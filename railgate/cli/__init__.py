@@ -69,6 +69,8 @@ USER_ERRORS: frozenset[tuple[str, str]] = frozenset(
         ("pipeline.envs.render", "RenderError"),
         ("pipeline.tasks.rewards.health", "RewardsFailing"),
         ("pipeline.protocols", "GateStalled"),
+        ("pipeline.replay.order", "NotReplayable"),
+        ("pipeline.store.grouplog", "GroupLogError"),
         ("railgate.checkpoint", "CheckpointError"),
         ("railgate.import_model", "ModelImportError"),
         ("railgate.rundir", "RunDirError"),

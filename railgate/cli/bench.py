@@ -286,6 +286,73 @@ def _trl(args: argparse.Namespace) -> int:
     return 0 if report["summary"]["seeds"] else 1
 
 
+def _replay_options(parser: argparse.ArgumentParser) -> None:
+    from railgate.replay.bench import DEFAULT_GATES, ReplaySpec
+
+    d = ReplaySpec()
+    parser.add_argument(
+        "logs", nargs="+", type=Path, metavar="LOG", help="group logs (a directory, segment or file each)"
+    )
+    parser.add_argument(
+        "--format",
+        choices=("auto", "native", "trl", "areal", "verl"),
+        default="auto",
+        help="the logs' format (default: %(default)s: told by the files)",
+    )
+    parser.add_argument("--tokenizer", default=None, help="a tokenizer directory, for logs that hold only text")
+    parser.add_argument(
+        "--num-generations", type=int, default=None, help="samples per prompt of a log that does not say (trl)"
+    )
+    parser.add_argument(
+        "--on-bad-row",
+        choices=("error", "skip"),
+        default="error",
+        help="a bad row: stop with its file and row, or leave its group out and count it (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--gates",
+        default=",".join(DEFAULT_GATES),
+        help="comma-separated policies of railgate/bench/policies.py (default: %(default)s)",
+    )
+    parser.add_argument("--group-size", type=int, default=0, help="samples per group, at most the log's K (default: K)")
+    parser.add_argument(
+        "--batch", type=int, default=d.batch, help="informative groups per learner step (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--orders",
+        type=int,
+        default=d.orders,
+        help="replay orders: 0 as recorded, then seeded shuffles of prompts and samples (default: %(default)s)",
+    )
+    parser.add_argument("--out", type=Path, default=None, help="write replay.json, replay.csv and replay.png here")
+    overrides(parser, "config override applied to every gate after its policy's, e.g. --set gate.sara.probe_size=2")
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from railgate.replay.bench import ReplaySpec, open_replay_log, replay_log
+    from railgate.replay.render import table, write_outputs
+
+    spec = ReplaySpec(
+        gates=tuple(g.strip() for g in args.gates.split(",") if g.strip()),
+        group_size=args.group_size,
+        batch=args.batch,
+        orders=args.orders,
+        extra=tuple(args.overrides),
+    )
+    spec.check()
+    reports = []
+    for path in args.logs:
+        log = open_replay_log(path, args.format, args.tokenizer, args.num_generations, args.on_bad_row)
+        report = replay_log(log, spec, progress=not args.no_progress)
+        reports.append(report)
+        print(table(report))
+        print()
+    if args.out is not None:
+        written = write_outputs(reports, args.out)
+        print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
 def _engine_placeholder(args: argparse.Namespace) -> int:  # reached only through engine_passthrough
     return engine_passthrough([])
 
@@ -317,6 +384,13 @@ BENCHES: tuple[Command, ...] = (
         "TRL's GRPOTrainer against GatedGRPOTrainer on the same model, data, reward and budget (needs the trl extra)",
         _trl_options,
         _trl,
+    ),
+    Command(
+        "replay",
+        "every gate replayed exactly on the same recorded groups (group logs), paired: yield per rollout and "
+        "token, cost of a step, wrong abandons, selection",
+        _replay_options,
+        _replay,
     ),
     Command(
         "engine",
