@@ -13,10 +13,15 @@ the learner as SARA's reference prior scores it (``pipeline.learning``); null wh
 has no solution its reward accepts.
 
 Prompts are sampled a batch at a time: every sample of ``batch_prompts`` prompts streams
-through the engine at once, token by token, each read by its own task; a sample's
-``finish_order`` is the order its stream ended in among its group's. On the torch engine a
-batch's requests join the decode batch at one step boundary (``TorchEngine.admitting``), so
-which step each sample ends at depends on its tokens alone.
+through the engine at once, token by token, each read by its own task. A sample's
+``finish_order`` is the order the engine ended its group's streams in: by the engine time of
+each final event (``SampleFinished.engine_time``), then by the order the readers received
+them. The torch engine stamps the rows that end in one collection of decode steps in step
+order, then batch-row order, and a batch's requests join its decode batch at one step
+boundary (``TorchEngine.admitting``): the order is the same in every recording of a seed,
+whatever the readers' scheduling (which orders the final events of one collection by who
+collected, not by when the engine ended them). On vLLM the engine time is when the reader
+absorbed vLLM's output, so the order is the readers'.
 
 Durable and resumable: each batch's groups are one record batch of the log (fsynced) before
 the next batch starts, so a crash loses at most the batch being sampled; ``record.json``
@@ -27,6 +32,7 @@ into it records only the prompts it lacks, into a new segment.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -273,8 +279,9 @@ class _Recorder:
         admitting = getattr(engine, "admitting", contextlib.nullcontext)
         with admitting():  # the torch engine: every request joins at one step boundary
             streams = [engine.stream(r) for r in requests]
-        ended: dict[int, list[int]] = {g: [] for g in group_ids}
+        ended: dict[int, list[tuple[float, int, int]]] = {g: [] for g in group_ids}
         results: dict[tuple[int, int], tuple[SampleFinished, float]] = {}
+        received = itertools.count()
 
         async def consume(request: SampleRequest, stream: Any) -> None:
             final = None
@@ -282,10 +289,10 @@ class _Recorder:
                 async for event in stream:
                     if isinstance(event, SampleFinished):
                         final = event
+                        ended[request.group_id].append((event.engine_time, next(received), request.sample_index))
             if final is None or not final.finish_reason.is_success:
                 why = "no final event" if final is None else f"{final.finish_reason.name}: {final.error}"
                 raise RecordError(f"sample {request.request_id} did not complete ({why}); the engine failed")
-            ended[request.group_id].append(request.sample_index)
             reward, _error = await self.parts.scoring.score(request.prompt, final.token_ids)
             results[request.group_id, request.sample_index] = (final, reward)
 
@@ -302,12 +309,12 @@ class _Recorder:
     def _group(
         self,
         group_id: int,
-        ended: list[int],
+        ended: list[tuple[float, int, int]],
         results: dict[tuple[int, int], tuple[SampleFinished, float]],
         reference_logprob: float | None,
     ) -> RecordedGroup:
         prompt = self.parts.prompts[group_id]
-        order = {index: rank for rank, index in enumerate(ended)}
+        order = {index: rank for rank, (_, _, index) in enumerate(sorted(ended))}
         samples = []
         for k in range(self.plan.samples):
             final, reward = results[group_id, k]
