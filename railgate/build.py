@@ -21,13 +21,13 @@ from pipeline.envs.render import renderer_for
 from pipeline.orchestrator import Orchestrator
 from pipeline.parts import RunOutputs, RunParts
 from pipeline.protocols import Controller, DecisionSink, Gate, Scorer
-from pipeline.types import Prompt
 from pipeline.seeding import derive_seed
 from pipeline.sim.engine import SimEngine
 from pipeline.sim.learner import SimLearner
 from pipeline.sim.world import SimAnswerScorer, SimEvaluator, SimWorld
 from pipeline.tasks.rewards.health import RewardsFailing
 from pipeline.tasks.rewards.scoring import ScoringService
+from pipeline.types import Prompt
 from railgate.config import RunConfig
 from railgate.episodic import EnvironmentReward, env_parts, is_episodic
 from railgate.preflight import preflight

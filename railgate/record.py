@@ -105,6 +105,8 @@ class RecordResult:
     """Groups of the whole log with both a success and a failure."""
     no_reward: int
     """Samples whose reward function gave none (recorded as 0)."""
+    reward_failures: int = 0
+    """Samples whose reward function raised or timed out (scored 0, as in a training run)."""
 
     def summary(self) -> str:
         per_group = self.sampling_s / self.recorded if self.recorded else math.nan
@@ -118,6 +120,8 @@ class RecordResult:
         ]
         if self.no_reward:
             lines.append(f"{self.no_reward} samples got no reward from the reward function and are recorded as 0")
+        if self.reward_failures:
+            lines.append(f"{self.reward_failures} samples' rewards raised or timed out and are recorded as 0")
         return "\n".join(lines)
 
 
@@ -125,7 +129,7 @@ def manifest_of(cfg: RunConfig, parts: SamplerParts, plan: RecordPlan) -> Record
     """The ``record.json`` of a recording of ``cfg`` with ``parts`` and ``plan``."""
     o = cfg.orchestrator
     return RecordManifest(
-        model=str(parts.model_dir),
+        model=str(parts.model_dir.resolve()),
         model_digest=model_digest(parts.model_dir),
         task=_task_settings(cfg),
         data={"seed": cfg.data.seed, "num_train_prompts": cfg.data.num_train_prompts},
@@ -209,6 +213,7 @@ def record(
         sampling_s=sampling_s,
         mixed=sum(g.is_mixed for g in everything),
         no_reward=recorder.no_reward,
+        reward_failures=parts.scoring.errors + parts.scoring.timeouts,
     )
 
 
@@ -265,9 +270,7 @@ class _Recorder:
 
     def request(self, group_id: int, index: int) -> SampleRequest:
         """Sample ``index`` of group ``group_id``, seeded as a training run seeds it."""
-        params = SamplingParams(
-            self.temperature, self.top_p, self.max_tokens, sample_seed(self.seed, group_id, index)
-        )
+        params = SamplingParams(self.temperature, self.top_p, self.max_tokens, sample_seed(self.seed, group_id, index))
         return SampleRequest(f"g{group_id}-s{index}", group_id, index, self.parts.prompts[group_id], params)
 
     async def sample_groups(self, group_ids: Sequence[int]) -> list[RecordedGroup]:

@@ -123,7 +123,9 @@ def check_manifest(out: str | os.PathLike, wanted: RecordManifest) -> None:
         if key == "model_digest":
             what = f"the model {found.get('model')!r} (digest {found.get(key)}), not {wanted.model!r} (digest {value})"
         elif isinstance(value, dict):
-            changed = sorted(k for k in set(value) | set(found.get(key) or {}) if (found.get(key) or {}).get(k) != value.get(k))
+            changed = sorted(
+                k for k in set(value) | set(found.get(key) or {}) if (found.get(key) or {}).get(k) != value.get(k)
+            )
             what = ", ".join(f"{key}.{k}={(found.get(key) or {}).get(k)!r}, not {value.get(k)!r}" for k in changed)
         else:
             what = f"{key}={found.get(key)!r}, not {key}={value!r}"

@@ -31,8 +31,12 @@ A directory recorded with another model, task, seed, P, K, engine or sampling is
 def _configure(parser: argparse.ArgumentParser) -> None:
     config_options(parser, DEFAULT_CONFIG)
     parser.add_argument("--prompts", type=int, required=True, metavar="P", help="the first P training prompts")
-    parser.add_argument("--samples", type=int, default=16, metavar="K", help="samples per prompt (default: %(default)s)")
-    parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="the group log directory (resumed if it holds groups)")
+    parser.add_argument(
+        "--samples", type=int, default=16, metavar="K", help="samples per prompt (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--out", type=Path, required=True, metavar="DIR", help="the group log directory (resumed if it holds groups)"
+    )
     parser.add_argument("--model", type=Path, metavar="DIR", help="a Hugging Face model directory (sets model.path)")
     parser.add_argument("--task", metavar="NAME", help="the task (sets task.name; its settings: --set task.NAME.*)")
     parser.add_argument(
