@@ -5,6 +5,7 @@ learner and evaluator (``build_components``), and the orchestrator that runs the
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from pipeline.sim.world import SimAnswerScorer, SimEvaluator, SimWorld
 from pipeline.store.grouplog import GroupLog, GroupLogError, read_group_log
 from pipeline.tasks.rewards.health import RewardsFailing
 from pipeline.tasks.rewards.scoring import ScoringService
+from pipeline.types import Prompt
 from railgate.config import RunConfig
 from railgate.episodic import EnvironmentReward, env_parts, is_episodic
 from railgate.preflight import preflight
@@ -527,3 +529,94 @@ def _recorded_reference_screen(cfg: RunConfig, order: ReplayOrder, gate: Any) ->
         raise ConfigError(f"replay.log={cfg.replay.log}: {exc}") from exc
     gate.attach_reference(screen)
     return screen
+
+
+@dataclass
+class SamplerParts:
+    """A real model's parts for sampling full groups outside training (``run.py record``): the
+    same task, base model, engine, reward service, prompts and reference responses that
+    ``_build_torch`` gives a training run, and the learner that scores those references."""
+
+    task: Any
+    tokenizer: Any
+    model_dir: Path
+    """The model directory the engine loaded (``model.path``, or the run's cached base model)."""
+    engine: Any
+    scoring: ScoringService
+    prompts: list[Prompt]
+    """The first training prompts in the task's seeded order (``Task.train_problems`` with
+    ``derive_seed(data.seed, "train")``, the order a run's pool is drawn in, before the gate's
+    own shuffle)."""
+    references: dict[int, tuple[int, ...]]
+    """Prompt id -> its reference response as token ids, end-of-sequence included (those of
+    ``_reference_screen``); a prompt whose task has no solution the reward accepts has none."""
+    learner: Any
+    """Scores references: ``learner.logprobs`` (what a run's reference prior reads)."""
+
+
+def build_sampler(cfg: RunConfig, num_prompts: int, progress: bool = True) -> SamplerParts:
+    """``SamplerParts`` for the first ``num_prompts`` training prompts of ``cfg``'s task, on
+    ``cfg.engine.kind`` (torch or vllm) over ``cfg.model`` (warm-started and cached in the run
+    directory on first use, exactly as a training run does, or loaded from ``model.path``)."""
+    import copy
+
+    import torch
+
+    from learner.torch_learner import TorchLearner
+    from pipeline.engines.torch_engine import TorchEngine
+    from pipeline.policy.models import ensure_base_model
+    from pipeline.tasks import build_task
+
+    if cfg.engine.kind not in ("torch", "vllm"):
+        raise ConfigError(
+            f"engine.kind={cfg.engine.kind!r}: recording samples a real model on one engine; use --engine torch or vllm"
+        )
+    if num_prompts > cfg.data.num_train_prompts:
+        raise ConfigError(
+            f"{num_prompts} prompts asked for, but the run has data.num_train_prompts={cfg.data.num_train_prompts}; "
+            f"ask for fewer, or --set data.num_train_prompts={num_prompts}"
+        )
+    preflight(cfg)
+    task = build_task(cfg.task, context_chars=_prompt_char_limit(cfg))
+    task.reward_timeout_s, task.reward_check_first = (
+        cfg.orchestrator.reward_timeout_s,
+        cfg.orchestrator.reward_check_first,
+    )
+    if is_episodic(task):
+        raise ConfigError(
+            f"task {task.name!r} is an environment task (multi-turn episodes); recording full groups covers "
+            "single-response tasks (arithmetic, countdown, dataset); pick one of those"
+        )
+    if not cfg.model.path:  # fail before a warm start, with the tokenizer it would build
+        from pipeline.policy.tokenizer import CharTokenizer
+
+        _prompts(cfg, task, CharTokenizer.for_tasks(task).encode_prompt)
+    base = ensure_base_model(cfg.run_dir, cfg.task, cfg.model, progress=progress, task=task)
+    tokenizer = base.tokenizer
+    context = base.context_length if cfg.model.path else None
+    problems, prompts, _ = _prompts(cfg, task, tokenizer.encode_prompt, context)
+    problems, prompts = problems[:num_prompts], prompts[:num_prompts]
+    torch.set_num_threads(max(cfg.torch_engine.threads, cfg.learner.num_threads or 1))
+    if cfg.engine.kind == "vllm":
+        from pipeline.engines.vllm_engine import VllmEngine
+
+        engine: Any = VllmEngine(
+            base.path, Path(cfg.run_dir) / "vllm_cache", **_vllm_kwargs(cfg, tokenizer.eos_id, context)
+        )
+    else:
+        engine = TorchEngine(copy.deepcopy(base.model), tokenizer.eos_id, **_torch_kwargs(cfg, context))
+    references = {
+        task.prompt_id(p): tuple(tokenizer.encode(p.solution)) + (tokenizer.eos_id,)
+        for p in problems
+        if _earns_reward(task, p)
+    }
+    return SamplerParts(
+        task=task,
+        tokenizer=tokenizer,
+        model_dir=Path(base.path),
+        engine=engine,
+        scoring=_scoring(cfg, task.scorer(tokenizer.decode)),
+        prompts=prompts,
+        references=references,
+        learner=TorchLearner(base.model, cfg.learner, pad_id=tokenizer.pad_id),
+    )

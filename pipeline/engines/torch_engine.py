@@ -88,7 +88,7 @@ import contextlib
 import itertools
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import anyio
@@ -182,6 +182,19 @@ class TorchEngine(EngineBase):
         self._pending.append(req)
         self._submit()
         return RequestStream(self, req)
+
+    @contextlib.contextmanager
+    def admitting(self) -> Iterator[None]:
+        """Requests streamed inside the block join the decode batch together, at one step
+        boundary (as far as ``max_batch`` has room; the rest queue in order), whatever the
+        decode thread's timing: a caller that starts several groups at once gets the same
+        batch, step for step, every time. The thread pauses at its next step boundary for the
+        block's duration (the block should only call ``stream``)."""
+        self._worker.pause()
+        try:
+            yield
+        finally:
+            self._worker.resume()
 
     async def abort(self, request_id: str) -> None:
         req = self._open.get(request_id)

@@ -4,6 +4,7 @@
     python run.py train --config configs/sim.yaml --set gate.kind=sara --set orchestrator.steps=50
     python run.py shadow --set gate.kind=sara       RAIL decides in shadow; off-policy value of promoting it
     python run.py replay runs/x/trace               train/evaluate controllers offline from traces
+    python run.py record --prompts P --out DIR    full groups (K samples per prompt) from a real model, for replaying gates
     python run.py eval RUN_DIR                      held-out accuracy and pass@k of a run's newest checkpoint
     python run.py eval A --against B [--json]       two runs or model directories on the same draws: the paired difference
     python run.py warm-start --out DIR              the warm-started base model as a Hugging Face directory
@@ -29,7 +30,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from railgate.cli import bench, convert, evaluate, export, import_model, replay, shadow, train, warm_start
+from railgate.cli import bench, convert, evaluate, export, import_model, record, replay, shadow, train, warm_start
 from railgate.cli.command import Command
 from railgate.progress import quiet_libraries
 
@@ -37,6 +38,7 @@ COMMANDS: tuple[Command, ...] = (
     train.COMMAND,
     shadow.COMMAND,
     replay.COMMAND,
+    record.COMMAND,
     evaluate.COMMAND,
     export.COMMAND,
     warm_start.COMMAND,
@@ -63,6 +65,7 @@ USER_ERRORS: frozenset[tuple[str, str]] = frozenset(
         ("pipeline.policy.models", "ModelDirError"),
         ("pipeline.policy.tokenizer", "TokenizerError"),
         ("pipeline.store.arrowio", "SegmentFormatError"),
+        ("pipeline.store.grouplog", "GroupLogError"),
         ("pipeline.datafiles", "DatasetError"),
         ("pipeline.envs.loading", "EnvLoadError"),
         ("pipeline.episodes", "EnvironmentFailing"),
@@ -73,6 +76,7 @@ USER_ERRORS: frozenset[tuple[str, str]] = frozenset(
         ("pipeline.store.grouplog", "GroupLogError"),
         ("railgate.checkpoint", "CheckpointError"),
         ("railgate.import_model", "ModelImportError"),
+        ("railgate.record_manifest", "RecordError"),
         ("railgate.rundir", "RunDirError"),
         ("railgate.runid", "RunIdError"),
     }
