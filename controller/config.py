@@ -452,7 +452,7 @@ class GateConfig:
     """``live``: ``kind`` decides what is generated and trained. ``shadow``: the run trains as
     uniform GRPO (whole groups; ``kind``'s decisions are not applied), writes every step's full
     groups to ``run_dir/groups/`` and logs ``shadow/*`` per step: what ``kind`` would have generated
-    and trained on that step's groups (``railgate.replay.shadow``; docs/replay.md)."""
+    and trained on that step's groups (``railgate.shadow_gate``; docs/replay.md)."""
 
     def __post_init__(self) -> None:
         require(
@@ -470,8 +470,11 @@ class GateConfig:
             require(
                 not self.sara.guidance and not self.sara.confident_pilot,
                 "gate.mode=shadow replays the gate on the groups GRPO generated, and "
-                + ("gate.sara.guidance continues groups from reference prefixes (new text)" if self.sara.guidance
-                   else "gate.sara.confident_pilot reads log-probabilities a group log does not keep")
+                + (
+                    "gate.sara.guidance continues groups from reference prefixes (new text)"
+                    if self.sara.guidance
+                    else "gate.sara.confident_pilot reads log-probabilities a group log does not keep"
+                )
                 + "; set gate.sara.guidance=0 and gate.sara.confident_pilot=false, or gate.mode=live",
             )
 

@@ -11,7 +11,7 @@ as the same run with ``gate.kind=uniform`` does. Each learner step's batch passe
   tokenizer), lengths, rewards, ``policy_version`` of each sample, ``step`` = the learner step
   (0-based) the group was trained at; ``finish_order`` = sample index (a committed group keeps its
   samples in index order, not in the order they finished); ``reference_logprob`` null;
-* replays the configured gate on those groups (``railgate.replay.shadow``: one replay per step,
+* replays the configured gate on those groups (``railgate.shadow_gate``: one replay per step,
   a fresh gate, order seed 0, ``replayed_config(cfg)``) and hands the figures, as ``shadow/NAME``
   and running totals ``shadow/total_NAME``, to the step's line of ``metrics.jsonl``
   (``ShadowMetrics``).
@@ -32,7 +32,7 @@ from typing import Any
 from pipeline.store.grouplog import GroupLogWriter, RecordedGroup, RecordedSample
 from pipeline.types import CommittedGroup, Prompt, TrainBatch
 from railgate.config import RunConfig
-from railgate.replay.shadow import ShadowRule, ShadowTally, replayed_config
+from railgate.shadow_gate import ShadowRule, ShadowTally, replayed_config
 
 GROUPS_DIR = "groups"
 """Where in the run directory a shadow run writes its group log."""

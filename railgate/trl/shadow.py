@@ -19,7 +19,7 @@ and, on the main process,
   TRL's step), ``success_threshold`` = ``gate_success_threshold``;
 * replays the configured gate (``gate_kind`` and the ``gate_*`` settings, mapped as
   ``GateSession`` maps them, reference prior off) on the batch's groups: one replay per batch, a
-  fresh gate, order seed 0 (``railgate.replay.shadow``); its figures are logged as
+  fresh gate, order seed 0 (``railgate.shadow_gate``); its figures are logged as
   ``railgate/shadow_NAME`` (the latest batch; ``railgate/shadow_step`` says which) and
   ``railgate/shadow_total_NAME`` (the run so far).
 
@@ -37,7 +37,7 @@ from pipeline.config.sections import EngineConfig
 from pipeline.store.grouplog import GroupLogWriter, RecordedGroup, RecordedSample
 from pipeline.types import FinishReason
 from railgate.config import RunConfig
-from railgate.replay.shadow import ShadowRule, ShadowTally, replayed_config
+from railgate.shadow_gate import ShadowRule, ShadowTally, replayed_config
 from railgate.trl.ranks import gather_all
 from railgate.trl.session import _text, orchestrator_config
 
@@ -102,7 +102,8 @@ class ShadowSession:
             raise RuntimeError("gate_mode='shadow' saw no generation or rewards in TRL's step; report this")
         completion_ids, completions = generated[1], generated[3]
         local = [
-            (_text(x["prompt"]), list(map(int, ids)), _text(c)) for x, ids, c in zip(inputs, completion_ids, completions)
+            (_text(x["prompt"]), list(map(int, ids)), _text(c))
+            for x, ids, c in zip(inputs, completion_ids, completions)
         ]
         rows = gather_all(local)
         trainer = self.trainer

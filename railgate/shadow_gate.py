@@ -30,6 +30,7 @@ the per-step figures can be recomputed from the directory alone, exactly.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import os
@@ -37,6 +38,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.config.build import ConfigError
 from pipeline.replay.order import ReplayOrder
 from pipeline.replay.timing import DEFAULT_RATE
 from pipeline.store.atomic import atomic_write
@@ -117,16 +119,20 @@ class ShadowRule:
         """``shadow.json`` in ``directory``: the config (``dump_config``) and the rate."""
         path = Path(directory) / SPEC_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        record = {"rule": "per-step replay, fresh gate, order seed 0", "rate": self.rate, "config": dump_config(self.config)}
+        record = {
+            "rule": "per-step replay, fresh gate, order seed 0",
+            "rate": self.rate,
+            "config": dump_config(self.config),
+        }
         atomic_write(path, json.dumps(record, indent=2, sort_keys=True))
         return path
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> ShadowRule:
-        """The rule a shadow run saved in ``directory``; ``FileNotFoundError`` naming the fix."""
+        """The rule a shadow run saved in ``directory``; ``ConfigError`` naming the fix."""
         path = Path(directory) / SPEC_FILE
         if not path.is_file():
-            raise FileNotFoundError(
+            raise ConfigError(
                 f"{path} not found: --per-step replays a shadow run's group log (railgate_groups/ of a TRL run with "
                 "gate_mode='shadow', groups/ of a railgate run with gate.mode=shadow), which holds it"
             )
@@ -182,3 +188,49 @@ def replayed_config(config: RunConfig) -> RunConfig:
     gate = config.gate
     sara = dataclasses.replace(gate.sara, reference_prior=False)
     return dataclasses.replace(config, gate=dataclasses.replace(gate, mode="live", sara=sara))
+
+
+TABLE_COLUMNS = (
+    ("step", "step"),
+    ("groups", "groups"),
+    ("rollouts", "gate rollouts"),
+    ("grpo_rollouts", "GRPO rollouts"),
+    ("tokens", "gate tokens"),
+    ("grpo_tokens", "GRPO tokens"),
+    ("groups_trained", "trained"),
+    ("mixed_trained", "mixed trained"),
+    ("grpo_mixed", "GRPO mixed"),
+    ("wrong_abandons", "wrong abandons"),
+)
+"""What ``per_step_table`` shows, and the headings."""
+
+
+def per_step_table(rows: Sequence[dict[str, float]]) -> str:
+    """The per-step figures as a text table, with a total line.
+
+    >>> print(per_step_table([{**dict.fromkeys(FIGURES, 1.0), "step": 0.0}]).splitlines()[0].split()[:3])
+    ['step', 'groups', 'gate']
+    """
+    heads = [h for _, h in TABLE_COLUMNS]
+    lines = [[f"{int(r[k])}" if float(r[k]).is_integer() else f"{r[k]:.4g}" for k, _ in TABLE_COLUMNS] for r in rows]
+    if rows:
+        total = ["total"] + [f"{sum(r[k] for r in rows):g}" for k, _ in TABLE_COLUMNS[1:]]
+        lines.append(total)
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(heads)]
+    out = ["  ".join(h.rjust(w) for h, w in zip(heads, widths))]
+    out += ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines]
+    return "\n".join(out)
+
+
+def write_per_step(rows: Sequence[dict[str, float]], directory: str | os.PathLike) -> list[Path]:
+    """``per_step.json`` and ``per_step.csv`` in ``directory`` (every figure and running total)."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    js, cs = out / "per_step.json", out / "per_step.csv"
+    atomic_write(js, json.dumps(list(rows), indent=2))
+    names = list(rows[0]) if rows else ["step", *FIGURES]
+    with cs.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=names)
+        writer.writeheader()
+        writer.writerows(rows)
+    return [js, cs]
