@@ -11,6 +11,10 @@ loss is exactly TRL's (tests/test_trl_trainer.py: with a gate that commits every
 loss and the weights match a plain ``GRPOTrainer``'s step for step). TRL's own sampler still
 runs and sets the number of steps; its prompts are not used.
 
+With ``gate_mode="shadow"`` nothing of this happens: generation, rewards and the loss are TRL's
+own, and ``railgate.trl.shadow`` only records each generation batch and logs what the gate
+would have done with it (``railgate/shadow_*``).
+
 Evaluation (``eval_dataset``) is TRL's, ungated. The counts of what was generated are logged
 as ``railgate/*`` through TRL's logger, beside its own metrics, and so is the gradient noise
 scale of the optimiser steps (``railgate.trl.noise``), which ``gate_probe_price_steps`` feeds to
