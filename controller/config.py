@@ -448,6 +448,11 @@ class GateConfig:
     """Settings of ``sara`` and of the SARA half of ``sara_dps``."""
     dps: DpsConfig = field(default_factory=DpsConfig)
     """Settings of the DPS selector of ``dps`` and ``sara_dps``."""
+    mode: Literal["live", "shadow"] = "live"
+    """``live``: ``kind`` decides what is generated and trained. ``shadow``: the run trains as
+    uniform GRPO (whole groups; ``kind``'s decisions are not applied), writes every step's full
+    groups to ``run_dir/groups/`` and logs ``shadow/*`` per step: what ``kind`` would have generated
+    and trained on that step's groups (``railgate.shadow_gate``; docs/replay.md)."""
 
     def __post_init__(self) -> None:
         require(
@@ -456,6 +461,22 @@ class GateConfig:
             "gate.kind='sara_dps' does not have (DPS picks at each admission); use gate.kind=sara or set "
             "gate.sara.reference_prior=false",
         )
+        require(
+            self.mode in ("live", "shadow"),
+            f"gate.mode={self.mode!r} is not 'live' or 'shadow'; set gate.mode=live (the gate acts) or "
+            "gate.mode=shadow (train as GRPO, log what the gate would have done)",
+        )
+        if self.mode == "shadow" and self.kind in ("sara", "sara_dps"):
+            require(
+                not self.sara.guidance and not self.sara.confident_pilot,
+                "gate.mode=shadow replays the gate on the groups GRPO generated, and "
+                + (
+                    "gate.sara.guidance continues groups from reference prefixes (new text)"
+                    if self.sara.guidance
+                    else "gate.sara.confident_pilot reads log-probabilities a group log does not keep"
+                )
+                + "; set gate.sara.guidance=0 and gate.sara.confident_pilot=false, or gate.mode=live",
+            )
 
     def check_sizes(self, group_size: int, batch_groups: int) -> None:
         """The rules that tie this gate's settings to the orchestrator's group and batch sizes;

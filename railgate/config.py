@@ -82,6 +82,11 @@ class RunConfig:
             "change gate.kind or set orchestrator.batch_rollouts=0",
         )
         self.gate.check_sampling(o.temperature, o.top_p)
+        require(
+            self.gate.mode == "live" or self.controller.kind == "none",
+            f"gate.mode=shadow trains as plain GRPO, and controller.kind={self.controller.kind} would intervene "
+            "(branches, resamples) in it; set controller.kind=none or gate.mode=live",
+        )
         if self.engine.kind == "replay":
             require(
                 bool(self.replay.log),

@@ -6,6 +6,7 @@ Run directory layout (formats users rely on; see the README):
     metrics.jsonl      one line per learner step, namespaced metric names; step 0: the evaluation before training
     trace/             decisions-NNNNN.arrows, outcomes-NNNNN.arrows (pipeline.store.tracelog)
     buffer/            steps-NNNNN.arrows, one record batch per learner step (pipeline.store.buffer)
+    groups/            gate.mode=shadow: every step's full groups (a group log) and shadow.json (railgate.shadow_run)
     summary.json       final budget, evaluations, stop reason
     report.md          the summary table
     accuracy.png       held-out accuracy against cumulative rollouts (overall and per level)
@@ -39,6 +40,7 @@ from railgate.preflight import preflight
 from railgate.progress import ProgressBar
 from railgate.report import accuracy_plot, summary_table
 from railgate.rundir import RunDir, TraceSlot, open_run_dir
+from railgate.shadow_run import ShadowMetrics, ShadowRecorder, training_config
 
 
 @dataclass
@@ -84,7 +86,9 @@ def _train(cfg: RunConfig, run: RunDir, progress: bool | None, on_step: Callable
     run_dir, state = run.path, run.state
     show = cfg.log.progress if progress is None else progress
     sink = TraceSlot() if cfg.log.trace else NullSink()  # the trace opens once the resume has succeeded
-    components = build_components(cfg, progress=show, sink=sink, run_id=run.run_id)
+    shadow = cfg.gate.mode == "shadow"
+    built = training_config(cfg) if shadow else cfg  # shadow: trained as uniform GRPO (railgate.shadow_run)
+    components = build_components(built, progress=show, sink=sink, run_id=run.run_id)
     start = int(state["step"]) if state else 0
     bar = ProgressBar(total=cfg.orchestrator.steps, enabled=show, desc=f"train {cfg.name}", initial=start)
     writer = (
@@ -95,7 +99,7 @@ def _train(cfg: RunConfig, run: RunDir, progress: bool | None, on_step: Callable
     outputs = RunOutputs(
         trace=sink, on_step=_chain(bar.update, on_step), checkpoint=_chain_checkpoint(writer, run.record_config)
     )
-    orchestrator = build_orchestrator(cfg, components, outputs, run_id=run.run_id)
+    orchestrator = build_orchestrator(built, components, outputs, run_id=run.run_id)
     run.commit(orchestrator)  # resume: restore the checkpoint; then the run id, config.yaml and the supersede rules
     trace = (
         sink.attach(TraceLog(run_dir / "trace", run.run_id, flush_every=cfg.log.trace_flush_every))
@@ -109,6 +113,10 @@ def _train(cfg: RunConfig, run: RunDir, progress: bool | None, on_step: Callable
         ArrowBuffer(run_dir / "buffer", persist=True, run_id=run.run_id) if cfg.log.buffer else None
     )
     metrics = outputs.metrics = MetricsWriter(run_dir, tensorboard=cfg.log.tensorboard)
+    if shadow:
+        recorder = ShadowRecorder(run_dir, cfg, components.gate.pool.get, inner=buffer, run_id=run.run_id)
+        buffer = outputs.buffer = recorder
+        metrics = outputs.metrics = ShadowMetrics(metrics, recorder)
     orchestrator.parts.scoring.health.listeners.append(
         bar.reward_failed
     )  # failures on the progress line as they happen

@@ -325,6 +325,12 @@ def _replay_options(parser: argparse.ArgumentParser) -> None:
         help="replay orders: 0 as recorded, then seeded shuffles of prompts and samples (default: %(default)s)",
     )
     parser.add_argument("--out", type=Path, default=None, help="write replay.json, replay.csv and replay.png here")
+    parser.add_argument(
+        "--per-step",
+        action="store_true",
+        help="a shadow run's log (gate.mode=shadow, gate_mode='shadow'): replay its gate step by step with the run's "
+        "rule and print the per-step figures it logged (shadow/*; --out writes per_step.json and per_step.csv)",
+    )
     overrides(parser, "config override applied to every gate after its policy's, e.g. --set gate.sara.probe_size=2")
 
 
@@ -332,6 +338,8 @@ def _replay(args: argparse.Namespace) -> int:
     from railgate.replay.bench import ReplaySpec, open_replay_log, replay_log
     from railgate.replay.render import table, write_outputs
 
+    if args.per_step:
+        return _replay_per_step(args)
     spec = ReplaySpec(
         gates=tuple(g.strip() for g in args.gates.split(",") if g.strip()),
         group_size=args.group_size,
@@ -350,6 +358,26 @@ def _replay(args: argparse.Namespace) -> int:
     if args.out is not None:
         written = write_outputs(reports, args.out)
         print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def _replay_per_step(args: argparse.Namespace) -> int:
+    """``bench replay --per-step``: each shadow log's steps replayed with the rule its run saved."""
+    from pipeline.config.build import ConfigError
+    from railgate.shadow_gate import per_step_table, replay_per_step, write_per_step
+
+    if args.overrides or args.format not in ("auto", "native"):
+        raise ConfigError(
+            "--per-step replays a shadow log with the gate and settings its run saved (shadow.json); drop --set "
+            "and --format, or replay without --per-step"
+        )
+    for path in args.logs:
+        rows = replay_per_step(path)
+        print(f"{path}:")
+        print(per_step_table(rows))
+        if args.out is not None:
+            out = args.out / path.name if len(args.logs) > 1 else args.out
+            print("wrote " + ", ".join(str(p) for p in write_per_step(rows, out)))
     return 0
 
 

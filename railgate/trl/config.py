@@ -34,6 +34,9 @@ GATE_KINDS = ("sara", "hora", "ds", "uniform")
 """``gate_kind`` values: railgate's SARA (the default), HORA, DAPO dynamic sampling, and uniform
 (every group committed whole: plain GRPO through the gated trainer)."""
 
+GATE_MODES = ("live", "shadow")
+"""``gate_mode`` values: the gate decides (``live``), or it only watches a plain GRPO run (``shadow``)."""
+
 _RAILGATE_KEYS = {
     "gate.sara.probe_size": "gate_probe_size",
     "gate.hora.probe_size": "gate_probe_size",
@@ -58,6 +61,13 @@ _RAILGATE_KEYS = {
 class GatedGRPOConfig(GRPOConfig):
     """``GRPOConfig`` with the gate's settings; see the module docstring and docs/trl.md."""
 
+    gate_mode: str = "live"
+    """``live``: the gate decides which groups are generated and trained. ``shadow``: train exactly
+    as ``GRPOTrainer`` does (TRL's own generation, rewards and loss; the gate decides nothing) and
+    record every generation batch's full groups to ``output_dir/railgate_groups/`` with, per batch,
+    what the gate of ``gate_kind`` and these ``gate_*`` settings would have generated and trained on
+    them (``railgate/shadow_*``; ``railgate.trl.shadow``). SARA's reference prior is not part of the
+    shadow figures (the log holds no reference likelihoods)."""
     gate_kind: str = "sara"
     """Which gate decides: ``sara`` (probe each prompt, train on it only if its group may turn out
     mixed), ``hora`` (probe a step's prompts, split the rest of a budget by hit utility),
@@ -137,6 +147,11 @@ class GatedGRPOConfig(GRPOConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.gate_mode not in GATE_MODES:
+            raise ValueError(
+                f"gate_mode={self.gate_mode!r} is not one of {', '.join(GATE_MODES)}; use 'live' (the gate decides) or "
+                "'shadow' (train as GRPOTrainer, log what the gate would have done)"
+            )
         if self.gate_kind not in GATE_KINDS:
             raise ValueError(f"gate_kind={self.gate_kind!r} is not one of {', '.join(GATE_KINDS)}; pick one of them")
         if self.gate_probe_size < 0:

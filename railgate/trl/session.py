@@ -136,18 +136,7 @@ class GateSession:
         return time.monotonic() - self._started
 
     def _orchestrator(self, args: Any) -> OrchestratorConfig:
-        """The tracker's limits: one step at a time (no step-ahead), no cap on concurrency."""
-        return OrchestratorConfig(
-            batch_groups=self.prompts,
-            group_size=self.group_size,
-            max_tokens=args.max_completion_length,
-            temperature=args.temperature,
-            top_p=args.top_p if args.top_p is not None else 1.0,
-            max_concurrent_samples=1 << 20,
-            max_open_groups=1 << 20,
-            max_async_steps=0,
-            steps=10**8,
-        )
+        return orchestrator_config(args)
 
     def _controller(self, args: Any, run_id: str) -> Any:
         """RAIL deciding beside the gate and never acting (``gate_rail_shadow``), or nothing."""
@@ -277,6 +266,22 @@ class GateSession:
     def flush(self) -> None:
         """Write the trace's buffered records."""
         self.trace.flush()
+
+
+def orchestrator_config(args: Any) -> OrchestratorConfig:
+    """The tracker's limits for a ``GatedGRPOConfig``: its group size and prompts per step, one
+    step at a time (no step-ahead), no cap on concurrency (the shadow gate replays under them too)."""
+    return OrchestratorConfig(
+        batch_groups=args.prompts_per_step,
+        group_size=args.num_generations,
+        max_tokens=args.max_completion_length,
+        temperature=args.temperature,
+        top_p=args.top_p if args.top_p is not None else 1.0,
+        max_concurrent_samples=1 << 20,
+        max_open_groups=1 << 20,
+        max_async_steps=0,
+        steps=10**8,
+    )
 
 
 def _text(prompt: Any) -> str:

@@ -11,6 +11,10 @@ loss is exactly TRL's (tests/test_trl_trainer.py: with a gate that commits every
 loss and the weights match a plain ``GRPOTrainer``'s step for step). TRL's own sampler still
 runs and sets the number of steps; its prompts are not used.
 
+With ``gate_mode="shadow"`` nothing of this happens: generation, rewards and the loss are TRL's
+own, and ``railgate.trl.shadow`` only records each generation batch and logs what the gate
+would have done with it (``railgate/shadow_*``).
+
 Evaluation (``eval_dataset``) is TRL's, ungated. The counts of what was generated are logged
 as ``railgate/*`` through TRL's logger, beside its own metrics, and so is the gradient noise
 scale of the optimiser steps (``railgate.trl.noise``), which ``gate_probe_price_steps`` feeds to
@@ -35,6 +39,7 @@ from railgate.trl.checks import check_arguments, check_processor
 from railgate.trl.noise import MeasuresNoise
 from railgate.trl.rows import Row, local_share
 from railgate.trl.session import GateSession
+from railgate.trl.shadow import ShadowSession
 
 
 @dataclass(frozen=True)
@@ -89,13 +94,23 @@ class GatedGRPOTrainer(MeasuresNoise, GRPOTrainer):
         check_arguments(args, kwargs)
         super().__init__(*args, **kwargs)
         check_processor(self)
-        self.gate = GateSession(self)
         self._served: _Served | None = None
+        self._shadowing = False
+        self.gate: GateSession | ShadowSession
+        self.gate = ShadowSession(self) if self.args.gate_mode == "shadow" else GateSession(self)
         self.add_callback(_GateCallback(self.gate))
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         if not self.model.training:
             return super()._generate_and_score_completions(inputs)  # evaluation: TRL's, ungated
+        if isinstance(self.gate, ShadowSession):  # TRL's own step; the session only watches
+            self._shadowing = True
+            try:
+                out = super()._generate_and_score_completions(inputs)
+            finally:
+                self._shadowing = False
+            self.gate.record(inputs)
+            return out
         acc = self.accelerator
         rows = self.gate.next_rows()
         local = local_share(rows, acc.process_index, acc.num_processes)
@@ -110,7 +125,10 @@ class GatedGRPOTrainer(MeasuresNoise, GRPOTrainer):
     def _generate(self, prompts: list) -> tuple:
         served = self._served
         if served is None:
-            return super()._generate(prompts)
+            out = super()._generate(prompts)
+            if self._shadowing:
+                self.gate.generated(out)  # type: ignore[union-attr]
+            return out
         if len(prompts) != len(served.generated[0]):
             raise RuntimeError(
                 f"TRL asked for {len(prompts)} completions of a gated batch of {len(served.generated[0])}"
@@ -121,7 +139,10 @@ class GatedGRPOTrainer(MeasuresNoise, GRPOTrainer):
         self, inputs: list, prompts: list, completions: list, completion_ids_list: list
     ) -> torch.Tensor:
         if self._served is None:
-            return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            if self._shadowing:
+                self.gate.rewarded(rewards)  # type: ignore[union-attr]
+            return rewards
         return self._served.rewards
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -151,7 +172,7 @@ def _serve(local: list[Row], rows: list[Row], device: torch.device) -> _Served:
 class _GateCallback(TrainerCallback):
     """Stops training at ``gate_max_rollouts`` generated rollouts; writes the trace at saves and at the end."""
 
-    def __init__(self, session: GateSession):
+    def __init__(self, session: GateSession | ShadowSession):
         self.session = session
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
@@ -165,4 +186,6 @@ class _GateCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         self.session.flush()
+        if isinstance(self.session, ShadowSession):
+            self.session.close()
         return control
