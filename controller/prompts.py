@@ -108,15 +108,20 @@ class PromptPool:
 
 class OnePassPool(PromptPool):
     """The prompts in the order given, each handed out once: no epochs, no reshuffle (a replay
-    visits each recorded group at most once, having no samples for a second group of it).
-    ``take`` returns fewer than asked at the end and then none; ``remaining`` counts what is left.
+    visits each recorded group at most once, having no samples for a second group of it; both
+    replay paths, the pipeline's and ``bench replay``'s driver, use this one pool).
+    ``take`` returns fewer than asked at the end and then none; ``remaining`` counts what is
+    left, and so does ``active``: a prompt handed out is used up, so the gates and the tracker
+    see the pool's end (``BaseGate.exhausted``).
 
     >>> from pipeline.types import Prompt
     >>> pool = OnePassPool([Prompt(i, "", (i,)) for i in (4, 2, 7)])
     >>> [p.prompt_id for p in pool.peek(5)], [p.prompt_id for p in pool.take(2)], pool.remaining
     ([4, 2, 7], [4, 2], 1)
+    >>> pool.evict(7); pool.active
+    0
     >>> [p.prompt_id for p in pool.take(2)], pool.take(1), pool.remaining, pool.epoch
-    ([7], [], 0, 0)
+    ([], [], 0, 0)
     """
 
     def __init__(self, prompts: Sequence[Prompt]):
@@ -126,6 +131,11 @@ class OnePassPool(PromptPool):
     def remaining(self) -> int:
         """Prompts not handed out yet and not evicted."""
         return sum(1 for i in self._order[self._cursor :] if self.prompts[i].prompt_id not in self._evicted)
+
+    @property
+    def active(self) -> int:
+        """Prompts that can still be handed out: ``remaining``."""
+        return self.remaining
 
     def take(self, n: int) -> list[Prompt]:
         out: list[Prompt] = []

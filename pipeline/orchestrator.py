@@ -225,9 +225,11 @@ class Orchestrator:
                 if msg is None:
                     continue  # request_stop's wake-up
                 await self._act(tracker.handle(msg))
-                if type(msg) is SampleDone or type(msg) is TurnDone:
-                    self.clock.release()  # the hold its sample's end took: the gate has acted
                 await self._act(tracker.handle(Tick(inbox.statistics().current_buffer_used)))
+                if type(msg) is SampleDone or type(msg) is TurnDone:
+                    # The hold its sample's end took: the gate has acted and the tick has launched
+                    # what the freed room allows, at this engine time.
+                    self.clock.release()
 
     async def _act(self, actions) -> None:
         """Carry out what the tracker returned, in order."""

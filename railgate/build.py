@@ -11,7 +11,7 @@ from typing import Any
 
 from controller.gates.registry import build_gate
 from controller.noop import NoopController
-from controller.prompts import OnePassPool, PromptPool
+from controller.prompts import PromptPool
 from controller.reference import ReferenceScreen
 from controller.reference_fit import ReferenceCalibration
 from pipeline.clock import VirtualClock, WallClock
@@ -36,6 +36,7 @@ from pipeline.types import Prompt
 from railgate.config import RunConfig
 from railgate.episodic import EnvironmentReward, env_parts, is_episodic
 from railgate.preflight import preflight
+from railgate.replay.gate_parts import build_replay_gate, not_replayable
 
 
 def build_components(
@@ -453,24 +454,16 @@ def read_replay_log(cfg: RunConfig) -> GroupLog:
 
 def _build_replay(cfg: RunConfig) -> RunParts:
     """Exact replay (``engine.kind: replay``): the recorded groups of ``replay.log`` in the order
-    of ``replay.order_seed``, each offered once (``OnePassPool``; the run ends when they are used
-    up and nothing runs), served by the replay engine on a virtual clock and scored with their
-    recorded rewards; the learner is off (``NoLearner``) and nothing is evaluated. The oracle's
-    success probability is each group's recorded success share; SARA's reference prior reads each
-    group's ``reference_logprob`` from the log, all scored up front (a group without one opens
-    with the gate's own prior)."""
-    g, o = cfg.gate, cfg.orchestrator
-    if g.kind in ("sara", "sara_dps") and g.sara.guidance:
-        raise ConfigError(
-            f"gate.sara.guidance={g.sara.guidance} continues all-wrong groups from a reference response, text a "
-            "replay does not have (engine.kind=replay serves only recorded samples); set gate.sara.guidance=0"
-        )
-    if g.kind in ("dps", "sara_dps"):
-        raise ConfigError(
-            f"gate.kind={g.kind}: DPS picks prompts it has seen again as their beliefs change, and a replay has one "
-            "recorded group per prompt (each is offered once); replay another gate (uniform, sara, ds, "
-            "pilot_commit, hora, oracle)"
-        )
+    of ``replay.order_seed``, served by the replay engine on a virtual clock and scored with their
+    recorded rewards; the learner is off (``NoLearner``) and nothing is evaluated. The gate, its
+    one-pass prompt pool (the run ends when it is used up and nothing runs), the oracle's success
+    probability and SARA's reference screen are ``railgate.replay.gate_parts``'s, which ``bench
+    replay``'s driver builds too; so are the refusals (new text, log-probabilities, DPS, an
+    uncapped HORA), here as ``ConfigError``."""
+    o = cfg.orchestrator
+    why = not_replayable(cfg)  # before reading the log
+    if why:
+        raise ConfigError(why)
     log = read_replay_log(cfg)
     if o.group_size > log.group_size:
         raise ConfigError(
@@ -482,18 +475,14 @@ def _build_replay(cfg: RunConfig) -> RunParts:
     clock = VirtualClock()
     served = ServedRewards()
     engine = ReplayEngine(order, clock=clock, rate=cfg.replay.rate, served=served)
-    pool = OnePassPool(order.prompts)
-
-    def recorded_success(prompt_id: int) -> float:
-        group = order.group(prompt_id)
-        return group.successes / group.size
-
-    gate = _build_gate(cfg, pool, success_probability=recorded_success)
-    if g.kind == "sara" and g.sara.reference_prior:
-        _recorded_reference_screen(cfg, order, gate)
+    try:
+        built = build_replay_gate(cfg, order)
+    except ConfigError as exc:
+        raise ConfigError(f"replay.log={cfg.replay.log}: {exc}") from exc
+    pool = built.pool
     return RunParts(
         engine=engine,
-        gate=gate,
+        gate=built.gate,
         controller=NoopController(),
         scoring=_scoring(cfg, RecordedReward(served)),
         learner=NoLearner(),
@@ -501,34 +490,6 @@ def _build_replay(cfg: RunConfig) -> RunParts:
         evaluator=None,
         prompts_left=lambda: pool.remaining,
     )
-
-
-def _recorded_reference_screen(cfg: RunConfig, order: ReplayOrder, gate: Any) -> ReferenceScreen:
-    """``gate.sara.reference_prior`` in a replay: a ``ReferenceScreen`` holding every recorded
-    group's ``reference_logprob`` from the start (no learner scores anything), attached to the
-    SARA gate. Exact or a lower bound as ``replay.reference_exact`` says."""
-    sara = cfg.gate.sara
-    scores = {p.prompt_id: lp for p in order.prompts if (lp := order.reference_logprob(p.prompt_id)) is not None}
-    if not scores:
-        raise ConfigError(
-            f"gate.sara.reference_prior=true reads each group's reference_logprob, which no group of "
-            f"replay.log={cfg.replay.log} has; record with reference scoring, or set gate.sara.reference_prior=false"
-        )
-    exact = cfg.replay.reference_exact
-    screen = ReferenceScreen(
-        {},  # nothing to score: every likelihood is in the log
-        gate.source.peek,
-        exact=exact,
-        strength=sara.reference_strength,
-        ahead=sara.scored_ahead(cfg.orchestrator.batch_groups),
-        calibration=ReferenceCalibration() if sara.reference_calibrate and not exact else None,
-    )
-    try:
-        screen.update(scores, tokens=0)
-    except ValueError as exc:
-        raise ConfigError(f"replay.log={cfg.replay.log}: {exc}") from exc
-    gate.attach_reference(screen)
-    return screen
 
 
 @dataclass

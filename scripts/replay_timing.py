@@ -19,7 +19,8 @@ import numpy as np
 from pipeline.replay.order import ReplayOrder
 from pipeline.store.grouplog import GroupLogWriter, RecordedGroup, RecordedSample, read_group_log
 from railgate.replay.bench import DEFAULT_GATES, gate_config
-from railgate.replay.driver import not_replayable, replay
+from railgate.replay.driver import replay
+from railgate.replay.gate_parts import not_replayable
 
 
 def synthetic_groups(prompts: int, samples: int, seed: int = 0) -> list[RecordedGroup]:

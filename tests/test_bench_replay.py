@@ -66,7 +66,7 @@ def test_ds_rollouts_to_fill_a_step_match_the_hand_count():
 def test_replays_are_deterministic_and_paired_across_gates():
     log = make_log(random_rewards(80, 8, seed=2), prompt_ids=[i // 2 for i in range(80)])
     order = ReplayOrder(log, seed=3)
-    gates = ("uniform", "ds", "sara", "pilot_commit", "oracle", "dps")
+    gates = ("uniform", "ds", "sara", "pilot_commit", "oracle", "hora")
     first = {g: replay_gate(gate_config(g, 8, 4, ()), order, 8, 4) for g in gates}
     again = {g: replay_gate(gate_config(g, 8, 4, ()), ReplayOrder(log, seed=3), 8, 4) for g in gates}
     assert first == again

@@ -10,7 +10,9 @@ Settings every gate gets: ``orchestrator.group_size`` (default: the log's K) and
 ``orchestrator.batch_groups`` (``--batch``), then the policy's own overrides, then ``--set``.
 HORA may give a group any share of its extra budget, past the K samples a log holds; unless
 ``--set gate.hora.max_group_size=...`` says otherwise, replay caps its groups at the group size
-(what HORA does for a trainer with fixed group slots) and says so in the notes.
+(what HORA does for a trainer with fixed group slots) and says so in the notes. SARA's reference
+prior takes the log's ``reference_logprob`` as the pass rate (``replay.reference_exact=true``)
+unless ``--set replay.reference_exact=false`` says it is only a lower bound.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from pipeline.store.grouplog import GroupLog, read_group_log
 from railgate.bench.policies import POLICIES, base_overrides, overrides
 from railgate.config import RunConfig, load_config
 from railgate.progress import ProgressBar
-from railgate.replay.driver import ReplayRun, not_replayable, replay
+from railgate.replay.driver import ReplayRun, replay
+from railgate.replay.gate_parts import not_replayable
 from railgate.replay.report import log_report, log_summary
 
 DEFAULT_GATES = (
@@ -40,12 +43,11 @@ DEFAULT_GATES = (
     "sara",
     "sara_ref",
     "sara_ref_skip",
-    "dps",
-    "sara_dps",
     "oracle",
 )
 """The baselines, SARA with and without its reference prior, the CPU default's gate
-(``sara_ref_skip``: configs/default.yaml), DPS and the oracle."""
+(``sara_ref_skip``: configs/default.yaml) and the oracle. DPS is not among them: a replay offers
+each recorded prompt once, which leaves DPS nothing to predict (``gate_parts.not_replayable``)."""
 
 
 @dataclass(frozen=True)
@@ -101,10 +103,12 @@ def open_replay_log(
 def gate_config(name: str, group_size: int, batch: int, extra: Sequence[str]) -> RunConfig:
     """The config gate ``name`` is replayed under (the module docstring has the order)."""
     sizes = [f"orchestrator.group_size={group_size}", f"orchestrator.batch_groups={batch}"]
-    cap = []
+    defaults = []
     if not any(s.startswith("gate.hora.max_group_size=") for s in extra):
-        cap = [f"gate.hora.max_group_size={group_size}"]
-    return load_config(None, sizes + base_overrides(name) + overrides(name) + cap + list(extra))
+        defaults.append(f"gate.hora.max_group_size={group_size}")
+    if not any(s.startswith("replay.reference_exact=") for s in extra):
+        defaults.append("replay.reference_exact=true")
+    return load_config(None, sizes + base_overrides(name) + overrides(name) + defaults + list(extra))
 
 
 def replay_log(log: GroupLog, spec: ReplaySpec, progress: bool = True) -> dict[str, Any]:
@@ -130,7 +134,7 @@ def replay_log(log: GroupLog, spec: ReplaySpec, progress: bool = True) -> dict[s
     for i, name in enumerate(spec.gates):
         try:
             cfg = gate_config(name, group_size, spec.batch, spec.extra)
-            why = not_replayable(cfg)
+            why = not_replayable(cfg, k)
             if why:
                 raise NotReplayable(why)
             got = []
@@ -147,11 +151,6 @@ def replay_log(log: GroupLog, spec: ReplaySpec, progress: bool = True) -> dict[s
     bar.close()
     if "hora" in runs and not any(s.startswith("gate.hora.max_group_size=") for s in spec.extra):
         notes.append(f"hora's groups capped at {group_size} samples (gate.hora.max_group_size): a log holds no more")
-    if {"dps", "sara_dps"} & set(runs):
-        notes.append(
-            "dps, sara_dps: one pass offers every prompt once, so DPS changes only the order prompts open in "
-            "(its rollouts to fill a step are walked in that order); its totals are those of its gate on every prompt"
-        )
     if "oracle" in runs:
         notes.append("oracle: p = the recorded group's success fraction; its saturated groups' cost is counted")
     gates = log_report(orders, runs, configs, group_size, spec.batch, spec.resamples) if runs else {}

@@ -6,7 +6,11 @@ exactly those samples. ``replay`` drives the real ``GroupTracker`` with the real
 ``railgate.build`` builds it, and plays the world around it as a discrete-event loop with no
 engine, no learner and no event loop of its own:
 
-* the gate's prompt pool presents ``order.prompts`` in order, once (``railgate.replay.pool``);
+* the gate, its one-pass prompt pool (``order.prompts`` in order, each once), the oracle's
+  success probability and SARA's reference screen are built by
+  ``railgate.replay.gate_parts.build_replay_gate``, as the pipeline's replay builds them, and the
+  run's limits by its ``replay_orchestrator``; the gate is watched by
+  ``pipeline.replay.watch.WatchedGate``, as in the pipeline's replay;
 * the k-th request of replayed prompt p's group is served the recorded sample
   ``order.sample(p, k)``: launched at t, it finishes at ``finish_time(t, n, rate)``
   (``pipeline.replay.timing``) with its recorded reward; a request past the group's K raises
@@ -14,65 +18,47 @@ engine, no learner and no event loop of its own:
 * an aborted sample (its group abandoned) pays the tokens it had out (``tokens_out``);
 * the learner is none: a step is the batch shipped, answered at once (the gate's ``on_step``
   still runs; no weights change);
-* the oracle's ``success_probability`` is the recorded group's success fraction; SARA's
-  reference prior reads each recorded group's ``reference_logprob``, all scored up front.
+* samples finishing at one engine time are handed over in launch order, each followed by a
+  tick, before time moves on (what the pipeline's orchestrator does over the replay engine).
 
-It ends when every replayed prompt was offered once and nothing runs any more; what it did
-with each prompt is one ``PromptOutcome`` (``pipeline.replay.outcome``) per replayed prompt,
-skipped ones included. A gate that needs new text (guidance, RAIL's branches and resamples)
-or what a log does not keep (log-probabilities) cannot be replayed: ``not_replayable`` says why.
+It ends as the tracker says: every replayed prompt was offered and nothing runs any more
+("prompts exhausted"), or ``orchestrator.max_rollouts``; what it did with each prompt is one
+``PromptOutcome`` (``pipeline.replay.outcome``) per replayed prompt, skipped ones included: the
+outcomes ``railgate.replay.pipeline_run.replay_through_pipeline`` gives for the same config and
+order (``tests/test_replay_paths.py``). A gate that needs new text (guidance, RAIL's branches
+and resamples), what a log does not keep (log-probabilities), DPS or an uncapped HORA cannot be
+replayed: ``not_replayable`` says why.
 
 >>> from pipeline.store.grouplog import GroupLog, RecordedGroup
 >>> from pipeline.replay.order import ReplayOrder
 >>> from railgate.config import load_config
 >>> log = GroupLog(tuple(RecordedGroup.of(g, g, r) for g, r in enumerate([(1, 0, 1, 1), (0, 0, 0, 0), (1, 1, 0, 0)])), ("demo",))
->>> cfg = load_config(None, ["gate.kind=uniform"])
+>>> cfg = load_config(None, ["gate.kind=uniform", "orchestrator.group_size=4", "orchestrator.batch_groups=2"])
 >>> [(o.verdict, o.samples, o.tokens) for o in replay_gate(cfg, ReplayOrder(log), group_size=4, batch_groups=2)]
 [('committed', 4, 32), ('committed', 4, 32), ('committed', 4, 32)]
 """
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.gates.registry import build_gate
 from controller.noop import NoopController
-from controller.reference import ReferenceScreen
-from controller.reference_fit import ReferenceCalibration
-from controller.selectors import CursorSelector
 from pipeline.actions import INLINE, Cancel, Record, Score, ShellSettings, Start, Stop, Train, cannot_carry_out
+from pipeline.config.build import ConfigError
 from pipeline.messages import SampleDone, Started, StepDone, StreamCut, Tick
-from pipeline.protocols import Gate, GateStalled
 from pipeline.replay.order import NotReplayable, ReplayOrder
 from pipeline.replay.outcome import PromptOutcome
 from pipeline.replay.timing import DEFAULT_RATE, finish_time, tokens_out
-from pipeline.seeding import derive_seed
+from pipeline.replay.watch import WatchedGate
 from pipeline.tracker import GroupTracker
-from pipeline.types import ActionKind, GroupAction, GroupPlan, GroupSnapshot, SampleFinished, ScoredSample, StepResult
+from pipeline.types import SampleFinished, ScoredSample, StepResult
 from railgate.config import RunConfig
-from railgate.replay.pool import OncePerReplay, OnePassPool
+from railgate.replay.gate_parts import build_replay_gate, not_replayable, replay_orchestrator, with_sizes
 
-_COMMIT, _ABANDON = ActionKind.COMMIT, ActionKind.ABANDON
-
-
-def not_replayable(cfg: RunConfig) -> str:
-    """Why ``cfg``'s gate cannot be replayed on a group log ("" when it can)."""
-    sara = cfg.gate.sara
-    if cfg.controller.kind != "none":
-        return (
-            f"controller.kind={cfg.controller.kind} intervenes with new text (branches, resamples, guidance) "
-            "that no log holds"
-        )
-    if cfg.gate.kind in ("sara", "sara_dps") and sara.guidance:
-        return f"gate.sara.guidance={sara.guidance} continues groups from reference prefixes: new text no log holds"
-    if cfg.gate.kind in ("sara", "sara_dps") and sara.confident_pilot:
-        return "gate.sara.confident_pilot reads each sample's log-probability, which a group log does not keep"
-    return ""
+__all__ = ["ReplayRun", "not_replayable", "replay", "replay_gate"]
 
 
 @dataclass
@@ -96,10 +82,9 @@ def replay_gate(
     group_size: int,
     batch_groups: int,
     rate: float = DEFAULT_RATE,
-    reference_exact: bool = True,
 ) -> list[PromptOutcome]:
     """The outcomes of replaying ``cfg``'s gate on ``order`` (``replay`` has the details)."""
-    return replay(cfg, order, group_size, batch_groups, rate, reference_exact).outcomes
+    return replay(cfg, order, group_size, batch_groups, rate).outcomes
 
 
 def replay(
@@ -108,18 +93,17 @@ def replay(
     group_size: int,
     batch_groups: int,
     rate: float = DEFAULT_RATE,
-    reference_exact: bool = True,
 ) -> ReplayRun:
     """Replay ``cfg``'s gate (``cfg.gate``; ``cfg.orchestrator``'s limits, with ``group_size`` and
-    ``batch_groups`` in place of its own) on ``order``; see the module docstring.
-    ``reference_exact``: the log's reference likelihoods are pass rates (the reference is the only
-    response that earns the reward), not lower bounds. Raises ``NotReplayable`` for a gate that
-    cannot be replayed, a group larger than the log's K, or a request past K."""
-    why = not_replayable(cfg)
-    if why:
-        raise NotReplayable(why)
+    ``batch_groups`` in place of its own) on ``order``; see the module docstring. SARA's reference
+    prior takes the log's likelihoods as exact or as lower bounds as ``cfg.replay.reference_exact``
+    says. Raises ``NotReplayable`` for a gate that cannot be replayed or a group larger than the
+    log's K."""
     log = order.log
     k = log.group_size
+    why = not_replayable(cfg, k)
+    if why:
+        raise NotReplayable(why)
     if not log.groups:
         raise NotReplayable(f"the log ({', '.join(log.sources) or 'no source'}) holds no groups")
     if group_size > k:
@@ -127,7 +111,10 @@ def replay(
             f"group size {group_size} is above the log's {k} recorded samples per group; replay with "
             f"--group-size {k} or less, or record more samples per prompt (run.py record --samples)"
         )
-    return _Replay(cfg, order, group_size, batch_groups, rate, reference_exact).run()
+    try:
+        return _Replay(with_sizes(cfg, group_size, batch_groups), order, rate).run()
+    except ConfigError as exc:  # the log cannot serve this gate (its reference scores)
+        raise NotReplayable(str(exc)) from exc
 
 
 # A response of n tokens as the tracker sees it: shared tuples (their content is never read).
@@ -142,63 +129,35 @@ def _tokens(n: int) -> tuple[int, ...]:
 
 
 class _Replay:
-    """One replay: the tracker, the gate, the clock, the running samples and the bookkeeping."""
+    """One replay: the tracker, the watched gate, the clock, the running samples and what each
+    group cost."""
 
-    def __init__(
-        self, cfg: RunConfig, order: ReplayOrder, group_size: int, batch_groups: int, rate: float, exact: bool
-    ):
+    def __init__(self, cfg: RunConfig, order: ReplayOrder, rate: float):
         if not rate > 0:
             raise ValueError(f"rate={rate} must be > 0 (tokens a second)")
         self.order, self.rate = order, rate
-        n = len(order.prompts)
-        o = cfg.orchestrator
-        orchestrator = dataclasses.replace(
-            o,
-            group_size=group_size,
-            batch_groups=batch_groups,
-            batch_rollouts=o.batch_rollouts and max(o.batch_rollouts, group_size),
-            steps=min(10**8, n * group_size + 2),  # never the end: the pool is
-            max_rollouts=0,
-            target_accuracy=0.0,
-        )
-        k = order.log.group_size
-        rates = [order.group(p).successes / k for p in range(n)]
-        pool = OnePassPool(order.prompts)
-        gate = build_gate(
-            cfg.gate,
-            pool,
-            group_size=group_size,
-            batch_groups=batch_groups,
-            seed=derive_seed(cfg.seed, "gate"),
-            success_probability=rates.__getitem__,
-        )
-        source = getattr(gate, "source", None)
-        if source is not None and not isinstance(source, CursorSelector):
-            gate.source = OncePerReplay(source)  # a selector of its own (DPS): each prompt picked once
-        if cfg.gate.kind == "sara" and cfg.gate.sara.reference_prior:
-            gate.attach_reference(_reference_screen(cfg, order, gate, batch_groups, exact))
-        self.gate = gate
-        self.watched = _Watched(gate, self)
+        built = build_replay_gate(cfg, order)
+        self.gate = built.gate
+        self.watched = WatchedGate(built.gate)
         self.now = 0.0
+        pool = built.pool
         self.tracker = GroupTracker(
             self.watched,
             NoopController(),
-            orchestrator,
+            replay_orchestrator(cfg.orchestrator, len(order.prompts)),
             seed=cfg.seed,
             now=self._clock,
             shell=ShellSettings(learner=INLINE),
+            prompts_left=lambda: pool.remaining,
         )
+        # (finish time, launch order, request id) of every sample launched; a cancelled one's
+        # entry stays and is skipped when it comes up
         self.events: list[tuple[float, int, str]] = []
         self._seq = 0
-        # request id -> (launch time, tokens, reward, finish reason) of a running sample
+        # request id -> (launch time, tokens, reward, finish reason, request) of a running sample
         self.running: dict[str, tuple[float, int, float, Any, Any]] = {}
-        self.prompt_of: dict[int, int] = {}  # group id -> replayed prompt id
-        self.launched: dict[int, int] = {}
-        self.ended: dict[int, int] = {}
-        self.tokens: dict[int, int] = {}
-        self.decided: dict[int, int] = {}  # group id -> samples ended at the gate's first verdict
-        self.abandoned: set[int] = set()  # groups the gate abandoned
-        self.verdict: dict[int, str] = {}
+        self.launched: dict[int, int] = {}  # replayed prompt id -> samples launched
+        self.tokens: dict[int, int] = {}  # replayed prompt id -> tokens generated
         self.steps = 0
         self.end = ""
 
@@ -209,9 +168,9 @@ class _Replay:
 
     def run(self) -> ReplayRun:
         tracker, events, running = self.tracker, self.events, self.running
-        self._act(tracker.handle(Started()))
-        self._tick()
-        pop, handle, act = heapq.heappop, tracker.handle, self._act
+        act, handle, pop = self._act, tracker.handle, heapq.heappop
+        act(handle(Started()))
+        act(handle(Tick()))
         while events and not self.end:
             self.now, _, request_id = pop(events)
             entry = running.pop(request_id, None)
@@ -220,31 +179,21 @@ class _Replay:
             _, n, reward, reason, request = entry
             final = SampleFinished(request_id, _tokens(n), (), reason, 0, engine_time=self.now)
             for action in handle(final):
-                if type(action) is Score:
-                    gid = request.group_id
-                    self.ended[gid] += 1
+                if type(action) is Score:  # the recorded reward
                     act(handle(SampleDone(ScoredSample(action.request, action.finished, reward))))
                 else:
                     act((action,))
-            self._tick()
+            act(handle(Tick()))
         if not self.end:
-            self.end = "pool replayed"
+            raise RuntimeError("the replay ran out of samples to finish without the tracker ending the run")
         return ReplayRun(
             self._outcomes(),
-            opened_order=list(self.prompt_of.values()),
+            opened_order=self.watched.opened_order,
             metrics=dict(self.gate.metrics()),
             budget=self.tracker.budget.as_metrics(),
             steps=self.steps,
             end=self.end,
         )
-
-    def _tick(self) -> None:
-        try:
-            self._act(self.tracker.handle(Tick()))
-        except GateStalled:
-            if self.running:  # samples still run: a real stall, not the pool's end
-                raise
-            self.end = "pool replayed"
 
     def _act(self, actions: Sequence[Any]) -> None:
         for action in actions:
@@ -254,12 +203,12 @@ class _Replay:
             elif kind is Cancel:
                 launched_at, n, _, _, request = self.running.pop(action.request_id)
                 paid = tokens_out(launched_at, n, self.rate, self.now)
-                self.tokens[request.group_id] += paid - n  # it was booked in full at its start
+                self.tokens[request.prompt.prompt_id] += paid - n  # it was booked in full at its start
                 self._act(self.tracker.handle(StreamCut(action.request_id, paid)))
             elif kind is Score:
-                self.ended[action.request.group_id] += 1
-                reward = self.order.sample(action.request.prompt.prompt_id, action.request.sample_index).reward
-                self._act(self.tracker.handle(SampleDone(ScoredSample(action.request, action.finished, reward))))
+                request = action.request
+                reward = self.order.sample(request.prompt.prompt_id, request.sample_index).reward
+                self._act(self.tracker.handle(SampleDone(ScoredSample(request, action.finished, reward))))
             elif kind is Train:  # no learner: the step is the batch, trained at once
                 batch = action.batch
                 self.steps += 1
@@ -271,128 +220,19 @@ class _Replay:
                 raise cannot_carry_out("bench replay's driver", action)
 
     def _start(self, request: Any) -> None:
-        gid = request.group_id
-        sample = self.order.sample(request.prompt.prompt_id, request.sample_index)
+        pid = request.prompt.prompt_id
+        sample = self.order.sample(pid, request.sample_index)
         n = sample.num_tokens
-        self.launched[gid] += 1
-        self.tokens[gid] += n  # paid in full unless it is aborted (then corrected at its Cancel)
+        self.launched[pid] = self.launched.get(pid, 0) + 1
+        self.tokens[pid] = (
+            self.tokens.get(pid, 0) + n
+        )  # paid in full unless it is aborted (then corrected at its Cancel)
         self.running[request.request_id] = (self.now, n, sample.reward, sample.finish_reason, request)
         heapq.heappush(self.events, (finish_time(self.now, n, self.rate), self._seq, request.request_id))
         self._seq += 1
 
-    # --- what the gate did ---------------------------------------------------------------
-
-    def opened(self, plans: Sequence[GroupPlan]) -> None:
-        for plan in plans:
-            gid = plan.group_id
-            self.prompt_of[gid] = plan.prompt.prompt_id
-            self.launched[gid] = self.ended[gid] = self.tokens[gid] = 0
-
-    def saw(self, actions: Sequence[GroupAction]) -> None:
-        for a in actions:
-            kind = a.kind
-            if kind is _ABANDON or kind is _COMMIT:
-                gid = a.group_id
-                if gid not in self.decided and gid in self.ended:
-                    self.decided[gid] = self.ended[gid]
-                if kind is _ABANDON:
-                    self.abandoned.add(gid)
-
-    def closed(self, group_id: int, committed: bool) -> None:
-        if committed:
-            self.verdict[group_id] = "committed"
-        elif group_id in self.abandoned or group_id not in self.decided:
-            self.verdict[group_id] = "abandoned"
-        else:
-            self.verdict[group_id] = "dropped"  # committed with fewer than two valid samples
-
     def _outcomes(self) -> list[PromptOutcome]:
-        n = len(self.order.prompts)
-        out: list[PromptOutcome | None] = [None] * n
-        for gid, pid in self.prompt_of.items():
-            out[pid] = PromptOutcome(
-                prompt_id=pid,
-                opened=True,
-                verdict=self.verdict.get(gid, "open"),  # type: ignore[arg-type]
-                samples=self.launched[gid],
-                tokens=self.tokens[gid],
-                decided_at=self.decided.get(gid, 0),
-            )
-        return [o if o is not None else PromptOutcome(p, False, "skipped", 0, 0, 0) for p, o in enumerate(out)]
-
-
-def _reference_screen(cfg: RunConfig, order: ReplayOrder, gate: Any, batch_groups: int, exact: bool) -> ReferenceScreen:
-    """SARA's reference screen holding every replayed prompt's recorded ``reference_logprob`` up
-    front (prompts without one get the gate's prior, as unscored prompts do in a run)."""
-    sara = cfg.gate.sara
-    scores = {p.prompt_id: order.reference_logprob(p.prompt_id) for p in order.prompts}
-    scores = {pid: lp for pid, lp in scores.items() if lp is not None and not math.isnan(lp)}
-    if not scores:
-        raise NotReplayable(
-            "gate.sara.reference_prior reads each group's reference_logprob, and the log has none; record the "
-            "log with reference scoring or replay without the reference prior"
-        )
-    bad = {pid: lp for pid, lp in scores.items() if lp > 1e-6}
-    if bad:
-        pid, lp = next(iter(bad.items()))
-        group = order.group(pid)
-        raise NotReplayable(
-            f"log group {group.group_id} (prompt {group.prompt_id}) has reference_logprob={lp}, not the log of a "
-            "probability; fix the log's reference scores"
-        )
-    screen = ReferenceScreen(
-        {pid: () for pid in scores},
-        gate.source.peek,
-        exact=exact and not sara.reference_calibrate,
-        strength=sara.reference_strength,
-        ahead=sara.scored_ahead(batch_groups),
-        calibration=ReferenceCalibration() if sara.reference_calibrate else None,
-    )
-    screen.update(scores, tokens=0)
-    return screen
-
-
-class _Watched(Gate):
-    """The gate as the tracker sees it, with the replay noting which groups it opened, its first
-    verdict on each and how each closed; every call is the gate's own."""
-
-    def __init__(self, gate: Gate, replay: _Replay):
-        self.gate, self.replay = gate, replay
-
-    @property
-    def abandons(self) -> bool:  # type: ignore[override]
-        return self.gate.abandons
-
-    @property
-    def uncounted_rollouts(self) -> int:
-        return self.gate.uncounted_rollouts
-
-    def admit(self, group_ids: range, step: int) -> list[GroupPlan]:
-        plans = self.gate.admit(group_ids, step)
-        self.replay.opened(plans)
-        return plans
-
-    def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
-        actions = self.gate.update(snapshot)
-        if actions:
-            self.replay.saw(actions)
-        return actions
-
-    def on_step(self, step: int, batch: Any) -> list[GroupAction]:
-        actions = self.gate.on_step(step, batch)
-        if actions:
-            self.replay.saw(actions)
-        return actions
-
-    def on_closed(self, group_id: int, committed: bool) -> None:
-        self.gate.on_closed(group_id, committed)
-        self.replay.closed(group_id, committed)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.gate.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.gate.load_state_dict(state)
-
-    def metrics(self) -> dict[str, float]:
-        return self.gate.metrics()
+        outcome, launched, tokens = self.watched.outcome, self.launched, self.tokens
+        return [
+            outcome(p.prompt_id, launched.get(p.prompt_id, 0), tokens.get(p.prompt_id, 0)) for p in self.order.prompts
+        ]
