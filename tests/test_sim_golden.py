@@ -57,19 +57,23 @@ CASES: dict[str, list[str]] = {
 # eval/accuracy_lo and _hi, pipeline/rollouts_untrained (every case's digest without them equals
 # the recording before), and a uniform gate that no longer opens groups no step trains on (the
 # two uniform cases' trace and budget).
+# Recorded again for issue 51: the orchestrator held the virtual clock only until the tracker had
+# handled a finished sample, not through the tick that launches what the freed room allows, so on
+# the simulator new groups started at the next event's time instead of this one's (found by holding
+# bench replay's driver and the pipeline over the replay engine to the same decisions).
 GOLDEN: dict[str, str] = {
-    "ds": "969ba4c22e5f6fe9",
-    "hora": "914fdcc382c98d04",
-    "pilot_commit": "1b9c9cc0c855fe3a",
-    "sara": "d3beba7623382630",
-    "sara_dps": "467b22b5f80fa009",
-    "sara_eager": "c9dc0fbf682e9ec1",
-    "sara_rail": "727b1e7aceb2570d",
-    "sara_rail_shadow": "a5785a7d27e20fc5",
-    "sara_rail_tasks": "7239dda8b6e3a80a",
-    "sara_streaming_rollouts": "6faca109e31ebcb0",
-    "uniform": "6a4e692d76c5f69c",
-    "uniform_tasks": "11f804111aeece66",
+    "ds": "e4813d5d616a9b98",
+    "hora": "a0aeff64856a3711",
+    "pilot_commit": "ee85afe0cfa4d1cc",
+    "sara": "a3e4fc712893c557",
+    "sara_dps": "d1f294caaf7bd5f9",
+    "sara_eager": "ede52bd531a39130",
+    "sara_rail": "d98d3f0731bf3c04",
+    "sara_rail_shadow": "cf907fc72ab25313",
+    "sara_rail_tasks": "0b301c1eb5400b69",
+    "sara_streaming_rollouts": "95cc5ddad67f76df",
+    "uniform": "8c7cfe576cda678e",
+    "uniform_tasks": "b46aa1a7e881f95a",
 }
 
 # Figures that measure the machine, not the run.
