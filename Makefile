@@ -3,7 +3,7 @@
 
 PYTHON ?= python
 
-.PHONY: install test test-slow lint ci
+.PHONY: install test test-slow lint ci shipped-base
 
 install:  ## everything the tests use (.ci/install: vLLM's CPU build, Ray, SmolLM2 and its GGUF reader, the trl and skyrl extras)
 	bash .ci/install
@@ -21,3 +21,8 @@ lint:  ## ruff (lint and format) and mypy on the typed packages
 
 ci:  ## what CI runs on a clean clone
 	bash .ci/run
+
+shipped-base:  ## rebuild the warm-started base model the default run starts from (pipeline/policy/shipped.py); commit it
+	rm -rf pipeline/policy/base_arithmetic
+	$(PYTHON) run.py warm-start --no-progress --out pipeline/policy/base_arithmetic
+	$(PYTHON) -m pipeline.policy.shipped --write-digests

@@ -97,6 +97,13 @@ class WallClock:
         return None
 
 
+class LockstepClock(WallClock):
+    """Real time, with learning inline (``orchestrator.deterministic``): each batch is trained
+    on the event loop the moment it fills, at the same point of the run every time."""
+
+    learner_timing = INLINE
+
+
 class VirtualClock:
     """Discrete-event engine time; see the module docstring."""
 

@@ -76,6 +76,7 @@ class SamplingEvaluator:
         reward_threads: int = 2,
         check_rewards: bool = True,
         episodes: Any = None,
+        inline_rewards: bool | None = None,
     ):
         if not prompts:
             raise ValueError("the evaluator needs at least one held-out prompt; raise eval.num_prompts")
@@ -92,7 +93,10 @@ class SamplingEvaluator:
         self.reward_timeout_s = reward_timeout_s  # a reward past it counts as wrong, as in training
         self.check_rewards = check_rewards  # an evaluation whose rewards all failed raises RewardsFailing
         # The training run's reward service, timeout and worker processes included (None: its default).
-        self.scoring = ScoringService(scorer, reward_timeout_s or _DEFAULT_REWARD_TIMEOUT_S, reward_threads)
+        # inline_rewards: scored on the event loop (a deterministic run), None: as the scorer declares.
+        self.scoring = ScoringService(
+            scorer, reward_timeout_s or _DEFAULT_REWARD_TIMEOUT_S, reward_threads, inline=inline_rewards
+        )
         self.last_rates: tuple[float, ...] = ()  # per prompt, of the latest evaluation (nan: no sample scored)
         # An environment task: each sample is an episode played through this EpisodeService
         # (``pipeline.envs.play``); its reward is the environment's.

@@ -20,7 +20,16 @@ every sample, so a binomial interval over all samples is too narrow by the desig
   training runs) and prompts i (shared by every seed). Under a two-way random-effects model
   (``d = mu + seed effect + prompt effect + noise``) the grand mean's variance is at most
   ``var(seed means) / S + var(prompt means) / P``; that bound is used, with Welch-Satterthwaite
-  degrees of freedom for the t quantile. With one seed it is ``paired_difference``'s interval.
+  degrees of freedom for the t quantile, from ``MIN_SEEDS`` seeds on. With fewer seeds the
+  seed-to-seed variance rests on one or two degrees of freedom (a t quantile of 12.7 at one),
+  which says nothing: the interval is then over prompts only, of the seeds' mean per prompt,
+  and says so (``Interval.scope == "prompts"``): the seed-to-seed part is left unresolved.
+* ``over_seeds(values)``: one number per seed (a paired difference per seed), the t interval
+  over seeds from ``MIN_SEEDS`` seeds on; fewer: no interval.
+
+Every interval stays within the range its values can take (``bounds``: [0, 1] for an accuracy,
+[-1, 1] for a difference of accuracies): the mean lies there, so a bound past it covers nothing
+more.
 
 Prompts without a rate (every sample left out by the reward: ``nan``) are dropped; a paired
 comparison drops a prompt missing on either side. With a single prompt there is no interval
@@ -28,7 +37,7 @@ comparison drops a prompt missing on either side. With a single prompt there is 
 
 >>> e = prompt_mean([1.0, 0.5, 0.0, 0.5])
 >>> e.mean, round(e.lo, 4), round(e.hi, 4), e.n
-(0.5, -0.1496, 1.1496, 4)
+(0.5, 0.0, 1.0, 4)
 >>> paired_difference([1.0, 0.5, 0.25], [1.0, 0.5, 0.25])
 Interval(mean=0.0, lo=0.0, hi=0.0, n=3)
 """
@@ -37,13 +46,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.special import stdtrit
 
 LEVEL = 0.95
 """Coverage of every interval here."""
+
+MIN_SEEDS = 3
+"""Fewest seeds an interval over seeds is given from: below, the seed-to-seed variance has one
+degree of freedom (or none), and its t quantile (12.7) makes any interval meaningless."""
+
+RATES = (0.0, 1.0)
+"""The range of an accuracy (a success rate)."""
+DIFFERENCES = (-1.0, 1.0)
+"""The range of a difference of two accuracies."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +76,9 @@ class Interval:
     lo: float
     hi: float
     n: int
+    scope: str = field(default="", repr=False)
+    """What the interval is over when that is less than the caller asked for: ``"prompts"`` when
+    ``seeds_and_prompts`` had too few seeds for their part; empty otherwise."""
 
     def text(self, digits: int = 3) -> str:
         """``mean (95% lo to hi)``, for tables and reports."""
@@ -69,29 +90,55 @@ def _t(df: float) -> float:
     return float(stdtrit(df, 0.5 + LEVEL / 2)) if math.isfinite(df) else 1.959963984540054
 
 
-def _t_interval(mean: float, variance_of_mean: float, df: float, n: int) -> Interval:
+def _t_interval(
+    mean: float, variance_of_mean: float, df: float, n: int, bounds: tuple[float, float], scope: str = ""
+) -> Interval:
     if n < 2 or not math.isfinite(variance_of_mean):
-        return Interval(mean, math.nan, math.nan, n)
+        return Interval(mean, math.nan, math.nan, n, scope)
     half = _t(df) * math.sqrt(variance_of_mean) if variance_of_mean > 0 else 0.0
-    return Interval(mean, mean - half, mean + half, n)
+    return Interval(mean, max(bounds[0], mean - half), min(bounds[1], mean + half), n, scope)
+
+
+def _mean_interval(values: Sequence[float], bounds: tuple[float, float], scope: str = "") -> Interval:
+    x = np.asarray(values, dtype=float)
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return Interval(math.nan, math.nan, math.nan, 0, scope)
+    mean = float(x.mean())
+    if x.size < 2:
+        return Interval(mean, math.nan, math.nan, int(x.size), scope)
+    return _t_interval(mean, float(x.var(ddof=1)) / x.size, x.size - 1, int(x.size), bounds, scope)
 
 
 def prompt_mean(rates: Sequence[float]) -> Interval:
-    """The mean over prompts of per-prompt success rates, with the t interval over prompts.
+    """The mean over prompts of per-prompt success rates, with the t interval over prompts
+    (within [0, 1]).
 
     >>> prompt_mean([0.25, 0.25, 0.25])
     Interval(mean=0.25, lo=0.25, hi=0.25, n=3)
     >>> prompt_mean([float("nan"), 1.0, 0.0]).n
     2
+    >>> prompt_mean([1.0, 1.0, 1.0, 0.75]).hi  # t alone would reach 1.08
+    1.0
     """
-    x = np.asarray(rates, dtype=float)
+    return _mean_interval(rates, RATES)
+
+
+def over_seeds(values: Sequence[float], bounds: tuple[float, float] = DIFFERENCES) -> Interval:
+    """The mean of one value per seed with its t interval over seeds (within ``bounds``), or no
+    interval (``nan`` bounds) below ``MIN_SEEDS`` seeds; ``n`` counts seeds.
+
+    >>> over_seeds([0.02, 0.04])  # two seeds: a t interval would have one degree of freedom
+    Interval(mean=0.03, lo=nan, hi=nan, n=2)
+    >>> e = over_seeds([0.02, 0.04, 0.03])
+    >>> round(e.lo, 4), round(e.hi, 4)
+    (0.0052, 0.0548)
+    """
+    x = np.asarray(values, dtype=float)
     x = x[np.isfinite(x)]
-    if x.size == 0:
-        return Interval(math.nan, math.nan, math.nan, 0)
-    mean = float(x.mean())
-    if x.size < 2:
-        return Interval(mean, math.nan, math.nan, int(x.size))
-    return _t_interval(mean, float(x.var(ddof=1)) / x.size, x.size - 1, int(x.size))
+    if 0 < x.size < MIN_SEEDS:
+        return Interval(float(x.mean()), math.nan, math.nan, int(x.size))
+    return _mean_interval(x, bounds)
 
 
 def paired_difference(a: Sequence[float], b: Sequence[float]) -> Interval:
@@ -111,28 +158,34 @@ def paired_difference(a: Sequence[float], b: Sequence[float]) -> Interval:
     x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if x.shape != y.shape:
         raise ValueError(f"paired rates need the same prompts: {x.size} against {y.size} rates")
-    return prompt_mean(x - y)  # nan where either is missing: dropped there
+    return _mean_interval(x - y, DIFFERENCES)  # nan where either is missing: dropped there
 
 
-def seeds_and_prompts(differences: Sequence[Sequence[float]]) -> Interval:
+def seeds_and_prompts(differences: Sequence[Sequence[float]], bounds: tuple[float, float] = DIFFERENCES) -> Interval:
     """The mean of ``differences[s][i]`` (seed s, prompt i) with a 95% interval over both seeds
-    and prompts (see the module docstring); ``n`` counts prompts. Prompts missing in any seed
-    are dropped.
+    and prompts (see the module docstring), within ``bounds`` (``RATES`` for accuracies
+    themselves); ``n`` counts prompts. Prompts missing in any seed are dropped. Below
+    ``MIN_SEEDS`` seeds the interval is over prompts only, of the seeds' mean per prompt
+    (``scope == "prompts"``).
 
     >>> d = [[0.1, 0.0, 0.2, 0.1], [0.0, 0.1, 0.1, 0.2], [0.1, 0.1, 0.2, 0.0]]
     >>> e = seeds_and_prompts(d)
-    >>> round(e.mean, 4), round(e.lo, 4), round(e.hi, 4), e.n
-    (0.1, 0.025, 0.175, 4)
-    >>> seeds_and_prompts([[0.5, 0.0, 0.25]]) == paired_difference([0.5, 0.0, 0.25], [0.0, 0.0, 0.0])
-    True
+    >>> round(e.mean, 4), round(e.lo, 4), round(e.hi, 4), e.n, e.scope
+    (0.1, 0.025, 0.175, 4, '')
+    >>> e = seeds_and_prompts(d[:2])  # two seeds: their part is unresolved
+    >>> round(e.mean, 4), round(e.lo, 4), round(e.hi, 4), e.scope
+    (0.1, 0.0081, 0.1919, 'prompts')
+    >>> one, pd = seeds_and_prompts([[0.5, 0.0, 0.25]]), paired_difference([0.5, 0.0, 0.25], [0.0, 0.0, 0.0])
+    >>> (one.mean, one.lo, one.hi) == (pd.mean, pd.lo, pd.hi), one.scope
+    (True, 'prompts')
     """
     d = np.asarray(differences, dtype=float)
     if d.ndim != 2 or d.size == 0:
         raise ValueError(f"differences must be seeds x prompts, got shape {d.shape}")
     d = d[:, np.isfinite(d).all(axis=0)]
     seeds, prompts = d.shape
-    if seeds == 1:
-        return prompt_mean(d[0])
+    if seeds < MIN_SEEDS:
+        return _mean_interval(d.mean(axis=0), bounds, scope="prompts")
     if prompts == 0:
         return Interval(math.nan, math.nan, math.nan, 0)
     mean = float(d.mean())
@@ -144,4 +197,4 @@ def seeds_and_prompts(differences: Sequence[Sequence[float]]) -> Interval:
     # Welch-Satterthwaite: the two variance estimates have S - 1 and P - 1 degrees of freedom.
     parts = v_seeds**2 / (seeds - 1) + (v_prompts**2 / (prompts - 1) if prompts > 1 else 0.0)
     df = variance**2 / parts if parts > 0 else math.inf
-    return _t_interval(mean, variance, df, prompts)
+    return _t_interval(mean, variance, df, prompts, bounds)

@@ -14,7 +14,7 @@ from controller.noop import NoopController
 from controller.prompts import PromptPool
 from controller.reference import ReferenceScreen
 from controller.reference_fit import ReferenceCalibration
-from pipeline.clock import VirtualClock, WallClock
+from pipeline.clock import LockstepClock, VirtualClock, WallClock
 from pipeline.config.build import ConfigError
 from pipeline.decisions import NullSink
 from pipeline.engines.replay import ReplayEngine
@@ -153,7 +153,12 @@ def _build_torch(cfg: RunConfig, progress: bool) -> tuple[RunParts, Any]:
     elif cfg.engine.kind == "ray":
         engine = _ray_engine(cfg, base.path, tokenizer.eos_id, context)
     else:
-        engine = TorchEngine(copy.deepcopy(base.model), tokenizer.eos_id, **_torch_kwargs(cfg, context))
+        engine = TorchEngine(
+            copy.deepcopy(base.model),
+            tokenizer.eos_id,
+            **_torch_kwargs(cfg, context),
+            lockstep=cfg.orchestrator.deterministic,
+        )
     pool = PromptPool(train_prompts, seed=derive_seed(cfg.seed, "prompts"))
     gate = _build_gate(cfg, pool)
     scorer = EnvironmentReward() if env is not None else task.scorer(tokenizer.decode)
@@ -168,6 +173,7 @@ def _build_torch(cfg: RunConfig, progress: bool) -> tuple[RunParts, Any]:
         reward_timeout_s=cfg.orchestrator.reward_timeout_s,
         check_rewards=cfg.orchestrator.reward_check_first > 0,
         episodes=env.service if env is not None else None,
+        inline_rewards=True if cfg.orchestrator.deterministic else None,
     )
     learner = TorchLearner(base.model, cfg.learner, pad_id=tokenizer.pad_id)
     reference = None if env is not None else _reference_screen(cfg, task, tokenizer, gate, train_problems)
@@ -180,7 +186,7 @@ def _build_torch(cfg: RunConfig, progress: bool) -> tuple[RunParts, Any]:
         controller=NoopController(),
         scoring=_scoring(cfg, scorer),
         learner=learner,
-        clock=WallClock(),
+        clock=LockstepClock() if cfg.orchestrator.deterministic else WallClock(),
         evaluator=evaluator,
         reference=reference,
         episodes=env.service if env is not None else None,
@@ -192,7 +198,9 @@ def _scoring(cfg: RunConfig, scorer: Scorer) -> ScoringService:
     """The run's reward service: ``scorer`` under ``orchestrator.reward_timeout_s``, on
     ``reward_threads`` workers, stopping the run when each of the first ``reward_check_first`` fails."""
     o = cfg.orchestrator
-    return ScoringService(scorer, o.reward_timeout_s, o.reward_threads, o.reward_check_first)
+    return ScoringService(
+        scorer, o.reward_timeout_s, o.reward_threads, o.reward_check_first, inline=True if o.deterministic else None
+    )
 
 
 CHARS_PER_TOKEN_MAX = 64

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tqdm import tqdm
@@ -89,9 +89,12 @@ def quiet_libraries(no_progress: bool) -> Iterator[None]:
         # tqdm reads it when imported: every bar of a process this command starts (vLLM's engine
         # core, a benchmark's workers) is off; in this process railgate passes its own switch.
         os.environ["TQDM_DISABLE"] = "1"
+    silenced = _tqdm_off() if no_progress else None
     try:
         yield
     finally:
+        if silenced is not None:
+            silenced()
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
@@ -107,3 +110,33 @@ def quiet_libraries(no_progress: bool) -> Iterator[None]:
 
 
 _SWITCHES = ("HF_HUB_DISABLE_PROGRESS_BARS", "TQDM_DISABLE")
+
+
+def _tqdm_off() -> Callable[[], None] | None:
+    """Every tqdm bar of this process off, until the returned function is called. ``TQDM_DISABLE``
+    is read once, when tqdm is imported: a library that imported tqdm before the command began
+    (transformers' GGUF conversion, "Converting and de-quantizing GGUF tensors") would still draw
+    its bar. Not imported yet: the environment switch covers it, nothing to do here.
+
+    >>> import io, tqdm
+    >>> undo = _tqdm_off()
+    >>> out = io.StringIO(); _ = list(tqdm.tqdm(range(3), file=out)); out.getvalue()
+    ''
+    >>> undo()
+    """
+    std = sys.modules.get("tqdm.std")
+    if std is None:
+        return None
+    cls = std.tqdm
+    original = cls.__init__
+
+    def init(self, *args, **kwargs):
+        kwargs["disable"] = True
+        original(self, *args, **kwargs)
+
+    cls.__init__ = init
+
+    def undo() -> None:
+        cls.__init__ = original
+
+    return undo

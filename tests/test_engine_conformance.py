@@ -65,13 +65,13 @@ def make_sim() -> Opened:
     return Opened(engine, engine.prompt, new_weights)
 
 
-def make_torch() -> Opened:
+def make_torch(lockstep: bool = False) -> Opened:
     from pipeline.engines.torch_engine import TorchEngine
     from pipeline.policy.models import build_model
 
     torch.manual_seed(0)  # the perturbed weights' draws
     model = build_model(64, 32, 2, 2, 64, seed=0, pad_id=None, arch="llama", mlp_ratio=2)
-    engine = TorchEngine(model, tokenizer_eos_id=None, seed=0)
+    engine = TorchEngine(model, tokenizer_eos_id=None, seed=0, lockstep=lockstep)
 
     def prompt(i: int) -> Prompt:
         return Prompt(prompt_id=i, text="", token_ids=tuple(3 + (i * 7 + j) % 60 for j in range(2 + i % 5)))
@@ -148,6 +148,8 @@ ENGINE_FACTORIES: list[EngineCase] = [
     EngineCase("sim", make_sim, max_tokens=512),
     EngineCase("torch", make_torch, max_tokens=24),
     EngineCase("replay", make_replay, max_tokens=64),
+    # orchestrator.deterministic: decode steps on the event loop, no thread
+    EngineCase("torch-lockstep", lambda: make_torch(lockstep=True), max_tokens=24),
     EngineCase(
         "vllm", make_vllm, max_tokens=16, shared=True, marks=(pytest.mark.integration, pytest.mark.timeout(600))
     ),

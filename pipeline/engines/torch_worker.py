@@ -11,6 +11,10 @@ reading stops the thread after ``ahead`` steps (backpressure).
 ``pause()`` / ``resume()`` bracket a weight update: ``pause`` returns once the current step
 has ended, and no step starts until ``resume``.
 
+``inline=True`` (the engine's lock step, ``orchestrator.deterministic``): no thread at all;
+each ``take`` runs one step in the caller's thread with the joins and removals submitted until
+then, so which rows a step holds depends on the caller's order of calls, never on timing.
+
 >>> import torch
 >>> from transformers import LlamaConfig, LlamaForCausalLM
 >>> from pipeline.engines.torch_batch import DecodeBatch, RowSpec
@@ -51,10 +55,18 @@ class DecodeWorker:
     step in its own thread) that must not run at the same time as decoding.
     """
 
-    def __init__(self, batch: DecodeBatch, *, ahead: int = 2, lock: AbstractContextManager | None = None):
+    def __init__(
+        self,
+        batch: DecodeBatch,
+        *,
+        ahead: int = 2,
+        lock: AbstractContextManager | None = None,
+        inline: bool = False,
+    ):
         if ahead < 1:
             raise ValueError(f"ahead={ahead} must be >= 1")
         self.batch = batch
+        self.inline = inline
         self.ahead = ahead
         self._lock = lock if lock is not None else nullcontext()
         self._cv = threading.Condition()
@@ -81,7 +93,7 @@ class DecodeWorker:
             for spec in joins:
                 self._joins[spec.key] = spec
             self._cv.notify_all()
-        if self._thread is None:
+        if self._thread is None and not self.inline:
             self._thread = threading.Thread(target=self._run, name="torch-engine-decode", daemon=True)
             self._thread.start()
 
@@ -92,7 +104,10 @@ class DecodeWorker:
     # --- called from worker threads of the event loop (they block) ------------------------
 
     def take(self) -> list[StepOutput | StepFailed]:
-        """Every step result not read yet; waits for one while the thread has work to do."""
+        """Every step result not read yet; waits for one while the thread has work to do
+        (``inline``: runs one step now, if there is work)."""
+        if self.inline:
+            return [self._step()] if self._has_work() and not self._stopped else []
         with self._cv:
             while not self._results and not self._stopped and self._has_work():
                 self._cv.wait()
@@ -138,19 +153,39 @@ class DecodeWorker:
                     self._cv.wait()
                 if self._stopped:
                     return
-                joins, self._joins = list(self._joins.values()), {}
-                removals, self._removals = self._removals, set()
-                version = self._version
-                self._running = True
-            held = {row.spec.key for row in self.batch.rows} | {spec.key for spec in joins}
-            try:
-                with self._lock:
-                    result: StepOutput | StepFailed = self.batch.step(joins, removals, version)
-            except BaseException as exc:  # reported to the reader; the batch starts afresh
-                self.batch.reset()
-                result = StepFailed(exc, frozenset(held))
+                work = self._start_step()
+            result = self._compute(*work)
             with self._cv:
-                self._running = False
-                self._rows = self.batch.num_rows - self.batch.num_finished
+                self._end_step(result)
                 self._results.append(result)
                 self._cv.notify_all()
+
+    def _step(self) -> StepOutput | StepFailed:
+        """One decode step in the caller's thread (``inline``)."""
+        with self._cv:
+            work = self._start_step()
+        result = self._compute(*work)
+        with self._cv:
+            self._end_step(result)
+        return result
+
+    def _start_step(self) -> tuple[list[RowSpec], set[int], int]:
+        """Take the inbox for the next step (the condition held)."""
+        joins, self._joins = list(self._joins.values()), {}
+        removals, self._removals = self._removals, set()
+        self._running = True
+        return joins, removals, self._version
+
+    def _compute(self, joins: list[RowSpec], removals: set[int], version: int) -> StepOutput | StepFailed:
+        held = {row.spec.key for row in self.batch.rows} | {spec.key for spec in joins}
+        try:
+            with self._lock:
+                return self.batch.step(joins, removals, version)
+        except BaseException as exc:  # reported to the reader; the batch starts afresh
+            self.batch.reset()
+            return StepFailed(exc, frozenset(held))
+
+    def _end_step(self, result: StepOutput | StepFailed) -> None:
+        """The step has ended (the condition held)."""
+        self._running = False
+        self._rows = self.batch.num_rows - self.batch.num_finished

@@ -308,7 +308,10 @@ def ensure_base_model(
     run_dir: str | Path, task_cfg, model_cfg: BaseModelConfig | None = None, progress: bool = True, task: Any = None
 ) -> BaseModel:
     """The base policy of a run: ``model_cfg.path`` if set, else ``run_dir/base_model``,
-    built and warm-started on the first call and loaded from there afterwards.
+    built and warm-started on the first call and loaded from there afterwards. When the task
+    and model settings are those of the model the project ships (``pipeline.policy.shipped``:
+    configs/default.yaml's), the first call copies that model instead of warm-starting, after
+    checking its files' digests.
 
     A cached model built for other task or model settings is an error, not silently reused.
     The directory appears atomically (built in a temporary sibling, then renamed), so an
@@ -328,6 +331,10 @@ def ensure_base_model(
         )
     target = Path(run_dir) / BASE_DIR_NAME
     wanted = base_settings(task_cfg, model_cfg)
+    if not target.exists() and _is_shipped(wanted):
+        from pipeline.policy.shipped import copy_shipped
+
+        copy_shipped(target)  # the same start on every machine (pipeline.policy.shipped); digests checked
     if target.exists():
         base = load_model(target)
         stale = [k for k in wanted if base.meta.get(k) != wanted[k]]
@@ -338,6 +345,12 @@ def ensure_base_model(
             )
         return base
     return build_base_model(task_cfg, model_cfg, target, progress, task)
+
+
+def _is_shipped(wanted: dict[str, Any]) -> bool:
+    from pipeline.policy.shipped import shipped_settings
+
+    return shipped_settings() == json.loads(json.dumps(wanted))  # as railgate_base.json records them
 
 
 def build_base_model(

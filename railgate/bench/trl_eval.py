@@ -61,7 +61,8 @@ class HeldOut:
         finally:
             model.train(was_training)
         accuracy = prompt_mean(per_prompt)
-        return accuracy.mean, (accuracy.hi - accuracy.lo) / 2
+        # the t half-width: the bound that [0, 1] did not cut (the table cuts both again)
+        return accuracy.mean, max(accuracy.mean - accuracy.lo, accuracy.hi - accuracy.mean)
 
     def _batch(self, model: Any, rows: list[dict[str, Any]]) -> list[float]:
         tok = self.tokenizer

@@ -124,15 +124,15 @@ def _at_equal_steps(a: Any, b: Any) -> tuple[float, float]:
 def _paired(a: Sequence[Any], b: Sequence[Any]) -> dict[str, Any]:
     """a - b per seed (``a[i]`` and ``b[i]``: the runs of one seed) at equal rollouts and at equal
     optimiser steps, each with its mean and 95% t interval over seeds (``pipeline.intervals``'s
-    ``paired_difference`` with the seed as the unit: the two runs of a seed share the model, the
-    prompts and their order, and the held-out draws; one seed: no interval)."""
-    from pipeline.intervals import paired_difference
+    ``over_seeds`` of the per-seed differences: the two runs of a seed share the model, the
+    prompts and their order, and the held-out draws; below ``MIN_SEEDS`` seeds: no interval)."""
+    from pipeline.intervals import over_seeds
 
     out: dict[str, Any] = {}
     for name, at in (("equal_rollouts", _at_equal_rollouts), ("equal_steps", _at_equal_steps)):
         pairs = [at(x, y) for x, y in zip(a, b)]
         out[f"{name}_difference"] = [x - y for x, y in pairs]
-        interval = paired_difference([x for x, _ in pairs], [y for _, y in pairs])
+        interval = over_seeds([x - y for x, y in pairs])  # the pairing kept: one difference per seed
         out[f"{name}_interval"] = {k: _finite(v) for k, v in asdict(interval).items()}
     return out
 
@@ -207,7 +207,7 @@ def markdown(spec: Any, runs: Sequence[Any], s: dict[str, Any]) -> str:
         lines.append(
             f"| {run.trainer} | {run.seed} | {run.rollouts} | {run.steps} | "
             + " | ".join("-" if x is None else f"{x:.0f}" for x in to)
-            + f" | {last.accuracy:.3f} ± {last.ci95:.3f} | {run.cpu_s:.0f} | {1000 * run.cpu_per_rollout:.2f} | "
+            + f" | {_accuracy_cell(last)} | {run.cpu_s:.0f} | {1000 * run.cpu_per_rollout:.2f} | "
             f"{_count(run.gate, 'railgate/prompts_skipped')} | {_count(run.gate, 'railgate/groups_abandoned')} |"
         )
     if any(x.trace_sigma is not None for r in runs for x in r.step_logs):
@@ -232,16 +232,29 @@ def _ratio_line(title: str, r: dict[str, Any]) -> str:
     )
 
 
+def _accuracy_cell(point: Point) -> str:
+    """An evaluation's accuracy with its 95% interval, within [0, 1].
+
+    >>> _accuracy_cell(Point(0, 0, 0.0, 0.055, 0.07, 0))
+    '0.055 (95% 0.000 to 0.125)'
+    """
+    lo, hi = max(0.0, point.accuracy - point.ci95), min(1.0, point.accuracy + point.ci95)
+    return f"{point.accuracy:.3f} (95% {lo:.3f} to {hi:.3f})"
+
+
 def _paired_line(title: str, r: dict[str, Any]) -> str:
     """The paired differences of ``_paired``: mean and 95% interval over seeds, then each seed's.
 
-    >>> r = {"equal_rollouts_difference": [0.02, 0.04], "equal_rollouts_interval": {"mean": 0.03, "lo": -0.1, "hi": 0.16},
-    ...      "equal_steps_difference": [0.05], "equal_steps_interval": {"mean": 0.05, "lo": None, "hi": None}}
+    >>> r = {"equal_rollouts_difference": [0.02, 0.04, 0.03],
+    ...      "equal_rollouts_interval": {"mean": 0.03, "lo": -0.1, "hi": 0.16},
+    ...      "equal_steps_difference": [0.05, 0.01], "equal_steps_interval": {"mean": 0.03, "lo": None, "hi": None}}
     >>> _paired_line("Gated − GRPO", r)  # doctest: +NORMALIZE_WHITESPACE
     'Gated − GRPO in held-out accuracy, paired by seed (mean, 95% t interval over seeds): at equal rollouts
-    +0.030 (± 0.130: 95% -0.100 to +0.160; seeds +0.020, +0.040); at equal optimiser steps +0.050 (one seed: no interval;
-    seeds +0.050).'
+    +0.030 (± 0.130: 95% -0.100 to +0.160; seeds +0.020, +0.040, +0.030); at equal optimiser steps +0.030 (2 seeds:
+    too few for an interval over seeds, 3 at least; seeds +0.050, +0.010).'
     """
+    from pipeline.intervals import MIN_SEEDS
+
     parts = []
     for name, words in (("equal_rollouts", "at equal rollouts"), ("equal_steps", "at equal optimiser steps")):
         i, per_seed = r[f"{name}_interval"], ", ".join(f"{d:+.3f}" for d in r[f"{name}_difference"])
@@ -249,7 +262,14 @@ def _paired_line(title: str, r: dict[str, Any]) -> str:
             parts.append(f"{words}: no seed yet")
             continue
         if i["lo"] is None:
-            within = "one seed: no interval" if len(r[f"{name}_difference"]) == 1 else "no interval"
+            n = len(r[f"{name}_difference"])
+            within = (
+                "one seed: no interval"
+                if n == 1
+                else f"{n} seeds: too few for an interval over seeds, {MIN_SEEDS} at least"
+                if n < MIN_SEEDS
+                else "no interval"
+            )
         else:
             within = f"± {(i['hi'] - i['lo']) / 2:.3f}: 95% {i['lo']:+.3f} to {i['hi']:+.3f}"
         parts.append(f"{words} {i['mean']:+.3f} ({within}; seeds {per_seed})")

@@ -51,13 +51,16 @@ from pipeline.types import NO_REWARD, Prompt
 class ScoringService:
     """Runs a ``Scorer`` with a timeout and error capture; counts errors and timeouts."""
 
-    def __init__(self, scorer: Scorer, timeout_s: float, threads: int, check_first: int = 0):
+    def __init__(
+        self, scorer: Scorer, timeout_s: float, threads: int, check_first: int = 0, inline: bool | None = None
+    ):
         if not 0 < timeout_s <= MAX_TIMEOUT_S:
             raise ValueError(f"reward timeout_s={timeout_s} must be in (0, {MAX_TIMEOUT_S:g}] seconds")
         self.scorer = scorer
         self.timeout_s = timeout_s
         self._limiter = anyio.CapacityLimiter(threads)
-        self._inline = bool(getattr(scorer, "runs_inline", False))
+        # inline=True: on the event loop whatever the scorer declares (a deterministic run; no timeout)
+        self._inline = bool(getattr(scorer, "runs_inline", False)) if inline is None else inline
         self._workers: RewardWorkers | None = None
         if not self._inline and getattr(scorer, "runs_in_process", False):
             try:
