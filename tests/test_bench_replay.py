@@ -148,3 +148,17 @@ def test_an_abort_pays_the_tokens_out_by_then():
     assert (first.verdict, first.samples, first.decided_at) == ("abandoned", 8, 4)
     assert first.tokens == 4 * 8 + 4 * 8
     assert run.budget["pipeline/tokens_generated"] == first.tokens + 8 * 8
+
+
+def test_cli_replays_a_synthetic_log_and_refuses_both_or_neither(tmp_path, capsys):
+    assert (
+        main(["bench", "replay", "--synthetic", "60x4", "--gates", "uniform,sara", "--orders", "1", "--no-progress"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "## synthetic 60x4" in out and "| sara |" in out
+    assert main(["bench", "replay", "--no-progress"]) == 2
+    assert "--synthetic" in capsys.readouterr().err
+    assert main(["bench", "replay", str(tmp_path), "--synthetic", "60x4", "--no-progress"]) == 2
+    assert main(["bench", "replay", "--synthetic", "60by4", "--no-progress"]) == 2
+    assert "PROMPTSxSAMPLES" in capsys.readouterr().err

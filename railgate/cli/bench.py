@@ -291,7 +291,13 @@ def _replay_options(parser: argparse.ArgumentParser) -> None:
 
     d = ReplaySpec()
     parser.add_argument(
-        "logs", nargs="+", type=Path, metavar="LOG", help="group logs (a directory, segment or file each)"
+        "logs", nargs="*", type=Path, metavar="LOG", help="group logs (a directory, segment or file each)"
+    )
+    parser.add_argument(
+        "--synthetic",
+        default=None,
+        metavar="PROMPTSxSAMPLES",
+        help="replay a seeded synthetic log of this size instead (e.g. 1000x16): the replay's speed, not a model's",
     )
     parser.add_argument(
         "--format",
@@ -335,7 +341,8 @@ def _replay_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from railgate.replay.bench import ReplaySpec, open_replay_log, replay_log
+    from pipeline.config.build import ConfigError
+    from railgate.replay.bench import ReplaySpec, replay_log
     from railgate.replay.render import table, write_outputs
 
     if args.per_step:
@@ -348,9 +355,10 @@ def _replay(args: argparse.Namespace) -> int:
         extra=tuple(args.overrides),
     )
     spec.check()
+    if bool(args.logs) == bool(args.synthetic):
+        raise ConfigError("bench replay: give group logs (LOG ...) or --synthetic PROMPTSxSAMPLES, not both or neither")
     reports = []
-    for path in args.logs:
-        log = open_replay_log(path, args.format, args.tokenizer, args.num_generations, args.on_bad_row)
+    for log in _replay_logs(args):
         report = replay_log(log, spec, progress=not args.no_progress)
         reports.append(report)
         print(table(report))
@@ -359,6 +367,17 @@ def _replay(args: argparse.Namespace) -> int:
         written = write_outputs(reports, args.out)
         print("wrote " + ", ".join(str(p) for p in written))
     return 0
+
+
+def _replay_logs(args: argparse.Namespace):
+    """The logs ``bench replay`` replays, read one at a time."""
+    from railgate.replay.bench import open_replay_log
+    from railgate.replay.synthetic import parse_size, synthetic_log
+
+    if args.synthetic:
+        yield synthetic_log(*parse_size(args.synthetic))
+    for path in args.logs:
+        yield open_replay_log(path, args.format, args.tokenizer, args.num_generations, args.on_bad_row)
 
 
 def _replay_per_step(args: argparse.Namespace) -> int:

@@ -27,12 +27,13 @@ from controller.gates.rounds import RoundCapError
 from pipeline.config.build import ConfigError
 from pipeline.replay.order import NotReplayable, ReplayOrder
 from pipeline.replay.timing import DEFAULT_RATE
-from pipeline.store.grouplog import GroupLog, read_group_log
+from pipeline.store.grouplog import GroupLog
 from railgate.bench.policies import POLICIES, base_overrides, overrides
 from railgate.config import RunConfig, load_config
 from railgate.progress import ProgressBar
 from railgate.replay.driver import ReplayRun, replay
 from railgate.replay.gate_parts import not_replayable
+from railgate.replay.logs import open_log
 from railgate.replay.report import log_report, log_summary
 
 DEFAULT_GATES = (
@@ -86,17 +87,7 @@ def open_replay_log(
     num_generations: int | None = None,
     on_bad_row: str = "error",
 ) -> GroupLog:
-    """The log at ``path``: through ``railgate.replay.logs.open_log`` (every format) where this
-    checkout has it, else the native reader (``pipeline.store.grouplog``)."""
-    try:
-        from railgate.replay.logs import open_log  # type: ignore[import-not-found]
-    except ImportError:
-        if fmt not in ("auto", "native"):
-            raise ConfigError(
-                f"--format {fmt} needs the log importers (railgate/replay/logs.py), which this checkout lacks; "
-                "convert the log to a native group log or use a checkout with them"
-            ) from None
-        return read_group_log(path, on_bad_row)  # type: ignore[arg-type]
+    """The log at ``path``, of any format (``railgate.replay.logs.open_log``)."""
     return open_log(path, fmt, tokenizer, num_generations, on_bad_row)
 
 
