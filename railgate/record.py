@@ -23,6 +23,9 @@ whatever the readers' scheduling (which orders the final events of one collectio
 collected, not by when the engine ended them). On vLLM the engine time is when the reader
 absorbed vLLM's output, so the order is the readers'.
 
+Another source of prompts and rewards (``RecordSource``) replaces the config's task: ``bench
+trl``'s chat tasks (``railgate.record_trl``, ``run.py record --trl-task``).
+
 Durable and resumable: each batch's groups are one record batch of the log (fsynced) before
 the next batch starts, so a crash loses at most the batch being sampled; ``record.json``
 (``railgate.record_manifest``) says what the directory was recorded with, and a later run
