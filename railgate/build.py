@@ -521,6 +521,9 @@ class SamplerParts:
     ``_reference_screen``); a prompt whose task has no solution the reward accepts has none."""
     learner: Any
     """Scores references: ``learner.logprobs`` (what a run's reference prior reads)."""
+    difficulties: dict[int, float | None] | None = None
+    """Prompt id -> the difficulty a recording writes (None: a level-less prompt); None: each
+    prompt's own ``Prompt.difficulty`` (a source whose levels are not the task's, ``railgate.record_trl``)."""
 
 
 def build_sampler(cfg: RunConfig, num_prompts: int, progress: bool = True) -> SamplerParts:

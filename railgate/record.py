@@ -23,6 +23,9 @@ whatever the readers' scheduling (which orders the final events of one collectio
 collected, not by when the engine ended them). On vLLM the engine time is when the reader
 absorbed vLLM's output, so the order is the readers'.
 
+Another source of prompts and rewards (``RecordSource``) replaces the config's task: ``bench
+trl``'s chat tasks (``railgate.record_trl``, ``run.py record --trl-task``).
+
 Durable and resumable: each batch's groups are one record batch of the log (fsynced) before
 the next batch starts, so a crash loses at most the batch being sampled; ``record.json``
 (``railgate.record_manifest``) says what the directory was recorded with, and a later run
@@ -38,7 +41,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -125,14 +128,49 @@ class RecordResult:
         return "\n".join(lines)
 
 
-def manifest_of(cfg: RunConfig, parts: SamplerParts, plan: RecordPlan) -> RecordManifest:
-    """The ``record.json`` of a recording of ``cfg`` with ``parts`` and ``plan``."""
+class RecordSource(Protocol):
+    """Where a recording's prompts, model parts and rewards come from: the config's own task
+    (``ConfigTask``, the default) or another (``railgate.record_trl.TrlRecordSource``: a ``bench
+    trl`` task)."""
+
+    def build(self, cfg: RunConfig, num_prompts: int, progress: bool = True) -> SamplerParts:
+        """The parts that sample, score and reference-score the first ``num_prompts`` prompts."""
+        ...
+
+    def manifest_task(self, cfg: RunConfig) -> dict[str, Any]:
+        """The task settings ``record.json`` records (a resume must match them)."""
+        ...
+
+    def manifest_data(self, cfg: RunConfig) -> dict[str, Any]:
+        """What decides the prompts and their order, as ``record.json`` records it."""
+        ...
+
+
+class ConfigTask:
+    """The config's task (``task.*``), its training prompts in ``data.seed``'s order."""
+
+    def build(self, cfg: RunConfig, num_prompts: int, progress: bool = True) -> SamplerParts:
+        return build_sampler(cfg, num_prompts, progress=progress)
+
+    def manifest_task(self, cfg: RunConfig) -> dict[str, Any]:
+        return _task_settings(cfg)
+
+    def manifest_data(self, cfg: RunConfig) -> dict[str, Any]:
+        return {"seed": cfg.data.seed, "num_train_prompts": cfg.data.num_train_prompts}
+
+
+def manifest_of(
+    cfg: RunConfig, parts: SamplerParts, plan: RecordPlan, source: RecordSource | None = None
+) -> RecordManifest:
+    """The ``record.json`` of a recording of ``cfg`` with ``parts`` and ``plan`` (from ``source``,
+    None: the config's task)."""
+    source = source or ConfigTask()
     o = cfg.orchestrator
     return RecordManifest(
         model=str(parts.model_dir.resolve()),
         model_digest=model_digest(parts.model_dir),
-        task=_task_settings(cfg),
-        data={"seed": cfg.data.seed, "num_train_prompts": cfg.data.num_train_prompts},
+        task=source.manifest_task(cfg),
+        data=source.manifest_data(cfg),
         prompts=plan.prompts,
         samples=plan.samples,
         seed=cfg.seed,
@@ -154,16 +192,19 @@ def record(
     plan: RecordPlan,
     progress: bool | None = None,
     on_written: Callable[[int], None] | None = None,
+    source: RecordSource | None = None,
 ) -> RecordResult:
     """Record ``plan`` from ``cfg``'s model into the group log ``out`` (resuming it if it holds
     groups); ``on_written(groups)`` is called after each batch is durable, with the groups
-    the log holds then."""
+    the log holds then. ``source``: where the prompts and rewards come from (None: the
+    config's task)."""
     out = Path(out)
     show = cfg.log.progress if progress is None else progress
+    source = source or ConfigTask()
     started = time.monotonic()
-    parts = build_sampler(cfg, plan.prompts, progress=show)
+    parts = source.build(cfg, plan.prompts, progress=show)
     try:
-        manifest = manifest_of(cfg, parts, plan)
+        manifest = manifest_of(cfg, parts, plan, source)
         if read_manifest(out) is None:
             if segment_paths(out, GROUPS.prefix) if out.exists() else []:
                 raise RecordError(
@@ -343,7 +384,9 @@ class _Recorder:
             step=0,
             prompt_text=prompt.text,
             answer=prompt.answer,
-            difficulty=prompt.difficulty,
+            difficulty=prompt.difficulty
+            if self.parts.difficulties is None
+            else self.parts.difficulties[prompt.prompt_id],
             reference_logprob=reference_logprob,
             success_threshold=prompt.success_threshold,
         )
