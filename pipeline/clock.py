@@ -10,7 +10,9 @@ earliest waiting time once the whole pipeline is *quiescent*:
 * every registered stream is waiting on the clock, and
 * nobody holds the clock. The orchestrator takes a hold when a sample finishes and releases it
   once the tracker has acted on it (reward, gate, launches, aborts), so that decisions take
-  zero engine time and happen before anything later in engine time.
+  zero engine time and happen before anything later in engine time. It also holds the clock
+  from the run's stop until its tasks are over, so the samples still running are all cut at
+  the stop's time, whatever order they are cancelled in.
 
 ``WallClock`` is the same interface over ``time.monotonic``: holds are no-ops.
 

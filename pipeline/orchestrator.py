@@ -195,17 +195,21 @@ class Orchestrator:
         )
 
     async def _run_tasks(self, inbox_send, inbox_recv, batch_send, batch_recv) -> None:
-        async with anyio.create_task_group() as tg:
-            self._tg = tg
-            self._inbox = inbox_send
-            self._batches = batch_send
-            if not self._inline_learner:
-                tg.start_soon(self._learner_loop, batch_recv, inbox_send.clone())
-            self._mux = multiplexer_of(self.engine) if self.config.multiplex_streams else None
-            if self._mux is not None:
-                tg.start_soon(self._mux_loop, self._mux, inbox_send, name="streams")
-            await self._track(inbox_recv)
-            tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                self._inbox = inbox_send
+                self._batches = batch_send
+                if not self._inline_learner:
+                    tg.start_soon(self._learner_loop, batch_recv, inbox_send.clone())
+                self._mux = multiplexer_of(self.engine) if self.config.multiplex_streams else None
+                if self._mux is not None:
+                    tg.start_soon(self._mux_loop, self._mux, inbox_send, name="streams")
+                await self._track(inbox_recv)
+                tg.cancel_scope.cancel()
+        finally:
+            if self._stopped:
+                self.clock.release()  # the stop's hold (``_act``): every task has ended, the samples cut
 
     # --- the tracking loop ---------------------------------------------------------------
 
@@ -255,6 +259,12 @@ class Orchestrator:
             elif kind is Evaluate:
                 await self._act(self.tracker.handle(await self.learn.evaluate(action.step)))
             elif kind is Stop:
+                if not self._stopped:
+                    # Engine time ends with the run: held until the task group is over, so every
+                    # sample still running is cut at the stop's time. Otherwise the clock moved on
+                    # each time a cancelled stream left it, and what the last ones were cut with
+                    # hung on the order anyio cancels tasks in (a set's: by memory address).
+                    self.clock.hold()
                 self._stopped = True
             else:
                 raise cannot_carry_out("the tracking loop", action)

@@ -16,6 +16,7 @@ import pytest
 from controller.gates.uniform import UniformGate
 from controller.noop import NoopController
 from controller.prompts import PromptPool
+from pipeline.actions import Stop
 from pipeline.clock import VirtualClock, WallClock
 from pipeline.config.sections import OrchestratorConfig, SimConfig
 from pipeline.orchestrator import Orchestrator
@@ -256,6 +257,37 @@ def test_virtual_clock_delivers_samples_in_engine_time_order():
     assert holder["gate"].seen
     for group_id, update_times in holder["gate"].seen.items():  # until the group is done or the run stops
         assert update_times == [t for g, *_, t in finals if g == group_id][: len(update_times)]
+
+
+class OpenAheadGate(UniformGate):
+    """Uniform, but the tracker may open groups beyond what the remaining steps train on (as a
+    gate that abandons may): samples are still running when the run stops."""
+
+    abandons = True
+
+
+def test_engine_time_ends_with_the_run():
+    """The clock stands still from the tracker's Stop on: the samples still running are cut at
+    the stop's engine time, and nothing due later (a chunk, a final) counts in the run. The task
+    group cancels the sample tasks in an order of its own (a set's), so a clock that moved on as
+    each cut stream left it cut the last ones with tokens that hung on that order."""
+    orch, engine = make(gate=lambda pool: OpenAheadGate(pool, SMALL.group_size))
+    stops: list[float] = []
+    handle = orch.tracker.handle
+
+    def recording_handle(msg):
+        actions = handle(msg)
+        if any(type(action) is Stop for action in actions):
+            stops.append(engine.clock.now())
+        return actions
+
+    orch.tracker.handle = recording_handle
+    summary = anyio.run(orch.run)
+    b = summary.budget
+    assert stops and engine.clock.now() == stops[0]
+    assert b.rollouts_aborted > 0  # samples were running at the stop: the end had something to cut
+    assert b.rollouts_started == b.rollouts_finished + b.rollouts_aborted + b.rollouts_failed
+    assert engine.open_requests == 0
 
 
 def test_step_ahead_limit_bounds_staleness():
