@@ -6,8 +6,9 @@ looking their type up in a ``HandlerTable``, declared once in the shell's class:
 stream sides), the round driver (``pipeline.rounds``), bench replay's driver
 (``railgate.replay.driver``) and the gate harness (``tests/gate_harness.py``). A table names
 every action type of ``pipeline.actions.ACTION_TYPES``, each with a handler, a ``Skip`` (done by
-doing nothing, and why) or a ``Refuse`` (not carried out here, and why); a table that leaves one
-out is an error where it is declared, so a new action is placed in every shell at once
+doing nothing, and why) or a ``Refuse`` (not carried out here, and why); a key may be a tuple of
+types that share an entry (``EPISODES``, ``ASKED_BY_SETTINGS``). A table that leaves one out is
+an error where it is declared, so a new action is placed in every shell at once
 (``tests/test_shell_dispatch.py``). An action of any other type is refused as well.
 
 A handler is called as ``handler(shell, action, *context)``; in the async shell it may return an
@@ -34,7 +35,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.actions import ACTION_TYPES, cannot_carry_out
+from pipeline.actions import ACTION_TYPES, Checkpoint, CloseEpisode, EnvStep, Evaluate, ForkEpisode, cannot_carry_out
+
+EPISODES = (EnvStep, ForkEpisode, CloseEpisode)
+"""The actions of the episode lifecycle (``pipeline.episodes``): a shell that runs single-turn
+samples refuses them."""
+ASKED_BY_SETTINGS = (Evaluate, Checkpoint)
+"""The actions the tracker asks for only under ``ShellSettings`` that say so (``evaluates``,
+``checkpoint_every``)."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,7 @@ class Refuse:
 
 
 Entry = Callable[..., Any] | Skip | Refuse
+Key = type | tuple[type, ...]
 
 
 def _nothing(shell: object, action: object, *context: Any) -> None:
@@ -63,7 +72,10 @@ class HandlerTable(dict):
     """Action type -> handler of one shell (or one room of a shell); see the module docstring.
     ``declared`` keeps the entries as declared (handlers, ``Skip``s and ``Refuse``s)."""
 
-    def __init__(self, shell: str, entries: Mapping[type, Entry]):
+    def __init__(self, shell: str, declared: Mapping[Key, Entry]):
+        entries = {
+            kind: entry for key, entry in declared.items() for kind in (key if isinstance(key, tuple) else (key,))
+        }
         missing = [t.__name__ for t in ACTION_TYPES if t not in entries]
         unknown = [t.__name__ for t in entries if t not in ACTION_TYPES]
         if missing or unknown:

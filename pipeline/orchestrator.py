@@ -458,12 +458,14 @@ class Orchestrator:
             Post: Refuse(_STREAM_SIDE),
         },
     )
-    _ON_THE_STREAM_SIDE = dict.fromkeys(
-        (Start, Cancel, Train, Record, Checkpoint, ForkEpisode, CloseEpisode, Evaluate, Stop), Refuse(_TRACKING_SIDE)
+    _TRACKING_LOOP_ACTIONS = (Start, Cancel, Train, Record, Checkpoint, ForkEpisode, CloseEpisode, Evaluate, Stop)
+    _SAMPLE_TASK = HandlerTable(
+        "a sample task",
+        {Score: _report, EnvStep: _report, Post: _post, _TRACKING_LOOP_ACTIONS: Refuse(_TRACKING_SIDE)},
     )
-    _SAMPLE_TASK = HandlerTable("a sample task", {Score: _report, EnvStep: _report, Post: _post, **_ON_THE_STREAM_SIDE})
     _STREAM_TASK = HandlerTable(
-        "the stream task", {Score: _mux_score, EnvStep: _mux_env_step, Post: _mux_post, **_ON_THE_STREAM_SIDE}
+        "the stream task",
+        {Score: _mux_score, EnvStep: _mux_env_step, Post: _mux_post, _TRACKING_LOOP_ACTIONS: Refuse(_TRACKING_SIDE)},
     )
 
 

@@ -41,24 +41,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.actions import (
-    INLINE,
-    Cancel,
-    Checkpoint,
-    CloseEpisode,
-    EnvStep,
-    Evaluate,
-    ForkEpisode,
-    Post,
-    Record,
-    Score,
-    ShellSettings,
-    Start,
-    Stop,
-    Train,
-)
+from pipeline.actions import INLINE, Cancel, Post, Record, Score, ShellSettings, Start, Stop, Train
 from pipeline.config.sections import OrchestratorConfig
-from pipeline.handlers import HandlerTable, Refuse, Skip
+from pipeline.handlers import ASKED_BY_SETTINGS, EPISODES, HandlerTable, Refuse, Skip
 from pipeline.messages import CutStep, StepDone, Tick
 from pipeline.protocols import Controller, Gate, GateStalled
 from pipeline.tracker import GroupTracker
@@ -258,10 +243,7 @@ class RoundDriver:
             Cancel: Skip(
                 "the round generates the sample anyway, and the tracker drops its abandoned group's straggler"
             ),
-            Evaluate: Refuse(_NEEDS_NO_SETTING),
-            Checkpoint: Refuse(_NEEDS_NO_SETTING),
-            EnvStep: Refuse(_NO_EPISODES),
-            ForkEpisode: Refuse(_NO_EPISODES),
-            CloseEpisode: Refuse(_NO_EPISODES),
+            ASKED_BY_SETTINGS: Refuse(_NEEDS_NO_SETTING),
+            EPISODES: Refuse(_NO_EPISODES),
         },
     )

@@ -35,23 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.actions import (
-    Cancel,
-    Checkpoint,
-    CloseEpisode,
-    EnvStep,
-    Evaluate,
-    ForkEpisode,
-    Post,
-    Record,
-    Score,
-    Start,
-    Stop,
-    Train,
-)
+from pipeline.actions import Cancel, Post, Record, Score, Start, Stop, Train
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.group import GroupRun
-from pipeline.handlers import HandlerTable, Refuse, Skip
+from pipeline.handlers import ASKED_BY_SETTINGS, EPISODES, HandlerTable, Refuse, Skip
 from pipeline.messages import Started, StepDone, StreamCut, Tick
 from pipeline.protocols import Controller, Gate, GateProtocolError, GateStalled
 from pipeline.tracker import GroupTracker
@@ -451,11 +438,8 @@ class GateHarness:
             Record: Skip("metrics lines: the harness counts its own"),
             Stop: Skip("the harness counts steps itself"),
             Post: Refuse("the harness's controllers have no token hook"),
-            Evaluate: Refuse(_NO_SETTING),
-            Checkpoint: Refuse(_NO_SETTING),
-            EnvStep: Refuse(_SINGLE_TURN),
-            ForkEpisode: Refuse(_SINGLE_TURN),
-            CloseEpisode: Refuse(_SINGLE_TURN),
+            ASKED_BY_SETTINGS: Refuse(_NO_SETTING),
+            EPISODES: Refuse(_SINGLE_TURN),
         },
     )
 

@@ -20,13 +20,18 @@ def test_the_core_has_no_run_mode_flags():
     assert not found, f"a run-mode flag in the tracker's core (use the Lifecycle or LearnerTiming part): {found}"
 
 
-def test_capabilities_are_read_as_declared_members():
-    found = [
+def _lines_in_pipeline(pattern: re.Pattern) -> list[str]:
+    """Every line of pipeline/ (its folders included) that ``pattern`` finds, as path:line: text."""
+    return [
         f"{path.relative_to(ROOT).as_posix()}:{i}: {line.strip()}"
         for path in sorted((ROOT / "pipeline").rglob("*.py"))
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-        if FALLBACKS.search(line)
+        if pattern.search(line)
     ]
+
+
+def test_capabilities_are_read_as_declared_members():
+    found = _lines_in_pipeline(FALLBACKS)
     assert not found, f"a gate's or controller's capability read with a fallback (declare it in protocols.py): {found}"
 
 
@@ -36,12 +41,7 @@ TIMING_FLAGS = re.compile(r"trains_inline|in_thread|inline_learner")
 
 
 def test_no_learner_timing_flag_is_branched_on_in_the_tracker_or_the_shells():
-    found = [
-        f"{path.relative_to(ROOT).as_posix()}:{i}: {line.strip()}"
-        for path in sorted((ROOT / "pipeline").rglob("*.py"))
-        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-        if TIMING_FLAGS.search(line)
-    ]
+    found = _lines_in_pipeline(TIMING_FLAGS)
     assert not found, f"a learner-timing flag (use the LearnerTiming part, pipeline/learner_timing.py): {found}"
 
 

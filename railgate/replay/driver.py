@@ -46,24 +46,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.noop import NoopController
-from pipeline.actions import (
-    INLINE,
-    Cancel,
-    Checkpoint,
-    CloseEpisode,
-    EnvStep,
-    Evaluate,
-    ForkEpisode,
-    Post,
-    Record,
-    Score,
-    ShellSettings,
-    Start,
-    Stop,
-    Train,
-)
+from pipeline.actions import INLINE, Cancel, Post, Record, Score, ShellSettings, Start, Stop, Train
 from pipeline.config.build import ConfigError
-from pipeline.handlers import HandlerTable, Refuse, Skip
+from pipeline.handlers import ASKED_BY_SETTINGS, EPISODES, HandlerTable, Refuse, Skip
 from pipeline.messages import Started, StepDone, StreamCut, Tick
 from pipeline.replay.order import NotReplayable, ReplayOrder
 from pipeline.replay.outcome import PromptOutcome
@@ -256,12 +241,9 @@ class _Replay:
             Train: _train,
             Stop: _stop,
             Record: Skip("a replay keeps no metrics lines"),
-            Evaluate: Refuse(_NO_SETTING),
-            Checkpoint: Refuse(_NO_SETTING),
+            ASKED_BY_SETTINGS: Refuse(_NO_SETTING),
             Post: Refuse(_NOT_REPLAYABLE + ": a token hook's actions"),
-            EnvStep: Refuse(_NOT_REPLAYABLE + ": episodes"),
-            ForkEpisode: Refuse(_NOT_REPLAYABLE + ": episodes"),
-            CloseEpisode: Refuse(_NOT_REPLAYABLE + ": episodes"),
+            EPISODES: Refuse(_NOT_REPLAYABLE + ": episodes"),
         },
     )
 
