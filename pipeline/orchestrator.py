@@ -453,9 +453,7 @@ class Orchestrator:
             CloseEpisode: _close_episode,
             Evaluate: _evaluate,
             Stop: _stop,
-            Score: Refuse(_STREAM_SIDE),
-            EnvStep: Refuse(_STREAM_SIDE),
-            Post: Refuse(_STREAM_SIDE),
+            (Score, EnvStep, Post): Refuse(_STREAM_SIDE),
         },
     )
     _TRACKING_LOOP_ACTIONS = (Start, Cancel, Train, Record, Checkpoint, ForkEpisode, CloseEpisode, Evaluate, Stop)
