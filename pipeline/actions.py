@@ -16,11 +16,12 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, get_args
 
-from pipeline.types import SampleFinished, SampleRequest, TrainBatch
+from pipeline.messages import SampleDone
+from pipeline.types import SampleFinished, SampleRequest, ScoredSample, TrainBatch
 
 
 class Start(NamedTuple):
@@ -43,6 +44,17 @@ class Score(NamedTuple):
 
     request: SampleRequest
     finished: SampleFinished
+
+    def answer(self, reward: float, error: str | None = "") -> SampleDone:
+        """The ``SampleDone`` that reports this sample scored ``reward`` (``error``: why the
+        reward function gave none): how every shell answers a ``Score``.
+
+        >>> from pipeline.types import FinishReason, Prompt, SamplingParams
+        >>> request = SampleRequest("g0-s1", 0, 1, Prompt(0, "", (1,)), SamplingParams())
+        >>> Score(request, SampleFinished("g0-s1", (5,), (), FinishReason.STOP, 0)).answer(1.0).scored.reward
+        1.0
+        """
+        return SampleDone(ScoredSample(self.request, self.finished, reward, error))
 
 
 class EnvStep(NamedTuple):
@@ -114,16 +126,22 @@ Action = (
 )
 
 
-def cannot_carry_out(shell: str, action: object) -> TypeError:
+ACTION_TYPES: tuple[type, ...] = get_args(Action)
+"""Every action type the tracker can emit: each shell's handler table names them all
+(``pipeline.handlers``)."""
+
+
+def cannot_carry_out(shell: str, action: object, why: str = "") -> TypeError:
     """The one rule of every shell for an action it does not carry out: it raises this, naming
-    the action's type, so a new kind of action fails where it is first returned, never silently.
-    What a shell deliberately leaves undone it lists by name.
+    the action's type (and why, for a refusal its handler table names), so a new kind of action
+    fails where it is first returned, never silently.
 
     >>> cannot_carry_out("the round driver", Evaluate(3))
     TypeError('the round driver cannot carry out the action Evaluate (Evaluate(step=3)); carry it out there, or set the ShellSettings under which the tracker does not ask for it')
     """
+    because = f": {why}" if why else ""
     return TypeError(
-        f"{shell} cannot carry out the action {type(action).__name__} ({action!r}); carry it out there, "
+        f"{shell} cannot carry out the action {type(action).__name__} ({action!r}){because}; carry it out there, "
         "or set the ShellSettings under which the tracker does not ask for it"
     )
 
@@ -133,26 +151,60 @@ LEARNER_SLOTS = 2
 beside generation: the one training and one waiting for it."""
 
 
-@dataclass(frozen=True)
-class LearnerTiming:
-    """When the learner trains the batches the tracker hands out: a part the shell is built with
-    (its clock declares it, ``pipeline.clock``), read by the tracker as a value.
+class LearnerTiming(Protocol):
+    """When the learner trains the batches the tracker hands out: one of two parts, ``INLINE``
+    or ``CONCURRENT``, chosen when the run is built (its clock declares it, ``pipeline.clock``;
+    the shell's side of each is in ``pipeline.learner_timing``). The tracker asks the part what
+    to do; it branches on no flag.
 
-    >>> INLINE.slots, CONCURRENT.slots, INLINE.trains_inline
-    (1, 2, True)
+    >>> INLINE.slots, CONCURRENT.slots
+    (1, 2)
     """
 
     slots: int
     """Batches in the learner's hands at once (``Train`` actions not yet answered)."""
-    trains_inline: bool
+
+    def after_train(self, rest_of_tick: Callable[[], None]) -> None:
+        """The tick just handed out a ``Train``: run the rest of the tick (launch, admit, see
+        whether the run is over) now, or leave it to ``after_step``."""
+
+    def after_step(self, from_batches: Callable[[], None]) -> None:
+        """The learner's ``StepDone`` was booked: go on with the tick a ``Train`` ended, or not."""
+
+
+@dataclass(frozen=True)
+class InlineTiming:
     """The shell trains a batch the moment it is handed out and answers with its ``StepDone``
-    before anything else happens (a virtual clock: learning takes no engine time), so a
-    ``Train`` ends the tracker's tick and its ``StepDone`` finishes it. Otherwise a learner task
-    trains while generation goes on."""
+    before anything else happens (a virtual clock: learning takes no engine time; a lockstep
+    run), so a ``Train`` ends the tracker's tick and its ``StepDone`` finishes it."""
+
+    slots: int = 1
+    """One batch at a time: the one training."""
+
+    def after_train(self, rest_of_tick: Callable[[], None]) -> None:
+        return None  # nothing else happens until its StepDone
+
+    def after_step(self, from_batches: Callable[[], None]) -> None:
+        from_batches()  # the rest of the tick the batch interrupted
 
 
-INLINE = LearnerTiming(slots=1, trains_inline=True)
-CONCURRENT = LearnerTiming(slots=LEARNER_SLOTS, trains_inline=False)
+@dataclass(frozen=True)
+class ConcurrentTiming:
+    """A learner task trains while generation goes on: a ``Train`` leaves the tick running, and
+    a ``StepDone`` is followed by the shell's ``Tick`` like any message."""
+
+    slots: int = LEARNER_SLOTS
+    """The one training and one waiting for it."""
+
+    def after_train(self, rest_of_tick: Callable[[], None]) -> None:
+        rest_of_tick()
+
+    def after_step(self, from_batches: Callable[[], None]) -> None:
+        return None  # the Tick that follows the StepDone goes on
+
+
+INLINE = InlineTiming()
+CONCURRENT = ConcurrentTiming()
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,17 @@ does neither: simulated streams ``await clock.sleep_until(t)`` and the clock jum
 earliest waiting time once the whole pipeline is *quiescent*:
 
 * every registered stream is waiting on the clock, and
-* nobody holds the clock. The orchestrator takes a hold when a sample finishes and releases it
+* nobody holds the clock. The orchestrator takes a hold when a sample finishes and ends it
   once the tracker has acted on it (reward, gate, launches, aborts), so that decisions take
   zero engine time and happen before anything later in engine time. It also holds the clock
   from the run's stop until its tasks are over, so the samples still running are all cut at
   the stop's time, whatever order they are cancelled in.
 
-``WallClock`` is the same interface over ``time.monotonic``: holds are no-ops.
+A hold is a token (``Hold``) that ends once: at the end of a ``with`` block over it (an error
+included), or, handed on with a message (``Hold.hand_on``, which sends a ``Held``), at the end
+of its receiver's ``with`` block. No caller pairs a hold with a release by hand.
+
+``WallClock`` is the same interface over ``time.monotonic``: its holds are inert tokens.
 
 >>> import anyio
 >>> clock = VirtualClock()
@@ -39,11 +43,11 @@ import asyncio
 import heapq
 import itertools
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 
-from pipeline.actions import CONCURRENT, INLINE
+from pipeline.learner_timing import ConcurrentLearning, InlineLearning
 
 
 def running_event_type() -> type:
@@ -67,7 +71,7 @@ def running_event_type() -> type:
 class WallClock:
     """Real time since construction. ``sleep_until`` really sleeps; holds do nothing."""
 
-    learner_timing = CONCURRENT
+    learning = ConcurrentLearning
     """Learning takes real time: a learner task trains beside generation."""
 
     def __init__(self) -> None:
@@ -92,24 +96,22 @@ class WallClock:
     def wake(self, token: int) -> None:
         return None
 
-    def hold(self) -> None:
-        return None
-
-    def release(self) -> None:
-        return None
+    def hold(self) -> Hold:
+        """An inert token: real time does not stand still."""
+        return Hold(None)
 
 
 class LockstepClock(WallClock):
     """Real time, with learning inline (``orchestrator.deterministic``): each batch is trained
     on the event loop the moment it fills, at the same point of the run every time."""
 
-    learner_timing = INLINE
+    learning = InlineLearning
 
 
 class VirtualClock:
     """Discrete-event engine time; see the module docstring."""
 
-    learner_timing = INLINE
+    learning = InlineLearning
     """Learning takes no engine time: each batch is trained the moment it fills (same results,
     and reproducible runs)."""
 
@@ -172,13 +174,15 @@ class VirtualClock:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def hold(self) -> None:
-        """Keep time still until ``release`` (the pipeline is acting on a finished sample)."""
+    def hold(self) -> Hold:
+        """Keep time still until the returned token ends (the pipeline is acting on a finished sample)."""
         self._holds += 1
+        return Hold(self)
 
-    def release(self) -> None:
+    def _release(self) -> None:
+        """A hold ended (only ``Hold.end`` calls this)."""
         if self._holds <= 0:
-            raise RuntimeError("VirtualClock.release() without a matching hold()")
+            raise RuntimeError("VirtualClock: a hold ended that was never taken")
         self._holds -= 1
         self._maybe_advance()
 
@@ -197,6 +201,62 @@ class VirtualClock:
             waiter = self._waiting.pop(token, None)
             if waiter is not None and not waiter.done():  # a cancelled sleep's future is done
                 waiter.set_result(None)
+
+
+class Hold:
+    """A hold on a clock: time stands still until it ends, and it ends once. Its owner ends it
+    by leaving a ``with`` block over it (an error included), or hands it on with a message
+    (``hand_on``); the receiver of that ``Held`` then owns it. ``end`` after the end does nothing.
+
+    >>> clock = VirtualClock()
+    >>> with clock.hold() as hold:
+    ...     clock._holds
+    1
+    >>> clock._holds, hold.ended
+    (0, True)
+    """
+
+    __slots__ = ("_clock",)
+
+    def __init__(self, clock: VirtualClock | None):
+        self._clock = clock  # None: ended, handed on, or a wall clock's inert token
+
+    @property
+    def ended(self) -> bool:
+        return self._clock is None
+
+    def end(self) -> None:
+        clock, self._clock = self._clock, None
+        if clock is not None:
+            clock._release()
+
+    def __enter__(self) -> Hold:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.end()
+
+    async def hand_on(self, send: Any, message: Any) -> None:
+        """Send ``message`` with this hold (``await send(Held(message, hold))``): from then on its
+        receiver ends it. Should sending fail, this token still owns the hold (and its ``with``
+        block ends it)."""
+        await send(Held(message, Hold(self._clock)))
+        self._clock = None
+
+
+class Held(NamedTuple):
+    """A message that holds the clock until its receiver has acted on it (a finished sample's
+    answer): the receiver owns ``hold`` and ends it."""
+
+    message: Any
+    hold: Hold
+
+
+def end_holds(messages: Any) -> None:
+    """The holds of messages that will never be received (a batch whose sending failed) end now."""
+    for message in messages:
+        if type(message) is Held:
+            message.hold.end()
 
 
 class _EventWaiter:

@@ -3,8 +3,8 @@
 ``LearnerStep`` carries out the tracker's ``Train`` and ``Evaluate`` actions and answers with
 the messages that report them (``StepDone``, ``Evaluated``); it keeps no run state and writes
 no budget -- what a step consumed travels in its ``StepDone`` and the tracker books it. A step
-trains on the batch as it is in memory (in a worker thread, or inline on the simulator's virtual
-clock), then records it in the buffer (``pipeline.store.buffer.ArrowBuffer``: Arrow segments on
+trains on the batch as it is in memory (where the run's learner timing runs its computations:
+in a worker thread, or inline on the simulator's virtual clock; ``pipeline.learner_timing``), then records it in the buffer (``pipeline.store.buffer.ArrowBuffer``: Arrow segments on
 disk) with the learner's advantages, installs the new weights in the engine, scores the
 reference responses of the prompts next in line (``gate.sara.reference_prior``), evaluates the
 held-out prompts when asked, and keeps a copy of the learner's state when a checkpoint is due.
@@ -15,8 +15,10 @@ from __future__ import annotations
 import copy
 import functools
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-import anyio.to_thread
+import anyio
 
 from pipeline.actions import Train
 from pipeline.messages import Evaluated, RewardCounts, StepDone
@@ -26,11 +28,18 @@ from pipeline.types import FinishReason, Prompt, Rollout, StepResult, TrainBatch
 
 class LearnerStep:
     """Runs learner steps and evaluations for one orchestrator (``parts``: its learner, engine,
-    scoring service, evaluator and reference screen; ``outputs.buffer``: where trained batches
-    go, read at each step)."""
+    scoring service, evaluator and reference screen; ``run``: where the learner's computations
+    run, its learner timing's ``run``; ``outputs.buffer``: where trained batches go, read at each
+    step)."""
 
-    def __init__(self, parts: RunParts, outputs: RunOutputs | None = None):
+    def __init__(
+        self,
+        parts: RunParts,
+        run: Callable[..., Awaitable[Any]],
+        outputs: RunOutputs | None = None,
+    ):
         self.parts = parts
+        self.run = run
         self.learner = parts.learner
         self.outputs = outputs if outputs is not None else RunOutputs()
         if parts.reference is not None and not callable(getattr(parts.learner, "logprobs", None)):
@@ -41,12 +50,12 @@ class LearnerStep:
         self._step_ended = self._run_started = time.monotonic()
         self._eval_wall_s = 0.0
 
-    async def __call__(self, train: Train, in_thread: bool) -> StepDone:
+    async def __call__(self, train: Train) -> StepDone:
         """One step on ``train.batch``, and what ``train`` asks for after it."""
         parts = self.parts
-        result = await anyio.to_thread.run_sync(self._train, train.batch) if in_thread else self._train(train.batch)
+        result = await self.run(self._train, train.batch)
         await parts.engine.update_weights(self.learner.weights())
-        await self.score_references(in_thread)
+        await self.score_references()
         now = time.monotonic()
         step_wall_s, self._step_ended = now - self._step_ended, now
         # A deep copy now, before the next step starts mutating the weights in its thread.
@@ -92,7 +101,7 @@ class LearnerStep:
         # pipeline/wall_s: of this process (a resume restarts it); eval/wall_s_total: evaluation's share
         return {"pipeline/wall_s": time.monotonic() - self._run_started, "eval/wall_s_total": self._eval_wall_s}
 
-    async def score_references(self, in_thread: bool = True) -> None:
+    async def score_references(self) -> None:
         """Score the reference responses of the prompts next in line with the learner's current
         weights, the ones the engine samples with next (``gate.sara.reference_prior``; nothing
         without a reference screen)."""
@@ -103,7 +112,7 @@ class LearnerStep:
         if not prompts:
             return
         score = functools.partial(self._reference_logprobs, prompts)
-        logprobs = await anyio.to_thread.run_sync(score) if in_thread else score()
+        logprobs = await self.run(score)
         tokens = sum(len(p.token_ids) + len(reference.references[p.prompt_id]) for p in prompts)
         reference.update(logprobs, tokens)
 

@@ -15,7 +15,14 @@ out the actions it returns (``pipeline.actions``), in order. One anyio task grou
 * the **learner task** runs each ``Train`` through ``pipeline.learning.LearnerStep`` and posts
   its ``StepDone``. Generation and learning overlap; ``max_async_steps`` bounds how far ahead.
   On a ``VirtualClock`` (the simulator) learning takes no engine time, so each batch is trained
-  inline the moment it fills: same results, and reproducible runs.
+  inline the moment it fills: same results, and reproducible runs. Which of the two the run
+  does is a part its clock declares (``pipeline.learner_timing``), not a flag.
+
+Each of these rooms carries actions out through a handler table declared once in this class
+(``pipeline.handlers``): the tracking loop's, a sample task's and the stream task's; each names
+every action type, with a handler or a named refusal. A finished sample holds a virtual clock
+from its final event until the tracking loop has ticked after its answer: the hold is a token
+(``pipeline.clock.Hold``) that travels with the answer (``Held``) and ends in ``with`` blocks.
 
 Streams are bounded (``orchestrator.stream_buffer``; the tracker hands the learner at most one
 batch besides the one training), so a slow learner or reward function back-pressures generation
@@ -35,7 +42,6 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from pipeline.actions import (
-    LEARNER_SLOTS,
     Cancel,
     Checkpoint,
     CloseEpisode,
@@ -49,29 +55,28 @@ from pipeline.actions import (
     Start,
     Stop,
     Train,
-    cannot_carry_out,
 )
+from pipeline.clock import Held, Hold, end_holds
 from pipeline.collector import fewer_collections
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.engines.mux import StreamMux, multiplexer_of
 from pipeline.episodes import lifecycle_for
+from pipeline.handlers import HandlerTable, Refuse
 from pipeline.learning import LearnerStep
 from pipeline.messages import (
     EngineEvents,
     SampleDone,
     Started,
-    StepDone,
     StopRequested,
     StreamCut,
     StreamFailed,
     StreamsClosed,
     Tick,
-    TurnDone,
 )
 from pipeline.metrics import Budget, NullMetricsWriter
 from pipeline.parts import RunOutputs, RunParts
 from pipeline.tracker import GroupTracker
-from pipeline.types import SampleFinished, SampleRequest, ScoredSample, TokenDelta
+from pipeline.types import SampleFinished, SampleRequest, TokenDelta
 
 # How long a cancelled sample's cleanup may wait for the engine to confirm its abort.
 _ABORT_GRACE_S = 5.0
@@ -112,7 +117,7 @@ class Orchestrator:
         self.config = config
         self.outputs = outputs if outputs is not None else RunOutputs()
         self.clock = parts.clock
-        self._inline_learner = self.clock.learner_timing.trains_inline
+        self.learning = self.clock.learning()  # the learner's timing: a part the clock declares
         checkpoint_every = self.outputs.checkpoint_every if self.outputs.checkpoint is not None else 0
         self.tracker = GroupTracker(
             parts.gate,
@@ -124,19 +129,19 @@ class Orchestrator:
             hook_timer=self.outputs.hook_timer,
             now=self.clock.now,
             policy_version=lambda: parts.engine.policy_version,
-            shell=ShellSettings(self.clock.learner_timing, parts.evaluator is not None, checkpoint_every),
+            shell=ShellSettings(self.learning.timing, parts.evaluator is not None, checkpoint_every),
             lifecycle=lifecycle_for(parts.episodes.settings if parts.episodes is not None else None),
             prompts_left=parts.prompts_left,
         )
-        self.learn = LearnerStep(parts, self.outputs)
+        self.learn = LearnerStep(parts, self.learning.run, self.outputs)
         self._scopes: dict[str, anyio.CancelScope] = {}  # running sample tasks by request id
         self._mux: StreamMux | None = None  # the engine's multiplexer, when the stream task drives the samples
         self._tg: TaskGroup | None = None
         self._inbox: MemoryObjectSendStream | None = None
-        self._batches: MemoryObjectSendStream | None = None
         self._stop_requested = False  # request_stop: stop at the next step boundary, with a checkpoint
         self._stop_sent = False
         self._stopped = False
+        self._stop_hold = _NO_HOLD  # the stop's hold on engine time, ended once every task has ended
 
     @property
     def budget(self) -> Budget:
@@ -168,14 +173,11 @@ class Orchestrator:
         started = time.monotonic()
         if self.outputs.trace is not None:
             self.tracker.attach_trace(self.outputs.trace)  # the sink attached since construction
-        await self.learn.score_references(in_thread=not self._inline_learner)  # the first prompts' scores
+        await self.learn.score_references()  # the first prompts' scores
         inbox_send, inbox_recv = anyio.create_memory_object_stream[Any](self.config.stream_buffer)
-        # The tracking loop never blocks on this stream: the tracker hands the learner at most
-        # LEARNER_SLOTS batches, the one training and the one this stream holds.
-        batch_send, batch_recv = anyio.create_memory_object_stream[Train](LEARNER_SLOTS - 1)
         try:
             with fewer_collections():
-                await self._run_tasks(inbox_send, inbox_recv, batch_send, batch_recv)
+                await self._run_tasks(inbox_send, inbox_recv)
         except BaseExceptionGroup as group:
             # One task failed and the rest were cancelled: surface that one error as itself.
             errors = [e for e in group.exceptions if not isinstance(e, anyio.get_cancelled_exc_class())]
@@ -194,86 +196,87 @@ class Orchestrator:
             controller_metrics=dict(tracker.controller.metrics()),
         )
 
-    async def _run_tasks(self, inbox_send, inbox_recv, batch_send, batch_recv) -> None:
+    async def _run_tasks(self, inbox_send, inbox_recv) -> None:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 self._inbox = inbox_send
-                self._batches = batch_send
-                if not self._inline_learner:
-                    tg.start_soon(self._learner_loop, batch_recv, inbox_send.clone())
+                self.learning.start(tg, self.learn, inbox_send)  # a learner task, when it trains beside generation
                 self._mux = multiplexer_of(self.engine) if self.config.multiplex_streams else None
                 if self._mux is not None:
                     tg.start_soon(self._mux_loop, self._mux, inbox_send, name="streams")
                 await self._track(inbox_recv)
                 tg.cancel_scope.cancel()
         finally:
-            if self._stopped:
-                self.clock.release()  # the stop's hold (``_act``): every task has ended, the samples cut
+            self._stop_hold.end()  # the stop's hold (``_stop``): every task has ended, the samples cut
 
     # --- the tracking loop ---------------------------------------------------------------
 
     async def _track(self, inbox: MemoryObjectReceiveStream) -> None:
         tracker = self.tracker
-        async with inbox, self._batches:
-            await self._act(tracker.handle(Started()))
-            await self._act(tracker.handle(Tick(0)))
-            while not self._stopped:
-                if self._stop_requested and not self._stop_sent:
-                    self._stop_sent = True
-                    msg: Any = StopRequested()
-                elif tracker.decisions_queued and inbox.statistics().current_buffer_used:
-                    msg = inbox.receive_nowait()  # held groups are decided within this tick
-                else:
-                    msg = await inbox.receive()
-                if msg is None:
-                    continue  # request_stop's wake-up
-                await self._act(tracker.handle(msg))
-                await self._act(tracker.handle(Tick(inbox.statistics().current_buffer_used)))
-                if type(msg) is SampleDone or type(msg) is TurnDone:
-                    # The hold its sample's end took: the gate has acted and the tick has launched
-                    # what the freed room allows, at this engine time.
-                    self.clock.release()
+        async with inbox:
+            try:
+                await self._act(tracker.handle(Started()))
+                await self._act(tracker.handle(Tick(0)))
+                while not self._stopped:
+                    if self._stop_requested and not self._stop_sent:
+                        self._stop_sent = True
+                        msg: Any = StopRequested()
+                    elif tracker.decisions_queued and inbox.statistics().current_buffer_used:
+                        msg = inbox.receive_nowait()  # held groups are decided within this tick
+                    else:
+                        msg = await inbox.receive()
+                    if msg is None:
+                        continue  # request_stop's wake-up
+                    hold = _NO_HOLD
+                    if type(msg) is Held:  # a finished sample's answer, holding the clock
+                        msg, hold = msg
+                    with hold:  # it ends after the tick: the gate has acted and the tick has
+                        # launched what the freed room allows, at this engine time
+                        await self._act(tracker.handle(msg))
+                        await self._act(tracker.handle(Tick(inbox.statistics().current_buffer_used)))
+            finally:
+                self.learning.close()
 
     async def _act(self, actions) -> None:
-        """Carry out what the tracker returned, in order."""
+        """Carry out what the tracker returned, in order (``_TRACKING``)."""
+        handlers = self._TRACKING
         for action in actions:
-            kind = type(action)
-            if kind is Start:
-                self._start(action)
-            elif kind is Cancel:
-                self._cancel(action.request_id)
-            elif kind is Train:
-                if self._inline_learner:  # learning takes no engine time: the step happens now
-                    await self._act(self.tracker.handle(await self.learn(action, in_thread=False)))
-                else:
-                    self._batches.send_nowait(action)  # room: the tracker counts the learner's batches
-            elif kind is Record:
-                self._record(action.step, action.metrics)
-            elif kind is Checkpoint:
-                self._checkpoint(action)
-            elif kind is ForkEpisode:
-                self.parts.episodes.fork(action.source, action.turns, action.key)
-            elif kind is CloseEpisode:
-                self.parts.episodes.close(action.key)
-            elif kind is Evaluate:
-                await self._act(self.tracker.handle(await self.learn.evaluate(action.step)))
-            elif kind is Stop:
-                if not self._stopped:
-                    # Engine time ends with the run: held until the task group is over, so every
-                    # sample still running is cut at the stop's time. Otherwise the clock moved on
-                    # each time a cancelled stream left it, and what the last ones were cut with
-                    # hung on the order anyio cancels tasks in (a set's: by memory address).
-                    self.clock.hold()
-                self._stopped = True
-            else:
-                raise cannot_carry_out("the tracking loop", action)
+            pending = handlers[type(action)](self, action)
+            if pending is not None:
+                await pending
 
-    def _record(self, step: int, metrics: dict[str, Any]) -> None:
+    async def _answer(self, message: Any) -> None:
+        """Hand the tracker the answer to an action carried out here, and carry out what it returns."""
+        await self._act(self.tracker.handle(message))
+
+    def _train(self, train: Train) -> Any:
+        return self.learning.hand_over(train, self.learn, self._answer)
+
+    async def _evaluate(self, evaluate: Evaluate) -> None:
+        await self._answer(await self.learn.evaluate(evaluate.step))
+
+    def _record(self, record: Record) -> None:
+        step, metrics = record.step, record.metrics
         writer = self.outputs.metrics if self.outputs.metrics is not None else NullMetricsWriter()
         writer.write(step, metrics)
         if self.outputs.on_step is not None and step > 0:  # step 0: the evaluation before training, no step
             self.outputs.on_step(step, metrics)
+
+    def _fork_episode(self, fork: ForkEpisode) -> None:
+        self.parts.episodes.fork(fork.source, fork.turns, fork.key)
+
+    def _close_episode(self, close: CloseEpisode) -> None:
+        self.parts.episodes.close(close.key)
+
+    def _stop(self, stop: Stop) -> None:
+        if not self._stopped:
+            # Engine time ends with the run: held until the task group is over, so every sample
+            # still running is cut at the stop's time. Otherwise the clock moved on each time a
+            # cancelled stream left it, and what the last ones were cut with hung on the order
+            # anyio cancels tasks in (a set's: by memory address).
+            self._stop_hold = self.clock.hold()
+        self._stopped = True
 
     def _checkpoint(self, action: Checkpoint) -> None:
         """Everything needed to resume after the step just finished: the tracker's state at that
@@ -293,7 +296,8 @@ class Orchestrator:
         # A fixed name: anyio would otherwise build one from the function per task.
         self._tg.start_soon(self._sample_task, request, events, scope, name="sample")
 
-    def _cancel(self, request_id: str) -> None:
+    def _cancel(self, cancel: Cancel) -> None:
+        request_id = cancel.request_id
         if self._mux is not None:
             self._mux.abort(request_id)
             return
@@ -306,16 +310,18 @@ class Orchestrator:
     async def _sample_task(self, request: SampleRequest, events, scope: anyio.CancelScope) -> None:
         # The inbox is shared, not cloned per sample: the tracking loop stops on the tracker's
         # Stop, never on the inbox closing, and a clone per rollout is measurable overhead.
-        message = None
+        ended = None
         with scope:
-            message = await self._consume(request, events)
+            ended = await self._consume(request, events)
         del self._scopes[request.request_id]
-        if message is not None:  # None: cancelled, and the tracker was told (StreamCut)
-            await self._stream_actions(self.tracker.handle(message), held=True)
+        if ended is not None:  # None: cancelled, and the tracker was told (StreamCut)
+            message, hold = ended
+            with hold:  # it ends here unless its answer carried it on to the tracking loop
+                await self._stream_actions(self.tracker.handle(message), hold)
 
-    async def _consume(self, request: SampleRequest, events) -> SampleFinished | StreamFailed:
+    async def _consume(self, request: SampleRequest, events) -> tuple[SampleFinished | StreamFailed, Hold]:
         """Hand each delta to the tracker; return the final event, or a ``StreamFailed`` when the
-        engine failed (either with the clock held: time stands still until the tracker has acted
+        engine failed, with a hold on the clock (time stands still until the tracker has acted
         on the sample). A cancelled sample's cleanup aborts it in the engine and tells the
         tracker what its stream still produced."""
         tracker, rid = self.tracker, request.request_id
@@ -325,22 +331,21 @@ class Orchestrator:
                 if type(event) is TokenDelta:
                     actions = tracker.handle(event)
                     if actions:
-                        await self._stream_actions(actions)
+                        await self._stream_actions(actions, _NO_HOLD)
                 else:
-                    self.clock.hold()
+                    hold = self.clock.hold()
                     final = event
                     break
             if final is None:
                 raise RuntimeError(f"engine {self.engine.name} ended stream {rid} without a SampleFinished")
-            return final
+            return final, hold
         except anyio.get_cancelled_exc_class():
             tokens, last = await self._drain(rid, events)
             tracker.handle(StreamCut(rid, tokens, last))
             raise
         except Exception as exc:  # the engine failed on this sample; the run goes on
             tokens, last = await self._drain(rid, events)
-            self.clock.hold()
-            return StreamFailed(rid, f"{type(exc).__name__}: {exc}", tokens, last)
+            return StreamFailed(rid, f"{type(exc).__name__}: {exc}", tokens, last), self.clock.hold()
         finally:
             with anyio.CancelScope(shield=True):
                 await events.aclose()
@@ -361,42 +366,37 @@ class Orchestrator:
                 pass  # the engine failed while aborting; the request is closed regardless
         return tokens, final
 
-    async def _stream_actions(self, actions, held: bool = False) -> None:
-        """Carry out the actions of a stream's event: score a finished sample and report it
-        (it ``held`` the clock; a sample the tracker counts as aborted releases it), post the
-        token hook's messages."""
-        scored = False
+    async def _stream_actions(self, actions, hold: Hold) -> None:
+        """Carry out the actions of a stream's event (``_SAMPLE_TASK``): score a finished sample
+        and report it (its answer carries on the ``hold`` its end took), post the token hook's
+        messages."""
+        handlers = self._SAMPLE_TASK
         for action in actions:
-            if type(action) is Score or type(action) is EnvStep:
-                scored = True
-                await self._report(action)
-            elif type(action) is Post:
-                await self._inbox.send(action.message)
-            else:
-                raise cannot_carry_out("a sample task", action)
-        if held and not scored:
-            self.clock.release()
+            await handlers[type(action)](self, action, hold)
 
-    async def _report(self, action: Score | EnvStep) -> None:
+    async def _post(self, post: Post, hold: Hold) -> None:
+        await self._inbox.send(post.message)
+
+    async def _report(self, action: Score | EnvStep, hold: Hold) -> None:
         """Score a finished sample (or step an episode's environment with a finished turn) and
-        send the answer to the tracking loop (which releases the clock hold its end took)."""
-        try:
+        send the answer to the tracking loop, with the ``hold`` its end took: the tracking loop
+        ends it; a failure here ends it at once."""
+        with hold:
             if type(action) is EnvStep:
                 answer = await self.parts.episodes.step(action.request, action.finished)
             else:
-                answer = await self._scored(action.request, action.finished)
-            await self._inbox.send(answer)
-        except BaseException:
-            self.clock.release()
-            raise
+                answer = await self._scored(action)
+            await hold.hand_on(self._inbox.send, answer)
 
-    async def _scored(self, request: SampleRequest, finished: SampleFinished) -> SampleDone:
+    async def _scored(self, score: Score) -> SampleDone:
+        """A ``Score`` carried out: the reward of a completed sample, none for one that failed."""
+        finished = score.finished
         if finished.finish_reason.is_success:
             # A branch's token_ids start with its source's prefix: the answer is all of them.
-            reward, error = await self.parts.scoring.score(request.prompt, finished.token_ids)
+            reward, error = await self.parts.scoring.score(score.request.prompt, finished.token_ids)
         else:
             reward, error = 0.0, finished.error
-        return SampleDone(ScoredSample(request, finished, reward, error))
+        return score.answer(reward, error)
 
     # --- the stream side: one task for a multiplexing engine ------------------------------
 
@@ -405,22 +405,14 @@ class Orchestrator:
         or in a short task of its own) and post it. The messages of one batch go to the tracking
         loop after the whole batch is read, as when the sample tasks woken at one engine time all
         run before it: the decision points of a tick then share one batch of RAIL decisions."""
-        tracker, clock = self.tracker, self.clock
-        report_inline = self.parts.scoring.runs_inline
+        tracker, handlers = self.tracker, self._STREAM_TASK
         try:
             while True:
                 messages: list[Any] = []
                 for action in tracker.handle(EngineEvents(await mux.next_events())):
-                    if type(action) is Score or type(action) is EnvStep:
-                        clock.hold()  # time stands still until the tracker has acted on this sample
-                        if report_inline and type(action) is Score:  # scored here, without suspending
-                            messages.append(await self._scored(action.request, action.finished))
-                        else:
-                            self._tg.start_soon(self._report, action, name="reward")
-                    elif type(action) is Post:
-                        messages.append(action.message)
-                    else:
-                        raise cannot_carry_out("the stream task", action)
+                    pending = handlers[type(action)](self, action, messages)
+                    if pending is not None:
+                        await pending
                 for i, message in enumerate(messages):
                     try:
                         # All at once while there is room: the tracking loop then finds the tick's
@@ -429,20 +421,61 @@ class Orchestrator:
                             inbox.send_nowait(message)
                         except anyio.WouldBlock:
                             await inbox.send(message)
-                    except BaseException as exc:  # the holds of finished samples not sent are released
-                        for unsent in messages[i:]:
-                            if isinstance(unsent, (SampleDone, TurnDone)):
-                                clock.release()
+                    except BaseException as exc:  # the holds of finished samples not sent end
+                        end_holds(messages[i:])
                         if isinstance(exc, (anyio.BrokenResourceError, anyio.ClosedResourceError)):
                             return  # the tracking loop has ended: the run is over
                         raise
         finally:
             tracker.handle(StreamsClosed(mux.close()))  # the run is over: what the running samples produced
 
-    # --- learner task --------------------------------------------------------------------
+    def _mux_score(self, score: Score, messages: list) -> Any:
+        """Hold the clock until the tracker has acted on this sample (the hold goes with its
+        answer); score it here when the scorer runs inline (without suspending), else in a
+        short task of its own."""
+        if self.parts.scoring.runs_inline:
+            return self._mux_score_inline(score, self.clock.hold(), messages)
+        self._tg.start_soon(self._report, score, self.clock.hold(), name="reward")
+        return None
 
-    async def _learner_loop(self, batches: MemoryObjectReceiveStream, inbox: MemoryObjectSendStream) -> None:
-        async with batches, inbox:
-            async for train in batches:
-                done: StepDone = await self.learn(train, in_thread=True)
-                await inbox.send(done)
+    async def _mux_score_inline(self, score: Score, hold: Hold, messages: list) -> None:
+        messages.append(Held(await self._scored(score), hold))
+
+    def _mux_env_step(self, step: EnvStep, messages: list) -> None:
+        self._tg.start_soon(self._report, step, self.clock.hold(), name="reward")
+
+    def _mux_post(self, post: Post, messages: list) -> None:
+        messages.append(post.message)
+
+    # --- the handler tables, one per room ------------------------------------------------
+
+    _STREAM_SIDE = "a stream's event's action: a sample task or the stream task carries it out"
+    _TRACKING_SIDE = "the tracker returns it for the tracking loop's messages, never for a stream's events"
+    _TRACKING = HandlerTable(
+        "the tracking loop",
+        {
+            Start: _start,
+            Cancel: _cancel,
+            Train: _train,
+            Record: _record,
+            Checkpoint: _checkpoint,
+            ForkEpisode: _fork_episode,
+            CloseEpisode: _close_episode,
+            Evaluate: _evaluate,
+            Stop: _stop,
+            (Score, EnvStep, Post): Refuse(_STREAM_SIDE),
+        },
+    )
+    _TRACKING_LOOP_ACTIONS = (Start, Cancel, Train, Record, Checkpoint, ForkEpisode, CloseEpisode, Evaluate, Stop)
+    _SAMPLE_TASK = HandlerTable(
+        "a sample task",
+        {Score: _report, EnvStep: _report, Post: _post, _TRACKING_LOOP_ACTIONS: Refuse(_TRACKING_SIDE)},
+    )
+    _STREAM_TASK = HandlerTable(
+        "the stream task",
+        {Score: _mux_score, EnvStep: _mux_env_step, Post: _mux_post, _TRACKING_LOOP_ACTIONS: Refuse(_TRACKING_SIDE)},
+    )
+
+
+_NO_HOLD = Hold(None)
+"""The hold of a message that holds nothing (an inert token)."""

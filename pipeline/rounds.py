@@ -41,12 +41,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.actions import INLINE, Cancel, Post, Record, Score, ShellSettings, Start, Stop, Train, cannot_carry_out
+from pipeline.actions import INLINE, Cancel, Post, Record, Score, ShellSettings, Start, Stop, Train
 from pipeline.config.sections import OrchestratorConfig
-from pipeline.messages import CutStep, SampleDone, StepDone, Tick
+from pipeline.handlers import ASKED_BY_SETTINGS, EPISODES, HandlerTable, Refuse, Skip
+from pipeline.messages import CutStep, StepDone, Tick
 from pipeline.protocols import Controller, Gate, GateStalled
 from pipeline.tracker import GroupTracker
-from pipeline.types import FinishReason, GroupPlan, SampleFinished, SampleRequest, ScoredSample, StepResult, TrainBatch
+from pipeline.types import FinishReason, GroupPlan, SampleFinished, SampleRequest, StepResult, TrainBatch
 
 MAX_ROUNDS = 10_000
 """Rounds one step may take before ``RoundDriver`` gives up (a gate that never ends a group)."""
@@ -123,6 +124,7 @@ class RoundDriver:
         self.short_batches = 0  # steps cut short by step_rollouts
         self._starts: list[Start] = []  # started and not generated yet
         self._batch: TrainBatch | None = None  # the tracker's Train, once it hands one out
+        self._rewards: dict[str, float] = {}  # request id -> its reward, for the tracker's Score
         self._step_start = 0  # rollouts started before the step being filled
 
     def next_batch(self, sample: Sampler) -> TrainBatch:
@@ -176,17 +178,15 @@ class RoundDriver:
                 f"the sampler returned {len(results)} samples for {len(starts)} requests; return one per request"
             )
         version = tracker.policy_version()
+        rewards = self._rewards
         for start, result in zip(starts, results):
+            request_id = start.request.request_id
             finished = SampleFinished(
-                start.request.request_id, tuple(result.token_ids), tuple(result.logprobs), result.finish_reason, version
+                request_id, tuple(result.token_ids), tuple(result.logprobs), result.finish_reason, version
             )
-            for action in tracker.handle(finished):
-                if isinstance(action, Score):  # an abandoned group's straggler is scored too: the tracker drops it
-                    self._do(
-                        tracker.handle(SampleDone(ScoredSample(action.request, action.finished, float(result.reward))))
-                    )
-                else:
-                    self._do([action])
+            rewards[request_id] = float(result.reward)
+            self._do(tracker.handle(finished))
+            rewards.pop(request_id, None)  # not asked for: an aborted sample
 
     def _tick(self) -> None:
         """Ship, hand out a full batch, admit; a closed admission with nothing left to run ends
@@ -200,28 +200,50 @@ class RoundDriver:
             # The tick shipped, found nothing running and nothing to admit: the step is cut short.
 
     def _do(self, actions: Sequence[Any]) -> None:
-        """Carry out the tracker's actions: starts wait for the next round, posted messages go
-        back in, a ``Train`` is the step's batch; a ``Record`` needs nothing here and a
-        ``Cancel`` nothing either (the round generates the sample, and the tracker drops the
-        straggler of its abandoned group). Any other action is refused (``cannot_carry_out``)."""
-        queue = deque(actions)
+        """Carry out the tracker's actions, in order (``HANDLERS``); posted messages go back in
+        and their actions join the end of the line."""
+        queue, handlers = deque(actions), self.HANDLERS
         while queue:
             action = queue.popleft()
-            if isinstance(action, Start):
-                self._starts.append(action)
-            elif isinstance(action, Train):
-                self._batch = action.batch
-            elif isinstance(action, Post):
-                queue.extend(self.tracker.handle(action.message))
-            elif isinstance(action, Stop):
-                raise RuntimeError(
-                    f"the tracker stopped the run ({action.reason}); a round driver runs until the trainer stops"
-                )
-            elif not isinstance(action, (Record, Cancel)):
-                raise cannot_carry_out("the round driver", action)
+            handlers[type(action)](self, action, queue)
+
+    def _start(self, start: Start, queue: deque) -> None:
+        self._starts.append(start)  # generated in the next round
+
+    def _train(self, train: Train, queue: deque) -> None:
+        self._batch = train.batch  # the step's batch
+
+    def _score(self, score: Score, queue: deque) -> None:
+        # The reward the sampler gave (an abandoned group's straggler is scored too: the tracker drops it).
+        self._do(self.tracker.handle(score.answer(self._rewards.pop(score.request.request_id))))
+
+    def _post(self, post: Post, queue: deque) -> None:
+        queue.extend(self.tracker.handle(post.message))
+
+    def _stop(self, stop: Stop, queue: deque) -> None:
+        raise RuntimeError(f"the tracker stopped the run ({stop.reason}); a round driver runs until the trainer stops")
 
     def _cut_short(self) -> None:
         """The step's cap was reached and every open group has ended: the committed groups so far
         are its batch (open groups a gate holds carry over to the next step)."""
         self._do(self.tracker.handle(CutStep()))
         self.short_batches += 1
+
+    _NEEDS_NO_SETTING = "the tracker asks for it only under ShellSettings this driver does not set"
+    _NO_EPISODES = "a round driver runs single-turn samples (a GroupTracker without an episode lifecycle)"
+    HANDLERS = HandlerTable(
+        "the round driver",
+        {
+            Start: _start,
+            Train: _train,
+            Score: _score,
+            Post: _post,
+            Stop: _stop,
+            Record: Skip("the trainer records its own metrics"),
+            Cancel: Skip(
+                "the round generates the sample anyway, and the tracker drops its abandoned group's straggler"
+            ),
+            ASKED_BY_SETTINGS: Refuse(_NEEDS_NO_SETTING),
+            EPISODES: Refuse(_NO_EPISODES),
+        },
+    )

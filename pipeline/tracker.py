@@ -198,8 +198,7 @@ class GroupTracker:
             self._execute(msg.actions, source="controller")
         elif kind is StepDone:
             self._on_step_done(msg)
-            if self.shell.learner.trains_inline:  # the rest of the tick the batch interrupted
-                self._from_batches()
+            self.shell.learner.after_step(self._from_batches)  # inline: the rest of the tick the batch interrupted
         elif kind is Started:
             if self.shell.evaluates and self._steps_done == 0 and not self.evals:
                 out.append(Evaluate(0))
@@ -234,6 +233,7 @@ class GroupTracker:
 
     def _from_batches(self) -> None:
         cfg = self.config
+        handed_out = False
         while not self.stop_reason and not self._stop_requested and self._learner_room():
             batch = self.batches.next_batch(cfg.steps)
             if batch is None:
@@ -242,8 +242,13 @@ class GroupTracker:
             step = batch.step + 1
             evaluate = self.shell.evaluates and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0))
             self._out.append(Train(batch, bool(evaluate), self._checkpoint_due(step)))
-            if self.shell.learner.trains_inline:
-                return  # nothing else happens until its StepDone
+            handed_out = True
+        if handed_out:
+            self.shell.learner.after_train(self._rest_of_tick)  # inline: nothing else until its StepDone
+        else:
+            self._rest_of_tick()
+
+    def _rest_of_tick(self) -> None:
         self._pump()
         self._admit()
         self._check_end()

@@ -35,10 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.actions import Cancel, Record, Score, Start, Stop, Train, cannot_carry_out
+from pipeline.actions import Cancel, Post, Record, Score, Start, Stop, Train
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.group import GroupRun
-from pipeline.messages import SampleDone, Started, StepDone, StreamCut, Tick
+from pipeline.handlers import ASKED_BY_SETTINGS, EPISODES, HandlerTable, Refuse, Skip
+from pipeline.messages import Started, StepDone, StreamCut, Tick
 from pipeline.protocols import Controller, Gate, GateProtocolError, GateStalled
 from pipeline.tracker import GroupTracker
 from pipeline.types import (
@@ -47,7 +48,6 @@ from pipeline.types import (
     GroupAction,
     GroupSnapshot,
     SampleFinished,
-    ScoredSample,
     StepResult,
     TrainBatch,
 )
@@ -344,24 +344,27 @@ class GateHarness:
     # --- what the async shell does -----------------------------------------------------
 
     def _act(self, actions) -> None:
+        """Carry out the tracker's actions, in order (``HANDLERS``)."""
+        handlers = self.HANDLERS
         for action in actions:
-            kind = type(action)
-            if kind is Cancel:  # aborted at once; it pays for what it generated
-                group, request, start = self.running.pop(action.request_id)
-                self._act(self.tracker.handle(StreamCut(request.request_id, int(40 * min(1.0, self.now - start)))))
-            elif kind is Start:
-                self._start(action.request)
-            elif kind is Train:
-                self.batch_log.append(action.batch)
-                self.learner_waiting.append(action.batch)
-                self._start_learner()
-            elif kind is Score:  # the reward was drawn when the sample ended
-                reward = self._rewards.pop(action.request.request_id)
-                self._act(self.tracker.handle(SampleDone(ScoredSample(action.request, action.finished, reward))))
-            elif kind not in (Record, Stop):  # metrics lines, and the end (the harness counts steps itself)
-                raise cannot_carry_out("the gate harness", action)
+            handlers[type(action)](self, action)
 
-    def _start(self, request) -> None:
+    def _cancel(self, cancel: Cancel) -> None:
+        """Aborted at once; it pays for what it generated."""
+        group, request, start = self.running.pop(cancel.request_id)
+        self._act(self.tracker.handle(StreamCut(request.request_id, int(40 * min(1.0, self.now - start)))))
+
+    def _train(self, train: Train) -> None:
+        self.batch_log.append(train.batch)
+        self.learner_waiting.append(train.batch)
+        self._start_learner()
+
+    def _score(self, score: Score) -> None:
+        """The reward drawn when the sample ended."""
+        self._act(self.tracker.handle(score.answer(self._rewards.pop(score.request.request_id))))
+
+    def _start(self, start: Start) -> None:
+        request = start.request
         group = self.tracker.group(request.group_id)  # open: its sample was just started
         if group.group_id not in self.outcomes:
             p = self.p[group.prompt.prompt_id]
@@ -422,6 +425,23 @@ class GateHarness:
     def _push(self, time: float, kind: str, payload: Any) -> None:
         heapq.heappush(self.events, (time, self._seq, kind, payload))
         self._seq += 1
+
+    _NO_SETTING = "the harness sets no ShellSettings under which the tracker asks for it"
+    _SINGLE_TURN = "the harness runs single-turn samples"
+    HANDLERS = HandlerTable(
+        "the gate harness",
+        {
+            Start: _start,
+            Cancel: _cancel,
+            Score: _score,
+            Train: _train,
+            Record: Skip("metrics lines: the harness counts its own"),
+            Stop: Skip("the harness counts steps itself"),
+            Post: Refuse("the harness's controllers have no token hook"),
+            ASKED_BY_SETTINGS: Refuse(_NO_SETTING),
+            EPISODES: Refuse(_SINGLE_TURN),
+        },
+    )
 
     # --- checks -----------------------------------------------------------------------
 

@@ -20,11 +20,65 @@ def test_the_core_has_no_run_mode_flags():
     assert not found, f"a run-mode flag in the tracker's core (use the Lifecycle or LearnerTiming part): {found}"
 
 
-def test_capabilities_are_read_as_declared_members():
-    found = [
+def _lines_in_pipeline(pattern: re.Pattern) -> list[str]:
+    """Every line of pipeline/ (its folders included) that ``pattern`` finds, as path:line: text."""
+    return [
         f"{path.relative_to(ROOT).as_posix()}:{i}: {line.strip()}"
         for path in sorted((ROOT / "pipeline").rglob("*.py"))
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-        if FALLBACKS.search(line)
+        if pattern.search(line)
     ]
+
+
+def test_capabilities_are_read_as_declared_members():
+    found = _lines_in_pipeline(FALLBACKS)
     assert not found, f"a gate's or controller's capability read with a fallback (declare it in protocols.py): {found}"
+
+
+# --- the learner's timing: two parts, chosen when the run is built ---------------------------
+
+TIMING_FLAGS = re.compile(r"trains_inline|in_thread|inline_learner")
+
+
+def test_no_learner_timing_flag_is_branched_on_in_the_tracker_or_the_shells():
+    found = _lines_in_pipeline(TIMING_FLAGS)
+    assert not found, f"a learner-timing flag (use the LearnerTiming part, pipeline/learner_timing.py): {found}"
+
+
+def test_each_clock_declares_one_learner_timing_part_for_the_shell_and_the_tracker():
+    from pipeline.actions import CONCURRENT, INLINE
+    from pipeline.clock import LockstepClock, VirtualClock, WallClock
+    from pipeline.learner_timing import ConcurrentLearning, InlineLearning
+
+    assert VirtualClock.learning is InlineLearning and LockstepClock.learning is InlineLearning
+    assert WallClock.learning is ConcurrentLearning
+    assert InlineLearning.timing is INLINE and ConcurrentLearning.timing is CONCURRENT
+
+
+def _tick_after_a_batch(timing):
+    """The actions of the tick that hands out the first batch, under ``timing``."""
+    from controller.gates.uniform import UniformGate
+    from controller.noop import NoopController
+    from controller.prompts import PromptPool
+    from pipeline.actions import ShellSettings, Start
+    from pipeline.config.sections import OrchestratorConfig
+    from pipeline.messages import Started, Tick
+    from pipeline.tracker import GroupTracker
+    from pipeline.types import FinishReason, Prompt, SampleFinished
+
+    pool = PromptPool([Prompt(i, "", (1,)) for i in range(8)], seed=0)
+    cfg = OrchestratorConfig(batch_groups=1, group_size=2, steps=4, max_concurrent_samples=2, max_open_groups=1)
+    tracker = GroupTracker(UniformGate(pool, 2), NoopController(), cfg, shell=ShellSettings(timing))
+    starts = [a for a in [*tracker.handle(Started()), *tracker.handle(Tick())] if type(a) is Start]
+    for start in starts:
+        rid = start.request.request_id
+        [score] = tracker.handle(SampleFinished(rid, (7,), (0.0,), FinishReason.STOP, 0))
+        tracker.handle(score.answer(1.0))
+    return [type(a).__name__ for a in tracker.handle(Tick())]
+
+
+def test_inline_a_batch_ends_the_tick_and_concurrent_the_tick_goes_on():
+    from pipeline.actions import CONCURRENT, INLINE
+
+    assert _tick_after_a_batch(INLINE) == ["Train"]  # its StepDone finishes the tick
+    assert _tick_after_a_batch(CONCURRENT) == ["Train", "Start", "Start"]  # the next group is admitted now

@@ -46,15 +46,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.noop import NoopController
-from pipeline.actions import INLINE, Cancel, Record, Score, ShellSettings, Start, Stop, Train, cannot_carry_out
+from pipeline.actions import INLINE, Cancel, Post, Record, Score, ShellSettings, Start, Stop, Train
 from pipeline.config.build import ConfigError
-from pipeline.messages import SampleDone, Started, StepDone, StreamCut, Tick
+from pipeline.handlers import ASKED_BY_SETTINGS, EPISODES, HandlerTable, Refuse, Skip
+from pipeline.messages import Started, StepDone, StreamCut, Tick
 from pipeline.replay.order import NotReplayable, ReplayOrder
 from pipeline.replay.outcome import PromptOutcome
 from pipeline.replay.timing import DEFAULT_RATE, finish_time, tokens_out
 from pipeline.replay.watch import WatchedGate
 from pipeline.tracker import GroupTracker
-from pipeline.types import SampleFinished, ScoredSample, StepResult
+from pipeline.types import SampleFinished, StepResult
 from railgate.config import RunConfig
 from railgate.replay.gate_parts import build_replay_gate, not_replayable, replay_orchestrator, with_sizes
 
@@ -154,8 +155,8 @@ class _Replay:
         # entry stays and is skipped when it comes up
         self.events: list[tuple[float, int, str]] = []
         self._seq = 0
-        # request id -> (launch time, tokens, reward, finish reason, request) of a running sample
-        self.running: dict[str, tuple[float, int, float, Any, Any]] = {}
+        # request id -> (launch time, tokens, finish reason, request) of a running sample
+        self.running: dict[str, tuple[float, int, Any, Any]] = {}
         self.launched: dict[int, int] = {}  # replayed prompt id -> samples launched
         self.tokens: dict[int, int] = {}  # replayed prompt id -> tokens generated
         self.steps = 0
@@ -176,13 +177,8 @@ class _Replay:
             entry = running.pop(request_id, None)
             if entry is None:
                 continue  # aborted with its group
-            _, n, reward, reason, request = entry
-            final = SampleFinished(request_id, _tokens(n), (), reason, 0, engine_time=self.now)
-            for action in handle(final):
-                if type(action) is Score:  # the recorded reward
-                    act(handle(SampleDone(ScoredSample(action.request, action.finished, reward))))
-                else:
-                    act((action,))
+            _, n, reason, _ = entry
+            act(handle(SampleFinished(request_id, _tokens(n), (), reason, 0, engine_time=self.now)))
             act(handle(Tick()))
         if not self.end:
             raise RuntimeError("the replay ran out of samples to finish without the tracker ending the run")
@@ -196,30 +192,33 @@ class _Replay:
         )
 
     def _act(self, actions: Sequence[Any]) -> None:
+        """Carry out the tracker's actions, in order (``HANDLERS``)."""
+        handlers = self.HANDLERS
         for action in actions:
-            kind = type(action)
-            if kind is Start:
-                self._start(action.request)
-            elif kind is Cancel:
-                launched_at, n, _, _, request = self.running.pop(action.request_id)
-                paid = tokens_out(launched_at, n, self.rate, self.now)
-                self.tokens[request.prompt.prompt_id] += paid - n  # it was booked in full at its start
-                self._act(self.tracker.handle(StreamCut(action.request_id, paid)))
-            elif kind is Score:
-                request = action.request
-                reward = self.order.sample(request.prompt.prompt_id, request.sample_index).reward
-                self._act(self.tracker.handle(SampleDone(ScoredSample(request, action.finished, reward))))
-            elif kind is Train:  # no learner: the step is the batch, trained at once
-                batch = action.batch
-                self.steps += 1
-                done = StepDone(batch, StepResult(batch.step + 1, {}), policy_version=batch.step + 1)
-                self._act(self.tracker.handle(done))
-            elif kind is Stop:
-                self.end = action.reason
-            elif kind is not Record:
-                raise cannot_carry_out("bench replay's driver", action)
+            handlers[type(action)](self, action)
 
-    def _start(self, request: Any) -> None:
+    def _cancel(self, cancel: Cancel) -> None:
+        launched_at, n, _, request = self.running.pop(cancel.request_id)
+        paid = tokens_out(launched_at, n, self.rate, self.now)
+        self.tokens[request.prompt.prompt_id] += paid - n  # it was booked in full at its start
+        self._act(self.tracker.handle(StreamCut(cancel.request_id, paid)))
+
+    def _score(self, score: Score) -> None:
+        request = score.request  # the recorded reward
+        self._act(
+            self.tracker.handle(score.answer(self.order.sample(request.prompt.prompt_id, request.sample_index).reward))
+        )
+
+    def _train(self, train: Train) -> None:
+        batch = train.batch  # no learner: the step is the batch, trained at once
+        self.steps += 1
+        self._act(self.tracker.handle(StepDone(batch, StepResult(batch.step + 1, {}), policy_version=batch.step + 1)))
+
+    def _stop(self, stop: Stop) -> None:
+        self.end = stop.reason
+
+    def _start(self, start: Start) -> None:
+        request = start.request
         pid = request.prompt.prompt_id
         sample = self.order.sample(pid, request.sample_index)
         n = sample.num_tokens
@@ -227,9 +226,26 @@ class _Replay:
         self.tokens[pid] = (
             self.tokens.get(pid, 0) + n
         )  # paid in full unless it is aborted (then corrected at its Cancel)
-        self.running[request.request_id] = (self.now, n, sample.reward, sample.finish_reason, request)
+        self.running[request.request_id] = (self.now, n, sample.finish_reason, request)
         heapq.heappush(self.events, (finish_time(self.now, n, self.rate), self._seq, request.request_id))
         self._seq += 1
+
+    _NO_SETTING = "the tracker asks for it only under ShellSettings a replay does not set"
+    _NOT_REPLAYABLE = "a gate whose groups need it cannot be replayed (not_replayable)"
+    HANDLERS = HandlerTable(
+        "bench replay's driver",
+        {
+            Start: _start,
+            Cancel: _cancel,
+            Score: _score,
+            Train: _train,
+            Stop: _stop,
+            Record: Skip("a replay keeps no metrics lines"),
+            ASKED_BY_SETTINGS: Refuse(_NO_SETTING),
+            Post: Refuse(_NOT_REPLAYABLE + ": a token hook's actions"),
+            EPISODES: Refuse(_NOT_REPLAYABLE + ": episodes"),
+        },
+    )
 
     def _outcomes(self) -> list[PromptOutcome]:
         outcome, launched, tokens = self.watched.outcome, self.launched, self.tokens
