@@ -54,7 +54,6 @@ from pipeline.actions import (
 from pipeline.collector import fewer_collections
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.engines.mux import StreamMux, multiplexer_of
-from pipeline.episodes import lifecycle_for
 from pipeline.learning import LearnerStep
 from pipeline.messages import (
     EngineEvents,
@@ -125,7 +124,7 @@ class Orchestrator:
             now=self.clock.now,
             policy_version=lambda: parts.engine.policy_version,
             shell=ShellSettings(self.clock.learner_timing, parts.evaluator is not None, checkpoint_every),
-            lifecycle=lifecycle_for(parts.episodes.settings if parts.episodes is not None else None),
+            lifecycle=parts.lifecycle,
             prompts_left=parts.prompts_left,
         )
         self.learn = LearnerStep(parts, self.outputs)

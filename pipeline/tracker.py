@@ -61,6 +61,7 @@ from pipeline.deciding import Deciders
 from pipeline.group import GroupRun
 from pipeline.hooktimer import HookTimer
 from pipeline.ledger import STREAM_MESSAGES, SampleLedger
+from pipeline.lifecycles import Lifecycle, SingleTurn
 from pipeline.messages import (
     ControllerActions,
     CutStep,
@@ -76,7 +77,7 @@ from pipeline.messages import (
 )
 from pipeline.metrics import Budget
 from pipeline.protocols import Controller, DecisionSink, Gate, GateProtocolError
-from pipeline.samples import Lifecycle, Requests, Samples, SingleTurn
+from pipeline.samples import Requests, Samples
 from pipeline.steplog import StepLog
 from pipeline.types import (
     ActionKind,
