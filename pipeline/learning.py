@@ -5,7 +5,7 @@ the messages that report them (``StepDone``, ``Evaluated``); it keeps no run sta
 no budget -- what a step consumed travels in its ``StepDone`` and the tracker books it. A step
 trains on the batch as it is in memory (in a worker thread, or inline on the simulator's virtual
 clock), then records it in the buffer (``pipeline.store.buffer.ArrowBuffer``: Arrow segments on
-disk) with the learner's advantages, installs the new weights in the engine, scores the
+disk) with the advantages the learner's step reported, installs the new weights in the engine, scores the
 reference responses of the prompts next in line (``gate.sara.reference_prior``), evaluates the
 held-out prompts when asked, and keeps a copy of the learner's state when a checkpoint is due.
 """
@@ -73,7 +73,7 @@ class LearnerStep:
         result = self.learner.step(batch)
         buffer = self.outputs.buffer
         if buffer is not None:
-            buffer.put(batch, self.learner.advantages(batch))
+            buffer.put(batch, result.advantages)  # the step's own, not computed a second time
         return result
 
     def restore(self, learner_state: dict) -> None:

@@ -190,18 +190,14 @@ class Scorer(Protocol):
 
 @runtime_checkable
 class Learner(Protocol):
-    """Consumes train batches, produces weights for the engine. ``step`` runs in a worker thread."""
+    """Consumes train batches, produces weights for the engine. ``step`` runs in a worker thread;
+    its ``StepResult`` carries the advantages it trained on (``pipeline.advantages``), if any."""
 
     def step(self, batch: TrainBatch) -> StepResult: ...
 
     def weights(self) -> Any:
         """What ``Engine.update_weights`` takes."""
         ...
-
-    def advantages(self, batch: TrainBatch) -> Sequence[Sequence[float]] | None:
-        """Per-rollout advantages of ``batch``, group by group, as the learner computes them
-        (the buffer records them); None (the default) when it has none, as the simulator's."""
-        return None
 
     def state_dict(self) -> dict[str, Any]: ...
 

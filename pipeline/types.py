@@ -431,6 +431,10 @@ class StepResult:
     step: int
     policy_version: int
     metrics: dict[str, float] = field(default_factory=dict)
+    advantages: tuple[tuple[float, ...], ...] | None = None
+    """Per-rollout advantages of the batch, group by group, as the step computed and trained on
+    them (``pipeline.advantages``; the buffer records them); None from a learner without them
+    (the simulator's)."""
 
 
 TRACE_SCHEMA_VERSION = 1

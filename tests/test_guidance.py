@@ -12,8 +12,8 @@ from gate_units import admit, checkpoint_roundtrip, kinds, pool_of, snap
 from controller.config import SaraConfig
 from controller.gates.sara import SaraGate
 from controller.guidance import GUIDE_LEVELS, Guidance, guide_len
-from learner.advantages import grpo_advantages
 from learner.packing import BatchError, pack
+from pipeline.advantages import grpo_advantages
 from pipeline.config.build import ConfigError
 from pipeline.decisions import gate_decision
 from pipeline.store.buffer import read_all, to_record_batch, to_train_batch
