@@ -19,7 +19,7 @@ import time
 import anyio.to_thread
 
 from pipeline.actions import Train
-from pipeline.messages import Evaluated, RewardCounts, StepDone
+from pipeline.messages import Evaluated, StepDone
 from pipeline.parts import RunOutputs, RunParts
 from pipeline.types import FinishReason, Prompt, Rollout, StepResult, TrainBatch
 
@@ -57,7 +57,7 @@ class LearnerStep:
             batch=train.batch,
             result=result,
             policy_version=parts.engine.policy_version,
-            rewards=RewardCounts(scoring.errors, scoring.timeouts, scoring.no_reward),
+            rewards=scoring.health.report(),
             timing={"pipeline/step_wall_s": step_wall_s, **self._timing()},
             evaluation=evaluation,
             learner_state=learner_state,

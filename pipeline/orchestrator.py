@@ -57,6 +57,7 @@ from pipeline.engines.mux import StreamMux, multiplexer_of
 from pipeline.learning import LearnerStep
 from pipeline.messages import (
     EngineEvents,
+    RewardsCounted,
     SampleDone,
     Started,
     StepDone,
@@ -150,7 +151,7 @@ class Orchestrator:
         tracker's part (gate and controller included), then the learner's and the engine's weights."""
         self.tracker.load_state_dict(state)
         self.learn.restore(state["learner"])
-        self.parts.scoring.health.carry(self.tracker.budget)  # reward counts go on from the checkpoint's
+        self.parts.scoring.health.carry(self.tracker.reward_counts())  # reward counts go on from the checkpoint's
 
     def request_stop(self) -> None:
         """Stop at the next point where the learner is idle (the step in training, if any, is
@@ -183,7 +184,7 @@ class Orchestrator:
             raise
         inbox_send.close()
         tracker = self.tracker
-        self.parts.scoring.health.record(tracker.budget)  # live counts: right even when no learner step ran
+        tracker.handle(RewardsCounted(self.parts.scoring.health.report()))  # right even when no learner step ran
         return RunSummary(
             steps=tracker.steps_done,
             budget=tracker.budget,

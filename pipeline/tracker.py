@@ -68,6 +68,8 @@ from pipeline.messages import (
     DecideQueued,
     EngineEvents,
     Evaluated,
+    RewardCounts,
+    RewardsCounted,
     SampleDone,
     Started,
     StepDone,
@@ -172,6 +174,11 @@ class GroupTracker:
         """The open group ``group_id`` (None once it closed)."""
         return self._groups.get(group_id)
 
+    def reward_counts(self) -> RewardCounts:
+        """The reward counts its budget holds (after ``load_state_dict``: the checkpoint's), for
+        the scoring service to carry on from."""
+        return self.steplog.reward_counts()
+
     @property
     def decisions_queued(self) -> int:
         """Decision points the controller queued and has not decided yet (the shell reads its
@@ -212,6 +219,8 @@ class GroupTracker:
             self._stop_requested = True
         elif kind is CutStep:
             out.append(Train(self.batches.cut(), False, False))
+        elif kind is RewardsCounted:
+            self.steplog.count_rewards(msg.rewards)
         elif kind is not DecideQueued:  # a DecideQueued only wakes the loop
             raise TypeError(f"GroupTracker.handle got a {kind.__name__}; it takes the messages of pipeline.messages")
         return self._take()
