@@ -157,7 +157,9 @@ def open_run_dir(
                 directory.checkpoint = latest_checkpoint(path)
                 directory.state = load_checkpoint(directory.checkpoint)
                 check_resumable(cfg, path)
-                directory.run_id, directory._write_run_id = resume_run_id(cfg, path, directory.state, directory.checkpoint)
+                directory.run_id, directory._write_run_id = resume_run_id(
+                    cfg, path, directory.state, directory.checkpoint
+                )
             else:
                 used = run_entries(path)
                 if used and not overwrite:
