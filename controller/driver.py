@@ -12,9 +12,10 @@ to sample more of the group, train on it or drop it::
     driver.step_done(trained_groups)                 # after your optimizer step
 
 The rules are the orchestrator's (``pipeline.protocols``): each group's state is the tracker's
-own group record (``pipeline.group.GroupRun``), and the gate sees that record's
-``GroupSnapshot`` after every ended sample; once it commits a group it is not asked again, and
-the group only takes the rewards of the samples it asked for.
+own group record (``pipeline.group.GroupRun``), the gate sees that record's ``GroupSnapshot``
+after every ended sample and its closing snapshot when it ends, every gate action passes the
+tracker's own checks (``pipeline.group.checked``: ``GateProtocolError``); once it commits a
+group it is not asked again, and the group only takes the rewards of the samples it asked for.
 Reporting more rewards than were asked for, or reporting to a group that ended, raises
 ``LifecycleError`` instead of counting a sample twice. A reward of ``None`` is "no reward":
 counted as a failed sample, not as a success or failure.
@@ -60,7 +61,7 @@ from typing import Any, Literal
 from controller.config import SaraConfig
 from controller.reference import ReferenceScreen
 from controller.selectors import PromptSelector
-from pipeline.group import GroupRun
+from pipeline.group import GroupRun, checked
 from pipeline.types import (
     NO_REWARD,
     ActionKind,
@@ -185,9 +186,10 @@ class DrivenGroup:
         return ScoredSample.reward_only(self.group_id, len(self.run.samples), self.prompt, value, self.driver.step)
 
     def _apply(self, action: GroupAction) -> bool:
-        """Apply one gate action; True when it abandons the group."""
-        if action.group_id != self.group_id:
-            raise LifecycleError(f"the gate acted on group {action.group_id} while group {self.group_id} reported")
+        """Apply one gate action, past the tracker's checks (``pipeline.group.checked``: an action
+        on another group, which is not open here, or a LAUNCH after the COMMIT raises
+        ``GateProtocolError``); True when it abandons the group."""
+        checked(self.run if action.group_id == self.group_id else None, action, "gate", self.driver.gate)
         if action.kind is ActionKind.LAUNCH:
             for _ in range(action.n):
                 self.run.launch()
@@ -210,8 +212,9 @@ class DrivenGroup:
 
     def _end(self, how: str) -> Verdict:
         self.ended = how
+        closing = self.run.snapshot(self.driver.step, in_flight=self.run.launched - len(self.run.samples))
         self.run.close()
-        self.driver.gate.on_closed(self.group_id, how == "train")
+        self.driver.gate.on_closed(closing, how == "train")
         return Verdict(how)  # type: ignore[arg-type]
 
     def as_committed(self) -> CommittedGroup:
@@ -240,12 +243,10 @@ class GateDriver:
         self.step = 0
         self._next_id = 0
         self.reference: ReferenceScreen | None = None
-        sara = getattr(self.gate, "config", None)
-        if isinstance(sara, SaraConfig) and sara.reference_prior:
+        strength = self.gate.reference_strength  # a declared capability (pipeline.protocols.Gate)
+        if strength is not None:
             # The caller scores each prompt it opens; the screen holds that one score until ``open``.
-            self.reference = ReferenceScreen(
-                {}, lambda n: [], exact=reference_exact, strength=sara.reference_strength, ahead=1
-            )
+            self.reference = ReferenceScreen({}, lambda n: [], exact=reference_exact, strength=strength, ahead=1)
             self.gate.attach_reference(self.reference)
 
     @classmethod

@@ -2,7 +2,7 @@
 
 One ``step(batch)``:
 
-1. advantages per group (``learner.advantages``; variable-size groups), and which groups
+1. advantages per group (``pipeline.advantages``; variable-size groups), and which groups
    enter the loss (all, or only the non-saturated ones with ``mask_saturated``);
 2. rollouts packed into right-padded micro-batches (``learner.packing``), scored by
    ``learner.scoring``;
@@ -52,7 +52,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from learner.advantages import compute_advantages, saturated_mask
 from learner.config import LearnerConfig
 from learner.losses import ppo_clip_loss
 from learner.noise_scale import (
@@ -65,6 +64,7 @@ from learner.noise_scale import (
 from learner.packing import BatchError, Chunk, pack
 from learner.scoring import response_logprobs
 from learner.turn_credit import token_advantages, turn_advantages
+from pipeline.advantages import compute_advantages, saturated_mask
 from pipeline.types import Rollout, StepResult, TrainBatch
 
 
@@ -124,7 +124,8 @@ class TorchLearner:
     # --- the protocol ----------------------------------------------------------------------
 
     def advantages(self, batch: TrainBatch) -> tuple[tuple[float, ...], ...]:
-        """Per-group advantages of ``batch`` under ``config.algorithm`` (what the buffer stores)."""
+        """Per-group advantages of ``batch`` under ``config.algorithm`` (``pipeline.advantages``):
+        what ``step`` trains on and reports in its ``StepResult.advantages``."""
         return compute_advantages(
             batch.groups, self.config.algorithm, eps=self.config.adv_eps, ddof=self.config.std_ddof
         )
@@ -181,7 +182,7 @@ class TorchLearner:
         if self.ref_model is not None:
             metrics["learner/kl_ref"] = totals["kl_ref"] / tok
         metrics.update(self._noise_metrics(noise, plan, big_sq, dot_prev))
-        return StepResult(step=batch.step, policy_version=self._version, metrics=metrics)
+        return StepResult(step=batch.step, policy_version=self._version, metrics=metrics, advantages=plan.advantages)
 
     def compute_gradients(self, batch: TrainBatch) -> dict[str, torch.Tensor]:
         """The gradient of ``batch``'s loss under the current policy, by parameter name, with no
@@ -263,6 +264,7 @@ class TorchLearner:
             ),  # trained tokens: not an episode's observations
             num_seqs=float(len(rows)),
             metrics=_batch_metrics(batch, advantages, saturated, row_adv, self._version),
+            advantages=advantages,
         )
 
     def _token_advantages(self, rollouts: Sequence[Rollout], adv: Sequence[float]) -> list[np.ndarray | None]:
@@ -408,6 +410,7 @@ class _Plan:
     num_tokens: float
     num_seqs: float
     metrics: dict[str, float]
+    advantages: tuple[tuple[float, ...], ...]
 
 
 def _check_batch(batch: TrainBatch) -> None:

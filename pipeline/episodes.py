@@ -13,8 +13,7 @@ that would refuse it: its sample finishes ``LENGTH`` with ``turns.truncated`` se
 counts it (``pipeline/episodes_truncated_context``) and goes on.
 
 ``EpisodeBook`` keeps the episodes in progress and these rules; the group tracker drives it
-through ``Episodes``, the run mode's ``pipeline.samples.Lifecycle`` when the task is an
-environment (``lifecycle_for``).
+through ``pipeline.lifecycles.Episodes``, the run's lifecycle when the task is an environment.
 An ended episode becomes one ``ScoredSample`` whose response is every turn and observation,
 with its ``Turns`` (where turns end, their rewards, which tokens the policy wrote) and the
 reward that trains (``reward``: the final turn's, or the sum over turns). A branch starts a
@@ -39,13 +38,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipeline.actions import CloseEpisode, EnvStep, ForkEpisode
 from pipeline.config.sections import EpisodeSettings
-from pipeline.messages import TurnDone
-from pipeline.metrics import Budget
-from pipeline.samples import Lifecycle, Samples, SingleTurn
 from pipeline.seeding import derive_seed
-from pipeline.types import FinishReason, SampleFinished, SampleRequest, ScoredSample, TurnPoint, Turns
+from pipeline.types import FinishReason, SampleFinished, SampleRequest, ScoredSample, Turns
 
 
 class Episode:
@@ -179,112 +174,3 @@ class EpisodeBook:
         reward = episode.rewards[-1] if self.settings.reward == "final" else sum(episode.rewards)
         request = dataclasses.replace(episode.request, request_id=episode_key(episode.request))
         return ScoredSample(request, result, reward if not error else 0.0, error, turns=turns)
-
-
-class EnvironmentFailing(RuntimeError):
-    """Each of a run's first episodes ended in an environment failure; the message names the
-    first failure (the environment's class and step) and the fix."""
-
-
-class Episodes:
-    """Each sample is an episode of turns (``pipeline.episodes``): a finished turn goes to its
-    environment (``EnvStep``), whose answer (``TurnDone``) starts the next turn or ends the
-    episode; the environment actions (``ForkEpisode``, ``CloseEpisode``) go with starts and ends.
-    A cancelled turn always counts as aborted (the episode was abandoned, whatever its turn
-    did). When each of the first ``settings.check_first`` episodes ended in an environment
-    failure the run stops with ``EnvironmentFailing``: no episode can teach anything.
-
-    >>> from pipeline.config.sections import EpisodeSettings
-    >>> from pipeline.types import Prompt, SampleRequest, SamplingParams
-    >>> episodes, out = Episodes(EpisodeSettings(max_turns=2, max_episode_tokens=64, turn_tokens=4)), []
-    >>> episodes.start(SampleRequest("g0-s0", 0, 0, Prompt(0, "", (1,)), SamplingParams()), out).request_id
-    'g0-s0'
-    >>> episodes.answer.__name__, episodes.abandon("g0-s0", streaming=False, out=out), out
-    ('EnvStep', True, [CloseEpisode(key='g0-s0')])
-    """
-
-    answer = EnvStep
-    scores_cancelled = False
-    count_stream_end = staticmethod(Budget.count_turn)  # the episode's end is counted when it is scored
-
-    def __init__(self, settings: EpisodeSettings):
-        self.settings = settings
-        self.book = EpisodeBook(settings)
-        self.check_first = settings.check_first
-        self._ended_well = 0  # episodes that ended without an environment failure
-        self._failures = 0  # episodes that ended in an environment failure
-        self._first_failure = ""
-
-    def start(self, request: SampleRequest, out: list) -> SampleRequest:
-        """The request of the first turn of the episode ``request`` starts (a branch's: after a
-        ``ForkEpisode`` of its environment)."""
-        branch = request.branch
-        if branch is not None and branch.turns and self.book.get(branch.source_request_id) is None:
-            # Its source ended while it waited for engine capacity (its environment closed with
-            # it): nothing is left to continue, so it starts as a fresh episode of the prompt.
-            request, branch = dataclasses.replace(request, branch=None), None
-        if branch is not None and branch.turns:
-            out.append(ForkEpisode(branch.source_request_id, branch.turns, episode_key(request)))
-            first = self.book.begin(request, branch.source_request_id, branch.turns)
-        else:
-            first = self.book.begin(request)
-        return first
-
-    def after_turn(self, msg: TurnDone, out: list) -> ScoredSample | tuple[SampleRequest, TurnPoint]:
-        """Book a turn. The episode's sample when it ended (its environment closed); else its next turn's request and the turn boundary this turn made (for the controller)."""
-        request = msg.request
-        scored = self.book.turn_done(request, msg.finished, msg.observation, msg.reward, msg.done, msg.error)
-        if scored is None:
-            episode = self.book.get(episode_key(request))
-            point = TurnPoint(
-                episode_key(request),
-                episode.turns,
-                len(episode.tokens),
-                float(msg.reward),
-                len(msg.observation),
-                tuple(episode.rewards),
-            )
-            return self.book.next_request(request), point
-        if msg.error:
-            self._failures += 1
-            self._first_failure = self._first_failure or msg.error
-            if self.check_first and not self._ended_well and self._failures == self.check_first:
-                raise EnvironmentFailing(
-                    f"each of the first {self.check_first} episodes ended in an environment failure, the first: "
-                    f"{self._first_failure}; fix the environment (task.env.class) or its settings (task.env.config), "
-                    "or set orchestrator.reward_check_first=0 to run on regardless"
-                )
-        else:
-            self._ended_well += 1
-        out.append(CloseEpisode(scored.request.request_id))
-        return scored
-
-    def abandon(self, request_id: str, streaming: bool, out: list) -> bool:
-        """The episode of ``request_id`` was abandoned with its group: its environment closes.
-        One whose turn is ``streaming`` is counted by its stream's cut; one whose environment is
-        answering ends now as an abort -- True: the tracker counts it, and its engine slot is
-        free now (its answer, when it comes, is dropped)."""
-        key = request_id.split("-t")[0]
-        if self.book.get(key) is None:
-            return False
-        self.book.drop_key(key)
-        out.append(CloseEpisode(key))
-        return not streaming
-
-    def stop(self, samples: Samples, out: list) -> int:
-        """The run is over: every episode's environment closes; an episode between two turns
-        (its environment answering) is cut now, one still streaming a turn by the engine's close
-        (the ledger counts whatever its stream still brings as that cut). The episodes cut now."""
-        streaming = samples.streaming_ids()
-        cut = 0
-        for key, episode in self.book.items():
-            cut += episode.current not in streaming
-            self.book.drop_key(key)
-            out.append(CloseEpisode(key))
-        samples.cancel_all()
-        return cut
-
-
-def lifecycle_for(episodes: EpisodeSettings | None) -> Lifecycle:
-    """The lifecycle of a run's samples: episodes of turns when the task is an environment."""
-    return Episodes(episodes) if episodes is not None else SingleTurn()

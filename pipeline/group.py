@@ -19,7 +19,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from pipeline.types import CommittedGroup, FinishReason, GroupSnapshot, Prompt, Rollout, ScoredSample
+from pipeline.protocols import GateProtocolError
+from pipeline.types import (
+    ActionKind,
+    CommittedGroup,
+    FinishReason,
+    GroupAction,
+    GroupSnapshot,
+    Prompt,
+    Rollout,
+    ScoredSample,
+)
 
 
 @dataclass
@@ -33,6 +43,7 @@ class GroupRun:
     aborted: int = 0
     tokens: int = 0
     sealed: bool = False
+    committed_at: int = -1  # valid rewards it held when it was sealed (-1: not sealed)
     closed: bool = False
     samples: list[ScoredSample] = field(default_factory=list)  # every ended sample, in finishing order
     decision_ids: list[int] = field(default_factory=list)
@@ -52,6 +63,8 @@ class GroupRun:
     def seal(self) -> bool:
         """Committed: the gate launches no more (True the first time)."""
         first, self.sealed = not self.sealed, True
+        if first:
+            self.committed_at = len(self._rewards)
         return first
 
     def close(self) -> None:
@@ -112,6 +125,7 @@ class GroupRun:
             policy_version=policy_version,
             origins=self.origins,
             logprob_sums=tuple(self._logprob_sums),
+            committed_at=self.committed_at,
         )
 
     def committed(self) -> CommittedGroup:
@@ -141,3 +155,65 @@ class GroupRun:
             trained_tokens=sum(s.new_tokens for s in valid),
             success_threshold=self.prompt.success_threshold,
         )
+
+
+def checked(group: GroupRun | None, action: GroupAction, source: str, actor: object) -> GroupRun:
+    """The open group ``action`` names, once the group lifecycle (``pipeline.protocols``) allows
+    the action on it; ``GateProtocolError`` for an action on a group that is not open, or a
+    gate's LAUNCH on a committed one (a controller's intervention, ``origin >= 0``, may). Every
+    driver of gates goes through here: the tracker, and ``controller.driver``.
+
+    >>> from pipeline.types import ActionKind, GroupAction, Prompt
+    >>> group = GroupRun(0, Prompt(0, "", (1,)), target_size=4, opened_step=0); _ = group.seal()
+    >>> checked(group, GroupAction(ActionKind.LAUNCH, 0, n=2), "gate", object())  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    pipeline.protocols.GateProtocolError: gate launched 2 samples on sealed group 0; emit LAUNCH before COMMIT
+    """
+    if group is None or group.closed:
+        raise GateProtocolError.not_open(source, actor, action.group_id)
+    if action.kind is ActionKind.LAUNCH and group.sealed and action.origin < 0:
+        raise GateProtocolError.launch_after_commit(source, action.n, group.group_id)
+    return group
+
+
+def closing_state(snapshot: GroupSnapshot) -> dict:
+    """A group's snapshot as a checkpoint keeps it (JSON-able): what a gate reads of a group a
+    resumed run closes -- its id, its prompt's id, level and success threshold, its counts and
+    rewards; the prompt's text and tokens are left out.
+
+    >>> from pipeline.types import Prompt
+    >>> snap = GroupSnapshot(4, Prompt(9, "x", (1,)), 8, (1.0, 0.0), 2, 4, 0, 30, 1, committed_at=1)
+    >>> back = closing_from_state(closing_state(snap))
+    >>> back.verdict_counts, back.prompt.prompt_id, back.launched
+    ((1, 1), 9, 4)
+    """
+    prompt = snapshot.prompt
+    return {
+        "group_id": snapshot.group_id,
+        "prompt": [prompt.prompt_id, prompt.difficulty, prompt.success_threshold],
+        "target_size": snapshot.target_size,
+        "rewards": list(snapshot.rewards),
+        "launched": snapshot.launched,
+        "failed": snapshot.failed,
+        "tokens": snapshot.tokens,
+        "committed_at": snapshot.committed_at,
+    }
+
+
+def closing_from_state(state: dict) -> GroupSnapshot:
+    """The snapshot ``closing_state`` kept (of a checkpoint from an earlier release, which kept
+    only the id: a group with no rewards, of an unknown prompt, -1)."""
+    prompt_id, difficulty, threshold = state.get("prompt", (-1, 0.0, 0.5))
+    return GroupSnapshot(
+        group_id=int(state["group_id"]),
+        prompt=Prompt(int(prompt_id), "", (), difficulty=float(difficulty), success_threshold=float(threshold)),
+        target_size=int(state.get("target_size", 0)),
+        rewards=tuple(float(r) for r in state.get("rewards", ())),
+        in_flight=0,
+        launched=int(state.get("launched", 0)),
+        failed=int(state.get("failed", 0)),
+        tokens=int(state.get("tokens", 0)),
+        policy_version=0,
+        committed_at=int(state.get("committed_at", -1)),
+    )

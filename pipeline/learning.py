@@ -4,8 +4,9 @@
 the messages that report them (``StepDone``, ``Evaluated``); it keeps no run state and writes
 no budget -- what a step consumed travels in its ``StepDone`` and the tracker books it. A step
 trains on the batch as it is in memory (where the run's learner timing runs its computations:
-in a worker thread, or inline on the simulator's virtual clock; ``pipeline.learner_timing``), then records it in the buffer (``pipeline.store.buffer.ArrowBuffer``: Arrow segments on
-disk) with the learner's advantages, installs the new weights in the engine, scores the
+in a worker thread, or inline on the simulator's virtual clock; ``pipeline.learner_timing``), then
+records it in the buffer (``pipeline.store.buffer.ArrowBuffer``: Arrow segments on disk) with the
+advantages the learner's step reported, installs the new weights in the engine, scores the
 reference responses of the prompts next in line (``gate.sara.reference_prior``), evaluates the
 held-out prompts when asked, and keeps a copy of the learner's state when a checkpoint is due.
 """
@@ -21,7 +22,7 @@ from typing import Any
 import anyio
 
 from pipeline.actions import Train
-from pipeline.messages import Evaluated, RewardCounts, StepDone
+from pipeline.messages import Evaluated, StepDone
 from pipeline.parts import RunOutputs, RunParts
 from pipeline.types import FinishReason, Prompt, Rollout, StepResult, TrainBatch
 
@@ -66,7 +67,7 @@ class LearnerStep:
             batch=train.batch,
             result=result,
             policy_version=parts.engine.policy_version,
-            rewards=RewardCounts(scoring.errors, scoring.timeouts, scoring.no_reward),
+            rewards=scoring.health.report(),
             timing={"pipeline/step_wall_s": step_wall_s, **self._timing()},
             evaluation=evaluation,
             learner_state=learner_state,
@@ -82,7 +83,7 @@ class LearnerStep:
         result = self.learner.step(batch)
         buffer = self.outputs.buffer
         if buffer is not None:
-            buffer.put(batch, self.learner.advantages(batch))
+            buffer.put(batch, result.advantages)  # the step's own, not computed a second time
         return result
 
     def restore(self, learner_state: dict) -> None:

@@ -27,10 +27,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pipeline.actions import Post
+from pipeline.lifecycles import Lifecycle
 from pipeline.messages import ControllerActions, EngineEvents, StreamCut, StreamFailed, StreamsClosed
 from pipeline.metrics import Budget
 from pipeline.protocols import Controller
-from pipeline.samples import Lifecycle, Sample, Samples
+from pipeline.samples import Sample, Samples
 from pipeline.types import FinishReason, SampleFinished, SampleRequest, TokenDelta
 
 

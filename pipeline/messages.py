@@ -114,6 +114,15 @@ class RewardCounts:
 
 
 @dataclass(frozen=True)
+class RewardsCounted:
+    """The scoring service's counts as they stand (``RewardHealth.report``), handed to the
+    tracker at the run's end so that its budget holds them even when no learner step ran: the
+    tracker writes them, as it does a ``StepDone``'s."""
+
+    rewards: RewardCounts
+
+
+@dataclass(frozen=True)
 class StepDone:
     """The learner finished a step on ``batch``: what it consumed and what came of it. The
     tracker alone accounts for it (budget, evaluations, the stop at a target accuracy)."""
@@ -181,6 +190,7 @@ Message = (
     | Started
     | StopRequested
     | CutStep
+    | RewardsCounted
     | Tick
     | TurnDone
 )

@@ -60,11 +60,11 @@ from pipeline.clock import Held, Hold, end_holds
 from pipeline.collector import fewer_collections
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.engines.mux import StreamMux, multiplexer_of
-from pipeline.episodes import lifecycle_for
 from pipeline.handlers import HandlerTable, Refuse
 from pipeline.learning import LearnerStep
 from pipeline.messages import (
     EngineEvents,
+    RewardsCounted,
     SampleDone,
     Started,
     StopRequested,
@@ -130,7 +130,7 @@ class Orchestrator:
             now=self.clock.now,
             policy_version=lambda: parts.engine.policy_version,
             shell=ShellSettings(self.learning.timing, parts.evaluator is not None, checkpoint_every),
-            lifecycle=lifecycle_for(parts.episodes.settings if parts.episodes is not None else None),
+            lifecycle=parts.lifecycle,
             prompts_left=parts.prompts_left,
         )
         self.learn = LearnerStep(parts, self.learning.run, self.outputs)
@@ -156,7 +156,7 @@ class Orchestrator:
         tracker's part (gate and controller included), then the learner's and the engine's weights."""
         self.tracker.load_state_dict(state)
         self.learn.restore(state["learner"])
-        self.parts.scoring.health.carry(self.tracker.budget)  # reward counts go on from the checkpoint's
+        self.parts.scoring.health.carry(self.tracker.reward_counts())  # reward counts go on from the checkpoint's
 
     def request_stop(self) -> None:
         """Stop at the next point where the learner is idle (the step in training, if any, is
@@ -186,7 +186,7 @@ class Orchestrator:
             raise
         inbox_send.close()
         tracker = self.tracker
-        self.parts.scoring.health.record(tracker.budget)  # live counts: right even when no learner step ran
+        tracker.handle(RewardsCounted(self.parts.scoring.health.report()))  # right even when no learner step ran
         return RunSummary(
             steps=tracker.steps_done,
             budget=tracker.budget,

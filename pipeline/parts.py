@@ -7,12 +7,14 @@ benchmarks that build parts by hand pass them the same way.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.actions import EnvStep
 from pipeline.clock import VirtualClock, WallClock
 from pipeline.engines.base import Engine
 from pipeline.hooktimer import HookTimer
+from pipeline.lifecycles import Lifecycle, SingleTurn
 from pipeline.metrics import MetricsWriter, NullMetricsWriter
 from pipeline.protocols import (
     Buffer,
@@ -43,12 +45,25 @@ class RunParts:
     """Held-out evaluation at the start and every ``eval_every`` steps; None: none."""
     reference: ReferenceScores | None = None
     """``gate.sara.reference_prior``: where the learner's reference likelihoods go after each step."""
+    lifecycle: Lifecycle = field(default_factory=SingleTurn)
+    """How a sample runs from its start to its end (``pipeline.lifecycles``): one engine request
+    (``SingleTurn``), or an episode of turns (``Episodes``, with ``episodes``)."""
     episodes: EpisodeService | None = None
-    """The task is an environment: every sample is an episode of turns, stepped through this."""
+    """The task is an environment: every sample is an episode of turns (``lifecycle`` is
+    ``Episodes(episodes.settings)``), stepped through this."""
     prompts_left: Callable[[], int] | None = None
     """A finite prompt source (a replay visits each recorded group once): how many prompts it can
     still hand out. At 0, once nothing can run, the run ends ("prompts exhausted") instead of
     stalling with ``GateStalled``. None: an endless source (an epoch-cycling pool)."""
+
+    def __post_init__(self) -> None:
+        steps_envs = self.lifecycle.answer is EnvStep
+        if steps_envs != (self.episodes is not None):
+            raise ValueError(
+                f"RunParts got lifecycle {type(self.lifecycle).__name__} and episodes={self.episodes!r}: a run of "
+                "episodes needs both lifecycle=Episodes(service.settings) and episodes=service, a run of single "
+                "turns neither"
+            )
 
 
 @dataclass

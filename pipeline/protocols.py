@@ -85,13 +85,14 @@ class GateStalled(RuntimeError):
 class Gate(Protocol):
     """Allocation policy: which prompts get groups, and when a group commits or is abandoned.
 
-    Three members have defaults here, which a gate inherits by subclassing ``Gate`` (every gate
+    Four members have defaults here, which a gate inherits by subclassing ``Gate`` (every gate
     does: ``tests/test_gate_conformance.py``): ``metrics()`` (``gate/...`` values for the step
     log; none), ``uncounted_rollouts`` (rollouts a benchmark-only gate books outside
-    ``orchestrator.max_rollouts``: the oracle's dropped groups; 0) and the capability
-    ``abandons`` (True). A gate declares a capability as a class attribute (``abandons = False``
-    in ``UniformGate``, ``DpsGate``), a wrapper of a gate forwards it as a property, and every
-    reader reads the attribute, ``gate.abandons``, never with a fallback of its own.
+    ``orchestrator.max_rollouts``: the oracle's dropped groups; 0) and the capabilities
+    ``abandons`` (True) and ``reference_strength`` (None). A gate declares a capability as a
+    class attribute (``abandons = False`` in ``UniformGate``, ``DpsGate``) or a property of its
+    settings (SARA's ``reference_strength``), a wrapper of a gate forwards it as a property, and
+    every reader reads the attribute, ``gate.abandons``, never with a fallback of its own.
     """
 
     @property
@@ -103,6 +104,10 @@ class Gate(Protocol):
     """False: every group the gate opens ships unless its samples fail in the engine (uniform
     GRPO, DPS), so admission opens no group beyond those the remaining steps train on."""
 
+    reference_strength: float | None = None
+    """The gate's prior reads a reference screen's likelihoods (``attach_reference(screen)``,
+    ``controller.reference.ReferenceScreen``) at this prior strength; None: it reads none."""
+
     def admit(self, group_ids: range, step: int) -> list[GroupPlan]:
         """Open up to ``len(group_ids)`` new groups, the i-th plan under ``group_ids[i]``.
         ``step`` is the learner step being produced."""
@@ -112,8 +117,11 @@ class Gate(Protocol):
         """React to one more ended sample of an open group."""
         ...
 
-    def on_closed(self, group_id: int, committed: bool) -> None:
-        """The group was shipped (``committed``) or dropped; forget its per-group state."""
+    def on_closed(self, closing: GroupSnapshot, committed: bool) -> None:
+        """The group was shipped (``committed``) or dropped; ``closing`` is its final snapshot
+        (the tracker's record as it closed: its rewards, and where it was committed,
+        ``committed_at``). A gate reads the group's counts from here and keeps no copy of them;
+        it forgets its per-group state."""
         ...
 
     def on_step(self, step: int, batch: TrainBatch) -> list[GroupAction]:
@@ -190,18 +198,14 @@ class Scorer(Protocol):
 
 @runtime_checkable
 class Learner(Protocol):
-    """Consumes train batches, produces weights for the engine. ``step`` runs in a worker thread."""
+    """Consumes train batches, produces weights for the engine. ``step`` runs in a worker thread;
+    its ``StepResult`` carries the advantages it trained on (``pipeline.advantages``), if any."""
 
     def step(self, batch: TrainBatch) -> StepResult: ...
 
     def weights(self) -> Any:
         """What ``Engine.update_weights`` takes."""
         ...
-
-    def advantages(self, batch: TrainBatch) -> Sequence[Sequence[float]] | None:
-        """Per-rollout advantages of ``batch``, group by group, as the learner computes them
-        (the buffer records them); None (the default) when it has none, as the simulator's."""
-        return None
 
     def state_dict(self) -> dict[str, Any]: ...
 

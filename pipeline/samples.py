@@ -20,8 +20,8 @@ defaults or the action's) with a seed derived from the run seed, the group and t
 
 An episode (``pipeline.episodes``) is one sample whose record moves from turn to turn: each
 turn is its own request, and ``next_turn`` files the record under the new turn's request id.
-How a sample runs from its start to its end is the run mode's ``Lifecycle``, the part the
-tracker is built with: ``SingleTurn`` here, or ``pipeline.episodes.Episodes``.
+How a sample runs from its start to its end is the run mode's ``Lifecycle``
+(``pipeline.lifecycles``), the part the tracker is built with.
 
 >>> from pipeline.config.sections import OrchestratorConfig
 >>> from pipeline.group import GroupRun
@@ -48,14 +48,11 @@ from __future__ import annotations
 import enum
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
-from pipeline.actions import EnvStep, Score
 from pipeline.config.sections import OrchestratorConfig
-from pipeline.messages import TurnDone
-from pipeline.metrics import Budget
 from pipeline.seeding import sample_seed
-from pipeline.types import BranchSpec, FinishReason, SampleRequest, SamplingParams, ScoredSample, TurnPoint
+from pipeline.types import BranchSpec, SampleRequest, SamplingParams
 
 
 class SampleState(enum.Enum):
@@ -293,65 +290,3 @@ def _refused(sample: Sample, what: str, only: str) -> SampleTransitionError:
         f"{sample.describe()} is {sample.state.value}: it cannot {what} (only {only} can); "
         "a shell hands the tracker a sample's events in stream order and its answer once"
     )
-
-
-class Lifecycle(Protocol):
-    """How a sample runs from its start to its end, the part the tracker is built with: one
-    engine request (``SingleTurn``) or an episode of turns (``pipeline.episodes.Episodes``). The
-    tracker and its ledger call it and hold no branch of their own for either. It says what a
-    finished stream asks for (``answer``: a ``Score``, or an ``EnvStep`` of the episode's
-    environment), whether a cancelled sample whose stream completed anyway is scored as a
-    straggler (``scores_cancelled``), the request a started sample sends (``start``), what an
-    environment's answer does (``after_turn``), which budget counter a stream's end goes to
-    (``count_stream_end``), and what an abandonment and the run's stop close (``abandon``, ``stop``)."""
-
-    @property
-    def answer(self) -> type[Score] | type[EnvStep]:
-        """What a finished stream asks the shell for, made from its request and final event."""
-
-    @property
-    def scores_cancelled(self) -> bool:
-        """A cancelled sample whose stream completed anyway is scored (and dropped by the tracker)."""
-
-    def start(self, request: SampleRequest, out: list) -> SampleRequest: ...
-
-    def after_turn(self, msg: TurnDone, out: list) -> ScoredSample | tuple[SampleRequest, TurnPoint]: ...
-
-    @property
-    def count_stream_end(self) -> Callable[[Budget, FinishReason], None]:
-        """The ``Budget`` method that counts a stream's end (the ledger calls it): a rollout's
-        end by its reason, or an episode's turn."""
-
-    def abandon(self, request_id: str, streaming: bool, out: list) -> bool: ...
-
-    def stop(self, samples: Samples, out: list) -> int: ...
-
-
-class SingleTurn:
-    """Each sample is one engine request: its stream's end is the rollout's end, counted by its
-    reason, and its answer is its score.
-
-    >>> from pipeline.types import Prompt, SamplingParams
-    >>> request = SampleRequest("g0-s0", 0, 0, Prompt(0, "", (1,)), SamplingParams())
-    >>> SingleTurn().start(request, []) is request, SingleTurn().abandon("g0-s0", False, [])
-    (True, False)
-    """
-
-    answer = Score
-    scores_cancelled = True
-    count_stream_end = staticmethod(Budget.count_rollout_end)
-
-    def start(self, request: SampleRequest, out: list) -> SampleRequest:
-        return request
-
-    def after_turn(self, msg: TurnDone, out: list) -> ScoredSample | tuple[SampleRequest, TurnPoint]:
-        raise TypeError(
-            f"GroupTracker.handle got a TurnDone for {msg.request.request_id} in a run without episodes; "
-            "only a run whose task is an environment (task.name: env) steps environments"
-        )
-
-    def abandon(self, request_id: str, streaming: bool, out: list) -> bool:
-        return False  # its stream's cut counts it
-
-    def stop(self, samples: Samples, out: list) -> int:
-        return 0

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipeline.config.sections import OrchestratorConfig
-from pipeline.messages import StepDone
+from pipeline.messages import RewardCounts, StepDone
 from pipeline.metrics import Budget
 
 
@@ -46,10 +46,18 @@ class StepLog:
         b.rollouts_trained += len(stale)
         b.staleness_sum += sum(stale)
         b.staleness_max = max(b.staleness_max, max(stale, default=0))
-        b.reward_errors = done.rewards.errors
-        b.reward_timeouts = done.rewards.timeouts
-        b.rewards_none = done.rewards.no_reward
+        self.count_rewards(done.rewards)
         return stale
+
+    def count_rewards(self, rewards: RewardCounts) -> None:
+        """The scoring service's counts, cumulative over the run (a step's, or the run's end)."""
+        b = self.budget
+        b.reward_errors, b.reward_timeouts, b.rewards_none = rewards.errors, rewards.timeouts, rewards.no_reward
+
+    def reward_counts(self) -> RewardCounts:
+        """The reward counts the budget holds (a resumed run's: the checkpoint's)."""
+        b = self.budget
+        return RewardCounts(b.reward_errors, b.reward_timeouts, b.rewards_none)
 
     def metrics(
         self, done: StepDone, stale: list[int], context: Mapping[str, float], parts: Mapping[str, float]

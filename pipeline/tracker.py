@@ -58,15 +58,18 @@ from pipeline.admission import Occupancy, admit, open_slots, stall_error
 from pipeline.batches import StepCutter
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.deciding import Deciders
-from pipeline.group import GroupRun
+from pipeline.group import GroupRun, checked, closing_from_state, closing_state
 from pipeline.hooktimer import HookTimer
 from pipeline.ledger import STREAM_MESSAGES, SampleLedger
+from pipeline.lifecycles import Lifecycle, SingleTurn
 from pipeline.messages import (
     ControllerActions,
     CutStep,
     DecideQueued,
     EngineEvents,
     Evaluated,
+    RewardCounts,
+    RewardsCounted,
     SampleDone,
     Started,
     StepDone,
@@ -75,8 +78,8 @@ from pipeline.messages import (
     TurnDone,
 )
 from pipeline.metrics import Budget
-from pipeline.protocols import Controller, DecisionSink, Gate, GateProtocolError
-from pipeline.samples import Lifecycle, Requests, Samples, SingleTurn
+from pipeline.protocols import Controller, DecisionSink, Gate
+from pipeline.samples import Requests, Samples
 from pipeline.steplog import StepLog
 from pipeline.types import (
     ActionKind,
@@ -171,6 +174,11 @@ class GroupTracker:
         """The open group ``group_id`` (None once it closed)."""
         return self._groups.get(group_id)
 
+    def reward_counts(self) -> RewardCounts:
+        """The reward counts its budget holds (after ``load_state_dict``: the checkpoint's), for
+        the scoring service to carry on from."""
+        return self.steplog.reward_counts()
+
     @property
     def decisions_queued(self) -> int:
         """Decision points the controller queued and has not decided yet (the shell reads its
@@ -210,6 +218,8 @@ class GroupTracker:
             self._stop_requested = True
         elif kind is CutStep:
             out.append(Train(self.batches.cut(), False, False))
+        elif kind is RewardsCounted:
+            self.steplog.count_rewards(msg.rewards)
         elif kind is not DecideQueued:  # a DecideQueued only wakes the loop
             raise TypeError(f"GroupTracker.handle got a {kind.__name__}; it takes the messages of pipeline.messages")
         return self._take()
@@ -355,12 +365,8 @@ class GroupTracker:
                 # An intervention chosen at a token while the tracker was closing its group.
                 self.budget.interventions_dropped += 1
                 continue
-            if group is None:
-                actor = self.gate if source == "gate" else self.controller
-                raise GateProtocolError.not_open(source, actor, action.group_id)
+            group = checked(group, action, source, self.gate if source == "gate" else self.controller)
             if action.kind is ActionKind.LAUNCH:
-                if group.sealed and action.origin < 0:
-                    raise GateProtocolError.launch_after_commit(source, action.n, group.group_id)
                 self.samples.queue(group, action.n, action.params, action.branch, action.origin)
             elif action.kind is ActionKind.COMMIT:
                 if group.seal():
@@ -410,7 +416,7 @@ class GroupTracker:
             self.batches.abandoned(group.launched)
             self.budget.groups_abandoned += 1
             self.controller.on_closed(None, closing)
-        self.gate.on_closed(group.group_id, committed)
+        self.gate.on_closed(closing, committed)
         for decision_id in group.decision_ids:
             self.trace.log_outcome(decision_id, float(effective), group.tokens)
 
@@ -478,6 +484,8 @@ class GroupTracker:
             "next_group_id": self._next_group_id,
             "budget": self.budget.state_dict(),
             "open_group_ids": sorted(self._groups),
+            # Their snapshots as they stand: a resumed run closes them, and the gate is handed these.
+            "open_groups": [closing_state(self.deciders.snapshot(self._groups[g])) for g in sorted(self._groups)],
             **self.batches.state_dict(),
             "gate": self.gate.state_dict(),
             "controller": self.controller.state_dict(),
@@ -495,5 +503,6 @@ class GroupTracker:
         self.budget.load_state_dict(state["budget"])
         self.batches.load_state_dict(state, self._steps_done)  # untrained groups go first, in order
         self.steplog.evals[:] = list(state.get("evals", []))
+        closing = {s["group_id"]: s for s in state.get("open_groups", [])}  # absent from earlier releases
         for group_id in state["open_group_ids"]:
-            self.gate.on_closed(group_id, False)
+            self.gate.on_closed(closing_from_state(closing.get(group_id, {"group_id": group_id})), False)

@@ -295,10 +295,21 @@ class GroupSnapshot:
     # (the policy at temperature 1), the log of the chance the policy writes that response; nan
     # when the engine reported none.
     logprob_sums: tuple[float, ...] = ()
+    committed_at: int = -1
+    """How many entries ``rewards`` held when the group was committed (-1: not committed): the
+    rewards its gate's verdict saw, which ``verdict_counts`` reads back when the group closes."""
 
     @property
     def finished(self) -> int:
         return len(self.rewards)
+
+    @property
+    def verdict_counts(self) -> tuple[int, int]:
+        """(successes, samples) of the rewards the group held when it was committed (every
+        reward, while it is not): what the gate decided on, an unbiased draw of the pass rate."""
+        rewards = self.rewards if self.committed_at < 0 else self.rewards[: self.committed_at]
+        threshold = self.prompt.success_threshold
+        return sum(1 for r in rewards if r > threshold), len(rewards)
 
     @property
     def successes(self) -> int:
@@ -431,6 +442,10 @@ class StepResult:
     step: int
     policy_version: int
     metrics: dict[str, float] = field(default_factory=dict)
+    advantages: tuple[tuple[float, ...], ...] | None = None
+    """Per-rollout advantages of the batch, group by group, as the step computed and trained on
+    them (``pipeline.advantages``; the buffer records them); None from a learner without them
+    (the simulator's)."""
 
 
 TRACE_SCHEMA_VERSION = 1

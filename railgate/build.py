@@ -19,6 +19,7 @@ from pipeline.config.build import ConfigError
 from pipeline.decisions import NullSink
 from pipeline.engines.replay import ReplayEngine
 from pipeline.envs.render import renderer_for
+from pipeline.lifecycles import Episodes, SingleTurn
 from pipeline.orchestrator import Orchestrator
 from pipeline.parts import RunOutputs, RunParts
 from pipeline.protocols import Controller, DecisionSink, Gate, Scorer
@@ -189,6 +190,7 @@ def _build_torch(cfg: RunConfig, progress: bool) -> tuple[RunParts, Any]:
         clock=LockstepClock() if cfg.orchestrator.deterministic else WallClock(),
         evaluator=evaluator,
         reference=reference,
+        lifecycle=Episodes(env.service.settings) if env is not None else SingleTurn(),
         episodes=env.service if env is not None else None,
     )
     return parts, guidance

@@ -150,14 +150,16 @@ def open_run_dir(
     if resume:
         latest_checkpoint(path)  # a missing directory or checkpoint fails before anything is created
     with _Lock(path) as lock:
-        run = RunDir(cfg, path, None, None)
+        directory = RunDir(cfg, path, None, None)
         try:
             if resume:
                 refuse_links(path)
-                run.checkpoint = latest_checkpoint(path)
-                run.state = load_checkpoint(run.checkpoint)
+                directory.checkpoint = latest_checkpoint(path)
+                directory.state = load_checkpoint(directory.checkpoint)
                 check_resumable(cfg, path)
-                run.run_id, run._write_run_id = resume_run_id(cfg, path, run.state, run.checkpoint)
+                directory.run_id, directory._write_run_id = resume_run_id(
+                    cfg, path, directory.state, directory.checkpoint
+                )
             else:
                 used = run_entries(path)
                 if used and not overwrite:
@@ -169,9 +171,9 @@ def open_run_dir(
                     )
                 for entry in used:
                     _remove(entry)
-            yield run
+            yield directory
         except BaseException as exc:
-            if not run.committed:
+            if not directory.committed:
                 lock.discard_if_created()  # a refused run leaves no lock file the directory did not have
             message = disk_error(exc, where=path) if isinstance(exc, Exception) else None
             if message is not None:  # a full disk or read-only directory: one line, however deep in the chain

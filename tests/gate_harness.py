@@ -122,8 +122,8 @@ class _CheckedGate(Gate):
                 self.harness.held.add(a.group_id)
         return actions
 
-    def on_closed(self, group_id: int, committed: bool) -> None:
-        self.gate.on_closed(group_id, committed)
+    def on_closed(self, closing: GroupSnapshot, committed: bool) -> None:
+        self.gate.on_closed(closing, committed)
 
     def state_dict(self) -> dict[str, Any]:
         return self.gate.state_dict()
@@ -141,6 +141,10 @@ class _CheckedGate(Gate):
     @property
     def abandons(self) -> bool:
         return self.gate.abandons
+
+    @property
+    def reference_strength(self) -> float | None:
+        return self.gate.reference_strength
 
 
 class _Controller(Controller):

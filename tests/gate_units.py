@@ -4,6 +4,7 @@ action lists."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import weakref
 from collections.abc import Callable
@@ -46,6 +47,14 @@ def snap(
     return GroupSnapshot(
         group_id, prompt, target, rewards, in_flight, len(rewards) + in_flight + failed, failed, 10 * len(rewards), 0
     )
+
+
+def closing(last: GroupSnapshot | int, committed: bool = False) -> GroupSnapshot:
+    """The snapshot ``on_closed`` hands a gate: of a group whose latest snapshot was ``last``,
+    committed at that snapshot or not; of a group id alone, a group that reported nothing."""
+    if isinstance(last, int):
+        return GroupSnapshot(last, Prompt(-1, "", ()), 0, (), 0, 0, 0, 0, 0)
+    return dataclasses.replace(last, in_flight=0, committed_at=len(last.rewards) if committed else -1)
 
 
 def pool_of(n: int, seed: int = 0):

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from learner.advantages import (
+from pipeline.advantages import (
     compute_advantages,
     drgrpo_advantages,
     grpo_advantages,

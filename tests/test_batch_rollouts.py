@@ -68,9 +68,9 @@ class Driver:
         self.batches: list[list[int]] = []  # group ids trained per step
         gate_closed = self.tracker.gate.on_closed
 
-        def on_closed(group_id, committed):
-            self.closes.append((group_id, committed, self.launched[group_id]))
-            gate_closed(group_id, committed)
+        def on_closed(closing, committed):
+            self.closes.append((closing.group_id, committed, self.launched[closing.group_id]))
+            gate_closed(closing, committed)
 
         self.tracker.gate.on_closed = on_closed
         self.launched: dict[int, int] = {}

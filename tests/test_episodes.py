@@ -11,7 +11,8 @@ from controller.noop import NoopController
 from controller.prompts import PromptPool
 from pipeline.actions import INLINE, CloseEpisode, EnvStep, ForkEpisode, ShellSettings, Start, Train
 from pipeline.config.sections import EpisodeSettings, OrchestratorConfig
-from pipeline.episodes import EpisodeBook, Episodes
+from pipeline.episodes import EpisodeBook
+from pipeline.lifecycles import Episodes
 from pipeline.messages import Started, StreamCut, Tick, TurnDone
 from pipeline.tracker import GroupTracker
 from pipeline.types import (
@@ -198,7 +199,7 @@ def test_an_environment_failure_ends_the_episode_as_a_failed_sample_and_is_count
 
 
 def test_episodes_that_all_fail_by_their_environment_stop_the_run_with_the_first_failure():
-    from pipeline.episodes import EnvironmentFailing
+    from pipeline.lifecycles import EnvironmentFailing
 
     h = Harness(check_first=2)
     a, b = h.start()
@@ -343,6 +344,7 @@ def test_a_run_of_episodes_through_the_shell_adds_up(gate):
         learner=SimLearner(world, 4, seed=0),
         clock=clock,
         episodes=service,
+        lifecycle=Episodes(service.settings),
     )
     buffer = Collect()
     summary = anyio.run(Orchestrator(parts, cfg, RunOutputs(buffer=buffer), seed=7).run)
@@ -424,6 +426,7 @@ def test_episodes_that_outgrow_a_real_models_context_end_truncated_and_the_run_g
         learner=FrozenLearner(model),
         clock=WallClock(),
         episodes=service,
+        lifecycle=Episodes(service.settings),
     )
     buffer = Collect()
     summary = anyio.run(Orchestrator(parts, cfg, RunOutputs(buffer=buffer), seed=7).run)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from gate_harness import GateHarness, HarnessConfig
-from gate_units import admit, kinds, pool_of, snap
+from gate_units import admit, closing, kinds, pool_of, snap
 
 from controller.config import DsConfig
 from controller.gates.dynamic_sampling import DynamicSamplingGate
@@ -53,7 +53,7 @@ def test_keep_surplus_holds_and_commits_at_the_next_step():
     assert kinds(gate.update(snap(1, prompts[1], MIXED, target=4))) == [("hold", 1, 0)]
     # at most batch_groups are held; the rest is discarded
     assert [a.reason for a in gate.update(snap(2, prompts[2], MIXED, target=4))] == ["surplus"]
-    gate.on_closed(0, committed=True)
+    gate.on_closed(closing(0), committed=True)
     actions = gate.on_step(0, TrainBatch(0, ()))
     assert [(a.kind.value, a.group_id, a.reason) for a in actions] == [("commit", 1, "surplus_committed")]
     assert admit(gate, 10, step=1) == []  # step 1 is already full with the held group
@@ -61,8 +61,8 @@ def test_keep_surplus_holds_and_commits_at_the_next_step():
 
 def test_dropped_commit_frees_its_place():
     gate, prompts = gate_with_round()
-    gate.update(snap(0, prompts[0], MIXED, target=4))
-    gate.on_closed(0, committed=False)  # the orchestrator dropped it
+    gate.update(last := snap(0, prompts[0], MIXED, target=4))
+    gate.on_closed(closing(last, committed=True), committed=False)  # the orchestrator dropped it
     assert [a.reason for a in gate.update(snap(1, prompts[1], MIXED, target=4))] == ["effective"]
 
 

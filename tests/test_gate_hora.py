@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from gate_harness import GateHarness, HarnessConfig
-from gate_units import admit, kinds, pool_of, snap
+from gate_units import admit, closing, kinds, pool_of, snap
 
 from controller.allocation import hora_allocate
 from controller.config import HoraConfig
@@ -45,8 +45,8 @@ def test_next_batch_waits_for_the_next_step():
     gate = HoraGate(pool_of(20), group_size=8, batch_groups=2)
     probe_batch(gate, (1, 2))
     assert admit(gate, 10, step=0) == []
-    gate.on_closed(0, committed=True)
-    gate.on_closed(1, committed=True)
+    gate.on_closed(closing(0), committed=True)
+    gate.on_closed(closing(1), committed=True)
     gate.on_step(0, TrainBatch(0, ()))
     assert len(admit(gate, 10, step=1)) == 2
 
@@ -55,8 +55,9 @@ def test_failed_probe_is_relaunched_and_a_hopeless_group_replaced():
     gate = HoraGate(pool_of(20), group_size=8, batch_groups=2)
     plans = admit(gate, 10, step=0)
     assert kinds(gate.update(snap(0, plans[0].prompt, (1, 0, 0), failed=1))) == [("launch", 0, 1)]
-    assert kinds(gate.update(snap(0, plans[0].prompt, (1,), failed=8))) == [("abandon", 0, 0)]
-    gate.on_closed(0, committed=False)
+    last = snap(0, plans[0].prompt, (1,), failed=8)
+    assert kinds(gate.update(last)) == [("abandon", 0, 0)]
+    gate.on_closed(closing(last), committed=False)
     (replacement,) = admit(gate, 10, step=0)
     assert kinds(gate.update(snap(1, plans[1].prompt, (1, 0, 0, 0)))) == [("hold", 1, 0)]
     actions = gate.update(snap(2, replacement.prompt, (0, 0, 0, 0)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from gate_harness import GateHarness, HarnessConfig
-from gate_units import admit, kinds, pool_of, snap
+from gate_units import admit, closing, kinds, pool_of, snap
 
 from controller.config import PilotCommitConfig
 from controller.gates.pilot_commit import PilotCommitGate
@@ -46,8 +46,9 @@ def test_evicts_after_consecutive_all_correct_pilots_only():
     for gid, pilot in enumerate([(1, 1, 1, 1), (1, 0, 1, 1), (1, 1, 1, 1), (1, 1, 1, 1)]):
         gate.on_step(gid - 1, TrainBatch(gid - 1, ())) if gid else None
         prompt = admit(gate, 1, step=gid)[0].prompt
-        reasons.append([a.reason for a in gate.update(snap(gid, prompt, pilot))][-1])
-        gate.on_closed(gid, committed=reasons[-1] == "commit")
+        last = snap(gid, prompt, pilot)
+        reasons.append([a.reason for a in gate.update(last)][-1])
+        gate.on_closed(closing(last, reasons[-1] == "commit"), committed=reasons[-1] == "commit")
     assert reasons == ["skip", "commit", "skip", "evict"]
     assert gate.source.pool.is_evicted(0)
 
@@ -64,7 +65,7 @@ def test_kept_pilots_wait_in_the_buffer_and_commit_next_step():
     assert kinds(first) == [("launch", 0, 4), ("commit", 0, 0)]
     assert kinds(second) == [("hold", 1, 0)]
     assert third[-1].reason == "defer"
-    gate.on_closed(0, committed=True)
+    gate.on_closed(closing(0), committed=True)
     assert kinds(gate.on_step(0, TrainBatch(0, ()))) == [("launch", 1, 4), ("commit", 1, 0)]
 
 

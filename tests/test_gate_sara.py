@@ -6,12 +6,13 @@ import math
 
 import pytest
 from gate_harness import GateHarness, HarnessConfig
-from gate_units import admit, kinds, pool_of, snap
+from gate_units import admit, closing, kinds, pool_of, snap
 
 from controller.config import SaraConfig
 from controller.gates.sara import SaraGate
 from controller.posterior import effective_probability, sara_expected_rollouts, sara_false_abandonment
 from controller.selectors.dps import DpsSelector
+from pipeline.group import closing_from_state
 
 
 def opened(gate: SaraGate, n: int = 1):
@@ -99,8 +100,9 @@ def test_carried_prior_abandons_a_known_hard_prompt_sooner():
         g = gate(discount)
         (prompt,) = opened(g)
         assert kinds(g.update(snap(0, prompt, (0, 0, 0, 0)))) == [("launch", 0, 1)]  # 4/9 > 0.35
-        assert kinds(g.update(snap(0, prompt, (0, 0, 0, 0, 0)))) == [("abandon", 0, 0)]  # 3/9
-        g.on_closed(0, committed=False)
+        last = snap(0, prompt, (0, 0, 0, 0, 0))
+        assert kinds(g.update(last)) == [("abandon", 0, 0)]  # 3/9
+        g.on_closed(closing(last), committed=False)
         (again,) = opened(g)  # the same prompt, carrying Beta(1, 6) when discount = 1
         assert g.update(snap(1, again, (0, 0, 0, 0)))[0].kind.value == second_verdict
 
@@ -108,8 +110,8 @@ def test_carried_prior_abandons_a_known_hard_prompt_sooner():
 def test_carried_prior_follows_discount_posterior():
     g = SaraGate(pool_of(1), group_size=8, config=SaraConfig(history_discount=0.5))
     (prompt,) = opened(g)
-    g.update(snap(0, prompt, (0, 0, 0, 0)))
-    g.on_closed(0, committed=False)
+    g.update(last := snap(0, prompt, (0, 0, 0, 0)))
+    g.on_closed(closing(last), committed=False)
     assert g._prior_of(prompt.prompt_id) == (1.0, 1.0 + 0.5 * 4)
 
 
@@ -137,8 +139,8 @@ def test_sara_on_dps_releases_and_learns_from_abandoned_probes():
     assert len({p.prompt.prompt_id for p in plans}) == 3
     assert admit(gate, 1, step=0) == []  # every prompt has an open group
     first = plans[0].prompt
-    gate.update(snap(0, first, (0, 0, 0, 0)))
-    gate.on_closed(0, committed=False)
+    gate.update(last := snap(0, first, (0, 0, 0, 0)))
+    gate.on_closed(closing(last), committed=False)
     assert selector.belief(first.prompt_id)[0] > 0.9  # all wrong: unsolved
     assert [p.prompt.prompt_id for p in admit(gate, 1, step=0)] == [first.prompt_id]
 
@@ -178,7 +180,9 @@ def test_closed_forms_monte_carlo_20k_prompts():
 
 def test_a_checkpoint_from_before_admission_ids_loads_and_resumes():
     """Earlier releases numbered a group at its first update and kept the plans of groups that
-    had not reported in a "book"; such a state loads, and a resume closes those groups."""
+    had not reported in a "book"; such a state loads, and a resume closes those groups. Their
+    tracker checkpoint kept no closing snapshots (only the open ids), and a gate keeps no counts
+    of its own: what the reported group saw before the checkpoint is not carried."""
     gate = SaraGate(pool_of(4), group_size=8, config=SaraConfig(history_discount=1.0))
     first, second = admit(gate, 2)
     gate.update(snap(first.group_id, first.prompt, (0, 0, 0)))
@@ -199,8 +203,8 @@ def test_a_checkpoint_from_before_admission_ids_loads_and_resumes():
     restored = SaraGate(pool_of(4), group_size=8, config=SaraConfig(history_discount=1.0))
     restored.load_state_dict(old)
     assert restored.open_groups == 2
-    for group_id in (0, 1):  # what train --resume does with the groups open at the checkpoint
-        restored.on_closed(group_id, committed=False)
+    for group_id in (0, 1):  # what train --resume does with the groups open at an earlier release's checkpoint
+        restored.on_closed(closing_from_state({"group_id": group_id}), committed=False)
     assert restored.open_groups == 0
-    assert restored._prior_of(first.prompt.prompt_id) == (1.0, 4.0)  # the reported group's rewards carried over
+    assert restored._prior_of(first.prompt.prompt_id) == (1.0, 1.0)
     assert "book" not in restored.state_dict()

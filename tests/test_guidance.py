@@ -7,13 +7,13 @@ import math
 
 import numpy as np
 import pytest
-from gate_units import admit, checkpoint_roundtrip, kinds, pool_of, snap
+from gate_units import admit, checkpoint_roundtrip, closing, kinds, pool_of, snap
 
 from controller.config import SaraConfig
 from controller.gates.sara import SaraGate
 from controller.guidance import GUIDE_LEVELS, Guidance, guide_len
-from learner.advantages import grpo_advantages
 from learner.packing import BatchError, pack
+from pipeline.advantages import grpo_advantages
 from pipeline.config.build import ConfigError
 from pipeline.decisions import gate_decision
 from pipeline.store.buffer import read_all, to_record_batch, to_train_batch
@@ -48,7 +48,7 @@ def opened(gate: SaraGate, prompt_id: int) -> int:
         for plan in admit(gate, 1):
             if plan.prompt.prompt_id == prompt_id:
                 return plan.group_id
-            gate.on_closed(plan.group_id, committed=False)
+            gate.on_closed(closing(plan.group_id), committed=False)
     raise AssertionError(f"prompt {prompt_id} never opened")
 
 
@@ -99,9 +99,9 @@ def test_an_annealed_guidance_halves_its_prefix_from_the_anneal_step_on():
     levels = []
     for step in (0, 2, 3, 9):
         [plan] = gate.admit(range(step, step + 1), step)
-        [launch] = gate.update(snap(plan.group_id, plan.prompt.prompt_id, (0, 0, 0, 0)))
+        [launch] = gate.update(last := snap(plan.group_id, plan.prompt.prompt_id, (0, 0, 0, 0)))
         levels.append((launch.branch.guide_level, len(launch.branch.prefix_token_ids)))
-        gate.on_closed(plan.group_id, committed=False)
+        gate.on_closed(closing(last), committed=False)
     assert levels == [(0.5, 3), (0.5, 3), (0.25, 2), (0.25, 2)]
     assert gate.metrics()["gate/guide_level"] == 0.25
 
@@ -144,8 +144,8 @@ def test_the_guided_rollouts_do_not_count_as_draws_of_the_prompts_own_pass_rate(
     gate = guided_gate(history_discount=1.0)
     gid = opened(gate, 0)
     gate.update(snap(gid, 0, (0,) * 4))
-    gate.update(snap(gid, 0, (0, 0, 0, 0, 1, 1, 1, 0)))
-    gate.on_closed(gid, committed=True)
+    gate.update(last := snap(gid, 0, (0, 0, 0, 0, 1, 1, 1, 0)))
+    gate.on_closed(closing(last, committed=True), committed=True)
     unguided = [Rollout(f"g{gid}-s{i}", i, (1,), (3, 2), (0.0, 0.0), 0.0, FinishReason.STOP, 0) for i in range(4)]
     guided = [
         Rollout(

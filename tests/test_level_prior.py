@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from gate_units import admit, checkpoint_roundtrip, kinds, snap
+from gate_units import admit, checkpoint_roundtrip, closing, kinds, snap
 
 from controller.config import SaraConfig
 from controller.gates.sara import SaraGate
@@ -88,8 +88,9 @@ def test_the_level_fit_learns_from_abandoned_and_shipped_groups_and_survives_a_c
     gate = SaraGate(levels_pool(), group_size=8, config=config)
     plans = admit(gate, 4)
     for plan in plans:
-        gate.update(snap(plan.group_id, plan.prompt, (0, 0) if plan.prompt.difficulty == 5.0 else (1, 0)))
-        gate.on_closed(plan.group_id, committed=plan.prompt.difficulty != 5.0)
+        last = snap(plan.group_id, plan.prompt, (0, 0) if plan.prompt.difficulty == 5.0 else (1, 0))
+        gate.update(last)
+        gate.on_closed(closing(last, plan.prompt.difficulty != 5.0), committed=plan.prompt.difficulty != 5.0)
     abandoned = sum(p.prompt.difficulty == 5.0 for p in plans)
     assert len(gate.levels._levels.get(5.0, ())) == abandoned
     restored = checkpoint_roundtrip(gate, lambda: SaraGate(levels_pool(), group_size=8, config=config))

@@ -316,10 +316,8 @@ class AdvantageLearner(SimLearner):
 
     def step(self, batch):
         self.batches.append(batch)
-        return super().step(batch)
-
-    def advantages(self, batch):
-        return [[float(i) for i in range(len(g.rollouts))] for g in batch.groups]
+        numbered = tuple(tuple(float(i) for i in range(len(g.rollouts))) for g in batch.groups)
+        return dataclasses.replace(super().step(batch), advantages=numbered)
 
 
 def test_the_learner_trains_from_memory_and_the_buffer_records_its_advantages(tmp_path):

@@ -10,7 +10,7 @@ from controller.rail.features import group_features
 from controller.rail.turns import turn_due
 from pipeline.actions import INLINE, ForkEpisode, ShellSettings, Start
 from pipeline.config.sections import EpisodeSettings, OrchestratorConfig
-from pipeline.episodes import Episodes
+from pipeline.lifecycles import Episodes
 from pipeline.messages import Started, Tick, TurnDone
 from pipeline.tracker import GroupTracker
 from pipeline.types import ActionKind, BranchSpec, FinishReason, Prompt, SampleFinished, SamplingParams, TurnPoint

@@ -5,7 +5,15 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CORE = ["tracker.py", "ledger.py", "samples.py", "deciding.py", "group.py", "admission.py"]  # not the shells
+CORE = [
+    "tracker.py",
+    "ledger.py",
+    "samples.py",
+    "lifecycles.py",
+    "deciding.py",
+    "group.py",
+    "admission.py",
+]  # not the shells
 FLAGS = re.compile(r"episodes is (not )?None|\bepisodic\b|inline_learner|isinstance\([^)]*Clock\)")
 FALLBACKS = re.compile(r"(getattr|hasattr)\((self\.)?(gate|controller), *[\"']")
 

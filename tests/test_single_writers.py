@@ -1,6 +1,7 @@
 """Each piece of the run's state has the writers docs/design.md names, and no others.
 
-The check reads every module of the packages with ``ast`` and finds each place that changes an
+The check reads every module of every package (pipeline/, controller/, learner/, railgate/, at
+every depth) and the gate harness with ``ast`` and finds each place that changes an
 attribute of another object (``x.field = ...``, ``x.field += ...``, ``x.field.append(...)``;
 ``self.field`` is an object's own): a sample record's fields may change only in
 ``pipeline/samples.py``, a ``GroupRun``'s only in ``pipeline/group.py`` (its own methods), and
@@ -21,6 +22,7 @@ from pipeline.samples import Sample
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "controller", "learner", "railgate")
 CORE = sorted((ROOT / "pipeline").glob("*.py"))  # the tracker and its parts, where groups and samples live
+HARNESS = ROOT / "tests" / "gate_harness.py"  # the tests' own shell around the tracker
 MUTATORS = {"append", "extend", "pop", "popitem", "clear", "remove", "insert", "update", "setdefault", "add", "discard"}
 
 SAMPLE_FIELDS = frozenset(Sample.__slots__)
@@ -30,16 +32,19 @@ BUDGET_FIELDS = frozenset(f.name for f in dataclasses.fields(Budget)) | {
     "count_turn",
     "count_episode_end",
 }
-COMMON = frozenset({"state", "request", "group", "params", "branch", "tokens", "closed", "samples"})
-"""Field names other objects have too (an episode's ``tokens``, a switch's ``closed``): a change
-counts when the object is named like a group or a sample."""
+COMMON = frozenset(
+    {"state", "request", "group", "params", "branch", "tokens", "closed", "samples"}
+    | {"prompt", "launched", "failed", "aborted", "sealed"}
+)
+"""Field names other objects have too (an episode's ``tokens``, a switch's ``closed``, an
+environment session's ``prompt``, a simulated stream's ``aborted``, a gate record's ``sealed``): a
+change counts when the object is named like a group or a sample."""
 
 BUDGET_WRITERS = {
     "pipeline/metrics.py",  # Budget's own methods
     "pipeline/tracker.py",  # groups, launches, episodes' ends, dropped interventions
     "pipeline/ledger.py",  # the stream side: tokens, aborts (a call per delta)
-    "pipeline/steplog.py",  # what a learner step consumed: tokens and rollouts trained, staleness
-    "pipeline/tasks/rewards/health.py",  # the reward counters, carried over a resume and at the end
+    "pipeline/steplog.py",  # what a learner step consumed, and the reward counts reward health reports
 }
 
 
@@ -79,19 +84,21 @@ def _everywhere():
 
 
 def test_only_the_sample_table_changes_a_sample_record():
-    writers = _writers([*CORE, ROOT / "tests" / "gate_harness.py"], SAMPLE_FIELDS, ("sample", "run"))
+    writers = _writers([*_everywhere(), HARNESS], SAMPLE_FIELDS, ("sample", "run"))
     writers.pop("pipeline/samples.py", None)
     assert not writers, f"a sample record changed outside pipeline/samples.py (use Samples' methods): {writers}"
 
 
 def test_only_group_py_changes_a_group_run():
-    writers = _writers([*CORE, ROOT / "tests" / "gate_harness.py"], GROUP_FIELDS, ("group", "run"))
+    writers = _writers([*_everywhere(), HARNESS], GROUP_FIELDS, ("group", "run"))
     writers.pop("pipeline/group.py", None)
     assert not writers, f"a GroupRun changed outside pipeline/group.py (use its methods): {writers}"
 
 
 def test_the_budget_has_only_its_named_writers():
-    writers = {m: hits for m, hits in _writers(_everywhere(), BUDGET_FIELDS).items() if m not in BUDGET_WRITERS}
+    writers = {
+        m: hits for m, hits in _writers([*_everywhere(), HARNESS], BUDGET_FIELDS).items() if m not in BUDGET_WRITERS
+    }
     assert not writers, (
         f"the run's Budget changed in a module that is not one of its writers {sorted(BUDGET_WRITERS)}: "
         f"{writers}; count it in one of them (docs/design.md says why each one writes)"
@@ -118,3 +125,28 @@ def test_the_check_finds_a_second_writer():
     )
     found = sorted(_changes(ast.parse(source)))
     assert found == [("decision_ids", "group", 2), ("streamed", "run", 4), ("turns", "budget", 3)]
+
+
+def test_reward_health_reports_and_the_tracker_writes_the_budget():
+    """Reward health keeps its counts and reports them (``report``); the tracker books them into
+    its budget, from a ``RewardsCounted`` at the run's end as from a step's ``StepDone``."""
+    from controller.gates.uniform import UniformGate
+    from controller.noop import NoopController
+    from controller.prompts import PromptPool
+    from pipeline.config.sections import OrchestratorConfig
+    from pipeline.messages import RewardCounts, RewardsCounted
+    from pipeline.tasks.rewards.health import RewardHealth
+    from pipeline.tracker import GroupTracker
+    from pipeline.types import Prompt
+
+    pool = PromptPool([Prompt(i, "", (1,)) for i in range(4)], seed=0)
+    tracker = GroupTracker(UniformGate(pool, 2), NoopController(), OrchestratorConfig(batch_groups=1, group_size=2))
+    health = RewardHealth("r")
+    health.carry(RewardCounts(errors=3))  # a resumed run's counts, from its checkpoint
+    health.failed("timeout", "slow")
+    health.failed("none")
+    assert not hasattr(health, "record")  # it has no way to write a budget
+    tracker.handle(RewardsCounted(health.report()))
+    b = tracker.budget
+    assert (b.reward_errors, b.reward_timeouts, b.rewards_none) == (3, 1, 1)
+    assert tracker.reward_counts() == RewardCounts(3, 1, 1)

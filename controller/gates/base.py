@@ -6,14 +6,16 @@
   plain ``CursorSelector``; DPS plugs in ``DpsSelector``);
 * one typed record per open group (``_groups``, of the subclass's ``Record`` type), made by
   ``_open`` when ``admit`` plans the group under the id the orchestrator offered, and dropped
-  at ``on_closed``;
+  at ``on_closed``: the gate's own decisions on the group, never a copy of its counts (those
+  come with each snapshot, the closing one included);
 * verdict counters, reported by ``metrics()`` as ``gate/<reason>``;
-* selector feedback: an abandoned (or dropped) group's last rewards at ``on_closed``, a shipped
+* selector feedback: an abandoned (or dropped) group's rewards at ``on_closed`` (those of its
+  closing snapshot its verdict saw, ``GroupSnapshot.verdict_counts``), a shipped
   group's full rewards from the batch at ``on_step`` (the orchestrator stops calling
   ``update`` once a group is committed), then ``source.advance``.
 
-``update`` is a template method: it finds the group's record, refreshes its counts from the
-snapshot and hands both to the subclass's ``_update``. Subclasses implement ``admit`` and
+``update`` is a template method: it finds the group's record and hands it with the snapshot
+to the subclass's ``_update``; ``on_closed`` hands the closing snapshot to ``_closed``. Subclasses implement ``admit`` and
 ``_update`` and add their own state through ``_extra_state`` / ``_load_extra_state``.
 ``state_dict()`` is plain JSON-able data.
 
@@ -82,16 +84,14 @@ class BaseGate(Gate, Generic[R]):
                 f"{type(self).__name__} got an update for group {snapshot.group_id} of prompt "
                 f"{snapshot.prompt.prompt_id}, which it never opened; only the gate that admitted a group may be asked about it"
             )
-        rec.s = snapshot.successes
-        rec.f = snapshot.finished - rec.s
         return self._update(snapshot, rec)
 
     def _update(self, snapshot: GroupSnapshot, rec: R) -> list[GroupAction]:
         """Subclass hook: the decision on one more ended sample of the group ``rec`` records."""
         raise NotImplementedError
 
-    def on_closed(self, group_id: int, committed: bool) -> None:
-        rec = self._groups.pop(group_id, None)
+    def on_closed(self, closing: GroupSnapshot, committed: bool) -> None:
+        rec = self._groups.pop(closing.group_id, None)
         if rec is None:
             if not self._unnumbered:
                 return
@@ -100,11 +100,16 @@ class BaseGate(Gate, Generic[R]):
                 return
         self.source.release(rec.prompt_id)
         if not committed:
-            self.source.observe(rec.prompt_id, rec.s, rec.s + rec.f)
-        self._closed(group_id, rec, committed)
+            self.source.observe(rec.prompt_id, *self._outcome(closing, rec))
+        self._closed(closing, rec, committed)
 
-    def _closed(self, group_id: int, rec: R, committed: bool) -> None:
-        """Subclass hook: the group left (shipped or dropped)."""
+    def _outcome(self, closing: GroupSnapshot, rec: R) -> tuple[int, int]:
+        """(successes, samples): what the closed group says of its prompt's pass rate, the
+        rewards its verdict saw (a subclass may say less: SARA's guided rollouts do not count)."""
+        return closing.verdict_counts
+
+    def _closed(self, closing: GroupSnapshot, rec: R, committed: bool) -> None:
+        """Subclass hook: the group left (shipped or dropped); ``closing``: its final snapshot."""
 
     def on_step(self, step: int, batch: TrainBatch) -> list[GroupAction]:
         for group in batch.groups:
@@ -184,7 +189,7 @@ class SealingGate(BaseGate[S], Generic[S]):
         raise NotImplementedError
 
     def _seal(self, group_id: int, rec: S) -> list[GroupAction]:
-        """Commit the group, once (the ``commit`` verdict; the reason is the gate's name)."""
+        """Commit the group, once (the ``commit`` verdict, counted once; the reason is the gate's name)."""
         rec.sealed = True
         self._verdicts.add("commit")
         return [commit(group_id, self.name)]

@@ -33,21 +33,20 @@ R = TypeVar("R", bound="GroupRecord")
 
 @dataclasses.dataclass(kw_only=True)
 class GroupRecord:
-    """What a gate keeps about one open group: its prompt and the successes (``s``) and
-    failures (``f``) of its last snapshot. Gates subclass it with their own fields; the
-    checkpoint form is the plain dict of the fields.
+    """What a gate keeps about one open group: its prompt, and (in a subclass) the gate's own
+    decisions on it. No counts of the group's samples: those are the tracker's, and the gate
+    reads them from the snapshots it is handed (``update``, and ``on_closed``'s closing one).
+    The checkpoint form is the plain dict of the fields.
 
     >>> @dataclasses.dataclass(kw_only=True)
     ... class Probe(GroupRecord):
     ...     phase: str = "probe"
     >>> rec = Probe.from_state({"prompt_id": 3, "s": 1, "plan_seq": 7})   # unknown keys are dropped
     >>> rec, rec.to_state()
-    (Probe(prompt_id=3, s=1, f=0, phase='probe'), {'prompt_id': 3, 's': 1, 'f': 0, 'phase': 'probe'})
+    (Probe(prompt_id=3, phase='probe'), {'prompt_id': 3, 'phase': 'probe'})
     """
 
     prompt_id: int
-    s: int = 0
-    f: int = 0
 
     def to_state(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -61,7 +60,9 @@ class GroupRecord:
 
 @dataclasses.dataclass(kw_only=True)
 class SealedRecord(GroupRecord):
-    """A group of a gate that commits once (DPS, the oracle): ``sealed`` once it did."""
+    """A group of a gate that commits once (DPS, the oracle): ``sealed`` once the gate's verdict
+    was COMMIT (its decision, counted once; a controller may hold the COMMIT a while before the
+    tracker seals the group)."""
 
     sealed: bool = False
 

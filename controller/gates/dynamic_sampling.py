@@ -154,8 +154,9 @@ class DynamicSamplingGate(RoundGate[RoundRecord]):
             actions.append(self._verdict(self._groups[gid], commit(gid, "surplus_committed")))
         return actions
 
-    def _closed(self, group_id: int, rec: RoundRecord, committed: bool) -> None:
-        super()._closed(group_id, rec, committed)
+    def _closed(self, closing: GroupSnapshot, rec: RoundRecord, committed: bool) -> None:
+        group_id = closing.group_id
+        super()._closed(closing, rec, committed)
         if group_id in self._held:
             self._held.remove(group_id)
 

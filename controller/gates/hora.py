@@ -35,10 +35,13 @@ from pipeline.types import GroupAction, GroupPlan, GroupSnapshot, TrainBatch
 @dataclass(kw_only=True)
 class HoraRecord(GroupRecord):
     """A HORA group: its ``phase`` (probe, wait, commit, abandoned; or replacement: a plain
-    group owed for a dropped one) and the allocation batch it probes for."""
+    group owed for a dropped one), the allocation batch it probes for and, once its probe is in,
+    the probe's outcome (``probe``: successes and samples, from its latest snapshot while it
+    waits), which the batch's allocation reads when the batch's last probe ends."""
 
     phase: str
     batch: int | None = None
+    probe: tuple[int, int] = (0, 0)
 
 
 @dataclass
@@ -133,6 +136,8 @@ class HoraGate(BaseGate[HoraRecord]):
             return [commit(gid, "hora replacement")]
         if rec.phase == "abandoned":
             return [abandon(gid, "failures")]  # a controller replaced our ABANDON: propose it again
+        if rec.phase in ("probe", "wait"):
+            rec.probe = (snapshot.successes, snapshot.finished)
         if rec.phase == "wait" and snapshot.in_flight == 0:
             return [hold(gid, "await batch")]  # a controller added samples while it waited
         if rec.phase != "probe" or snapshot.in_flight > 0:
@@ -152,9 +157,9 @@ class HoraGate(BaseGate[HoraRecord]):
     def _allocate(self) -> list[GroupAction]:
         ready = self._batch.ready
         recs = [self._groups[g] for g in ready]
-        probes = [r.s + r.f for r in recs]
+        probes = [r.probe[1] for r in recs]
         cap = [max(0, self.config.max_group_size - n) for n in probes] if self.config.max_group_size else None
-        extra = hora_allocate([r.s for r in recs], probes, self.extra_budget, prior=self.prior, cap=cap)
+        extra = hora_allocate([r.probe[0] for r in recs], probes, self.extra_budget, prior=self.prior, cap=cap)
         actions = []
         for gid, rec, m in zip(ready, recs, extra):
             rec.phase = "commit"
@@ -162,7 +167,7 @@ class HoraGate(BaseGate[HoraRecord]):
                 actions.append(launch(gid, m, "hora extra"))
             actions.append(commit(gid, f"hora m={m}"))
         self._verdicts.add("commit", len(ready))
-        self._verdicts.add("saturated_commit", sum(1 for r in recs if r.s == 0 or r.f == 0))
+        self._verdicts.add("saturated_commit", sum(1 for r in recs if r.probe[0] in (0, r.probe[1])))
         self._batch.allocated = True
         return actions
 
@@ -172,7 +177,8 @@ class HoraGate(BaseGate[HoraRecord]):
         self._horizon = max(self._horizon, step + 1)
         return []
 
-    def _closed(self, group_id: int, rec: HoraRecord, committed: bool) -> None:
+    def _closed(self, closing: GroupSnapshot, rec: HoraRecord, committed: bool) -> None:
+        group_id = closing.group_id
         if rec.phase in ("commit", "replacement") and not committed:
             self._replacements += 1  # owed again: the step still needs batch_groups groups
         elif rec.phase == "wait" and group_id in self._batch.ready:

@@ -143,7 +143,7 @@ class OracleGate(SealingGate[OracleRecord]):
         self._verdicts.add("uncounted")
         return [abandon(snapshot.group_id, "oracle: saturated, uncounted")]
 
-    def _closed(self, group_id: int, rec: OracleRecord, committed: bool) -> None:
+    def _closed(self, closing: GroupSnapshot, rec: OracleRecord, committed: bool) -> None:
         if not committed and rec.saturated_cost is not None:
             self._uncounted_rollouts += int(rec.saturated_cost[0])
             self._uncounted_tokens += int(rec.saturated_cost[1])

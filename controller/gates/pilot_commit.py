@@ -51,9 +51,12 @@ from pipeline.types import GroupAction, GroupSnapshot, TrainBatch
 class PilotRecord(RoundRecord):
     """A pilot: its success rate ``p_hat`` once judged, the horizon step at which it entered
     the buffer (``born``), why it would be abandoned while it is a fallback candidate
-    (``reason``), and whether a controller's intervention made it be judged again."""
+    (``reason``), whether a controller's intervention made it be judged again, and the rewards
+    its latest snapshot held (``seen``): the pilot a buffered group's commit tops up to the
+    group size, when it commits on another group's update or at a step."""
 
     p_hat: float | None = None
+    seen: int = 0
     born: int | None = None
     reason: str = ""
     rejudge: bool = False
@@ -132,6 +135,7 @@ class PilotCommitGate(RoundGate[PilotRecord]):
 
     def _update(self, snapshot: GroupSnapshot, rec: PilotRecord) -> list[GroupAction]:
         gid = snapshot.group_id
+        rec.seen = snapshot.finished
         if rec.verdict == "abandon":
             # A controller replaced our ABANDON by an intervention: judge the grown pilot again
             # (its eviction count already happened).
@@ -188,7 +192,7 @@ class PilotCommitGate(RoundGate[PilotRecord]):
             gid = self._buffer.pop(0)
             rec = self._groups[gid]
             self._quota.commit()
-            rest = self.group_size - (rec.s + rec.f)
+            rest = self.group_size - rec.seen
             if rest > 0:
                 actions.append(launch(gid, rest, "pilot_commit n_c"))
             actions.append(self._verdict(rec, commit(gid, "commit")))
@@ -236,8 +240,9 @@ class PilotCommitGate(RoundGate[PilotRecord]):
                 actions.append(self._verdict(rec, abandon(gid, "stale")))
         return actions + self._drain()
 
-    def _closed(self, group_id: int, rec: PilotRecord, committed: bool) -> None:
-        super()._closed(group_id, rec, committed)
+    def _closed(self, closing: GroupSnapshot, rec: PilotRecord, committed: bool) -> None:
+        group_id = closing.group_id
+        super()._closed(closing, rec, committed)
         if group_id in self._buffer:
             self._buffer.remove(group_id)
 

@@ -26,7 +26,7 @@ from controller.gates.base import BaseGate
 from controller.gates.common import GroupRecord, StepQuota
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector
-from pipeline.types import GroupAction, GroupPlan
+from pipeline.types import GroupAction, GroupPlan, GroupSnapshot
 
 
 class RoundCapError(RuntimeError):
@@ -189,7 +189,8 @@ class RoundGate(BaseGate[RR], Generic[RR]):
 
     # --- closing and checkpoint ---------------------------------------------------------
 
-    def _closed(self, group_id: int, rec: RR, committed: bool) -> None:
+    def _closed(self, closing: GroupSnapshot, rec: RR, committed: bool) -> None:
+        group_id = closing.group_id
         if rec.verdict == "commit" and not committed:
             self._quota.uncommit()  # dropped by the orchestrator: its place in the batch is free again
         if not rec.counted and self._in_round(rec):

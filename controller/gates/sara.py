@@ -157,6 +157,11 @@ class SaraGate(BaseGate[SaraRecord]):
         a, b = self.config.prior
         return float(a), float(b)
 
+    @property
+    def reference_strength(self) -> float | None:  # type: ignore[override]
+        """``gate.sara.reference_strength`` when the prior reads a reference screen (``reference_prior``)."""
+        return self.config.reference_strength if self.config.reference_prior else None
+
     def attach_reference(self, screen: ReferenceScreen) -> None:
         """Use ``screen``'s reference likelihoods for priors and skips (``gate.sara.reference_prior``)."""
         if not self.config.reference_prior:
@@ -350,8 +355,7 @@ class SaraGate(BaseGate[SaraRecord]):
     def _guided_update(self, snapshot: GroupSnapshot, rec: SaraRecord) -> list[GroupAction]:
         """A guided group: committed once mixed, abandoned once its guided rollouts all ended
         without making it so. Its record keeps the probe (all wrong) as the prompt's outcome: a
-        guided rollout's reward is not a draw of the prompt's own pass rate."""
-        rec.s, rec.f = 0, rec.guided
+        guided rollout's reward is not a draw of the prompt's own pass rate (``_closed``)."""
         if snapshot.is_mixed:
             self._verdicts.add("commit_guided")
             return [commit(snapshot.group_id, "sara guided group is mixed")]
@@ -371,15 +375,20 @@ class SaraGate(BaseGate[SaraRecord]):
 
     # --- history ------------------------------------------------------------------------
 
-    def _closed(self, group_id: int, rec: SaraRecord, committed: bool) -> None:
+    def _closed(self, closing: GroupSnapshot, rec: SaraRecord, committed: bool) -> None:
+        # The rollouts seen when the verdict came (a probe, or more): an unbiased draw of the rate.
+        successes, samples = self._outcome(closing, rec)
         if self.reference is not None and rec.reference_logprob is not None:
-            # The rollouts seen when the verdict came (a probe, or more): an unbiased draw of the rate.
-            self.reference.observe(rec.reference_logprob, rec.s, rec.s + rec.f)
-        if not committed and rec.s + rec.f > 0:
-            self._carry(rec.prompt_id, rec.s, rec.f)
-            self._observe_level(rec.prompt_id, rec.s, rec.s + rec.f)
+            self.reference.observe(rec.reference_logprob, successes, samples)
+        if not committed and samples > 0:
+            self._carry(rec.prompt_id, successes, samples - successes)
+            self._observe_level(rec.prompt_id, successes, samples)
             if self.probing is not None:
-                self.probing.observe(rec.s, rec.s + rec.f)
+                self.probing.observe(successes, samples)
+
+    def _outcome(self, closing: GroupSnapshot, rec: SaraRecord) -> tuple[int, int]:
+        """A guided group's say of the prompt's own pass rate is its probe, all wrong."""
+        return (0, rec.guided) if rec.guided else closing.verdict_counts
 
     def _shipped(self, prompt_id: int, successes: int, samples: int) -> None:
         self._carry(prompt_id, successes, samples - successes)

@@ -27,7 +27,6 @@ class UniformGate(Gate):
     def __init__(self, pool: PromptPool, group_size: int):
         self.pool = pool
         self.group_size = group_size
-        self._sealed: set[int] = set()
 
     def admit(self, group_ids: range, step: int) -> list[GroupPlan]:
         return [
@@ -36,13 +35,12 @@ class UniformGate(Gate):
         ]
 
     def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
-        if snapshot.group_id in self._sealed:
-            return []
-        self._sealed.add(snapshot.group_id)
+        # Asked only while the group is not committed (the tracker's rule): commit it. It keeps
+        # nothing per group; while a controller holds the COMMIT it proposes it again.
         return [GroupAction(ActionKind.COMMIT, snapshot.group_id, reason="uniform")]
 
-    def on_closed(self, group_id: int, committed: bool) -> None:
-        self._sealed.discard(group_id)
+    def on_closed(self, closing: GroupSnapshot, committed: bool) -> None:
+        return None
 
     def on_step(self, step: int, batch: TrainBatch) -> list[GroupAction]:
         return []

@@ -14,15 +14,15 @@ the run's gate in one ``WatchedGate``; every call is the gate's own, and on the 
 The samples and tokens of an outcome are counted by whoever served them (the engine's usage, or
 the driver's own count), and handed to ``outcome``.
 
->>> from pipeline.types import GroupPlan, Prompt
+>>> from pipeline.types import GroupPlan, GroupSnapshot, Prompt
 >>> class Gate1:
 ...     abandons = True; uncounted_rollouts = 0
 ...     def admit(self, ids, step): return [GroupPlan(ids[0], Prompt(5, "", ()), 2, 2)]
-...     def on_closed(self, gid, committed): pass
+...     def on_closed(self, closing, committed): pass
 >>> watched = WatchedGate(Gate1())
 >>> [p.group_id for p in watched.admit(range(3, 4), 0)], watched.opened_order
 ([3], [5])
->>> watched.on_closed(3, True)
+>>> watched.on_closed(GroupSnapshot(3, Prompt(5, "", ()), 2, (1.0, 0.0), 0, 2, 0, 40, 0, committed_at=2), True)
 >>> watched.outcome(5, samples=2, tokens=40), watched.outcome(6, 0, 0).verdict
 (PromptOutcome(prompt_id=5, opened=True, verdict='committed', samples=2, tokens=40, decided_at=0), 'skipped')
 """
@@ -54,6 +54,10 @@ class WatchedGate(Gate):
         return self.inner.abandons
 
     @property
+    def reference_strength(self) -> float | None:  # type: ignore[override]
+        return self.inner.reference_strength
+
+    @property
     def uncounted_rollouts(self) -> int:
         return self.inner.uncounted_rollouts
 
@@ -81,9 +85,9 @@ class WatchedGate(Gate):
     def on_step(self, step: int, batch: TrainBatch) -> list[GroupAction]:
         return self._saw(self.inner.on_step(step, batch))
 
-    def on_closed(self, group_id: int, committed: bool) -> None:
-        self._closed[group_id] = committed
-        self.inner.on_closed(group_id, committed)
+    def on_closed(self, closing: GroupSnapshot, committed: bool) -> None:
+        self._closed[closing.group_id] = committed
+        self.inner.on_closed(closing, committed)
 
     def _saw(self, actions: list[GroupAction]) -> list[GroupAction]:
         for a in actions:

@@ -59,9 +59,9 @@ class GateProbe(Gate):
         self.abandoned_incomplete += 1
         self.false_abandonment_sum += 1.0 - (p**m if all_success else (1.0 - p) ** m)
 
-    def on_closed(self, group_id: int, committed: bool) -> None:
-        self._last.pop(group_id, None)
-        self._gate.on_closed(group_id, committed)
+    def on_closed(self, closing: GroupSnapshot, committed: bool) -> None:
+        self._last.pop(closing.group_id, None)
+        self._gate.on_closed(closing, committed)
 
     def on_step(self, step: int, batch: TrainBatch):
         return self._gate.on_step(step, batch)
@@ -79,6 +79,10 @@ class GateProbe(Gate):
     @property
     def abandons(self) -> bool:
         return self._gate.abandons
+
+    @property
+    def reference_strength(self) -> float | None:  # type: ignore[override]
+        return self._gate.reference_strength
 
     def metrics(self) -> dict[str, float]:
         return self._gate.metrics()

@@ -9,8 +9,10 @@ happens (the scoring service reports each one) and, when each of the first ``che
 rewards failed, raises ``RewardsFailing``: a named error whose message gives the function, the
 counts and its first failure, so the run stops with the reason.
 
-The counts are live: the run's budget reads them at every learner step and at the end
-(``record``), so the summary's "reward errors / timeouts / none" holds even when no step ran.
+The counts are live: ``report`` gives them to whoever asks -- every learner step's ``StepDone``
+and, at the run's end, a ``RewardsCounted`` message -- and the group tracker writes them into
+the run's budget (it is the budget's one writer), so the summary's "reward errors / timeouts /
+none" holds even when no step ran.
 
 >>> health = RewardHealth("my_rewards:score", check_first=3)
 >>> health.failed("error", "ValueError: bad format")
@@ -26,6 +28,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from typing import Any, Literal
+
+from pipeline.messages import RewardCounts
 
 Failure = Literal["error", "timeout", "none"]
 
@@ -118,20 +122,25 @@ class RewardHealth:
         """``errors``, ``timeouts`` and ``none`` so far."""
         return {"errors": self.errors, "timeouts": self.timeouts, "none": self.none}
 
-    def carry(self, budget: Any) -> None:
-        """A resumed run: the counts its checkpointed ``Budget`` holds are added to this
-        process's in ``record`` (the stop rule looks at this process's rewards only)."""
-        self._carried = (budget.reward_errors, budget.reward_timeouts, budget.rewards_none)
+    def carry(self, counts: RewardCounts) -> None:
+        """A resumed run: the counts its checkpoint holds are added to this process's in
+        ``totals`` and ``report`` (the stop rule looks at this process's rewards only)."""
+        self._carried = (counts.errors, counts.timeouts, counts.no_reward)
 
     def totals(self) -> dict[str, int]:
         """The run's counts: this process's plus those a resumed run carried (``carry``)."""
         errors, timeouts, none = self._carried
         return {"errors": errors + self.errors, "timeouts": timeouts + self.timeouts, "none": none + self.none}
 
-    def record(self, budget: Any) -> None:
-        """Write the run's counts (``totals``) into a ``pipeline.metrics.Budget`` (its reward fields)."""
+    def report(self) -> RewardCounts:
+        """The run's counts (``totals``), as the tracker books them into the budget.
+
+        >>> health = RewardHealth("r"); health.carry(RewardCounts(errors=2)); health.failed("none")
+        >>> health.report()
+        RewardCounts(errors=2, timeouts=0, no_reward=1)
+        """
         t = self.totals()
-        budget.reward_errors, budget.reward_timeouts, budget.rewards_none = t["errors"], t["timeouts"], t["none"]
+        return RewardCounts(t["errors"], t["timeouts"], t["none"])
 
     def since(self, before: dict[str, int]) -> dict[str, int]:
         """The counts added since ``before`` (a ``counts()``), e.g. one evaluation's."""

@@ -1,4 +1,9 @@
-"""Group-relative advantage estimators over variable-size groups.
+"""Group-relative advantage estimators over variable-size groups: the run's one advantage function.
+
+``compute_advantages`` is the only place advantages are computed: a learner (``learner.torch_learner``)
+calls it once per step and reports what it computed in its ``StepResult.advantages``, which
+``pipeline.learning`` writes to the buffer as it is. It lives in pipeline/ so that every learner
+(of learner/, of pipeline/, of a benchmark) may import it.
 
 Every function takes the groups of one train batch, each either a ``CommittedGroup`` or a
 plain sequence of rewards, and returns one tuple of advantages per group, aligned with the
