@@ -29,10 +29,15 @@ still gets one (a small ``kappa``, and a ``gamma`` that puts every prompt at the
 a screen reading it skips prompts at random or worse. So the fit is also *tested*:
 ``informative`` is True only where the likelihood ranks the observed pass rates, Spearman's rank
 correlation ``rho`` between the groups' log-likelihoods and their success shares ``s / n`` being
-significantly above 0, one-sided at 5%. Under independence the permutation distribution of a rank
-correlation has mean 0 and variance exactly ``1 / (m - 1)`` over ``m`` groups (ties included:
-it is a Pearson correlation of mid-ranks), so the test is ``rho sqrt(m - 1) >= 1.645``
-(``RANK_Z``). A window whose likelihoods or success shares are all equal is uninformative.
+significantly above 0. Under independence the permutation distribution of a rank correlation
+over ``m`` groups has mean 0 and variance exactly ``1 / (m - 1)`` (ties included: it is a
+Pearson correlation of mid-ranks), so ``z = rho sqrt(m - 1)`` is about standard normal. The
+test is asked again after every group, and a screen that acts on a false positive stops
+opening (and so observing) the prompts it skips, which keeps the error; so the bar is one for
+repeated looks, ``z >= 3`` (``RANK_Z``), not a single look's 1.645: with independent likelihoods
+and pass rates, ``z`` crossed 1.645 at some look between 32 and 512 groups in 22% of simulated
+runs and 3 in under 1% (Siegmund's approximation for the maximum of a normalised sum agrees).
+A window whose likelihoods or success shares are all equal is uninformative.
 
 >>> flat = ReferenceCalibration(min_groups=16)
 >>> for lp in rng.uniform(-6.0, 0.0, size=200):     # pass rate 0.1 whatever the likelihood
@@ -57,8 +62,8 @@ EPS = 1e-6
 # Bounds on log gamma and log kappa.
 _LOG_GAMMA = (-5.0, 0.7)
 _LOG_KAPPA = (-1.0, 10.0)
-# The one-sided 95% normal quantile: the rank correlation's test (module docstring).
-RANK_Z = 1.6448536269514722
+# The bar the rank correlation's z must reach, a test repeated after every group (module docstring).
+RANK_Z = 3.0
 
 
 class ReferenceCalibration:
