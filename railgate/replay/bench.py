@@ -32,6 +32,7 @@ from pipeline.store.grouplog import GroupLog, read_group_log
 from railgate.bench.policies import POLICIES, base_overrides, overrides, sized_overrides
 from railgate.config import RunConfig, load_config
 from railgate.progress import ProgressBar
+from railgate.replay.calibration import calibration
 from railgate.replay.driver import ReplayRun, replay
 from railgate.replay.gate_parts import not_replayable
 from railgate.replay.report import log_report, log_summary
@@ -165,6 +166,7 @@ def replay_log(log: GroupLog, spec: ReplaySpec, progress: bool = True) -> dict[s
         "orders": spec.orders,
         "rate": spec.rate,
         "gates": gates,
+        "calibration": calibration(orders[0], group_size),
         "not_replayable": skipped,
         "notes": notes,
         "seconds": time.perf_counter() - started,
