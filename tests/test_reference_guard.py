@@ -17,7 +17,6 @@ from controller.gates.sara import SaraGate
 from controller.probing import ProbingRule, fit_beta_binomial, probe_yield
 from controller.reference import ReferenceScreen
 from controller.reference_fit import ReferenceCalibration
-from pipeline.replay.order import ReplayOrder
 from pipeline.store.grouplog import GroupLog, RecordedGroup
 from railgate.replay.bench import ReplaySpec, gate_config, replay_log
 from railgate.replay.render import table
