@@ -268,6 +268,23 @@ class ProbingRule:
         gain_probe = probe.mixed - eta * probe.rollouts
         return self._count("whole" if gain_whole > gain_probe else "probe")
 
+    def forecast(self) -> Yield | None:
+        """What the rule expects its choices to have yielded, by its latest fit of the run's pass
+        rates: every prompt it probed at ``probe_yield`` and every prompt it launched whole at
+        ``whole_yield`` under the fitted run prior (a prompt's own prior, from a reference or its
+        history, is not kept). None until fitted. Set beside a replay's yield it says whether the
+        rule's model of the run's pass rates holds (``bench replay``'s ``forecast/1k``)."""
+        run = self.run_prior()
+        if run is None:
+            return None
+        probe, whole = self._probe(run), whole_yield(run, self.group_size)
+        n_probe, n_whole = self._choices["probe"], self._choices["whole"]
+        return Yield(
+            n_probe * probe.rollouts + n_whole * whole.rollouts,
+            n_probe * probe.mixed + n_whole * whole.mixed,
+            n_probe * probe.committed + n_whole * whole.committed,
+        )
+
     def _probe(self, prior: tuple[float, float]) -> Yield:
         key = (round(prior[0], 3), round(prior[1], 3))
         got = self._cache.get(key)
@@ -285,7 +302,9 @@ class ProbingRule:
 
     def metrics(self) -> dict[str, float]:
         """``gate/probing_probe``, ``gate/probing_whole`` (prompts), the fitted run prior's
-        mean and strength (``gate/probing_prior_mean``, ``gate/probing_prior_strength``) once fitted,
+        mean and strength (``gate/probing_prior_mean``, ``gate/probing_prior_strength``) and the
+        rule's forecast of its mixed groups per 1,000 rollouts (``gate/probing_forecast_per_1k``,
+        ``forecast``) once fitted,
         and ``gate/probing_noise_groups`` while steps are priced."""
         out = {f"gate/probing_{k}": float(v) for k, v in self._choices.items()}
         if math.isfinite(self.noise_groups):
@@ -294,6 +313,9 @@ class ProbingRule:
         if run is not None:
             out["gate/probing_prior_mean"] = run[0] / (run[0] + run[1])
             out["gate/probing_prior_strength"] = run[0] + run[1]
+            expected = self.forecast()
+            if expected is not None and expected.rollouts > 0:
+                out["gate/probing_forecast_per_1k"] = 1000.0 * expected.per_rollout
         return out
 
     def state_dict(self) -> dict[str, Any]:

@@ -26,8 +26,12 @@ skips a prompt whose chance is at most its ``reference_skip``:
   that bound, not the prior, is what a skip is judged by;
 * calibrated (``calibration``, ``controller.reference_fit``): the run fits how the likelihood
   maps to the pass rates its scored groups show (``observe``), and once the fit has enough
-  groups a prompt gets ``Beta(kappa q^gamma, kappa (1 - q^gamma))`` and its chance under it, as
-  an exact reference would; until then the likelihood counts as a lower bound.
+  groups and the likelihood ranks those pass rates (``ReferenceCalibration.informative``: a
+  one-sided rank-correlation test) a prompt gets ``Beta(kappa q^gamma, kappa (1 - q^gamma))``
+  and its chance under it, as an exact reference would; until then, and whenever the test
+  fails, the likelihood counts as a lower bound (the gate's own prior; a skip only where the
+  bound vouches for a near-sure success), and an opening judged while the test fails is
+  counted (``gate/reference_uninformative``).
 
 A prompt with no score (reached before it was scored, or with no reference) gets the gate's
 prior unchanged, and its chance under that prior; ``metrics`` counts both, and the tokens scored.
@@ -120,7 +124,12 @@ class ReferenceScreen:
         self.ahead = ahead
         self.calibration = None if exact else calibration
         self._logprob: dict[int, float] = {}
-        self._counts = {"reference_scored": 0, "reference_scored_tokens": 0, "reference_unscored": 0}
+        self._counts = {
+            "reference_scored": 0,
+            "reference_scored_tokens": 0,
+            "reference_unscored": 0,
+            "reference_uninformative": 0,
+        }
         self._chances: deque[float] = deque(maxlen=SKIP_WINDOW)
 
     def wanted(self) -> list[Prompt]:
@@ -163,6 +172,11 @@ class ReferenceScreen:
         if lp is None:
             self._counts["reference_unscored"] += 1
             return Opening(base, effective_probability(0, 0, group_size, base), None)
+        if self.calibration is not None and self.calibration.fitted and not self.calibration.informative():
+            # The likelihood does not rank the pass rates the run observes: its map is not acted
+            # on; the score still counts as the lower bound it is (skips only near-sure successes).
+            self._counts["reference_uninformative"] += 1
+            return Opening(base, mixed_bound(lp, group_size), lp)
         if self.calibration is not None and self.calibration.fitted:
             a, b = self.calibration.prior(lp)
             prior = (max(a, MIN_PSEUDO), max(b, MIN_PSEUDO))
@@ -222,7 +236,7 @@ class ReferenceScreen:
 
     def metrics(self) -> dict[str, float]:
         """``gate/reference_scored`` (prompts), ``gate/reference_scored_tokens``, ``gate/reference_unscored``,
-        and the calibration's (``gate/reference_gamma``, ``gate/reference_kappa``) where there is one."""
+        ``gate/reference_uninformative`` (openings whose calibrated map failed its test), and the calibration's (``gate/reference_gamma``, ``gate/reference_kappa``) where there is one."""
         out = {f"gate/{k}": float(v) for k, v in self._counts.items()}
         if self.calibration is not None:
             out.update(self.calibration.metrics())

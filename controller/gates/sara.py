@@ -137,6 +137,9 @@ class SaraGate(BaseGate[SaraRecord]):
         # attached by the run's builder, which has the task's references (``attach_guidance``).
         self.guidance: Guidance | None = None
         self._step = 0  # the learner step of the latest admission
+        # probe_when: pays: prompt id -> groups launched whole, committed and not yet shipped (the
+        # probing rule counts them when shipped, with their full group; ``_closed``)
+        self._whole_unshipped: dict[int, int] = {}
         self.probing = (
             ProbingRule(
                 group_size,
@@ -383,8 +386,17 @@ class SaraGate(BaseGate[SaraRecord]):
         if not committed and samples > 0:
             self._carry(rec.prompt_id, successes, samples - successes)
             self._observe_level(rec.prompt_id, successes, samples)
-            if self.probing is not None:
-                self.probing.observe(successes, samples)
+        if self.probing is None:
+            return
+        if committed and rec.whole:
+            # Launched whole (chosen by its prior, not its outcome): its full group counts when shipped.
+            self._whole_unshipped[rec.prompt_id] = self._whole_unshipped.get(rec.prompt_id, 0) + 1
+        elif samples > 0:
+            # A probed group counts at its verdict, committed or abandoned: a committed group waits
+            # for its step to ship while an abandoned one is known at once, so counting committed
+            # groups at shipping would fill the fit with all-same probes first (on a hard run, a
+            # window of abandons before the first step ships) and make probing look better than it is.
+            self.probing.observe(successes, samples)
 
     def _outcome(self, closing: GroupSnapshot, rec: SaraRecord) -> tuple[int, int]:
         """A guided group's say of the prompt's own pass rate is its probe, all wrong."""
@@ -393,7 +405,12 @@ class SaraGate(BaseGate[SaraRecord]):
     def _shipped(self, prompt_id: int, successes: int, samples: int) -> None:
         self._carry(prompt_id, successes, samples - successes)
         self._observe_level(prompt_id, successes, samples)
-        if self.probing is not None:
+        waiting = self._whole_unshipped.get(prompt_id, 0)
+        if self.probing is not None and waiting:
+            if waiting == 1:
+                del self._whole_unshipped[prompt_id]
+            else:
+                self._whole_unshipped[prompt_id] = waiting - 1
             self.probing.observe(successes, samples)
 
     def _observe_level(self, prompt_id: int, successes: int, samples: int) -> None:

@@ -51,7 +51,7 @@ policies of RAIL are SARA plus a controller:
 >>> overrides("nope")
 Traceback (most recent call last):
 ...
-pipeline.config.build.ConfigError: unknown policy 'nope'; choose from uniform, ds, pilot_commit, hora, sara, sara_rollouts, sara_dps_rollouts, sara_eager, sara_stream, sara_level, sara_pilot, sara_ref, sara_ref_rollouts, sara_ref_skip, sara_ref_skip_rollouts, sara_guide, sara_ref_skip_guide, sara_guide_anneal, dps, sara_dps, oracle, sara_arpo, sara_rail, sara_rail_s2l, sara_rail_guide, sara_rail_guide_s2l
+pipeline.config.build.ConfigError: unknown policy 'nope'; choose from uniform, ds, pilot_commit, hora, sara, sara_rollouts, sara_dps_rollouts, sara_eager, sara_stream, sara_level, sara_pilot, sara_ref, sara_ref_rollouts, sara_ref_skip, sara_ref_skip_rollouts, sara_guide, sara_ref_skip_guide, sara_guide_anneal, dps, sara_dps, oracle, trl_default, sara_arpo, sara_rail, sara_rail_s2l, sara_rail_guide, sara_rail_guide_s2l
 """
 
 from __future__ import annotations
@@ -67,6 +67,29 @@ _RAIL_GUIDE = _RAIL + (
     "controller.rail.guide_levels=[0.25,0.5,0.75]",
     "controller.rail.cost_lambda=0.02",
 )
+
+TRL_DEFAULT = (
+    "gate.kind=sara",
+    "gate.sara.tau_commit=0.5",
+    "gate.sara.tau_abandon=0.45",
+    "gate.sara.reference_prior=true",
+    "gate.sara.reference_skip=0.45",
+    "gate.sara.reference_skip_share=1.0",
+    "gate.sara.reference_calibrate=true",
+    "gate.sara.probe_when=pays",
+    "gate.sara.reference_strength=64.0",
+    "gate.sara.reference_ahead=0",
+    "gate.sara.whole_when_certain=true",
+    "replay.reference_exact=false",
+    "orchestrator.max_async_steps=0",
+    "orchestrator.max_concurrent_samples=1048576",
+    "orchestrator.max_open_groups=1048576",
+)
+"""``trl_default``: ``GatedGRPOConfig()``'s gate (``railgate.trl.config.gate_config`` with every
+``gate_*`` field at its default; the orchestrator as ``railgate.trl.session.orchestrator_config``
+sets it): SARA with a calibrated reference prior (not exact), a skip at 0.45 and the probing rule
+(``probe_when: pays``). Its probe is half the group (``trl_probe_size``; ``sized_overrides`` adds it).
+tests/test_bench_replay_trl_default.py checks it against ``GatedGRPOConfig``."""
 
 POLICIES: dict[str, tuple[str, ...]] = {
     "uniform": ("gate.kind=uniform",),
@@ -100,6 +123,7 @@ POLICIES: dict[str, tuple[str, ...]] = {
     "dps": ("gate.kind=dps",),
     "sara_dps": ("gate.kind=sara_dps",),
     "oracle": ("gate.kind=oracle",),
+    "trl_default": TRL_DEFAULT,
     "sara_arpo": _RAIL
     + (
         "controller.rail.mode=shadow",
@@ -162,6 +186,25 @@ def overrides(policy: str) -> list[str]:
     if policy not in POLICIES:
         raise ConfigError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
     return list(POLICIES[policy])
+
+
+def trl_probe_size(group_size: int) -> int:
+    """``GatedGRPOConfig.probe_size`` with ``gate_probe_size=0``: half the group, at least 1.
+
+    >>> trl_probe_size(8), trl_probe_size(3)
+    (4, 1)
+    """
+    return max(1, group_size // 2)
+
+
+def sized_overrides(policy: str, group_size: int) -> list[str]:
+    """The overrides of ``policy`` that follow the group size: ``trl_default``'s probe (half the
+    group, as ``GatedGRPOConfig`` derives it); none for the others.
+
+    >>> sized_overrides("trl_default", 16), sized_overrides("sara", 16)
+    (['gate.sara.probe_size=8'], [])
+    """
+    return [f"gate.sara.probe_size={trl_probe_size(group_size)}"] if policy == "trl_default" else []
 
 
 def order(policy: str) -> int:

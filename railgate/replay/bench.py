@@ -12,7 +12,8 @@ HORA may give a group any share of its extra budget, past the K samples a log ho
 ``--set gate.hora.max_group_size=...`` says otherwise, replay caps its groups at the group size
 (what HORA does for a trainer with fixed group slots) and says so in the notes. SARA's reference
 prior takes the log's ``reference_logprob`` as the pass rate (``replay.reference_exact=true``)
-unless ``--set replay.reference_exact=false`` says it is only a lower bound.
+unless the policy (``trl_default``) or ``--set replay.reference_exact=false`` says it is only a
+lower bound. ``trl_default``'s probe is half the group, as ``GatedGRPOConfig`` derives it.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from pipeline.config.build import ConfigError
 from pipeline.replay.order import NotReplayable, ReplayOrder
 from pipeline.replay.timing import DEFAULT_RATE
 from pipeline.store.grouplog import GroupLog
-from railgate.bench.policies import POLICIES, base_overrides, overrides
+from railgate.bench.policies import POLICIES, base_overrides, overrides, sized_overrides
 from railgate.config import RunConfig, load_config
 from railgate.progress import ProgressBar
+from railgate.replay.calibration import calibration
 from railgate.replay.driver import ReplayRun, replay
 from railgate.replay.gate_parts import not_replayable
 from railgate.replay.logs import open_log
@@ -44,10 +46,12 @@ DEFAULT_GATES = (
     "sara",
     "sara_ref",
     "sara_ref_skip",
+    "trl_default",
     "oracle",
 )
 """The baselines, SARA with and without its reference prior, the CPU default's gate
-(``sara_ref_skip``: configs/default.yaml) and the oracle. DPS is not among them: a replay offers
+(``sara_ref_skip``: configs/default.yaml), ``GatedGRPOConfig``'s default gate (``trl_default``:
+a calibrated, not exact, reference prior and the probing rule) and the oracle. DPS is not among them: a replay offers
 each recorded prompt once, which leaves DPS nothing to predict (``gate_parts.not_replayable``)."""
 
 
@@ -94,12 +98,13 @@ def open_replay_log(
 def gate_config(name: str, group_size: int, batch: int, extra: Sequence[str]) -> RunConfig:
     """The config gate ``name`` is replayed under (the module docstring has the order)."""
     sizes = [f"orchestrator.group_size={group_size}", f"orchestrator.batch_groups={batch}"]
+    own = overrides(name) + sized_overrides(name, group_size)
     defaults = []
     if not any(s.startswith("gate.hora.max_group_size=") for s in extra):
         defaults.append(f"gate.hora.max_group_size={group_size}")
-    if not any(s.startswith("replay.reference_exact=") for s in extra):
+    if not any(s.startswith("replay.reference_exact=") for s in [*own, *extra]):
         defaults.append("replay.reference_exact=true")
-    return load_config(None, sizes + base_overrides(name) + overrides(name) + defaults + list(extra))
+    return load_config(None, sizes + base_overrides(name) + own + defaults + list(extra))
 
 
 def replay_log(log: GroupLog, spec: ReplaySpec, progress: bool = True) -> dict[str, Any]:
@@ -152,6 +157,7 @@ def replay_log(log: GroupLog, spec: ReplaySpec, progress: bool = True) -> dict[s
         "orders": spec.orders,
         "rate": spec.rate,
         "gates": gates,
+        "calibration": calibration(orders[0], group_size),
         "not_replayable": skipped,
         "notes": notes,
         "seconds": time.perf_counter() - started,

@@ -99,7 +99,55 @@ def table(report: dict[str, Any]) -> str:
         )
     for name, why in report["not_replayable"].items():
         lines.append(f"not replayable: {name}: {why}")
+    if report.get("calibration"):
+        lines += ["", calibration_table(report["calibration"])]
     return "\n".join(lines)
+
+
+CALIBRATION_HEADERS = (
+    "reference q (quintile)",
+    "groups",
+    "observed pass rate",
+    "observed mixed",
+    "exact: pass rate",
+    "exact: mixed",
+    "calibrated: pass rate",
+    "calibrated: mixed",
+)
+
+
+def calibration_table(c: dict[str, Any]) -> str:
+    """The calibration table (``railgate.replay.calibration``): does the reference likelihood
+    predict the log's pass rates, and what the screen predicts against what was observed.
+
+    >>> c = {"groups": 2, "rank_correlation": 0.5, "rank_z": 0.5, "rank_z_bar": 3.0, "informative": False,
+    ...      "auc_any_success": 0.6, "gamma": 0.5, "kappa": 4.0, "bins": [{"q_low": 1e-5, "q_high": 0.02, "groups": 2,
+    ...      "observed_pass_rate": 0.1, "observed_mixed": 0.5, "exact_pass_rate": 0.01, "exact_mixed": 0.1,
+    ...      "calibrated_pass_rate": 0.1, "calibrated_mixed": 0.3}]}
+    >>> print(calibration_table(c).splitlines()[0])  # doctest: +NORMALIZE_WHITESPACE
+    calibration (2 groups with a reference score): Spearman(reference log-likelihood, pass rate) 0.50, z 0.50
+    (informative at >= 3.0: no), AUC for any success 0.60; calibrated map gamma 0.50, kappa 4.0
+    """
+    head = (
+        f"calibration ({c['groups']:,} groups with a reference score): Spearman(reference log-likelihood, pass rate) "
+        f"{c['rank_correlation']:.2f}, z {c['rank_z']:.2f} (informative at >= {c['rank_z_bar']:.1f}: "
+        f"{'yes' if c['informative'] else 'no'}), AUC for any success {_num(c['auc_any_success'], 2)}; "
+        f"calibrated map gamma {_num(c['gamma'], 2)}, kappa {_num(c['kappa'], 1)}"
+    )
+    rows = [
+        [
+            f"{b['q_low']:.1e} - {b['q_high']:.1e}",
+            str(b["groups"]),
+            f"{b['observed_pass_rate']:.3f}",
+            _pct(b["observed_mixed"]),
+            f"{b['exact_pass_rate']:.3f}",
+            _pct(b["exact_mixed"]),
+            _num(b["calibrated_pass_rate"], 3),
+            _pct(b["calibrated_mixed"]),
+        ]
+        for b in c["bins"]
+    ]
+    return "\n".join([head, "", markdown_table(CALIBRATION_HEADERS, rows)])
 
 
 def _same(a: float, b: float) -> bool:

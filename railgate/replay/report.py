@@ -21,7 +21,8 @@ as recorded, then seeded shuffles); ``log_report`` turns their outcomes into, pe
   groups: mean and quartiles) against all mixed groups of the log: its selection bias;
 * distinct source prompts trained and committed groups per distinct prompt (a log holds a prompt
   at several steps);
-* the gate's own forecast of its yield where it has one (``railgate.replay.predicted``).
+* the gate's own forecast of its yield where it has one (``railgate.replay.predicted``: the
+  probing rule's, or the closed form on the log's fitted pass rates).
 
 Figures in ``railgate.replay.figures``; definitions there.
 """
@@ -34,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from controller.probing import fit_beta_binomial
 from pipeline.replay.order import ReplayOrder
 from railgate.config import RunConfig
 from railgate.replay.bootstrap import ratio_intervals
@@ -74,6 +76,7 @@ def log_report(
     )
     rates = np.array([g.successes / g.size for g in log.groups])
     mixed_rates = rates[np.array([g.is_mixed for g in log.groups], dtype=bool)] if log.groups else rates
+    beliefs = [run_belief(o, group_size) for o in orders]
     out: dict[str, Any] = {}
     for g, fs in figures.items():
         p = pooled[g]
@@ -85,7 +88,10 @@ def log_report(
         decided = np.concatenate([f["decided_at"][f["decided_at"] > 0] for f in fs])
         trained = np.concatenate([f["pass_rate"][f["informative"] > 0] for f in fs])
         distinct = [_distinct(o, f) for o, f in zip(orders, fs)]
-        predicted = [forecast(configs[g], _scores(o), r.outcomes, group_size) for o, r in zip(orders, runs[g])]
+        predicted = [
+            forecast(configs[g], _scores(o), r.outcomes, group_size, r.metrics, beliefs[i])
+            for i, (o, r) in enumerate(zip(orders, runs[g]))
+        ]
         out[g] = {
             "orders": len(fs),
             "groups_opened": _total(p, "opened"),
@@ -147,6 +153,23 @@ def log_summary(orders: Sequence[ReplayOrder], group_size: int) -> dict[str, Any
         "skipped_groups": log.skipped_groups,
         "notes": list(log.notes),
     }
+
+
+def run_belief(order: ReplayOrder, group_size: int) -> tuple[float, float] | None:
+    """The Beta of the log's pass rates (``controller.probing.fit_beta_binomial`` over each
+    group's first ``group_size`` samples in ``order``): what a fixed-prior gate's forecast draws
+    its rates from (``railgate.replay.predicted``); None for an empty log."""
+    data = [
+        (
+            sum(
+                s.reward > order.group(p.prompt_id).success_threshold
+                for s in order.sample_order(p.prompt_id)[:group_size]
+            ),
+            group_size,
+        )
+        for p in order.prompts
+    ]
+    return fit_beta_binomial(data) if data else None
 
 
 def _scores(order: ReplayOrder) -> list[float | None]:
