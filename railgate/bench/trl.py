@@ -20,6 +20,13 @@ Reported per trainer (mean ± std over seeds; ratios per seed, gated / plain): r
 held-out accuracy with its 95% interval over prompts, training CPU-seconds per generated rollout
 (process time, evaluation and model loading excluded). Writes ``OUT/MODEL/trl.md``, ``trl.json``
 (every run, every evaluation, every optimiser step: ``RunRecord.step_logs``) and ``trl.png``.
+
+The same arguments (``--threads`` included) on the same machine write the same figures, CPU- and
+wall-seconds aside (tests/test_bench_trl_determinism.py): each trainer reseeds Python, NumPy and
+torch with its seed when it is built (transformers' ``set_seed``), so both trainers of a seed
+start from the same state whatever ran before them; held-out sampling draws from its own seeded
+generator; the prompt order and the gate's draws derive from the seed; evaluations and the gated
+trainer's stop follow generated rollouts, never the clock.
 """
 
 from __future__ import annotations
