@@ -12,9 +12,9 @@ to sample more of the group, train on it or drop it::
     driver.step_done(trained_groups)                 # after your optimizer step
 
 The rules are the orchestrator's (``pipeline.protocols``): each group's state is the tracker's
-own group record (``pipeline.group.GroupRun``), the gate sees that record's ``GroupSnapshot``
+own group record (``pipeline.core.group.GroupRun``), the gate sees that record's ``GroupSnapshot``
 after every ended sample and its closing snapshot when it ends, every gate action passes the
-tracker's own checks (``pipeline.group.checked``: ``GateProtocolError``); once it commits a
+tracker's own checks (``pipeline.core.group.checked``: ``GateProtocolError``); once it commits a
 group it is not asked again, and the group only takes the rewards of the samples it asked for.
 Reporting more rewards than were asked for, or reporting to a group that ended, raises
 ``LifecycleError`` instead of counting a sample twice. A reward of ``None`` is "no reward":
@@ -61,7 +61,7 @@ from typing import Any, Literal
 from controller.config import SaraConfig
 from controller.reference import ReferenceScreen
 from controller.selectors import PromptSelector
-from pipeline.group import GroupRun, checked
+from pipeline.core.group import GroupRun, checked
 from pipeline.types import (
     NO_REWARD,
     ActionKind,
@@ -114,7 +114,7 @@ class _CallerChoice(PromptSelector):
 @dataclass
 class DrivenGroup:
     """One group of the caller's prompt: ``start``, then ``report`` rewards until the verdict is
-    ``train`` or ``drop``. Its state is the tracker's own group record (``pipeline.group.GroupRun``:
+    ``train`` or ``drop``. Its state is the tracker's own group record (``pipeline.core.group.GroupRun``:
     what was launched, every ended sample, the rewards, the commit), changed only through that
     record's methods; the group adds only how many samples the caller was told to draw."""
 
@@ -186,7 +186,7 @@ class DrivenGroup:
         return ScoredSample.reward_only(self.group_id, len(self.run.samples), self.prompt, value, self.driver.step)
 
     def _apply(self, action: GroupAction) -> bool:
-        """Apply one gate action, past the tracker's checks (``pipeline.group.checked``: an action
+        """Apply one gate action, past the tracker's checks (``pipeline.core.group.checked``: an action
         on another group, which is not open here, or a LAUNCH after the COMMIT raises
         ``GateProtocolError``); True when it abandons the group."""
         checked(self.run if action.group_id == self.group_id else None, action, "gate", self.driver.gate)

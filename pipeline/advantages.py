@@ -2,7 +2,7 @@
 
 ``compute_advantages`` is the only place advantages are computed: a learner (``learner.torch_learner``)
 calls it once per step and reports what it computed in its ``StepResult.advantages``, which
-``pipeline.learning`` writes to the buffer as it is. It lives in pipeline/ so that every learner
+``pipeline.shells.learning`` writes to the buffer as it is. It lives in pipeline/ so that every learner
 (of learner/, of pipeline/, of a benchmark) may import it.
 
 Every function takes the groups of one train batch, each either a ``CommittedGroup`` or a

@@ -47,7 +47,7 @@ from typing import Any, NamedTuple
 
 import anyio
 
-from pipeline.learner_timing import ConcurrentLearning, InlineLearning
+from pipeline.shells.learner_timing import ConcurrentLearning, InlineLearning
 
 
 def running_event_type() -> type:

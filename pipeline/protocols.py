@@ -1,6 +1,6 @@
 """The interfaces the orchestrator drives; implementations live in controller/ and learner/.
 
-The orchestrator (``pipeline.orchestrator``) and its group tracker (``pipeline.tracker``) know
+The orchestrator (``pipeline.shells.orchestrator``) and its group tracker (``pipeline.core.tracker``) know
 these Protocols only, so pipeline/ imports nothing of controller/ or learner/;
 ``railgate.build`` wires concrete classes in.
 
@@ -59,7 +59,7 @@ from pipeline.types import (
 )
 
 if TYPE_CHECKING:
-    from pipeline.messages import TurnDone
+    from pipeline.core.messages import TurnDone
 
 
 class GateProtocolError(RuntimeError):
@@ -239,7 +239,7 @@ class Buffer(Protocol):
 
 
 class EpisodeService(Protocol):
-    """The environments of a run's episodes (``pipeline.episodes``), one per episode key; the
+    """The environments of a run's episodes (``pipeline.core.episodes``), one per episode key; the
     shell carries the tracker's ``EnvStep``, ``ForkEpisode`` and ``CloseEpisode`` out through it.
     Environment faults are answers (a ``TurnDone`` with ``error``), never exceptions."""
 

@@ -186,7 +186,7 @@ RolloutEvent = TokenDelta | SampleFinished
 @dataclass(frozen=True)
 class Turns:
     """How a multi-turn episode's response is made: the policy's turns with the environment's
-    observations between them (``pipeline.episodes``). ``policy_mask`` has one entry per
+    observations between them (``pipeline.core.episodes``). ``policy_mask`` has one entry per
     response token, True where the policy generated it (observations are masked out of the
     loss); ``ends[t]`` is the response offset just past turn t's last token; ``rewards[t]`` is
     what the environment gave for turn t. ``truncated``: the episode ended because its next turn

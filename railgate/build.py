@@ -16,17 +16,17 @@ from controller.reference import ReferenceScreen
 from controller.reference_fit import ReferenceCalibration
 from pipeline.clock import LockstepClock, VirtualClock, WallClock
 from pipeline.config.build import ConfigError
-from pipeline.decisions import NullSink
+from pipeline.core.decisions import NullSink
+from pipeline.core.lifecycles import Episodes, SingleTurn
 from pipeline.engines.replay import ReplayEngine
 from pipeline.envs.render import renderer_for
-from pipeline.lifecycles import Episodes, SingleTurn
-from pipeline.orchestrator import Orchestrator
-from pipeline.parts import RunOutputs, RunParts
 from pipeline.protocols import Controller, DecisionSink, Gate, Scorer
 from pipeline.replay.learner import NoLearner
 from pipeline.replay.order import ReplayOrder
 from pipeline.replay.reward import RecordedReward, ServedRewards
 from pipeline.seeding import derive_seed
+from pipeline.shells.orchestrator import Orchestrator
+from pipeline.shells.parts import RunOutputs, RunParts
 from pipeline.sim.engine import SimEngine
 from pipeline.sim.learner import SimLearner
 from pipeline.sim.world import SimAnswerScorer, SimEvaluator, SimWorld
@@ -43,7 +43,7 @@ from railgate.replay.gate_parts import build_replay_gate, not_replayable
 def build_components(
     cfg: RunConfig, progress: bool = True, sink: DecisionSink | None = None, run_id: str | None = None
 ) -> RunParts:
-    """The run's parts (``pipeline.parts.RunParts``): its reward under ``cfg.orchestrator``'s
+    """The run's parts (``pipeline.shells.parts.RunParts``): its reward under ``cfg.orchestrator``'s
     timeout, threads and first-failures check. ``sink`` receives the controller's decisions (the
     run's TraceLog; none: not logged), which carry ``run_id`` (default ``cfg.name``; a training
     run passes its own, ``railgate.runid``). The simulator's world is ``parts.engine.world``."""

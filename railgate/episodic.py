@@ -1,6 +1,6 @@
 """What an environment task (``task.name: env``) adds to a run's components: the renderer that
 turns episodes into the model's tokens, the environment service the shell steps episodes
-through, and the rules that end an episode (``pipeline.episodes``).
+through, and the rules that end an episode (``pipeline.core.episodes``).
 
 Rewards come from the environment, turn by turn, so the run's scorer is never called; the
 reference prior (one reference response per prompt) has nothing to score here and is refused.
@@ -36,7 +36,7 @@ class EnvironmentReward:
     def __call__(self, prompt: Prompt, token_ids: Sequence[int]) -> float:
         raise RuntimeError(
             f"prompt {prompt.prompt_id} was scored as a single response, but task.name=env rewards come "
-            "from its environment, turn by turn (pipeline.episodes); this is a bug in the wiring"
+            "from its environment, turn by turn (pipeline.core.episodes); this is a bug in the wiring"
         )
 
 

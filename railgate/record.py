@@ -9,7 +9,7 @@ k)``, request ``g<g>-s<k>``), and scored by the run's reward service. Group g is
 prompt: ``group_id`` = its position, ``step`` = 0 (every group is sampled by the base policy,
 ``policy_version`` 0). Its ``reference_logprob`` is the policy's teacher-forced log-likelihood
 of the prompt's reference response (the task's solution, then end-of-sequence), scored by
-the learner as SARA's reference prior scores it (``pipeline.learning``); null where the task
+the learner as SARA's reference prior scores it (``pipeline.shells.learning``); null where the task
 has no solution its reward accepts.
 
 Prompts are sampled a batch at a time: every sample of ``batch_prompts`` prompts streams

@@ -24,10 +24,10 @@ from typing import Any
 
 import anyio
 
-from pipeline.decisions import NullSink
+from pipeline.core.decisions import NullSink
 from pipeline.metrics import MetricsWriter
-from pipeline.orchestrator import RunSummary
-from pipeline.parts import RunOutputs, RunParts
+from pipeline.shells.orchestrator import RunSummary
+from pipeline.shells.parts import RunOutputs, RunParts
 from pipeline.store.atomic import atomic_write
 from pipeline.store.buffer import ArrowBuffer
 from pipeline.store.tracelog import TraceLog

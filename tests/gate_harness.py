@@ -1,11 +1,11 @@
 """Drive a gate through the real ``GroupTracker`` on synthetic rewards, without an engine.
 
-The gate runs under ``pipeline.tracker.GroupTracker``, the group lifecycle the orchestrator
+The gate runs under ``pipeline.core.tracker.GroupTracker``, the group lifecycle the orchestrator
 runs: its admission limits (step-ahead room included), ``in_flight`` counting queued launches,
 ``update`` only for unsealed groups, ABANDON closing at once, COMMIT shipping once nothing
 runs, committed groups with fewer than two valid rollouts dropped, batches of
 ``batch_groups`` shipped groups, ``on_step`` after each learner step. The harness plays the
-async shell around it (``pipeline.orchestrator``) as a discrete-event simulation, and like the
+async shell around it (``pipeline.shells.orchestrator``) as a discrete-event simulation, and like the
 shell it only sends the tracker messages (``tracker.handle``) and carries out the actions it
 returns:
 
@@ -35,13 +35,13 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.actions import Cancel, Post, Record, Score, Start, Stop, Train
 from pipeline.config.sections import OrchestratorConfig
-from pipeline.group import GroupRun
-from pipeline.handlers import ASKED_BY_SETTINGS, EPISODES, HandlerTable, Refuse, Skip
-from pipeline.messages import Started, StepDone, StreamCut, Tick
+from pipeline.core.actions import Cancel, Post, Record, Score, Start, Stop, Train
+from pipeline.core.group import GroupRun
+from pipeline.core.messages import Started, StepDone, StreamCut, Tick
+from pipeline.core.tracker import GroupTracker
 from pipeline.protocols import Controller, Gate, GateProtocolError, GateStalled
-from pipeline.tracker import GroupTracker
+from pipeline.shells.handlers import ASKED_BY_SETTINGS, EPISODES, HandlerTable, Refuse, Skip
 from pipeline.types import (
     ActionKind,
     FinishReason,

@@ -99,7 +99,7 @@ def run_components(comps, cfg, seed: int, gate=None):
 
     import anyio
 
-    from pipeline.orchestrator import Orchestrator
+    from pipeline.shells.orchestrator import Orchestrator
     from pipeline.tasks.rewards.scoring import ScoringService
 
     parts = dataclasses.replace(

@@ -8,11 +8,11 @@ import pytest
 from controller.gates.uniform import UniformGate
 from controller.noop import NoopController
 from controller.prompts import PromptPool
-from pipeline.actions import INLINE, ShellSettings, Start, Stop, Train
 from pipeline.config.build import ConfigError
 from pipeline.config.sections import OrchestratorConfig
-from pipeline.messages import SampleDone, Started, StepDone, Tick
-from pipeline.tracker import GroupTracker
+from pipeline.core.actions import INLINE, ShellSettings, Start, Stop, Train
+from pipeline.core.messages import SampleDone, Started, StepDone, Tick
+from pipeline.core.tracker import GroupTracker
 from pipeline.types import (
     ActionKind,
     FinishReason,

@@ -9,12 +9,12 @@ from stub_gates import AbandonAtFirstEnd
 from controller.gates.uniform import UniformGate
 from controller.noop import NoopController
 from controller.prompts import PromptPool
-from pipeline.actions import INLINE, CloseEpisode, EnvStep, ForkEpisode, ShellSettings, Start, Train
 from pipeline.config.sections import EpisodeSettings, OrchestratorConfig
-from pipeline.episodes import EpisodeBook
-from pipeline.lifecycles import Episodes
-from pipeline.messages import Started, StreamCut, Tick, TurnDone
-from pipeline.tracker import GroupTracker
+from pipeline.core.actions import INLINE, CloseEpisode, EnvStep, ForkEpisode, ShellSettings, Start, Train
+from pipeline.core.episodes import EpisodeBook
+from pipeline.core.lifecycles import Episodes
+from pipeline.core.messages import Started, StreamCut, Tick, TurnDone
+from pipeline.core.tracker import GroupTracker
 from pipeline.types import (
     ActionKind,
     BranchSpec,
@@ -199,7 +199,7 @@ def test_an_environment_failure_ends_the_episode_as_a_failed_sample_and_is_count
 
 
 def test_episodes_that_all_fail_by_their_environment_stop_the_run_with_the_first_failure():
-    from pipeline.lifecycles import EnvironmentFailing
+    from pipeline.core.lifecycles import EnvironmentFailing
 
     h = Harness(check_first=2)
     a, b = h.start()
@@ -284,7 +284,7 @@ class ChainService:
         self.closed: list[str] = []
 
     async def step(self, request, finished):
-        from pipeline.episodes import episode_key
+        from pipeline.core.episodes import episode_key
 
         await anyio.sleep(0)  # an environment answers later, off the event loop
         key = episode_key(request)
@@ -323,8 +323,8 @@ def test_a_run_of_episodes_through_the_shell_adds_up(gate):
     from controller.gates.registry import build_gate
     from pipeline.clock import VirtualClock
     from pipeline.config.sections import SimConfig
-    from pipeline.orchestrator import Orchestrator
-    from pipeline.parts import RunOutputs, RunParts
+    from pipeline.shells.orchestrator import Orchestrator
+    from pipeline.shells.parts import RunOutputs, RunParts
     from pipeline.sim.engine import SimEngine
     from pipeline.sim.learner import SimLearner
     from pipeline.sim.world import SimAnswerScorer, SimWorld
@@ -405,8 +405,8 @@ def test_episodes_that_outgrow_a_real_models_context_end_truncated_and_the_run_g
     pytest.importorskip("torch")
     from pipeline.clock import WallClock
     from pipeline.engines.torch_engine import TorchEngine
-    from pipeline.orchestrator import Orchestrator
-    from pipeline.parts import RunOutputs, RunParts
+    from pipeline.shells.orchestrator import Orchestrator
+    from pipeline.shells.parts import RunOutputs, RunParts
     from pipeline.sim.world import SimAnswerScorer
     from pipeline.tasks.rewards.scoring import ScoringService
     from tests.engine_models import tiny_gpt2

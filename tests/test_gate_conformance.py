@@ -1,5 +1,5 @@
 """One suite, every gate kind: the group lifecycle of pipeline/protocols.py, run by the real
-GroupTracker (pipeline/tracker.py) on synthetic rewards (tests/gate_harness.py)."""
+GroupTracker (pipeline/core/tracker.py) on synthetic rewards (tests/gate_harness.py)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from controller.config import SaraConfig
 from controller.gates.sara import SaraGate
 from controller.posterior import effective_probability, sara_expected_rollouts, sara_false_abandonment
 from controller.selectors.dps import DpsSelector
-from pipeline.group import closing_from_state
+from pipeline.core.group import closing_from_state
 
 
 def opened(gate: SaraGate, n: int = 1):

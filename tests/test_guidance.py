@@ -15,7 +15,7 @@ from controller.guidance import GUIDE_LEVELS, Guidance, guide_len
 from learner.packing import BatchError, pack
 from pipeline.advantages import grpo_advantages
 from pipeline.config.build import ConfigError
-from pipeline.decisions import gate_decision
+from pipeline.core.decisions import gate_decision
 from pipeline.store.buffer import read_all, to_record_batch, to_train_batch
 from pipeline.store.tracelog import TraceLog, read_trace
 from pipeline.types import (

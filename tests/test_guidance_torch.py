@@ -26,8 +26,8 @@ from pipeline.clock import WallClock
 from pipeline.config.build import ConfigError
 from pipeline.engines.torch_engine import TorchEngine
 from pipeline.evaluation import SamplingEvaluator
-from pipeline.orchestrator import Orchestrator
-from pipeline.parts import RunOutputs, RunParts
+from pipeline.shells.orchestrator import Orchestrator
+from pipeline.shells.parts import RunOutputs, RunParts
 from pipeline.tasks.rewards.scoring import ScoringService
 from pipeline.types import Prompt, SampleRequest
 from railgate.build import build_components

@@ -24,6 +24,16 @@ FORBIDDEN = {
     "learner": ("railgate",),
 }
 
+# docs/design.md, "Packages": inside pipeline/, the sans-IO core imports no shell and none of the
+# packages that do IO; of pipeline's sub-packages it imports its settings (``pipeline.config``) only.
+CORE = "pipeline.core"
+CORE_MAY_NOT_IMPORT = tuple(
+    f"pipeline.{p.name}"
+    for p in sorted((ROOT / "pipeline").iterdir())
+    if (p / "__init__.py").is_file()
+    if p.name not in ("core", "config")
+)
+
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
@@ -143,3 +153,26 @@ def test_packages_import_only_what_the_design_allows():
         if target.split(".")[0] in FORBIDDEN.get(module.split(".")[0], ())
     )
     assert not broken, "against docs/design.md's Packages table:\n" + "\n".join(broken)
+
+
+def test_the_core_imports_no_shell():
+    assert "pipeline.shells" in CORE_MAY_NOT_IMPORT and "pipeline.engines" in CORE_MAY_NOT_IMPORT
+    broken = sorted(
+        f"{module} imports {target}"
+        for module, targets in import_graph().items()
+        if module == CORE or module.startswith(CORE + ".")
+        for target in targets
+        if any(target == name or target.startswith(name + ".") for name in CORE_MAY_NOT_IMPORT)
+    )
+    assert not broken, (
+        "the sans-IO core (pipeline/core/) imports a shell or a package that does IO, against "
+        "docs/design.md's Packages table; hand the shell an action instead:\n" + "\n".join(broken)
+    )
+
+
+def test_the_core_check_finds_a_core_module_importing_a_shell(tmp_path):
+    path = tmp_path / "pipeline" / "core" / "fake.py"
+    path.parent.mkdir(parents=True)
+    path.write_text("def f():\n    from pipeline.shells.orchestrator import Orchestrator\n")
+    targets = imports_of("pipeline.core.fake", path, {"pipeline.core.fake", "pipeline.shells.orchestrator"})
+    assert any(t.startswith(name) for t in targets for name in CORE_MAY_NOT_IMPORT)

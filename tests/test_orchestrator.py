@@ -16,12 +16,12 @@ import pytest
 from controller.gates.uniform import UniformGate
 from controller.noop import NoopController
 from controller.prompts import PromptPool
-from pipeline.actions import Stop
 from pipeline.clock import VirtualClock, WallClock
 from pipeline.config.sections import OrchestratorConfig, SimConfig
-from pipeline.orchestrator import Orchestrator
-from pipeline.parts import RunOutputs, RunParts
+from pipeline.core.actions import Stop
 from pipeline.protocols import GateStalled
+from pipeline.shells.orchestrator import Orchestrator
+from pipeline.shells.parts import RunOutputs, RunParts
 from pipeline.sim.engine import SimEngine
 from pipeline.sim.learner import SimLearner
 from pipeline.sim.world import SimAnswerScorer, SimEvaluator, SimWorld

@@ -121,8 +121,8 @@ def _with_batch(init, batch):
 from controller.gates.uniform import UniformGate  # noqa: E402
 from controller.prompts import PromptPool  # noqa: E402
 from pipeline.config.sections import OrchestratorConfig  # noqa: E402
-from pipeline.messages import SampleDone, Started, Tick  # noqa: E402
-from pipeline.tracker import GroupTracker  # noqa: E402
+from pipeline.core.messages import SampleDone, Started, Tick  # noqa: E402
+from pipeline.core.tracker import GroupTracker  # noqa: E402
 from pipeline.types import ActionKind, FinishReason, GroupAction, Prompt, SampleFinished, ScoredSample  # noqa: E402
 
 ABANDON = GroupAction(ActionKind.ABANDON, 1, reason="sara")
@@ -225,7 +225,7 @@ def test_the_tracker_logs_a_held_gate_proposal_when_it_is_decided(release):
 
 
 def test_queued_points_are_decided_within_a_bounded_number_of_events():
-    from pipeline.deciding import DECIDE_WITHIN_EVENTS
+    from pipeline.core.deciding import DECIDE_WITHIN_EVENTS
 
     controller = _HoldingController(release=True)
     controller.held = [COMMIT]

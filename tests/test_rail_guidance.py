@@ -21,8 +21,8 @@ from learner.packing import pack
 from pipeline.clock import WallClock
 from pipeline.config.build import ConfigError
 from pipeline.evaluation import SamplingEvaluator
-from pipeline.orchestrator import Orchestrator
-from pipeline.parts import RunOutputs, RunParts
+from pipeline.shells.orchestrator import Orchestrator
+from pipeline.shells.parts import RunOutputs, RunParts
 from pipeline.tasks.rewards.scoring import ScoringService
 from pipeline.types import ActionKind, GroupAction, GroupSnapshot, Prompt, SamplingParams
 from railgate.build import build_components

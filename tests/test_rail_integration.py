@@ -12,8 +12,8 @@ from controller.rail.config import RailConfig
 from controller.rail.controller import RailController
 from pipeline.clock import VirtualClock
 from pipeline.config.sections import OrchestratorConfig, SimConfig
-from pipeline.orchestrator import Orchestrator
-from pipeline.parts import RunOutputs, RunParts
+from pipeline.shells.orchestrator import Orchestrator
+from pipeline.shells.parts import RunOutputs, RunParts
 from pipeline.sim.engine import SimEngine
 from pipeline.sim.learner import SimLearner
 from pipeline.sim.world import SimAnswerScorer, SimWorld

@@ -34,8 +34,8 @@ from pipeline.clock import WallClock
 from pipeline.config.sections import OrchestratorConfig
 from pipeline.engines.torch_engine import TorchEngine
 from pipeline.metrics import Budget
-from pipeline.orchestrator import Orchestrator
-from pipeline.parts import RunOutputs, RunParts
+from pipeline.shells.orchestrator import Orchestrator
+from pipeline.shells.parts import RunOutputs, RunParts
 from pipeline.tasks.rewards.scoring import ScoringService
 from pipeline.types import (
     CommittedGroup,

@@ -8,11 +8,11 @@ from controller.rail.config import RailConfig
 from controller.rail.controller import RailController
 from controller.rail.features import group_features
 from controller.rail.turns import turn_due
-from pipeline.actions import INLINE, ForkEpisode, ShellSettings, Start
 from pipeline.config.sections import EpisodeSettings, OrchestratorConfig
-from pipeline.lifecycles import Episodes
-from pipeline.messages import Started, Tick, TurnDone
-from pipeline.tracker import GroupTracker
+from pipeline.core.actions import INLINE, ForkEpisode, ShellSettings, Start
+from pipeline.core.lifecycles import Episodes
+from pipeline.core.messages import Started, Tick, TurnDone
+from pipeline.core.tracker import GroupTracker
 from pipeline.types import ActionKind, BranchSpec, FinishReason, Prompt, SampleFinished, SamplingParams, TurnPoint
 from tests.rail_fakes import ListSink, committed, snapshot
 

@@ -20,9 +20,9 @@ FALLBACKS = re.compile(r"(getattr|hasattr)\((self\.)?(gate|controller), *[\"']")
 
 def test_the_core_has_no_run_mode_flags():
     found = [
-        f"pipeline/{name}:{i}: {line.strip()}"
+        f"pipeline/core/{name}:{i}: {line.strip()}"
         for name in CORE
-        for i, line in enumerate((ROOT / "pipeline" / name).read_text(encoding="utf-8").splitlines(), 1)
+        for i, line in enumerate((ROOT / "pipeline" / "core" / name).read_text(encoding="utf-8").splitlines(), 1)
         if FLAGS.search(line)
     ]
     assert not found, f"a run-mode flag in the tracker's core (use the Lifecycle or LearnerTiming part): {found}"
@@ -50,13 +50,13 @@ TIMING_FLAGS = re.compile(r"trains_inline|in_thread|inline_learner")
 
 def test_no_learner_timing_flag_is_branched_on_in_the_tracker_or_the_shells():
     found = _lines_in_pipeline(TIMING_FLAGS)
-    assert not found, f"a learner-timing flag (use the LearnerTiming part, pipeline/learner_timing.py): {found}"
+    assert not found, f"a learner-timing flag (use the LearnerTiming part, pipeline/shells/learner_timing.py): {found}"
 
 
 def test_each_clock_declares_one_learner_timing_part_for_the_shell_and_the_tracker():
-    from pipeline.actions import CONCURRENT, INLINE
     from pipeline.clock import LockstepClock, VirtualClock, WallClock
-    from pipeline.learner_timing import ConcurrentLearning, InlineLearning
+    from pipeline.core.actions import CONCURRENT, INLINE
+    from pipeline.shells.learner_timing import ConcurrentLearning, InlineLearning
 
     assert VirtualClock.learning is InlineLearning and LockstepClock.learning is InlineLearning
     assert WallClock.learning is ConcurrentLearning
@@ -68,10 +68,10 @@ def _tick_after_a_batch(timing):
     from controller.gates.uniform import UniformGate
     from controller.noop import NoopController
     from controller.prompts import PromptPool
-    from pipeline.actions import ShellSettings, Start
     from pipeline.config.sections import OrchestratorConfig
-    from pipeline.messages import Started, Tick
-    from pipeline.tracker import GroupTracker
+    from pipeline.core.actions import ShellSettings, Start
+    from pipeline.core.messages import Started, Tick
+    from pipeline.core.tracker import GroupTracker
     from pipeline.types import FinishReason, Prompt, SampleFinished
 
     pool = PromptPool([Prompt(i, "", (1,)) for i in range(8)], seed=0)
@@ -86,7 +86,7 @@ def _tick_after_a_batch(timing):
 
 
 def test_inline_a_batch_ends_the_tick_and_concurrent_the_tick_goes_on():
-    from pipeline.actions import CONCURRENT, INLINE
+    from pipeline.core.actions import CONCURRENT, INLINE
 
     assert _tick_after_a_batch(INLINE) == ["Train"]  # its StepDone finishes the tick
     assert _tick_after_a_batch(CONCURRENT) == ["Train", "Start", "Start"]  # the next group is admitted now

@@ -6,10 +6,10 @@ from stub_gates import AbandonAtFirstEnd
 from controller.noop import NoopController
 from controller.prompts import PromptPool
 from pipeline.config.sections import OrchestratorConfig
-from pipeline.group import GroupRun
-from pipeline.messages import SampleDone, Started, StreamCut, Tick
-from pipeline.samples import Samples, SampleState, SampleTransitionError
-from pipeline.tracker import GroupTracker
+from pipeline.core.group import GroupRun
+from pipeline.core.messages import SampleDone, Started, StreamCut, Tick
+from pipeline.core.samples import Samples, SampleState, SampleTransitionError
+from pipeline.core.tracker import GroupTracker
 from pipeline.types import (
     FinishReason,
     Prompt,

@@ -14,7 +14,7 @@ from controller.config import SaraConfig
 from controller.gates.sara import SaraGate
 from controller.posterior import mixed_bound
 from pipeline.config.build import ConfigError
-from pipeline.group import GroupRun
+from pipeline.core.group import GroupRun
 from pipeline.types import FinishReason, Prompt, SampleFinished, SampleRequest, SamplingParams, ScoredSample
 
 

@@ -1,7 +1,7 @@
 """Every shell around the group tracker carries actions out through a handler table declared once
-(``pipeline.handlers``) that names every action type the tracker can emit, with a handler, a
+(``pipeline.shells.handlers``) that names every action type the tracker can emit, with a handler, a
 ``Skip`` or a named refusal; an action it does not carry out is refused with a ``TypeError``
-naming the action's type (``pipeline.actions.cannot_carry_out``), never dropped in silence."""
+naming the action's type (``pipeline.core.actions.cannot_carry_out``), never dropped in silence."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 from controller.gates.uniform import UniformGate
 from controller.noop import NoopController
 from controller.prompts import PromptPool
-from pipeline.actions import ACTION_TYPES, Evaluate, Post, Record
 from pipeline.config.sections import OrchestratorConfig
-from pipeline.handlers import HandlerTable, Refuse, Skip
-from pipeline.rounds import RoundDriver
+from pipeline.core.actions import ACTION_TYPES, Evaluate, Post, Record
+from pipeline.shells.handlers import HandlerTable, Refuse, Skip
+from pipeline.shells.rounds import RoundDriver
 from pipeline.types import Prompt
 
 
@@ -58,7 +58,7 @@ def _shell_tables():
     """Every handler table of every shell around the tracker, by name."""
     from gate_harness import GateHarness
 
-    from pipeline.orchestrator import Orchestrator
+    from pipeline.shells.orchestrator import Orchestrator
     from railgate.replay.driver import _Replay
 
     return {
@@ -72,7 +72,7 @@ def _shell_tables():
 
 
 def test_the_action_types_are_every_action_the_actions_module_declares():
-    import pipeline.actions as actions
+    import pipeline.core.actions as actions
 
     declared = {
         value
@@ -118,7 +118,12 @@ def test_a_table_that_leaves_out_an_action_or_names_a_stranger_is_refused_where_
 def test_a_score_is_answered_one_way_in_every_shell():
     """Every shell answers a ``Score`` through ``Score.answer``: none builds a ``SampleDone`` itself."""
     root = Path(__file__).resolve().parents[1]
-    shells = ["pipeline/orchestrator.py", "pipeline/rounds.py", "railgate/replay/driver.py", "tests/gate_harness.py"]
+    shells = [
+        "pipeline/shells/orchestrator.py",
+        "pipeline/shells/rounds.py",
+        "railgate/replay/driver.py",
+        "tests/gate_harness.py",
+    ]
     for path in shells:
         text = (root / path).read_text(encoding="utf-8")
         assert "SampleDone(" not in text and ".answer(" in text, path

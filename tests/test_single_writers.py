@@ -4,7 +4,7 @@ The check reads every module of every package (pipeline/, controller/, learner/,
 every depth) and the gate harness with ``ast`` and finds each place that changes an
 attribute of another object (``x.field = ...``, ``x.field += ...``, ``x.field.append(...)``;
 ``self.field`` is an object's own): a sample record's fields may change only in
-``pipeline/samples.py``, a ``GroupRun``'s only in ``pipeline/group.py`` (its own methods), and
+``pipeline/core/samples.py``, a ``GroupRun``'s only in ``pipeline/core/group.py`` (its own methods), and
 the run's ``Budget`` only in the modules listed in ``BUDGET_WRITERS``. A second writer fails
 here with the module and line.
 """
@@ -15,13 +15,15 @@ import ast
 import dataclasses
 from pathlib import Path
 
-from pipeline.group import GroupRun
+from pipeline.core.group import GroupRun
+from pipeline.core.samples import Sample
 from pipeline.metrics import Budget
-from pipeline.samples import Sample
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "controller", "learner", "railgate")
-CORE = sorted((ROOT / "pipeline").glob("*.py"))  # the tracker and its parts, where groups and samples live
+CORE = sorted(  # the tracker and its parts, the shells around them and the vocabulary they share
+    p for folder in ("", "core", "shells") for p in (ROOT / "pipeline" / folder).glob("*.py")
+)
 HARNESS = ROOT / "tests" / "gate_harness.py"  # the tests' own shell around the tracker
 MUTATORS = {"append", "extend", "pop", "popitem", "clear", "remove", "insert", "update", "setdefault", "add", "discard"}
 
@@ -42,9 +44,9 @@ change counts when the object is named like a group or a sample."""
 
 BUDGET_WRITERS = {
     "pipeline/metrics.py",  # Budget's own methods
-    "pipeline/tracker.py",  # groups, launches, episodes' ends, dropped interventions
-    "pipeline/ledger.py",  # the stream side: tokens, aborts (a call per delta)
-    "pipeline/steplog.py",  # what a learner step consumed, and the reward counts reward health reports
+    "pipeline/core/tracker.py",  # groups, launches, episodes' ends, dropped interventions
+    "pipeline/core/ledger.py",  # the stream side: tokens, aborts (a call per delta)
+    "pipeline/core/steplog.py",  # what a learner step consumed, and the reward counts reward health reports
 }
 
 
@@ -85,14 +87,14 @@ def _everywhere():
 
 def test_only_the_sample_table_changes_a_sample_record():
     writers = _writers([*_everywhere(), HARNESS], SAMPLE_FIELDS, ("sample", "run"))
-    writers.pop("pipeline/samples.py", None)
-    assert not writers, f"a sample record changed outside pipeline/samples.py (use Samples' methods): {writers}"
+    writers.pop("pipeline/core/samples.py", None)
+    assert not writers, f"a sample record changed outside pipeline/core/samples.py (use Samples' methods): {writers}"
 
 
 def test_only_group_py_changes_a_group_run():
     writers = _writers([*_everywhere(), HARNESS], GROUP_FIELDS, ("group", "run"))
-    writers.pop("pipeline/group.py", None)
-    assert not writers, f"a GroupRun changed outside pipeline/group.py (use its methods): {writers}"
+    writers.pop("pipeline/core/group.py", None)
+    assert not writers, f"a GroupRun changed outside pipeline/core/group.py (use its methods): {writers}"
 
 
 def test_the_budget_has_only_its_named_writers():
@@ -106,7 +108,7 @@ def test_the_budget_has_only_its_named_writers():
 
 
 def test_no_second_count_of_running_samples():
-    """What runs is counted from ``pipeline.samples`` only: no module of the core keeps an
+    """What runs is counted from ``pipeline.core.samples`` only: no module of the core keeps an
     ``in_flight`` counter or a ``running`` table of its own."""
     stores = []
     for path in CORE:
@@ -116,7 +118,7 @@ def test_no_second_count_of_running_samples():
             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
                 if node.attr in {"in_flight", "running", "queued"}:
                     stores.append(f"{path.name}:{node.lineno} .{node.attr}")
-    assert not stores, f"a second count of running samples: {stores}; derive it from pipeline.samples.Samples"
+    assert not stores, f"a second count of running samples: {stores}; derive it from pipeline.core.samples.Samples"
 
 
 def test_the_check_finds_a_second_writer():
@@ -134,9 +136,9 @@ def test_reward_health_reports_and_the_tracker_writes_the_budget():
     from controller.noop import NoopController
     from controller.prompts import PromptPool
     from pipeline.config.sections import OrchestratorConfig
-    from pipeline.messages import RewardCounts, RewardsCounted
+    from pipeline.core.messages import RewardCounts, RewardsCounted
+    from pipeline.core.tracker import GroupTracker
     from pipeline.tasks.rewards.health import RewardHealth
-    from pipeline.tracker import GroupTracker
     from pipeline.types import Prompt
 
     pool = PromptPool([Prompt(i, "", (1,)) for i in range(4)], seed=0)

@@ -190,7 +190,7 @@ def test_success_is_reward_above_the_threshold():
 def test_none_rewards_are_counted_and_left_out_of_the_group():
     import anyio
 
-    from pipeline.group import GroupRun
+    from pipeline.core.group import GroupRun
     from pipeline.tasks.rewards.scoring import ScoringService
     from pipeline.types import FinishReason, SampleFinished, SampleRequest, SamplingParams, ScoredSample
 

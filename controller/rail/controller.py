@@ -13,7 +13,7 @@ back (dropped, to be proposed again at the next update): otherwise they would be
 before they count, and a token-level LAUNCH still on its way to the tracker would name a
 group that no longer exists.
 
->>> from pipeline.decisions import NullSink
+>>> from pipeline.core.decisions import NullSink
 >>> from pipeline.types import ActionKind, GroupAction, GroupSnapshot, Prompt, SamplingParams
 >>> from controller.rail.config import RailConfig
 >>> rail = RailController(RailConfig(mode="live", backend="river", token_decisions=False, branch_sizes=(),

@@ -9,7 +9,7 @@ teaches the learner, compares the learner's gain prediction with the frozen copy
 ``warmup_decisions`` decisions; it never learns after that.
 
 >>> from collections import Counter
->>> from pipeline.decisions import NullSink
+>>> from pipeline.core.decisions import NullSink
 >>> from controller.rail.config import RailConfig
 >>> from controller.rail.learners import build_learner
 >>> cfg = RailConfig(mode="shadow", backend="river")

@@ -11,7 +11,7 @@ acts on them in the same message; they are not batched like token points).
 
 Every arm is on offer: the no-op; a branch, ``b`` new episodes that continue this episode's
 context after turn ``t`` in a copy of its environment (``BranchSpec(key, prefix_len,
-turns=t)``: the tracker forks the environment by replay or snapshot, ``pipeline.episodes``);
+turns=t)``: the tracker forks the environment by replay or snapshot, ``pipeline.core.episodes``);
 a resample, ``n`` fresh episodes of the prompt. Its expected cost follows the other points'
 rule (``features.Context.build``) with ``position_fraction`` the boundary's share of an episode
 (its tokens so far over the running mean episode length): a branch writes the rest of an

@@ -6,7 +6,7 @@ coroutines, each switched into for every token delta, and the young generation o
 collector fills with their frames. An engine that can drive all its requests itself offers
 ``multiplexer()``: a ``StreamMux`` that starts and aborts requests synchronously and hands their
 events out in batches, all the events that are ready at once, to one consumer task
-(``pipeline.orchestrator`` uses it when ``orchestrator.multiplex_streams`` is on and the engine
+(``pipeline.shells.orchestrator`` uses it when ``orchestrator.multiplex_streams`` is on and the engine
 has one; ``sim`` has one, the other engines stream per request).
 
 Contract (``tests/test_engine_mux.py``), the same as ``Engine.stream``'s per request:

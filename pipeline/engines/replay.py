@@ -3,7 +3,7 @@
 Each request of replayed prompt ``p`` (``request.prompt.prompt_id``, a position in the
 ``ReplayOrder``) is served the recorded sample ``order.sample(p, k)``, ``k`` being the
 request's ``sample_index`` (the tracker numbers a group's samples 0, 1, 2, ... in launch order,
-``pipeline.group.GroupRun.launch``), so a group's k-th launch gets the k-th sample of its
+``pipeline.core.group.GroupRun.launch``), so a group's k-th launch gets the k-th sample of its
 replay order whatever else runs. Nothing is generated or invented:
 
 * Tokens: the recorded ``completion_ids``, streamed in ``TokenDelta`` chunks at the recorded

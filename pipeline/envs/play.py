@@ -2,7 +2,7 @@
 benchmarks' way to run an environment task's policy.
 
 ``play_episode`` streams each turn from the engine, hands it to the environment through an
-``EpisodeService`` (``pipeline.envs.service.EnvService``) and follows ``pipeline.episodes``'
+``EpisodeService`` (``pipeline.envs.service.EnvService``) and follows ``pipeline.core.episodes``'
 rules -- the same ``EpisodeBook`` the tracker keeps, so an episode ends here exactly where it
 would end in training -- and returns the episode's ``ScoredSample``. A branch (``source`` and
 ``turns``) continues another episode's environment after its first ``turns`` turns.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.config.sections import EpisodeSettings
-from pipeline.episodes import EpisodeBook, episode_key
+from pipeline.core.episodes import EpisodeBook, episode_key
 from pipeline.types import FinishReason, SampleFinished, SampleRequest, ScoredSample
 
 

@@ -1,6 +1,6 @@
 """The environments of a run's episodes, for the async shell: ``EnvService``.
 
-The group tracker runs episodes turn by turn (``pipeline.episodes``) and asks for three things,
+The group tracker runs episodes turn by turn (``pipeline.core.episodes``) and asks for three things,
 which the shell carries out through this service (``pipeline.protocols.EpisodeService``):
 
 * ``step(request, finished)`` -- a turn finished: step its episode's environment with it, in
@@ -27,9 +27,9 @@ import anyio
 import anyio.to_thread
 
 from pipeline.config.sections import EpisodeSettings
+from pipeline.core.episodes import episode_key
+from pipeline.core.messages import TurnDone
 from pipeline.envs.session import EnvSession
-from pipeline.episodes import episode_key
-from pipeline.messages import TurnDone
 from pipeline.types import SampleFinished, SampleRequest
 
 

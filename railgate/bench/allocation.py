@@ -120,7 +120,7 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
     curve, costs, and what the gate and controller report."""
     import anyio
 
-    from pipeline.parts import RunOutputs
+    from pipeline.shells.parts import RunOutputs
     from railgate.build import build_components, build_orchestrator
     from railgate.regime import NoiseScaleLog
     from railgate.train import tune_gc

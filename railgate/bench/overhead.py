@@ -41,8 +41,8 @@ import psutil
 
 from controller.rail.config import RailConfig
 from controller.rail.controller import RailController
-from pipeline.hooktimer import HookTimer
-from pipeline.parts import RunOutputs
+from pipeline.core.hooktimer import HookTimer
+from pipeline.shells.parts import RunOutputs
 from pipeline.store.tracelog import read_trace
 from railgate.bench.raw import Recorder, raw_pass
 from railgate.build import build_components, build_orchestrator

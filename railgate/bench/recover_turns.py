@@ -6,7 +6,7 @@
 1. **Groups.** The base model plays a group of ``group_size`` episodes of each of ``prompts``
    held-out prompts (the run's temperature and ``top_p``, one turn of at most
    ``orchestrator.max_tokens`` tokens, the environment stepped through the run's
-   ``EnvService``, the episode rules of ``pipeline.episodes``): episode success, turns and
+   ``EnvService``, the episode rules of ``pipeline.core.episodes``): episode success, turns and
    generated tokens per episode, the share of all-fail, mixed and all-pass groups.
 2. **Failed turns.** A *failed turn boundary* is a turn ``t`` of an episode whose reward is at
    most ``task.success_threshold`` (the environment said wrong) and after which the episode
@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.episodes import EpisodeBook, episode_key
 from pipeline.envs.play import play_episode
-from pipeline.episodes import EpisodeBook, episode_key
 from pipeline.seeding import derive_seed
 from pipeline.types import FinishReason, Prompt, SampleFinished, SampleRequest, SamplingParams, ScoredSample
 from railgate.bench.rates import Rate, rate_cell

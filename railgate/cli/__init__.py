@@ -68,7 +68,7 @@ USER_ERRORS: frozenset[tuple[str, str]] = frozenset(
         ("pipeline.store.grouplog", "GroupLogError"),
         ("pipeline.datafiles", "DatasetError"),
         ("pipeline.envs.loading", "EnvLoadError"),
-        ("pipeline.lifecycles", "EnvironmentFailing"),
+        ("pipeline.core.lifecycles", "EnvironmentFailing"),
         ("pipeline.envs.render", "RenderError"),
         ("pipeline.tasks.rewards.health", "RewardsFailing"),
         ("pipeline.protocols", "GateStalled"),

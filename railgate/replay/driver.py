@@ -46,15 +46,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.noop import NoopController
-from pipeline.actions import INLINE, Cancel, Post, Record, Score, ShellSettings, Start, Stop, Train
 from pipeline.config.build import ConfigError
-from pipeline.handlers import ASKED_BY_SETTINGS, EPISODES, HandlerTable, Refuse, Skip
-from pipeline.messages import Started, StepDone, StreamCut, Tick
+from pipeline.core.actions import INLINE, Cancel, Post, Record, Score, ShellSettings, Start, Stop, Train
+from pipeline.core.messages import Started, StepDone, StreamCut, Tick
+from pipeline.core.tracker import GroupTracker
 from pipeline.replay.order import NotReplayable, ReplayOrder
 from pipeline.replay.outcome import PromptOutcome
 from pipeline.replay.timing import DEFAULT_RATE, finish_time, tokens_out
 from pipeline.replay.watch import WatchedGate
-from pipeline.tracker import GroupTracker
+from pipeline.shells.handlers import ASKED_BY_SETTINGS, EPISODES, HandlerTable, Refuse, Skip
 from pipeline.types import SampleFinished, StepResult
 from railgate.config import RunConfig
 from railgate.replay.gate_parts import build_replay_gate, not_replayable, replay_orchestrator, with_sizes

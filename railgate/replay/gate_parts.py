@@ -20,7 +20,7 @@ same config and replay order give the same gate in both.
   ``ReferenceScreen`` holding every recorded ``reference_logprob`` from the start.
 * ``replay_orchestrator(o, prompts)``: the run covers the whole log, so ``steps`` is raised
   past the number of replayed prompts (a learner step trains at least one group): the run ends
-  at "prompts exhausted" (``pipeline.tracker``) or at ``max_rollouts``.
+  at "prompts exhausted" (``pipeline.core.tracker``) or at ``max_rollouts``.
 
 >>> from pipeline.store.grouplog import GroupLog, RecordedGroup
 >>> from pipeline.replay.order import ReplayOrder

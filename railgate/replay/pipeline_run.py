@@ -37,9 +37,9 @@ from dataclasses import dataclass
 import anyio
 
 from pipeline.config.build import ConfigError
-from pipeline.orchestrator import RunSummary
 from pipeline.replay.outcome import PromptOutcome
 from pipeline.replay.watch import WatchedGate
+from pipeline.shells.orchestrator import RunSummary
 from railgate.build import build_components, build_orchestrator
 from railgate.config import RunConfig
 from railgate.replay.gate_parts import replay_orchestrator

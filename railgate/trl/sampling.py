@@ -1,6 +1,6 @@
 """A round's samples generated and scored by TRL itself, split over its processes.
 
-``TrlSampler`` is the ``pipeline.rounds.Sampler`` of a ``GatedGRPOTrainer``: given the samples
+``TrlSampler`` is the ``pipeline.shells.rounds.Sampler`` of a ``GatedGRPOTrainer``: given the samples
 the gate launched this round (``SampleRequest``\\ s, identical on every rank), it cuts them into
 runs of one group's consecutive samples, makes one generation call per run length (a probe of
 k, the rest of G - k, one more), and in each call every process generates an equal contiguous
@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from pipeline.rounds import Generated
+from pipeline.shells.rounds import Generated
 from pipeline.types import FinishReason, SampleRequest
 from railgate.trl.ranks import Split, gather_all
 from railgate.trl.rows import Row, scalar_reward

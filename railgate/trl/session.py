@@ -6,7 +6,7 @@
 ``gate_kind`` (``controller.gates.registry.build_gate``: SARA, HORA, DS or uniform, the same
 classes and rules), SARA's ``ReferenceScreen`` fed by ``railgate.trl.reference``, RAIL in
 observe-only shadow mode when asked, the decision trace (``output_dir/trace``, written by the
-main process) -- and runs them in a ``GroupTracker`` driven by ``pipeline.rounds.RoundDriver``,
+main process) -- and runs them in a ``GroupTracker`` driven by ``pipeline.shells.rounds.RoundDriver``,
 with ``railgate.trl.sampling.TrlSampler`` generating each round through TRL.
 
 One call of ``next_rows`` is one TRL generation batch: the previous batch is reported trained to
@@ -36,9 +36,9 @@ from controller.prompts import PromptPool
 from controller.reference import ReferenceScreen
 from controller.reference_fit import ReferenceCalibration
 from pipeline.config.sections import OrchestratorConfig
-from pipeline.decisions import NullSink
-from pipeline.rounds import RoundDriver
+from pipeline.core.decisions import NullSink
 from pipeline.seeding import derive_seed
+from pipeline.shells.rounds import RoundDriver
 from pipeline.store.tracelog import TraceLog
 from pipeline.types import Prompt, SamplingParams, TrainBatch
 from railgate.trl.ranks import digest, gather_all

@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pipeline.messages import RewardCounts
+from pipeline.core.messages import RewardCounts
 
 Failure = Literal["error", "timeout", "none"]
 

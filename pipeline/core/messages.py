@@ -12,7 +12,7 @@ the stream side), ``Started``, ``StopRequested`` and a round driver's ``CutStep`
 
 A rollout is one sample, or, with an environment, one episode of turns: each turn's
 ``SampleFinished`` is answered by the environment in a ``TurnDone``, and the tracker makes the
-episode's sample itself when it ends (``pipeline.episodes``).
+episode's sample itself when it ends (``pipeline.core.episodes``).
 
 >>> StepDone(batch=None, result=None, policy_version=1).learner_state is None
 True
@@ -81,7 +81,7 @@ class StreamsClosed:
 
 @dataclass(frozen=True)
 class TurnDone:
-    """The environment answered an episode's turn (``pipeline.episodes``): its observation
+    """The environment answered an episode's turn (``pipeline.core.episodes``): its observation
     rendered as the tokens that join the context, the turn's reward, whether the episode is
     done, and ``error`` when the environment failed (the episode then ends as a failed sample)."""
 

@@ -2,7 +2,7 @@
 
 The clock a run is built with declares one (``pipeline.clock``): ``InlineLearning`` on a virtual
 or lockstep clock, ``ConcurrentLearning`` on the wall. Each carries the tracker's side of the
-same choice (``timing``: ``pipeline.actions.INLINE`` or ``CONCURRENT``), so the shell and the
+same choice (``timing``: ``pipeline.core.actions.INLINE`` or ``CONCURRENT``), so the shell and the
 tracker cannot disagree, and neither branches on a flag. A part says where the learner's
 computations run (``run``: on the event loop, or in a worker thread), whether a learner task
 runs beside generation (``start``), and what handing it a ``Train`` means (``hand_over``).
@@ -24,10 +24,10 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from pipeline.actions import CONCURRENT, INLINE, LEARNER_SLOTS, LearnerTiming, Train
+from pipeline.core.actions import CONCURRENT, INLINE, LEARNER_SLOTS, LearnerTiming, Train
 
 Learn = Callable[[Train], Awaitable[Any]]
-"""One learner step on a ``Train``, answered with its ``StepDone`` (``pipeline.learning.LearnerStep``)."""
+"""One learner step on a ``Train``, answered with its ``StepDone`` (``pipeline.shells.learning.LearnerStep``)."""
 Answer = Callable[[Any], Awaitable[None]]
 """Hand the tracker a message and carry out what it returns (the tracking loop's)."""
 

@@ -1,7 +1,7 @@
-"""The streaming loop: the async shell around ``pipeline.tracker.GroupTracker``.
+"""The streaming loop: the async shell around ``pipeline.core.tracker.GroupTracker``.
 
 The tracker decides everything; this shell moves messages into ``tracker.handle`` and carries
-out the actions it returns (``pipeline.actions``), in order. One anyio task group owns every task:
+out the actions it returns (``pipeline.core.actions``), in order. One anyio task group owns every task:
 
 * one **sample task** per rollout reads its engine stream and hands each event to the tracker
   as it comes; with an engine that multiplexes its streams (``pipeline.engines.mux``; the sim
@@ -12,14 +12,14 @@ out the actions it returns (``pipeline.actions``), in order. One anyio task grou
 * the **tracking loop** (``_track``) takes each message of its inbox to the tracker and does
   what comes back: starts a sample (an engine stream and a sample task, or a multiplexer
   start), cancels one, trains on a batch, records a step, writes a checkpoint, stops;
-* the **learner task** runs each ``Train`` through ``pipeline.learning.LearnerStep`` and posts
+* the **learner task** runs each ``Train`` through ``pipeline.shells.learning.LearnerStep`` and posts
   its ``StepDone``. Generation and learning overlap; ``max_async_steps`` bounds how far ahead.
   On a ``VirtualClock`` (the simulator) learning takes no engine time, so each batch is trained
   inline the moment it fills: same results, and reproducible runs. Which of the two the run
-  does is a part its clock declares (``pipeline.learner_timing``), not a flag.
+  does is a part its clock declares (``pipeline.shells.learner_timing``), not a flag.
 
 Each of these rooms carries actions out through a handler table declared once in this class
-(``pipeline.handlers``): the tracking loop's, a sample task's and the stream task's; each names
+(``pipeline.shells.handlers``): the tracking loop's, a sample task's and the stream task's; each names
 every action type, with a handler or a named refusal. A finished sample holds a virtual clock
 from its final event until the tracking loop has ticked after its answer: the hold is a token
 (``pipeline.clock.Hold``) that travels with the answer (``Held``) and ends in ``with`` blocks.
@@ -41,7 +41,9 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from pipeline.actions import (
+from pipeline.clock import Held, Hold, end_holds
+from pipeline.config.sections import OrchestratorConfig
+from pipeline.core.actions import (
     Cancel,
     Checkpoint,
     CloseEpisode,
@@ -56,13 +58,7 @@ from pipeline.actions import (
     Stop,
     Train,
 )
-from pipeline.clock import Held, Hold, end_holds
-from pipeline.collector import fewer_collections
-from pipeline.config.sections import OrchestratorConfig
-from pipeline.engines.mux import StreamMux, multiplexer_of
-from pipeline.handlers import HandlerTable, Refuse
-from pipeline.learning import LearnerStep
-from pipeline.messages import (
+from pipeline.core.messages import (
     EngineEvents,
     RewardsCounted,
     SampleDone,
@@ -73,9 +69,13 @@ from pipeline.messages import (
     StreamsClosed,
     Tick,
 )
+from pipeline.core.tracker import GroupTracker
+from pipeline.engines.mux import StreamMux, multiplexer_of
 from pipeline.metrics import Budget, NullMetricsWriter
-from pipeline.parts import RunOutputs, RunParts
-from pipeline.tracker import GroupTracker
+from pipeline.shells.collector import fewer_collections
+from pipeline.shells.handlers import HandlerTable, Refuse
+from pipeline.shells.learning import LearnerStep
+from pipeline.shells.parts import RunOutputs, RunParts
 from pipeline.types import SampleFinished, SampleRequest, TokenDelta
 
 # How long a cancelled sample's cleanup may wait for the engine to confirm its abort.

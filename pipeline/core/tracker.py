@@ -1,26 +1,26 @@
 """The group tracker: a state machine that takes one message and returns what to do.
 
-``GroupTracker.handle(message)`` is the whole interface. The messages (``pipeline.messages``)
+``GroupTracker.handle(message)`` is the whole interface. The messages (``pipeline.core.messages``)
 are the run's events: tokens arrived, a rollout finished, its reward was scored, the learner
-finished a step, an evaluation came back. The actions it returns (``pipeline.actions``) are all
+finished a step, an evaluation came back. The actions it returns (``pipeline.core.actions``) are all
 that happens in the world: start or cancel a sample, score one, post a message to the tracking
 loop, evaluate, train on a batch, record a step's metrics, write a checkpoint, stop. The tracker
 never awaits and knows no event loop, engine or learner; the async shell
-(``pipeline.orchestrator``) and the gate harness (``tests/gate_harness.py``) only move messages
+(``pipeline.shells.orchestrator``) and the gate harness (``tests/gate_harness.py``) only move messages
 in and carry actions out, in order, so the same lifecycle runs under both.
 
 Inside, it is the single writer of every group's state and of the run's ``Budget``: it opens
 groups through ``gate.admit``, queues their launches under the concurrency limit, asks
 ``gate.update`` and ``controller.on_group`` about every scored sample, executes the actions
 they return (launch, commit, abandon), ships committed groups into batches, books each learner
-step (``pipeline.steplog``), decides when to evaluate, checkpoint and stop, and checkpoints all
-of it. Every sample has one record in its sample table (``pipeline.samples.Samples``), from
+step (``pipeline.core.steplog``), decides when to evaluate, checkpoint and stop, and checkpoints all
+of it. Every sample has one record in its sample table (``pipeline.core.samples.Samples``), from
 queued to done; the stream side (token deltas, final events, aborts) is counted by its
-``pipeline.ledger.SampleLedger``.
+``pipeline.core.ledger.SampleLedger``.
 
 >>> from controller.gates.uniform import UniformGate; from controller.noop import NoopController
 >>> from controller.prompts import PromptPool; from pipeline.config.sections import OrchestratorConfig
->>> from pipeline.messages import SampleDone, Started, Tick
+>>> from pipeline.core.messages import SampleDone, Started, Tick
 >>> from pipeline.types import FinishReason, Prompt, SampleFinished, ScoredSample
 >>> pool = PromptPool([Prompt(i, "", (1,)) for i in range(8)], seed=0)
 >>> cfg = OrchestratorConfig(batch_groups=1, group_size=2, steps=2, max_concurrent_samples=4, max_open_groups=2)
@@ -42,7 +42,8 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from pipeline.actions import (
+from pipeline.config.sections import OrchestratorConfig
+from pipeline.core.actions import (
     Action,
     Cancel,
     Checkpoint,
@@ -54,15 +55,14 @@ from pipeline.actions import (
     Stop,
     Train,
 )
-from pipeline.admission import Occupancy, admit, open_slots, stall_error
-from pipeline.batches import StepCutter
-from pipeline.config.sections import OrchestratorConfig
-from pipeline.deciding import Deciders
-from pipeline.group import GroupRun, checked, closing_from_state, closing_state
-from pipeline.hooktimer import HookTimer
-from pipeline.ledger import STREAM_MESSAGES, SampleLedger
-from pipeline.lifecycles import Lifecycle, SingleTurn
-from pipeline.messages import (
+from pipeline.core.admission import Occupancy, admit, open_slots, stall_error
+from pipeline.core.batches import StepCutter
+from pipeline.core.deciding import Deciders
+from pipeline.core.group import GroupRun, checked, closing_from_state, closing_state
+from pipeline.core.hooktimer import HookTimer
+from pipeline.core.ledger import STREAM_MESSAGES, SampleLedger
+from pipeline.core.lifecycles import Lifecycle, SingleTurn
+from pipeline.core.messages import (
     ControllerActions,
     CutStep,
     DecideQueued,
@@ -77,10 +77,10 @@ from pipeline.messages import (
     Tick,
     TurnDone,
 )
+from pipeline.core.samples import Requests, Samples
+from pipeline.core.steplog import StepLog
 from pipeline.metrics import Budget
 from pipeline.protocols import Controller, DecisionSink, Gate
-from pipeline.samples import Requests, Samples
-from pipeline.steplog import StepLog
 from pipeline.types import (
     ActionKind,
     CommittedGroup,
@@ -162,7 +162,7 @@ class GroupTracker:
 
     @property
     def evals(self) -> list[dict[str, float]]:
-        """Every evaluation record so far (``pipeline.steplog``)."""
+        """Every evaluation record so far (``pipeline.core.steplog``)."""
         return self.steplog.evals
 
     @property
@@ -221,7 +221,9 @@ class GroupTracker:
         elif kind is RewardsCounted:
             self.steplog.count_rewards(msg.rewards)
         elif kind is not DecideQueued:  # a DecideQueued only wakes the loop
-            raise TypeError(f"GroupTracker.handle got a {kind.__name__}; it takes the messages of pipeline.messages")
+            raise TypeError(
+                f"GroupTracker.handle got a {kind.__name__}; it takes the messages of pipeline.core.messages"
+            )
         return self._take()
 
     def _take(self) -> Sequence[Action]:
@@ -290,7 +292,7 @@ class GroupTracker:
     # --- admission and launches ----------------------------------------------------------
 
     def _admit(self) -> None:
-        """Open the groups the gate wants while the limits of ``pipeline.admission`` leave room."""
+        """Open the groups the gate wants while the limits of ``pipeline.core.admission`` leave room."""
         if self.stop_reason or self.budget_spent():
             return
         free = self.config.max_concurrent_samples - self.samples.started - len(self.samples)
@@ -342,7 +344,7 @@ class GroupTracker:
 
     def _on_turn(self, msg: TurnDone) -> None:
         """The environment answered a turn: the episode's next turn starts, or the episode ends
-        and is decided on as a scored sample (``pipeline.episodes``)."""
+        and is decided on as a scored sample (``pipeline.core.episodes``)."""
         request = msg.request
         group = self._groups.get(request.group_id)
         if group is None or group.closed:  # abandoned while the environment answered: counted then

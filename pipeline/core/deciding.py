@@ -4,7 +4,7 @@
 samples (``gate.update`` -> ``controller.on_group``), holds a gate proposal back while the
 controller has queued its own decision on that group, decides the controller's queued
 decision points as one batch when they are due, and logs every gate decision to the trace
-with whether it ran. It decides; the tracker (``pipeline.tracker``) carries the actions out.
+with whether it ran. It decides; the tracker (``pipeline.core.tracker``) carries the actions out.
 
 Queued decision points (RAIL batches its decisions) wait until the tracking loop has taken the
 messages already waiting -- the points of one tick then share one batch -- but at most
@@ -16,11 +16,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from pipeline.decisions import NullSink, gate_decision
-from pipeline.group import GroupRun
-from pipeline.hooktimer import HookTimer
+from pipeline.core.decisions import NullSink, gate_decision
+from pipeline.core.group import GroupRun
+from pipeline.core.hooktimer import HookTimer
+from pipeline.core.samples import Samples
 from pipeline.protocols import Controller, DecisionSink, Gate
-from pipeline.samples import Samples
 from pipeline.types import ActionKind, GroupAction, GroupSnapshot, TrainBatch, TurnPoint
 
 DECIDE_WITHIN_EVENTS = 64

@@ -13,7 +13,7 @@ that would refuse it: its sample finishes ``LENGTH`` with ``turns.truncated`` se
 counts it (``pipeline/episodes_truncated_context``) and goes on.
 
 ``EpisodeBook`` keeps the episodes in progress and these rules; the group tracker drives it
-through ``pipeline.lifecycles.Episodes``, the run's lifecycle when the task is an environment.
+through ``pipeline.core.lifecycles.Episodes``, the run's lifecycle when the task is an environment.
 An ended episode becomes one ``ScoredSample`` whose response is every turn and observation,
 with its ``Turns`` (where turns end, their rewards, which tokens the policy wrote) and the
 reward that trains (``reward``: the final turn's, or the sum over turns). A branch starts a

@@ -1,11 +1,11 @@
 """A shell's handler table: what it does for each action the tracker can emit, declared once.
 
-Every shell around ``pipeline.tracker.GroupTracker`` carries the actions it is handed out by
+Every shell around ``pipeline.core.tracker.GroupTracker`` carries the actions it is handed out by
 looking their type up in a ``HandlerTable``, declared once in the shell's class: the async shell
-(``pipeline.orchestrator``: one table for each of its rooms, the tracking loop and the two
-stream sides), the round driver (``pipeline.rounds``), bench replay's driver
+(``pipeline.shells.orchestrator``: one table for each of its rooms, the tracking loop and the two
+stream sides), the round driver (``pipeline.shells.rounds``), bench replay's driver
 (``railgate.replay.driver``) and the gate harness (``tests/gate_harness.py``). A table names
-every action type of ``pipeline.actions.ACTION_TYPES``, each with a handler, a ``Skip`` (done by
+every action type of ``pipeline.core.actions.ACTION_TYPES``, each with a handler, a ``Skip`` (done by
 doing nothing, and why) or a ``Refuse`` (not carried out here, and why); a key may be a tuple of
 types that share an entry (``EPISODES``, ``ASKED_BY_SETTINGS``). A table that leaves one out is
 an error where it is declared, so a new action is placed in every shell at once
@@ -14,7 +14,7 @@ an error where it is declared, so a new action is placed in every shell at once
 A handler is called as ``handler(shell, action, *context)``; in the async shell it may return an
 awaitable, which the shell awaits before the next action.
 
->>> from pipeline.actions import ACTION_TYPES, Evaluate, Stop
+>>> from pipeline.core.actions import ACTION_TYPES, Evaluate, Stop
 >>> class Shell:
 ...     def _stop(self, action):
 ...         return f"stopped: {action.reason}"
@@ -35,10 +35,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.actions import ACTION_TYPES, Checkpoint, CloseEpisode, EnvStep, Evaluate, ForkEpisode, cannot_carry_out
+from pipeline.core.actions import (
+    ACTION_TYPES,
+    Checkpoint,
+    CloseEpisode,
+    EnvStep,
+    Evaluate,
+    ForkEpisode,
+    cannot_carry_out,
+)
 
 EPISODES = (EnvStep, ForkEpisode, CloseEpisode)
-"""The actions of the episode lifecycle (``pipeline.episodes``): a shell that runs single-turn
+"""The actions of the episode lifecycle (``pipeline.core.episodes``): a shell that runs single-turn
 samples refuses them."""
 ASKED_BY_SETTINGS = (Evaluate, Checkpoint)
 """The actions the tracker asks for only under ``ShellSettings`` that say so (``evaluates``,
@@ -85,7 +93,7 @@ class HandlerTable(dict):
                 + ("; " if missing and unknown else "")
                 + (f"names {', '.join(unknown)}, which the tracker never emits" if unknown else "")
                 + "; declare one for each"
-                + (" (pipeline.actions.ACTION_TYPES)" if unknown else "")
+                + (" (pipeline.core.actions.ACTION_TYPES)" if unknown else "")
             )
         super().__init__({kind: self._handler(entry) for kind, entry in entries.items()})
         self.shell = shell

@@ -6,7 +6,7 @@ tracker's, its one writer), the step's metrics line is made, a held-out evaluati
 the costs so far, and one at ``orchestrator.target_accuracy`` ends the run.
 
 >>> from pipeline.config.sections import OrchestratorConfig
->>> from pipeline.messages import StepDone
+>>> from pipeline.core.messages import StepDone
 >>> from pipeline.metrics import Budget
 >>> from pipeline.types import StepResult, TrainBatch
 >>> log = StepLog(Budget(), OrchestratorConfig(target_accuracy=0.5))
@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipeline.config.sections import OrchestratorConfig
-from pipeline.messages import RewardCounts, StepDone
+from pipeline.core.messages import RewardCounts, StepDone
 from pipeline.metrics import Budget
 
 

@@ -10,11 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.actions import EnvStep
 from pipeline.clock import VirtualClock, WallClock
+from pipeline.core.actions import EnvStep
+from pipeline.core.hooktimer import HookTimer
+from pipeline.core.lifecycles import Lifecycle, SingleTurn
 from pipeline.engines.base import Engine
-from pipeline.hooktimer import HookTimer
-from pipeline.lifecycles import Lifecycle, SingleTurn
 from pipeline.metrics import MetricsWriter, NullMetricsWriter
 from pipeline.protocols import (
     Buffer,
@@ -46,7 +46,7 @@ class RunParts:
     reference: ReferenceScores | None = None
     """``gate.sara.reference_prior``: where the learner's reference likelihoods go after each step."""
     lifecycle: Lifecycle = field(default_factory=SingleTurn)
-    """How a sample runs from its start to its end (``pipeline.lifecycles``): one engine request
+    """How a sample runs from its start to its end (``pipeline.core.lifecycles``): one engine request
     (``SingleTurn``), or an episode of turns (``Episodes``, with ``episodes``)."""
     episodes: EpisodeService | None = None
     """The task is an environment: every sample is an episode of turns (``lifecycle`` is

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.config.sections import OrchestratorConfig
-from pipeline.group import GroupRun
+from pipeline.core.group import GroupRun
 from pipeline.protocols import Gate, GateProtocolError, GateStalled
 from pipeline.types import GroupPlan
 

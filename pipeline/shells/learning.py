@@ -4,7 +4,7 @@
 the messages that report them (``StepDone``, ``Evaluated``); it keeps no run state and writes
 no budget -- what a step consumed travels in its ``StepDone`` and the tracker books it. A step
 trains on the batch as it is in memory (where the run's learner timing runs its computations:
-in a worker thread, or inline on the simulator's virtual clock; ``pipeline.learner_timing``), then
+in a worker thread, or inline on the simulator's virtual clock; ``pipeline.shells.learner_timing``), then
 records it in the buffer (``pipeline.store.buffer.ArrowBuffer``: Arrow segments on disk) with the
 advantages the learner's step reported, installs the new weights in the engine, scores the
 reference responses of the prompts next in line (``gate.sara.reference_prior``), evaluates the
@@ -21,9 +21,9 @@ from typing import Any
 
 import anyio
 
-from pipeline.actions import Train
-from pipeline.messages import Evaluated, StepDone
-from pipeline.parts import RunOutputs, RunParts
+from pipeline.core.actions import Train
+from pipeline.core.messages import Evaluated, StepDone
+from pipeline.shells.parts import RunOutputs, RunParts
 from pipeline.types import FinishReason, Prompt, Rollout, StepResult, TrainBatch
 
 

@@ -1,7 +1,7 @@
 """What the group tracker asks for: the actions ``GroupTracker.handle`` returns, in the order
 they must be carried out.
 
-The async shell (``pipeline.orchestrator``) and the gate harness (``tests/gate_harness.py``) do
+The async shell (``pipeline.shells.orchestrator``) and the gate harness (``tests/gate_harness.py``) do
 exactly these and nothing of their own: start a sample on the engine (a branch is a start whose
 request carries a ``BranchSpec``), cancel one, score a finished one, post a message to the
 tracking loop, evaluate the policy, train on a batch, record a step's metrics, write a
@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, get_args
 
-from pipeline.messages import SampleDone
+from pipeline.core.messages import SampleDone
 from pipeline.types import SampleFinished, SampleRequest, ScoredSample, TrainBatch
 
 
@@ -128,7 +128,7 @@ Action = (
 
 ACTION_TYPES: tuple[type, ...] = get_args(Action)
 """Every action type the tracker can emit: each shell's handler table names them all
-(``pipeline.handlers``)."""
+(``pipeline.shells.handlers``)."""
 
 
 def cannot_carry_out(shell: str, action: object, why: str = "") -> TypeError:
@@ -154,7 +154,7 @@ beside generation: the one training and one waiting for it."""
 class LearnerTiming(Protocol):
     """When the learner trains the batches the tracker hands out: one of two parts, ``INLINE``
     or ``CONCURRENT``, chosen when the run is built (its clock declares it, ``pipeline.clock``;
-    the shell's side of each is in ``pipeline.learner_timing``). The tracker asks the part what
+    the shell's side of each is in ``pipeline.shells.learner_timing``). The tracker asks the part what
     to do; it branches on no flag.
 
     >>> INLINE.slots, CONCURRENT.slots

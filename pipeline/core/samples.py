@@ -18,13 +18,13 @@ A start makes the sample's ``SampleRequest`` (``Requests.make``): request id
 defaults or the action's) with a seed derived from the run seed, the group and the index
 (``pipeline.seeding.sample_seed``), the engine time of the launch and the decision that caused it.
 
-An episode (``pipeline.episodes``) is one sample whose record moves from turn to turn: each
+An episode (``pipeline.core.episodes``) is one sample whose record moves from turn to turn: each
 turn is its own request, and ``next_turn`` files the record under the new turn's request id.
 How a sample runs from its start to its end is the run mode's ``Lifecycle``
-(``pipeline.lifecycles``), the part the tracker is built with.
+(``pipeline.core.lifecycles``), the part the tracker is built with.
 
 >>> from pipeline.config.sections import OrchestratorConfig
->>> from pipeline.group import GroupRun
+>>> from pipeline.core.group import GroupRun
 >>> from pipeline.types import Prompt, SampleRequest, SamplingParams
 >>> group = GroupRun(0, Prompt(0, "", (1,)), target_size=2, opened_step=0)
 >>> table = Samples(capacity=1)
@@ -40,7 +40,7 @@ How a sample runs from its start to its end is the run mode's ``Lifecycle``
 >>> table.end(sample)  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-pipeline.samples.SampleTransitionError: sample g0-s0 of group 0 is ended: it cannot end (only a running or cancelled sample can); ...
+pipeline.core.samples.SampleTransitionError: sample g0-s0 of group 0 is ended: it cannot end (only a running or cancelled sample can); ...
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 A run's samples are single engine requests (``SingleTurn``) or episodes of turns
 (``Episodes``: each turn a request, each turn's end a step of the episode's environment,
-``pipeline.episodes`` keeps the rules). The lifecycle is one of the run's parts
-(``pipeline.parts.RunParts.lifecycle``, chosen by ``railgate.build`` from the task); the
+``pipeline.core.episodes`` keeps the rules). The lifecycle is one of the run's parts
+(``pipeline.shells.parts.RunParts.lifecycle``, chosen by ``railgate.build`` from the task); the
 group tracker and its ledger call it and hold no branch of their own for either mode.
-``pipeline.samples`` keeps the record of each sample, whichever lifecycle moves it.
+``pipeline.core.samples`` keeps the record of each sample, whichever lifecycle moves it.
 
 >>> from pipeline.config.sections import EpisodeSettings
 >>> SingleTurn().answer.__name__, Episodes(EpisodeSettings(2, 64, 4)).answer.__name__
@@ -18,12 +18,12 @@ import dataclasses
 from collections.abc import Callable
 from typing import Protocol
 
-from pipeline.actions import CloseEpisode, EnvStep, ForkEpisode, Score
 from pipeline.config.sections import EpisodeSettings
-from pipeline.episodes import EpisodeBook, episode_key
-from pipeline.messages import TurnDone
+from pipeline.core.actions import CloseEpisode, EnvStep, ForkEpisode, Score
+from pipeline.core.episodes import EpisodeBook, episode_key
+from pipeline.core.messages import TurnDone
+from pipeline.core.samples import Samples
 from pipeline.metrics import Budget
-from pipeline.samples import Samples
 from pipeline.types import FinishReason, SampleRequest, ScoredSample, TurnPoint
 
 
@@ -95,7 +95,7 @@ class EnvironmentFailing(RuntimeError):
 
 
 class Episodes:
-    """Each sample is an episode of turns (the rules of ``pipeline.episodes``): a finished turn goes to its
+    """Each sample is an episode of turns (the rules of ``pipeline.core.episodes``): a finished turn goes to its
     environment (``EnvStep``), whose answer (``TurnDone``) starts the next turn or ends the
     episode; the environment actions (``ForkEpisode``, ``CloseEpisode``) go with starts and ends.
     A cancelled turn always counts as aborted (the episode was abandoned, whatever its turn

@@ -3,7 +3,7 @@
 A ``GroupRun`` changes only through its own methods (``tests/test_single_writers.py`` checks
 that no other module assigns its fields), called by the tracker and its stream-side ledger;
 everything else sees immutable ``GroupSnapshot``\\ s and ``CommittedGroup``\\ s derived from
-it. Which of its samples are queued or running is not kept here: ``pipeline.samples`` holds one
+it. Which of its samples are queued or running is not kept here: ``pipeline.core.samples`` holds one
 record per sample, and a snapshot is handed the group's count from there.
 
 >>> from pipeline.types import Prompt
@@ -111,7 +111,7 @@ class GroupRun:
 
     def snapshot(self, policy_version: int, in_flight: int) -> GroupSnapshot:
         """The group as gates see it; ``in_flight``: its samples started or queued and not done
-        (``pipeline.samples.Samples.in_flight``)."""
+        (``pipeline.core.samples.Samples.in_flight``)."""
         return GroupSnapshot(
             group_id=self.group_id,
             prompt=self.prompt,

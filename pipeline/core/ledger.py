@@ -1,6 +1,6 @@
 """The stream side of the group tracker: what each running sample's stream costs.
 
-``SampleLedger`` finds each stream's sample in the tracker's sample table (``pipeline.samples``,
+``SampleLedger`` finds each stream's sample in the tracker's sample table (``pipeline.core.samples``,
 which it moves along: ended, or dropped as an abort) and counts what its stream brings --
 token deltas, the final event, the tokens an aborted sample produced while it was being
 aborted -- into the run's ``Budget`` and the sample's group. It is the hot path of a run (a call
@@ -26,12 +26,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pipeline.actions import Post
-from pipeline.lifecycles import Lifecycle
-from pipeline.messages import ControllerActions, EngineEvents, StreamCut, StreamFailed, StreamsClosed
+from pipeline.core.actions import Post
+from pipeline.core.lifecycles import Lifecycle
+from pipeline.core.messages import ControllerActions, EngineEvents, StreamCut, StreamFailed, StreamsClosed
+from pipeline.core.samples import Sample, Samples
 from pipeline.metrics import Budget
 from pipeline.protocols import Controller
-from pipeline.samples import Sample, Samples
 from pipeline.types import FinishReason, SampleFinished, SampleRequest, TokenDelta
 
 
