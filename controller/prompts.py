@@ -138,23 +138,21 @@ class OnePassPool(PromptPool):
         return self.remaining
 
     def take(self, n: int) -> list[Prompt]:
-        out: list[Prompt] = []
-        while len(out) < n and self._cursor < len(self._order):
-            prompt = self.prompts[self._order[self._cursor]]
-            self._cursor += 1
-            if prompt.prompt_id not in self._evicted:
-                out.append(prompt)
+        out, self._cursor = self._scan(self._cursor, n)
         return out
 
     def peek(self, n: int) -> list[Prompt]:
+        return self._scan(self._cursor, n)[0]
+
+    def _scan(self, cursor: int, n: int) -> tuple[list[Prompt], int]:
+        """Up to ``n`` prompts not evicted from ``cursor`` on, and the cursor after them."""
         out: list[Prompt] = []
-        cursor = self._cursor
         while len(out) < n and cursor < len(self._order):
             prompt = self.prompts[self._order[cursor]]
             cursor += 1
             if prompt.prompt_id not in self._evicted:
                 out.append(prompt)
-        return out
+        return out, cursor
 
     def _permutation(self, epoch: int) -> np.ndarray:
         return np.arange(len(self.prompts))

@@ -27,6 +27,7 @@ class UniformGate(Gate):
     def __init__(self, pool: PromptPool, group_size: int):
         self.pool = pool
         self.group_size = group_size
+        self._proposed: set[int] = set()  # groups whose COMMIT it proposed: its own decisions, not their state
 
     def admit(self, group_ids: range, step: int) -> list[GroupPlan]:
         return [
@@ -35,12 +36,16 @@ class UniformGate(Gate):
         ]
 
     def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
-        # Asked only while the group is not committed (the tracker's rule): commit it. It keeps
-        # nothing per group; while a controller holds the COMMIT it proposes it again.
+        # Asked only while the group is not committed (the tracker's rule): commit it, once. While
+        # a controller holds that COMMIT the group is still open, and a second proposal would be a
+        # second decision point for one verdict.
+        if snapshot.group_id in self._proposed:
+            return []
+        self._proposed.add(snapshot.group_id)
         return [GroupAction(ActionKind.COMMIT, snapshot.group_id, reason="uniform")]
 
     def on_closed(self, closing: GroupSnapshot, committed: bool) -> None:
-        return None
+        self._proposed.discard(closing.group_id)
 
     def on_step(self, step: int, batch: TrainBatch) -> list[GroupAction]:
         return []

@@ -42,8 +42,8 @@ from pipeline.store.foreign.common import (
     Problems,
     Tokenize,
     as_int,
+    checked_jsonl,
     count_tokens,
-    read_jsonl,
 )
 from pipeline.store.grouplog import GroupLog, GroupLogError, OnBadRow
 
@@ -89,20 +89,11 @@ def read_areal(path: str | os.PathLike, tokenize: Tokenize | None = None, on_bad
     groups: dict[tuple[int, str], int] = {}
     for version, file in areal_files(path):
         index = rows.file(file)
-        for line, record, why in read_jsonl(file):
-            where = f"{file} line {line}"
-            if record is None:
-                problems.report(where, why, "AReaL writes one JSON object a line: restore or delete the line")
-                continue
-            missing = [f for f in REQUIRED if f not in record]
-            if missing:
-                problems.report(
-                    where,
-                    f"no {', '.join(missing)} (it has {', '.join(record) or 'nothing'})",
-                    "an AReaL dump line has task_id, sample_idx, seqlen, prompt_len, head_version, tail_version, "
-                    "reward, prompt and completion (pass --format if this is another framework's log)",
-                )
-                continue
+        fix = (
+            "an AReaL dump line has task_id, sample_idx, seqlen, prompt_len, head_version, tail_version, "
+            "reward, prompt and completion (pass --format if this is another framework's log)"
+        )
+        for line, where, record in checked_jsonl(file, problems, "AReaL", REQUIRED, fix):
             step = version if version is not None else as_int(record.get("tail_version"))
             sample = as_int(record["sample_idx"])
             if step is None or sample is None:

@@ -221,6 +221,24 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
             yield number, record, ""
 
 
+def checked_jsonl(
+    path: Path, problems: Problems, framework: str, required: Sequence[str], fields_fix: str
+) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """``(line number, "FILE line N", record)`` for each line of a framework's JSONL dump that is a
+    JSON object with every ``required`` field; any other line is reported to ``problems`` (its fix:
+    restore the line, or ``fields_fix`` for missing fields) and left out."""
+    for line, record, why in read_jsonl(path):
+        where = f"{path} line {line}"
+        if record is None:
+            problems.report(where, why, f"{framework} writes one JSON object a line: restore or delete the line")
+            continue
+        missing = [f for f in required if f not in record]
+        if missing:
+            problems.report(where, f"no {', '.join(missing)} (it has {', '.join(record) or 'nothing'})", fields_fix)
+            continue
+        yield line, where, record
+
+
 def message_text(value: Any) -> str:
     """The text of a prompt or completion: plain text as is; chat messages (a list of
     ``{"role", "content"}`` dicts, content a string or a list of ``{"type": "text", "text"}``

@@ -43,8 +43,8 @@ from pipeline.store.foreign.common import (
     Problems,
     Tokenize,
     as_int,
+    checked_jsonl,
     count_tokens,
-    read_jsonl,
     require_tokenizer,
 )
 from pipeline.store.grouplog import GroupLog, GroupLogError, OnBadRow
@@ -92,20 +92,11 @@ def read_verl(
     samples: dict[tuple[int, str], list[tuple[int, int, dict[str, Any]]]] = {}
     for file in files:
         index = rows.file(file)
-        for line, record, why in read_jsonl(file):
-            where = f"{file} line {line}"
-            if record is None:
-                problems.report(where, why, "verl writes one JSON object a line: restore or delete the line")
-                continue
-            missing = [f for f in REQUIRED if f not in record]
-            if missing:
-                problems.report(
-                    where,
-                    f"no {', '.join(missing)} (it has {', '.join(record) or 'nothing'})",
-                    "a verl rollout line has input, output, gts, score and step (pass --format if this is another "
-                    "framework's log)",
-                )
-                continue
+        fix = (
+            "a verl rollout line has input, output, gts, score and step (pass --format if this is another "
+            "framework's log)"
+        )
+        for line, _where, record in checked_jsonl(file, problems, "verl", REQUIRED, fix):
             step = as_int(record.get("step"))
             if step is None:
                 step = int(file.stem) if file.stem.isdigit() else 0
