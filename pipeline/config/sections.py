@@ -214,7 +214,9 @@ class OrchestratorConfig:
     torch engine decodes its steps on the event loop in lock step with the tracker instead of in
     a thread running ahead, each learner step is trained the moment its batch fills (no
     learning beside generation, so ``max_async_steps`` has no effect), and rewards are scored
-    on the event loop (``reward_timeout_s`` is then not enforced), so the order in which groups
+    on the event loop in order (a reward in worker processes -- users' functions, math-verify --
+    is still stopped at ``reward_timeout_s``, the loop waiting for it; the project's own rewards,
+    in threads otherwise, run without one), so the order in which groups
     commit is a function of the seed rather than of thread timing. Costs the overlap of
     generation with learning and rewards (configs/default.yaml's header gives the measured
     cost). Engines other than torch: learning and rewards as above; their own sampling order

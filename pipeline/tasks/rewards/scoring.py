@@ -59,10 +59,12 @@ class ScoringService:
         self.scorer = scorer
         self.timeout_s = timeout_s
         self._limiter = anyio.CapacityLimiter(threads)
-        # inline=True: on the event loop whatever the scorer declares (a deterministic run; no timeout)
-        self._inline = bool(getattr(scorer, "runs_inline", False)) if inline is None else inline
+        # inline=True: on the event loop whatever the scorer declares (a deterministic run): a scorer
+        # in worker processes is still timed out there, the loop waiting for it; one in threads is not
+        declared_inline = bool(getattr(scorer, "runs_inline", False))
+        self._inline = declared_inline if inline is None else inline
         self._workers: RewardWorkers | None = None
-        if not self._inline and getattr(scorer, "runs_in_process", False):
+        if not declared_inline and getattr(scorer, "runs_in_process", False):
             try:
                 self._workers = RewardWorkers(scorer, threads)
             except TypeError as exc:  # cannot be pickled: threads, whose timeout a GIL-holding call outlasts
@@ -90,6 +92,8 @@ class ScoringService:
 
     async def score(self, prompt: Prompt, token_ids: Sequence[int]) -> tuple[float, str]:
         """``(reward, error)``; ``error`` is empty on success."""
+        if self._workers is not None and self._inline:  # a deterministic run: in order, timed out
+            return self._checked(lambda: self._workers.call(prompt, token_ids, self.timeout_s))
         if self._inline:
             return self._checked(lambda: self.scorer(prompt, token_ids))
         if self._workers is not None:  # the worker enforces the timeout; a thread only waits for it
