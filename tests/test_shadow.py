@@ -163,3 +163,43 @@ def test_trl_gate_mode_is_checked():
 
     with pytest.raises(ValueError, match="gate_mode='maybe' is not one of live, shadow"):
         GatedGRPOConfig(output_dir="out", gate_mode="maybe", report_to=[], use_cpu=True)
+
+
+def test_railgate_shadow_on_the_torch_engine_trains_as_uniform_and_replays_exactly(tmp_path):
+    """The CPU default's real model (orchestrator.deterministic, so two runs can be compared
+    exactly): gate.mode=shadow trains as gate.kind=uniform, every metric alike but shadow/*, and
+    ``bench replay --per-step`` gives its logged figures."""
+    short = [
+        "orchestrator.steps=3",
+        "orchestrator.max_rollouts=0",
+        "orchestrator.batch_rollouts=0",
+        "orchestrator.batch_groups=4",
+        "orchestrator.eval_every=3",
+        "data.num_train_prompts=64",
+        "data.num_eval_prompts=16",
+        "learner.micro_batch=16",
+        "log.checkpoint_every=0",
+        "log.tensorboard=false",
+    ]
+    for name, extra in [
+        ("uniform", ["gate.kind=uniform"]),
+        ("shadow", ["gate.kind=sara", "gate.sara.reference_prior=false", "gate.mode=shadow"]),
+    ]:
+        cfg = load_config(ROOT / "configs" / "default.yaml", short + extra + [f"run_dir={tmp_path / name}"])
+        assert cfg.orchestrator.deterministic
+        train(cfg, progress=False)
+    uniform, shadow = _lines(tmp_path / "uniform"), _lines(tmp_path / "shadow")
+    assert len(uniform) == len(shadow) == 4 and uniform[-1]["learner/grad_norm"] > 0
+
+    def timed(key: str) -> bool:  # wall-clock figures (engine time is wall time on the torch engine)
+        return any(t in key for t in ("wall", "_s", "time"))
+
+    for a, b in zip(uniform, shadow):
+        ours = {k: v for k, v in b.items() if not k.startswith("shadow/") and not timed(k)}
+        assert ours == {k: v for k, v in a.items() if not timed(k)}
+    logged = [line for line in shadow if "shadow/rollouts" in line]
+    replayed = _bench_per_step(tmp_path / "shadow" / "groups", tmp_path / "replayed")
+    assert len(replayed) == len(logged) == 3
+    for line, row in zip(logged, replayed):
+        for name in FIGURES:
+            assert row[name] == line[f"shadow/{name}"], name
