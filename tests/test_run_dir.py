@@ -43,7 +43,7 @@ def _one_line(result) -> str:
 
 
 def test_a_second_writer_is_refused_and_rows_are_not_mixed(tmp_path):
-    run_dir, steps = tmp_path / "run", 150
+    run_dir, steps = tmp_path / "run", 2000  # still running when the second starts (at 150 it could end first: a race)
     first = cli_popen(*sim_args("train", run_dir, steps))
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 120
