@@ -41,3 +41,23 @@ def test_the_default_config_gives_the_same_run_twice(tmp_path):
     assert first[-1]["learner/grad_norm"] > 0  # it trained
     assert first == second
     assert budget_first == budget_second
+
+
+def test_a_run_that_stops_with_samples_running_ends_cleanly(tmp_path):
+    """Two steps of the default's 32 groups: samples the lock-step engine finishes after the
+    stop have no tracking loop to report to, and the run still ends with its summary (CI's
+    reduced default run: it once ended in a BrokenResourceError per late sample)."""
+    cfg = load_config(
+        "configs/default.yaml",
+        [
+            f"run_dir={tmp_path / 'run'}",
+            "orchestrator.steps=2",
+            "orchestrator.eval_every=2",
+            "model.warm_start_steps=20",  # a barely trained base: long samples, many still running at the stop
+            "data.num_eval_prompts=16",
+            "log.checkpoint_every=0",
+            "log.tensorboard=false",
+        ],
+    )
+    result = train(cfg, progress=False)
+    assert result.summary.steps == 2

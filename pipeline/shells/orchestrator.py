@@ -32,6 +32,7 @@ shielded scope, so no request is orphaned.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from dataclasses import dataclass, field
@@ -375,7 +376,19 @@ class Orchestrator:
             await handlers[type(action)](self, action, hold)
 
     async def _post(self, post: Post, hold: Hold) -> None:
-        await self._inbox.send(post.message)
+        with self._after_the_stop():
+            await self._inbox.send(post.message)
+
+    @contextlib.contextmanager
+    def _after_the_stop(self):
+        """A sample that ends after the run stopped has no tracking loop to tell: its message is
+        dropped (the tracker counted the run's end already). Before the stop a closed inbox is a
+        bug, and raises."""
+        try:
+            yield
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            if not self._stopped:
+                raise
 
     async def _report(self, action: Score | EnvStep, hold: Hold) -> None:
         """Score a finished sample (or step an episode's environment with a finished turn) and
@@ -386,7 +399,8 @@ class Orchestrator:
                 answer = await self.parts.episodes.step(action.request, action.finished)
             else:
                 answer = await self._scored(action)
-            await hold.hand_on(self._inbox.send, answer)
+            with self._after_the_stop():
+                await hold.hand_on(self._inbox.send, answer)
 
     async def _scored(self, score: Score) -> SampleDone:
         """A ``Score`` carried out: the reward of a completed sample, none for one that failed."""
