@@ -224,7 +224,13 @@ class SaraConfig:
     probe_fit_window: int = 256
     """probe_when=pays: ended groups the fit of the run's pass rates keeps."""
     probe_fit_min_groups: int = 16
-    """probe_when=pays: ended groups needed before the fit decides; until then every group is probed."""
+    """probe_when=pays: ended groups needed before the fit decides, and groups launched whole before
+    probing may be licensed; until then every group is launched whole (as GRPO)."""
+    probe_max_lost: float = 0.1
+    """probe_when=pays: probing is licensed only while the latest whole groups show that a probe
+    would abandon at most this share of the mixed groups (and would yield more mixed groups per
+    rollout); 1: no cap. Past the cap the gate launches whole groups: an abandoned mixed group is a
+    lost gradient and leans training toward the prompts whose probes succeed."""
     probe_noise_groups: float = 0.0
     """probe_when=pays: the gradient noise scale in mixed groups per step, which prices optimiser
     steps as well as rollouts (a step of m mixed groups counts m / (m + this)); 0: rollouts only."""
@@ -336,6 +342,10 @@ class SaraConfig:
         require(
             self.probe_noise_groups >= 0,
             f"{key}.probe_noise_groups={self.probe_noise_groups} must be >= 0 (mixed groups; 0: price rollouts only)",
+        )
+        require(
+            0.0 <= self.probe_max_lost <= 1.0,
+            f"{key}.probe_max_lost={self.probe_max_lost} must be in [0, 1] (a share of the mixed groups; 1: no cap)",
         )
         require(
             self.guidance in (0.0, 0.25, 0.5, 0.75),

@@ -34,19 +34,33 @@ steps: a step of ``m`` mixed groups makes progress in proportion to ``m / (m + n
 step-limited run) every step counts about the same and the cheaper step -- whole groups, which
 abandon nothing -- wins even where probing finds more mixed groups per rollout.
 
+Before the rule probes at all it needs a licence read off whole groups, not off the fit
+(``licence``): a single Beta misreads a run whose rates form clusters (on recorded SmolLM2 and
+CPU-model groups it forecast probing 3-14% ahead where it was 4-6% behind), and a probed group
+that was abandoned hides how it would have ended. A group launched whole is an unbiased draw of
+its prompt's rate, and from its G outcomes the chance that a random probe of ``k`` of them would
+have looked all-same is exact (hypergeometric: ``C(G - s, k) + C(s, k)`` over ``C(G, k)``). Over the
+latest whole groups that gives, with no model, what a one-shot probe would have cost, the mixed
+groups it would have kept, and the share of mixed groups it would have abandoned
+(``empirical_probe``). The rule probes only while that estimate yields more mixed groups per
+rollout than whole groups and abandons at most ``max_lost`` of the mixed ones. Until
+``min_groups`` whole groups are in, every prompt is launched whole (GRPO's cost, nothing
+abandoned); while licensed, one prompt in ``EXPLORE_EVERY`` is still launched whole so the licence
+follows the policy.
+
 >>> rule = ProbingRule(group_size=8, probe_size=4, tau_commit=0.5, tau_abandon=0.45, min_groups=4)
->>> rule.choose((1.0, 1.0))            # nothing seen yet: probe, as SARA does
-'probe'
+>>> rule.choose((1.0, 1.0))            # nothing seen yet: the whole group, as GRPO does
+'whole'
 >>> for _ in range(16):                # every prompt passes about half the time
-...     rule.observe(successes=4, rollouts=8)
+...     rule.observe(successes=4, rollouts=8, whole=True)
 >>> rule.choose(rule.run_prior())
 'whole'
 >>> rule = ProbingRule(group_size=8, probe_size=4, tau_commit=0.5, tau_abandon=0.45, min_groups=4)
->>> for _ in range(8):                 # rates piled at 0 and 1
-...     rule.observe(successes=0, rollouts=8)
-...     rule.observe(successes=8, rollouts=8)
->>> rule.choose(rule.run_prior())
-'probe'
+>>> for _ in range(8):                 # half the prompts never solved, half at one half
+...     rule.observe(successes=0, rollouts=8, whole=True)
+...     rule.observe(successes=4, rollouts=8, whole=True)
+>>> rule.choose(rule.run_prior()), round(rule.licence().lost, 3)
+('probe', 0.029)
 """
 
 from __future__ import annotations
@@ -74,6 +88,9 @@ _LOG_BOUNDS = (-7.0, 10.0)
 # and waits for its probe, so where the two options tie (a strong prior, whose test rarely
 # abandons) the whole group is the better buy.
 PROBE_MARGIN = 0.01
+# While probing is licensed, every this many-th prompt is still launched whole: the licence is
+# read off whole groups only, and a policy that moved must be able to take it back.
+EXPLORE_EVERY = 8
 
 
 @dataclass(frozen=True)
@@ -177,6 +194,57 @@ def fit_beta_binomial(groups: Iterable[tuple[int, int]]) -> tuple[float, float]:
     return float(a), float(b)
 
 
+@dataclass(frozen=True)
+class ProbeEstimate:
+    """What a one-shot probe of ``k`` would have done to a set of whole groups (``empirical_probe``):
+    ``whole`` and ``probe`` per group, in expectation over which ``k`` samples the probe drew, and
+    ``lost``: the share of the mixed groups it would have abandoned (SARA's test abandons an
+    all-same probe under every prior this rule licenses)."""
+
+    whole: Yield
+    probe: Yield
+    lost: float
+    groups: int
+
+    @property
+    def gain(self) -> float:
+        """Probing's mixed groups per rollout over whole groups' (1.0 where neither has any)."""
+        w = self.whole.per_rollout
+        return self.probe.per_rollout / w if w > 0 else 1.0
+
+
+def empirical_probe(successes: Iterable[int], group_size: int, probe_size: int) -> ProbeEstimate:
+    """The exact yield of probing ``probe_size`` of each whole group (``successes`` of
+    ``group_size``) and abandoning it when the probe is all-same, against training every group
+    whole; no model of the pass rates.
+
+    >>> e = empirical_probe([0, 0, 4, 4], 8, 4)       # half never solved, half at one half
+    >>> round(e.gain, 3), round(e.lost, 4)             # the four-sample probe of a 4/8 group is all-same 2 times in 70
+    (1.308, 0.0286)
+    """
+    counts = [int(s) for s in successes]
+    if not counts:
+        raise ValueError("no whole group to estimate from; observe whole groups first")
+    g, k = group_size, probe_size
+    if not 1 <= k <= g:
+        raise ValueError(f"probe_size={k} must be in [1, group_size={g}]")
+    ways = math.comb(g, k)
+    mixed = rollouts = kept = lost = 0.0
+    for s in counts:
+        if not 0 <= s <= g:
+            raise ValueError(f"successes={s} must be in [0, group_size={g}]")
+        same = (math.comb(g - s, k) + math.comb(s, k)) / ways  # the probe looks all-same
+        is_mixed = 0 < s < g
+        mixed += is_mixed
+        rollouts += k + (g - k) * (1.0 - same)
+        kept += is_mixed * (1.0 - same)
+        lost += is_mixed * same
+    n = len(counts)
+    whole = Yield(float(g), mixed / n, 1.0)
+    probe = Yield(rollouts / n, kept / n, kept / n)  # an all-same group's probe is all-same: never committed
+    return ProbeEstimate(whole, probe, lost / mixed if mixed else 0.0, n)
+
+
 def step_value(y: Yield, noise_groups: float) -> float:
     """Progress per generated rollout of steps made of groups with yield ``y``: a step of ``B``
     committed groups holds ``m = B mixed / committed`` mixed groups and costs ``B rollouts /
@@ -205,9 +273,12 @@ class ProbingRule:
     window
         Ended groups the run-wide fit keeps (the oldest forgotten first).
     min_groups
-        Ended groups needed before the fit is used; until then every prompt is probed.
+        Ended groups needed before the fit is used, and whole groups before probing is licensed;
+        until then every prompt is launched whole.
     noise_groups
         The gradient noise scale in mixed groups per step; ``inf`` (default): price rollouts only.
+    max_lost
+        The largest share of mixed groups the licence lets probing abandon (1: any, as SARA).
     """
 
     def __init__(
@@ -220,7 +291,10 @@ class ProbingRule:
         window: int = 256,
         min_groups: int = 16,
         noise_groups: float = math.inf,
+        max_lost: float = 1.0,
     ):
+        if not 0.0 <= max_lost <= 1.0:
+            raise ValueError(f"max_lost={max_lost} must be in [0, 1] (a share of the mixed groups)")
         if noise_groups < 0:
             raise ValueError(f"noise_groups={noise_groups} must be >= 0 (mixed groups; inf: rollouts only)")
         self.group_size = group_size
@@ -231,19 +305,39 @@ class ProbingRule:
             raise ValueError(f"min_groups={min_groups} must be in [2, window={window}]")
         self.noise_groups = noise_groups
         self.min_groups = min_groups
+        self.max_lost = max_lost
         self._groups: deque[tuple[int, int]] = deque(maxlen=window)
+        self._whole: deque[int] = deque(maxlen=window)  # successes of the latest whole groups
+        self._licensed_choices = 0  # choices made under the licence (every EXPLORE_EVERY-th is whole)
         self._fitted: tuple[float, float] | None = None  # None: refit before the next use
         self._choices = {"probe": 0, "whole": 0}
         self._cache: dict[tuple[float, float], Yield] = {}
 
-    def observe(self, successes: int, rollouts: int) -> None:
-        """A group of the run ended (committed or abandoned) with ``successes`` of ``rollouts``."""
+    def observe(self, successes: int, rollouts: int, whole: bool = False) -> None:
+        """A group of the run ended (committed or abandoned) with ``successes`` of ``rollouts``;
+        ``whole``: it was launched whole (its outcome did not decide how many it got), which is
+        what the licence reads."""
         if rollouts <= 0:
             return
         if not 0 <= successes <= rollouts:
             raise ValueError(f"successes={successes} must be in [0, rollouts={rollouts}]")
         self._groups.append((int(successes), int(rollouts)))
         self._fitted = None
+        if whole and rollouts == self.group_size:
+            self._whole.append(int(successes))
+
+    def licence(self) -> ProbeEstimate | None:
+        """The latest whole groups' exact estimate of probing (``empirical_probe``); None until
+        ``min_groups`` whole groups ended."""
+        if len(self._whole) < self.min_groups:
+            return None
+        return empirical_probe(self._whole, self.group_size, self.probe_size)
+
+    def licensed(self) -> bool:
+        """Whether the whole groups say probing yields more mixed groups per rollout and abandons
+        at most ``max_lost`` of the mixed ones."""
+        got = self.licence()
+        return got is not None and got.gain > 1 + PROBE_MARGIN and got.lost <= self.max_lost
 
     def run_prior(self) -> tuple[float, float] | None:
         """The fitted Beta of the run's pass rates, None until ``min_groups`` groups ended."""
@@ -256,8 +350,11 @@ class ProbingRule:
     def choose(self, prior: tuple[float, float]) -> Choice:
         """``probe`` or ``whole`` for a prompt whose pass rate has Beta ``prior``."""
         run = self.run_prior()
-        if run is None:
-            return self._count("probe")
+        if run is None or not self.licensed():
+            return self._count("whole")
+        self._licensed_choices += 1
+        if self._licensed_choices % EXPLORE_EVERY == 0:
+            return self._count("whole")
         whole_run, probe_run = whole_yield(run, self.group_size), self._probe(run)
         if step_value(probe_run, self.noise_groups) <= (1 + PROBE_MARGIN) * step_value(whole_run, self.noise_groups):
             return self._count("whole")
@@ -305,8 +402,16 @@ class ProbingRule:
         mean and strength (``gate/probing_prior_mean``, ``gate/probing_prior_strength``) and the
         rule's forecast of its mixed groups per 1,000 rollouts (``gate/probing_forecast_per_1k``,
         ``forecast``) once fitted,
-        and ``gate/probing_noise_groups`` while steps are priced."""
+        and ``gate/probing_noise_groups`` while steps are priced; once ``min_groups`` whole groups
+        are in, the licence's figures: ``gate/probing_whole_gain`` (probing's mixed groups per
+        rollout over whole groups', measured on whole groups), ``gate/probing_whole_lost`` (the
+        share of mixed groups a probe would abandon) and ``gate/probing_licensed`` (1 or 0)."""
         out = {f"gate/probing_{k}": float(v) for k, v in self._choices.items()}
+        got = self.licence()
+        if got is not None:
+            out["gate/probing_whole_gain"] = got.gain
+            out["gate/probing_whole_lost"] = got.lost
+            out["gate/probing_licensed"] = float(self.licensed())
         if math.isfinite(self.noise_groups):
             out["gate/probing_noise_groups"] = float(self.noise_groups)
         run = self.run_prior()
@@ -319,10 +424,18 @@ class ProbingRule:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"groups": [list(g) for g in self._groups], "choices": dict(self._choices)}
+        return {
+            "groups": [list(g) for g in self._groups],
+            "whole": list(self._whole),
+            "choices": dict(self._choices),
+            "licensed_choices": self._licensed_choices,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._groups.clear()
         self._groups.extend((int(s), int(n)) for s, n in state.get("groups", []))
         self._fitted = None
+        self._whole.clear()
+        self._whole.extend(int(s) for s in state.get("whole", []))
+        self._licensed_choices = int(state.get("licensed_choices", 0))
         self._choices.update({k: int(v) for k, v in state.get("choices", {}).items() if k in self._choices})

@@ -13,7 +13,7 @@ from gate_units import admit, kinds, pool_of, snap
 from controller.config import SaraConfig
 from controller.gates.sara import SaraGate
 from controller.posterior import sara_expected_rollouts
-from controller.probing import ProbingRule, probe_yield, step_value, whole_yield
+from controller.probing import ProbingRule, empirical_probe, probe_yield, step_value, whole_yield
 
 
 def _harness_run(gate: SaraGate, rates: dict[int, float], groups: int, open_groups: int = 512) -> GateHarness:
@@ -74,7 +74,7 @@ def test_the_rule_picks_the_option_monte_carlo_says_yields_more_mixed_groups_per
         rates = draw(4000)
         rule = ProbingRule(8, 4, 0.5, 0.45, window=256, min_groups=16)
         for p in rates[:256]:
-            rule.observe(int(rng.binomial(8, p)), 8)
+            rule.observe(int(rng.binomial(8, p)), 8, whole=True)
         # Monte Carlo of both options on the same rates, SARA's test under the fitted prior
         prior = rule.run_prior()
         assert prior is not None
@@ -107,18 +107,18 @@ def test_step_limited_runs_price_steps_and_prefer_whole_groups():
     assert step_value(probe, math.inf) > step_value(whole, math.inf)  # more mixed groups per rollout
     assert step_value(probe, 0.1) < step_value(whole, 0.1)  # but every step costs more
     rule = ProbingRule(8, 4, 0.5, 0.45, min_groups=4, noise_groups=0.1)
-    for s in (0, 8, 0, 8, 3):
-        rule.observe(s, 8)
+    for s in (0, 8, 0, 8, 3, 0, 8, 0, 4):
+        rule.observe(s, 8, whole=True)
     assert rule.choose(rule.run_prior()) == "whole"
 
 
 def test_the_rule_forgets_what_the_policy_left_behind():
     rule = ProbingRule(8, 4, 0.5, 0.45, window=32, min_groups=8)
     for _ in range(32):
-        rule.observe(4, 8)
+        rule.observe(4, 8, whole=True)
     assert rule.choose(rule.run_prior()) == "whole"
-    for i in range(32):  # the policy moved: the prompts split into solved and unsolved
-        rule.observe(8 * (i % 2), 8)
+    for i in range(32):  # the policy moved: most prompts solved or unsolved, a quarter at one half
+        rule.observe((0, 8, 0, 4)[i % 4], 8, whole=True)
     assert rule.choose(rule.run_prior()) == "probe"
     assert rule.metrics()["gate/probing_whole"] == 1 and rule.metrics()["gate/probing_probe"] == 1
 
@@ -132,8 +132,8 @@ def test_bad_settings_are_named():
         SaraConfig(probe_when="sometimes")  # type: ignore[arg-type]
 
 
-def _pays(groups: int, rates: dict[int, float]) -> tuple[GateHarness, SaraGate]:
-    config = SaraConfig(probe_when="pays", probe_fit_min_groups=16)
+def _pays(groups: int, rates: dict[int, float], max_lost: float = 0.1) -> tuple[GateHarness, SaraGate]:
+    config = SaraConfig(probe_when="pays", probe_fit_min_groups=16, probe_max_lost=max_lost)
     gate = SaraGate(pool_of(len(rates), seed=1), group_size=8, config=config)
     return _harness_run(gate, rates, groups, open_groups=16), gate
 
@@ -146,9 +146,8 @@ def test_equal_middling_rates_train_on_almost_every_rollout():
     assert gate.metrics()["gate/probing_whole"] > 500
 
 
-def test_prompts_that_are_never_solved_get_well_under_half_the_rollouts():
-    rates = {i: 0.0 if i % 2 == 0 else 0.5 for i in range(200)}
-    harness, gate = _pays(800, rates)
+def _spent_by_parity(harness: GateHarness) -> dict[int, int]:
+    """Rollouts spent on even and odd prompts."""
     spent, prompt_of = {0: 0, 1: 0}, {}
     for entry in harness.log:
         if entry[0] == "plan":
@@ -157,7 +156,49 @@ def test_prompts_that_are_never_solved_get_well_under_half_the_rollouts():
         elif entry[0] == "action" and entry[2] == "launch":
             spent[prompt_of[entry[3]] % 2] += entry[4]
     assert spent[0] + spent[1] == harness.stats["rollouts"]
+    return spent
+
+
+def test_prompts_that_are_never_solved_get_well_under_half_the_rollouts():
+    # A probe of 4 abandons about 2 in 17 of the mixed rate-0.5 groups (all-fail or all-success),
+    # which a cap of 20% allows
+    rates = {i: 0.0 if i % 2 == 0 else 0.5 for i in range(200)}
+    harness, gate = _pays(800, rates, max_lost=0.2)
+    spent = _spent_by_parity(harness)
     assert spent[0] < 0.4 * (spent[0] + spent[1]), spent
+    assert 0.08 < gate.metrics()["gate/probing_whole_lost"] < 0.2
+
+
+def test_probing_that_would_abandon_too_many_mixed_groups_launches_whole_groups():
+    # At rate 0.25 a probe of 4 is all-fail in about 3 of 10 mixed groups: past the default cap of 10%
+    harness, gate = _pays(800, {i: 0.0 if i % 2 == 0 else 0.25 for i in range(200)})
+    spent = _spent_by_parity(harness)
+    assert abs(spent[0] - spent[1]) <= 0.02 * (spent[0] + spent[1]), spent  # whole groups for all
+    assert gate.metrics()["gate/probing_licensed"] == 0.0
+
+
+def test_the_licence_is_what_probing_whole_groups_would_have_done():
+    # Monte Carlo: probe 4 of each recorded whole group in a random order; abandon all-same probes.
+    rng = np.random.default_rng(3)
+    rates = np.where(rng.random(400) < 0.6, rng.beta(0.3, 6.0, 400), rng.beta(4.0, 2.0, 400))
+    successes = rng.binomial(8, rates)
+    est = empirical_probe(successes, 8, 4)
+    mixed = lost = rollouts = 0
+    for _ in range(50):
+        for s in successes:
+            row = rng.permutation(np.arange(8) < s)
+            same = row[:4].all() or not row[:4].any()
+            rollouts += 4 if same else 8
+            mixed += 0 < s < 8
+            lost += same and 0 < s < 8
+    assert math.isclose(est.lost, lost / mixed, rel_tol=0.03)
+    assert math.isclose(est.probe.rollouts, rollouts / (50 * len(successes)), rel_tol=0.01)
+
+
+def test_the_first_groups_are_launched_whole():
+    harness, gate = _pays(40, {i: 0.0 if i % 2 == 0 else 0.5 for i in range(200)}, max_lost=1.0)
+    launched = [entry for entry in harness.log if entry[0] == "plan"][:16]
+    assert all(entry[4] == 8 for entry in launched), launched
 
 
 def test_the_fit_and_the_counts_survive_a_checkpoint():

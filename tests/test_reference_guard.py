@@ -14,7 +14,7 @@ from gate_units import admit, closing, pool_of, snap
 
 from controller.config import SaraConfig
 from controller.gates.sara import SaraGate
-from controller.probing import ProbingRule, fit_beta_binomial, probe_yield
+from controller.probing import EXPLORE_EVERY, ProbingRule, fit_beta_binomial, probe_yield
 from controller.reference import ReferenceScreen
 from controller.reference_fit import ReferenceCalibration
 from pipeline.store.grouplog import GroupLog, RecordedGroup
@@ -128,15 +128,18 @@ def test_the_calibration_table_reads_the_log():
 def test_probed_groups_count_for_the_probing_rule_at_their_verdict():
     # A probed group committed waits for its step to ship; the rule must see it when it closes, as
     # it sees an abandoned one, or a hard run's fit holds only the abandons.
-    config = SaraConfig(probe_when="pays", probe_fit_min_groups=2)
+    config = SaraConfig(probe_when="pays", probe_fit_min_groups=2, probe_max_lost=1.0)
     gate = SaraGate(pool_of(4), group_size=8, config=config)
     assert gate.probing is not None
+    for successes in (0, 4) * 8:  # whole groups of a run where probing pays: the licence
+        gate.probing.observe(successes, 8, whole=True)
     plans = admit(gate, 4)
+    assert [p.initial for p in plans] == [4] * 4
     for plan, probe in zip(plans, [(0, 0, 0, 0), (1, 0, 0, 0), (0, 0, 0, 0), (0, 1, 0, 0)]):
         last = snap(plan.group_id, plan.prompt, probe)
         gate.update(last)
         gate.on_closed(closing(last, committed=sum(probe) > 0), committed=sum(probe) > 0)
-    assert sorted(gate.probing._groups) == [(0, 4), (0, 4), (1, 4), (1, 4)]
+    assert sorted(list(gate.probing._groups)[16:]) == [(0, 4), (0, 4), (1, 4), (1, 4)]
 
 
 def test_the_rules_forecast_is_its_choices_under_its_fit():
@@ -144,10 +147,10 @@ def test_the_rules_forecast_is_its_choices_under_its_fit():
     assert rule.forecast() is None
     rng = np.random.default_rng(0)
     for p in rng.beta(0.4, 10.0, size=64):  # hard: probing pays
-        rule.observe(int(rng.binomial(8, p)), 8)
+        rule.observe(int(rng.binomial(8, p)), 8, whole=True)
     run = rule.run_prior()
     assert run is not None
-    for _ in range(10):
+    for _ in range(EXPLORE_EVERY - 1):  # the next choice would be the licence's exploring whole group
         assert rule.choose(run) == "probe"
     expected = probe_yield(run, 8, 4, 0.5, 0.45)
     got = rule.forecast()

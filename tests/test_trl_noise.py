@@ -53,7 +53,7 @@ def test_without_clipping_the_step_is_measured_before_the_optimiser_steps(tmp_pa
 def test_the_gated_trainer_prices_steps_with_its_measured_noise_scale(tmp_path):
     args = GatedGRPOConfig(
         output_dir=str(tmp_path / "gated"),
-        **{**fx.MATCHED, "gate_probe_size": 2, "max_steps": 6, "gate_probe_price_steps": True},
+        **{**fx.MATCHED, "gate_probe_size": 2, "max_steps": 16, "gate_probe_price_steps": True},
     )
     trainer = GatedGRPOTrainer(
         model=fx.model_dir(tmp_path),
@@ -91,5 +91,5 @@ def test_a_step_limited_run_buys_whole_groups_where_rates_pile_at_zero(noise_gro
     # a hard start: 7 of 8 prompts never solved, the rest about half the time
     rule = ProbingRule(group_size=8, probe_size=4, tau_commit=0.5, tau_abandon=0.45, noise_groups=noise_groups)
     for i in range(64):
-        rule.observe(successes=4 if i % 8 == 0 else 0, rollouts=8)
+        rule.observe(successes=4 if i % 8 == 0 else 0, rollouts=8, whole=True)
     assert rule.choose(rule.run_prior()) == choice

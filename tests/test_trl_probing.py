@@ -1,7 +1,8 @@
 """GatedGRPOTrainer with its defaults (``gate_probe_when="pays"``) on prompts of known pass rates:
 the reward ignores the completion and pays 1 with the prompt's ``rate``. Where every prompt has the
 same middling rate, probing cannot pay and the gate trains on (almost) every rollout it generates;
-where half the prompts are never solved, it probes and spends well under half on those."""
+where half the prompts are never solved and a probe abandons few mixed groups, it probes and
+spends well under half on those."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class RateReward:
         return [float(self.rng.random() < r) for r in rate]
 
 
-def run(tmp_path, rates, num_generations, steps):
+def run(tmp_path, rates, num_generations, steps, **gate):
     rows = [{"prompt": f"{i}+{i}=", "rate": rates[i % len(rates)]} for i in range(400)]
     reward = RateReward()
     args = GatedGRPOConfig(
@@ -42,6 +43,7 @@ def run(tmp_path, rates, num_generations, steps):
             "num_generations": num_generations,
             "per_device_train_batch_size": 8 * num_generations,
             "max_steps": steps,
+            **gate,
         },
     )
     trainer = GatedGRPOTrainer(
@@ -63,6 +65,8 @@ def test_equal_middling_rates_generate_at_most_two_percent_more_than_they_train(
 
 
 def test_prompts_never_solved_get_well_under_half_the_rollouts(tmp_path):
-    m, reward = run(tmp_path, [0.0, 0.5], 8, 20)
+    # a probe of 4 abandons about 2 in 17 mixed rate-0.5 groups: allowed at a cap of 20%, not at
+    # the default 10% (tests/test_probing.py has both sides on the gate itself)
+    m, reward = run(tmp_path, [0.0, 0.5], 8, 20, gate_probe_max_lost=0.2)
     assert sum(reward.generated.values()) == m["railgate/rollouts_generated"]
     assert reward.generated[0.0] < 0.4 * m["railgate/rollouts_generated"], reward.generated

@@ -137,9 +137,10 @@ class SaraGate(BaseGate[SaraRecord]):
         # attached by the run's builder, which has the task's references (``attach_guidance``).
         self.guidance: Guidance | None = None
         self._step = 0  # the learner step of the latest admission
-        # probe_when: pays: prompt id -> groups launched whole, committed and not yet shipped (the
-        # probing rule counts them when shipped, with their full group; ``_closed``)
-        self._whole_unshipped: dict[int, int] = {}
+        # probe_when: pays: prompt id -> the reference scores (None: unscored) of its groups launched
+        # whole, committed and not yet shipped: the probing rule and the reference calibration
+        # count them when shipped, with their full group (``_closed``, ``_shipped``)
+        self._whole_unshipped: dict[int, list[float | None]] = {}
         self.probing = (
             ProbingRule(
                 group_size,
@@ -149,6 +150,7 @@ class SaraGate(BaseGate[SaraRecord]):
                 window=config.probe_fit_window,
                 min_groups=config.probe_fit_min_groups,
                 noise_groups=config.probe_noise_groups or math.inf,
+                max_lost=config.probe_max_lost,
             )
             if config.probe_when == "pays"
             else None
@@ -381,16 +383,18 @@ class SaraGate(BaseGate[SaraRecord]):
     def _closed(self, closing: GroupSnapshot, rec: SaraRecord, committed: bool) -> None:
         # The rollouts seen when the verdict came (a probe, or more): an unbiased draw of the rate.
         successes, samples = self._outcome(closing, rec)
-        if self.reference is not None and rec.reference_logprob is not None:
+        whole_shipping = committed and rec.whole and self.probing is not None
+        if self.reference is not None and rec.reference_logprob is not None and not whole_shipping:
             self.reference.observe(rec.reference_logprob, successes, samples)
         if not committed and samples > 0:
             self._carry(rec.prompt_id, successes, samples - successes)
             self._observe_level(rec.prompt_id, successes, samples)
         if self.probing is None:
             return
-        if committed and rec.whole:
-            # Launched whole (chosen by its prior, not its outcome): its full group counts when shipped.
-            self._whole_unshipped[rec.prompt_id] = self._whole_unshipped.get(rec.prompt_id, 0) + 1
+        if whole_shipping:
+            # Launched whole (chosen by its prior, not its outcome): it commits at its first sample,
+            # so its full group counts when shipped, for the rule and the reference calibration.
+            self._whole_unshipped.setdefault(rec.prompt_id, []).append(rec.reference_logprob)
         elif samples > 0:
             # A probed group counts at its verdict, committed or abandoned: a committed group waits
             # for its step to ship while an abandoned one is known at once, so counting committed
@@ -405,13 +409,14 @@ class SaraGate(BaseGate[SaraRecord]):
     def _shipped(self, prompt_id: int, successes: int, samples: int) -> None:
         self._carry(prompt_id, successes, samples - successes)
         self._observe_level(prompt_id, successes, samples)
-        waiting = self._whole_unshipped.get(prompt_id, 0)
+        waiting = self._whole_unshipped.get(prompt_id)
         if self.probing is not None and waiting:
-            if waiting == 1:
+            logprob = waiting.pop(0)
+            if not waiting:
                 del self._whole_unshipped[prompt_id]
-            else:
-                self._whole_unshipped[prompt_id] = waiting - 1
-            self.probing.observe(successes, samples)
+            self.probing.observe(successes, samples, whole=True)
+            if self.reference is not None and logprob is not None:
+                self.reference.observe(logprob, successes, samples)
 
     def _observe_level(self, prompt_id: int, successes: int, samples: int) -> None:
         """A group of the prompt ended: its outcome counts for the prompt's level (a prompt

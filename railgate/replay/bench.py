@@ -36,6 +36,7 @@ from railgate.replay.calibration import calibration
 from railgate.replay.driver import ReplayRun, replay
 from railgate.replay.gate_parts import not_replayable
 from railgate.replay.logs import open_log
+from railgate.replay.probe_value import probe_value
 from railgate.replay.report import log_report, log_summary
 
 DEFAULT_GATES = (
@@ -158,6 +159,7 @@ def replay_log(log: GroupLog, spec: ReplaySpec, progress: bool = True) -> dict[s
         "rate": spec.rate,
         "gates": gates,
         "calibration": calibration(orders[0], group_size),
+        "probe_value": probe_value(orders[0], group_size),
         "not_replayable": skipped,
         "notes": notes,
         "seconds": time.perf_counter() - started,

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from railgate.replay.probe_value import probe_line
 from railgate.report import markdown_table
 
 HEADERS = (
@@ -99,6 +100,8 @@ def table(report: dict[str, Any]) -> str:
         )
     for name, why in report["not_replayable"].items():
         lines.append(f"not replayable: {name}: {why}")
+    if report.get("probe_value"):
+        lines += ["", probe_line(report["probe_value"])]
     if report.get("calibration"):
         lines += ["", calibration_table(report["calibration"])]
     return "\n".join(lines)

@@ -47,6 +47,7 @@ _RAILGATE_KEYS = {
     "gate.sara.reference_strength": "gate_reference_strength",
     "gate.sara.reference_calibrate": "gate_reference_calibrate",
     "gate.sara.probe_when": "gate_probe_when",
+    "gate.sara.probe_max_lost": "gate_probe_max_lost",
     "gate.sara.reference_ahead": "gate_reference_ahead",
     "gate.hora.budget": "gate_hora_budget",
     "gate.ds.oversample": "gate_ds_oversample",
@@ -113,6 +114,10 @@ class GatedGRPOConfig(GRPOConfig):
     """SARA: ``pays`` fits how the run's pass rates spread (from its own groups) and launches a
     prompt's whole group, trained on as GRPO would, wherever probing it would yield fewer mixed
     groups per generated rollout (``controller.probing``); ``always`` probes every prompt."""
+    gate_probe_max_lost: float = 0.1
+    """SARA with ``gate_probe_when="pays"``: probe only while the latest groups launched whole show
+    that a probe would abandon at most this share of the mixed groups (and find more of them per
+    rollout); until 16 whole groups are in, and past the cap, groups are launched whole. 1: no cap."""
     gate_probe_price_steps: bool = False
     """SARA with ``gate_probe_when="pays"``: price optimiser steps as well as rollouts, with the
     gradient noise scale measured from the run's own steps (``railgate.trl.noise``): where a step's
@@ -215,6 +220,7 @@ class GatedGRPOConfig(GRPOConfig):
                     reference_skip_share=self.gate_reference_skip_share,
                     reference_calibrate=self.gate_reference_calibrate,
                     probe_when=self.gate_probe_when,  # type: ignore[arg-type]  # checked by SaraConfig
+                    probe_max_lost=self.gate_probe_max_lost,
                     reference_strength=self.gate_reference_strength,
                     reference_ahead=self.gate_reference_ahead,
                     whole_when_certain=True,
