@@ -245,7 +245,9 @@ class GateDriver:
         self._open: dict[int, GroupRun] = {}  # the groups started and not ended, by id
         # What the gate reads them from (``pipeline.protocols.OpenGroups``): a sample is in flight
         # from the moment the gate launched it until the caller reports it.
-        self.open_groups = SnapshotView(self._open, lambda run: run.snapshot(self.step, run.launched - len(run.samples)))
+        self.open_groups = SnapshotView(
+            self._open, lambda run: run.snapshot(self.step, run.launched - len(run.samples))
+        )
         self.reference: ReferenceScreen | None = None
         strength = self.gate.reference_strength  # a declared capability (pipeline.protocols.Gate)
         if strength is not None:
