@@ -61,7 +61,7 @@ from typing import Any, Literal
 from controller.config import SaraConfig
 from controller.reference import ReferenceScreen
 from controller.selectors import PromptSelector
-from pipeline.core.group import GroupRun, checked
+from pipeline.core.group import GroupRun, SnapshotView, checked
 from pipeline.types import (
     NO_REWARD,
     ActionKind,
@@ -174,8 +174,8 @@ class DrivenGroup:
             run.add(self._scored(reward))
             if run.sealed:
                 continue  # a committed group is not asked again; it collects its samples
-            snapshot = run.snapshot(self.driver.step, in_flight=run.launched - len(run.samples))
-            if any(self._apply(action) for action in gate.update(snapshot)):
+            snapshot = self.driver.open_groups[self.group_id]
+            if any(self._apply(action) for action in gate.update(snapshot, self.driver.open_groups)):
                 return self._end("drop")  # the rest of this report belongs to a dropped group: unread
         return self._next()
 
@@ -212,8 +212,8 @@ class DrivenGroup:
 
     def _end(self, how: str) -> Verdict:
         self.ended = how
-        closing = self.run.snapshot(self.driver.step, in_flight=self.run.launched - len(self.run.samples))
-        self.run.close()
+        closing = self.driver.open_groups[self.group_id]
+        self.driver.close(self.run)
         self.driver.gate.on_closed(closing, how == "train")
         return Verdict(how)  # type: ignore[arg-type]
 
@@ -242,6 +242,12 @@ class GateDriver:
         self.success_threshold = success_threshold
         self.step = 0
         self._next_id = 0
+        self._open: dict[int, GroupRun] = {}  # the groups started and not ended, by id
+        # What the gate reads them from (``pipeline.protocols.OpenGroups``): a sample is in flight
+        # from the moment the gate launched it until the caller reports it.
+        self.open_groups = SnapshotView(
+            self._open, lambda run: run.snapshot(self.step, run.launched - len(run.samples))
+        )
         self.reference: ReferenceScreen | None = None
         strength = self.gate.reference_strength  # a declared capability (pipeline.protocols.Gate)
         if strength is not None:
@@ -300,7 +306,13 @@ class GateDriver:
                 "prompt source of its own, not the caller's choice"
             )
         plan = plans[0]
-        return DrivenGroup(self, GroupRun(plan.group_id, plan.prompt, plan.target_size, self.step), plan.initial)
+        run = self._open[plan.group_id] = GroupRun(plan.group_id, plan.prompt, plan.target_size, self.step)
+        return DrivenGroup(self, run, plan.initial)
+
+    def close(self, run: GroupRun) -> None:
+        """The group ``run`` ended: it is no longer open."""
+        run.close()
+        del self._open[run.group_id]
 
     def metrics(self) -> dict[str, float]:
         """The gate's counters (``gate/<reason>``, ``gate/reference_*``)."""
@@ -311,5 +323,5 @@ class GateDriver:
         late = [g.group_id for g in trained if g.ended != "train"]
         if late:
             raise LifecycleError(f"groups {late} were not committed; train only on groups whose verdict was 'train'")
-        self.gate.on_step(self.step, TrainBatch(self.step, tuple(g.as_committed() for g in trained)))
+        self.gate.on_step(self.step, TrainBatch(self.step, tuple(g.as_committed() for g in trained)), self.open_groups)
         self.step += 1

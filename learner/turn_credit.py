@@ -9,10 +9,10 @@ trains on
     A_token = A_episode + w * (r_t - mean) / (std + eps)
 
 where ``r_t`` is the environment's reward for turn ``t`` and mean and std are taken over every
-turn of every episode of the group (a group-relative turn advantage, as GRPO does for whole
-episodes). Observation tokens stay out of the loss (their value is never read); rollouts without
-turns (single-turn tasks) keep their one advantage, so ``w = 0`` and single-turn runs are
-unchanged.
+turn of every episode of the group: GRPO's group-relative advantage (``pipeline.advantages``,
+the run's one advantage function) over the group's turns, as it is over whole episodes.
+Observation tokens stay out of the loss (their value is never read); rollouts without turns
+(single-turn tasks) keep their one advantage, so ``w = 0`` and single-turn runs are unchanged.
 
 >>> from pipeline.types import Turns
 >>> right_then_wrong = Turns(ends=(2, 5), rewards=(1.0, 0.0), policy_mask=(True, True, False, True, True))
@@ -26,25 +26,31 @@ unchanged.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 
+from pipeline.advantages import grpo_advantages
 from pipeline.types import Turns
 
 
 def turn_advantages(
     episodes: Sequence[Turns | None], eps: float = 1e-6, ddof: int = 1
 ) -> list[tuple[float, ...] | None]:
-    """Per episode, per turn: the turn's reward standardised over all turns of the group
-    (None for a rollout without turns; all zeros when every turn of the group earned the same)."""
-    rewards = [r for t in episodes if t is not None for r in t.rewards]
-    if len(rewards) <= ddof:
-        return [None if t is None else tuple(0.0 for _ in t.rewards) for t in episodes]
-    mean = sum(rewards) / len(rewards)
-    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (len(rewards) - ddof))
-    return [None if t is None else tuple((r - mean) / (std + eps) for r in t.rewards) for t in episodes]
+    """Per episode, per turn: the turn's reward standardised over all turns of the group (None
+    for a rollout without turns; all zeros when every turn of the group earned the same). The
+    run's advantage function does the standardising: ``pipeline.advantages.grpo_advantages``
+    over one group, the group's turns pooled, split back into episodes."""
+    (pooled,) = grpo_advantages([[r for t in episodes if t is not None for r in t.rewards]], eps=eps, ddof=ddof)
+    out: list[tuple[float, ...] | None] = []
+    start = 0
+    for turns in episodes:
+        if turns is None:
+            out.append(None)
+            continue
+        out.append(pooled[start : start + len(turns.rewards)])
+        start += len(turns.rewards)
+    return out
 
 
 def token_advantages(episode: float, turns: Turns, per_turn: Sequence[float], weight: float) -> np.ndarray:

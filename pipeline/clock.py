@@ -47,8 +47,6 @@ from typing import Any, NamedTuple
 
 import anyio
 
-from pipeline.shells.learner_timing import ConcurrentLearning, InlineLearning
-
 
 def running_event_type() -> type:
     """The cheapest Event class for the running async backend: ``asyncio.Event`` under asyncio
@@ -70,9 +68,6 @@ def running_event_type() -> type:
 
 class WallClock:
     """Real time since construction. ``sleep_until`` really sleeps; holds do nothing."""
-
-    learning = ConcurrentLearning
-    """Learning takes real time: a learner task trains beside generation."""
 
     def __init__(self) -> None:
         self._start = time.monotonic()
@@ -103,17 +98,13 @@ class WallClock:
 
 class LockstepClock(WallClock):
     """Real time, with learning inline (``orchestrator.deterministic``): each batch is trained
-    on the event loop the moment it fills, at the same point of the run every time."""
-
-    learning = InlineLearning
+    on the event loop the moment it fills, at the same point of the run every time (the
+    shell's ``pipeline.shells.learner_timing.LEARNING_BY_CLOCK`` says so)."""
 
 
 class VirtualClock:
-    """Discrete-event engine time; see the module docstring."""
-
-    learning = InlineLearning
-    """Learning takes no engine time: each batch is trained the moment it fills (same results,
-    and reproducible runs)."""
+    """Discrete-event engine time; see the module docstring. Learning takes no engine time:
+    each batch is trained the moment it fills (``pipeline.shells.learner_timing.LEARNING_BY_CLOCK``)."""
 
     def __init__(self) -> None:
         self._now = 0.0

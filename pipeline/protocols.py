@@ -11,7 +11,7 @@ Group lifecycle, as the tracker runs it
    snapshot and action after. Each plan opens a group and launches ``plan.initial`` samples at
    once (``initial`` may be 0: a group opened to be filled later by a LAUNCH action).
 2. Every time one of the group's samples ends (completed, failed, or aborted by the engine),
-   the tracker scores it and calls ``gate.update(snapshot)``; the gate's proposed
+   the tracker scores it and calls ``gate.update(snapshot, groups)``; the gate's proposed
    actions go through ``controller.on_group(snapshot, proposed)``, which returns the actions
    executed, in order (the no-op controller returns them unchanged; RAIL may replace an
    ABANDON by an intervention that tries to recover the group):
@@ -22,15 +22,18 @@ Group lifecycle, as the tracker runs it
    * ``ABANDON``    abort its in-flight samples and drop it (its cost stays counted);
    * ``HOLD``       nothing to do now; the group stays open with nothing running.
 
-   Actions may name any open group (HORA decides a whole batch when its last probe ends).
+   Actions may name any open group (HORA decides a whole batch when its last probe ends);
+   ``groups`` (``OpenGroups``) holds every open group's snapshot as it stands, which the gate
+   reads such a group's counts from: a gate keeps no copy of a group's counts.
    A gate may not LAUNCH on a group it committed; a controller's intervention may (its
    samples join the group until it ships). An action's ``origin`` is the controller decision
    that made it; the samples it launches carry that origin, visible in ``snapshot.origins``.
    A group whose samples all ended with no pending COMMIT/ABANDON and nothing in flight is
    asked again at its next update; the gate must eventually commit or abandon every group it
    opened, or ``HOLD`` it (the orchestrator counts held groups).
-3. ``gate.on_step(step, batch)`` after each learner step, with the batch it trained on; it
-   may return actions too (a buffered group committed at the start of a new step, say).
+3. ``gate.on_step(step, batch, groups)`` after each learner step, with the batch it trained on
+   and the open groups' snapshots; it may return actions too (a buffered group committed at the
+   start of a new step, topped up to its size, say).
 4. Batches: shipped groups join the learner's next batch in the order they ship; every
    ``batch_groups`` of them make one ``TrainBatch``. A gate that wants a batch to hold
    exactly its chosen groups commits exactly ``batch_groups`` per step.
@@ -60,6 +63,12 @@ from pipeline.types import (
 
 if TYPE_CHECKING:
     from pipeline.core.messages import TurnDone
+
+
+OpenGroups = Mapping[int, GroupSnapshot]
+"""The tracker's open groups by id, each read as its snapshot now (read-only; built on demand,
+so a gate pays only for the groups it reads): what ``Gate.update`` and ``Gate.on_step`` read a
+group's counts from when they decide on a group other than the one just reported."""
 
 
 class GateProtocolError(RuntimeError):
@@ -113,8 +122,9 @@ class Gate(Protocol):
         ``step`` is the learner step being produced."""
         ...
 
-    def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
-        """React to one more ended sample of an open group."""
+    def update(self, snapshot: GroupSnapshot, groups: OpenGroups) -> list[GroupAction]:
+        """React to one more ended sample of an open group (``snapshot``, also ``groups[snapshot.group_id]``);
+        ``groups``: every open group as it stands now."""
         ...
 
     def on_closed(self, closing: GroupSnapshot, committed: bool) -> None:
@@ -124,8 +134,9 @@ class Gate(Protocol):
         it forgets its per-group state."""
         ...
 
-    def on_step(self, step: int, batch: TrainBatch) -> list[GroupAction]:
-        """A learner step finished on ``batch``; may act on open (held) groups."""
+    def on_step(self, step: int, batch: TrainBatch, groups: OpenGroups) -> list[GroupAction]:
+        """A learner step finished on ``batch``; may act on open (held) groups, whose counts it
+        reads from ``groups``."""
         ...
 
     def state_dict(self) -> dict[str, Any]: ...

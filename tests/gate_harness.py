@@ -40,7 +40,7 @@ from pipeline.core.actions import Cancel, Post, Record, Score, Start, Stop, Trai
 from pipeline.core.group import GroupRun
 from pipeline.core.messages import Started, StepDone, StreamCut, Tick
 from pipeline.core.tracker import GroupTracker
-from pipeline.protocols import Controller, Gate, GateProtocolError, GateStalled
+from pipeline.protocols import Controller, Gate, GateProtocolError, GateStalled, OpenGroups
 from pipeline.shells.handlers import ASKED_BY_SETTINGS, EPISODES, HandlerTable, Refuse, Skip
 from pipeline.types import (
     ActionKind,
@@ -106,12 +106,12 @@ class _CheckedGate(Gate):
             h.log.append(("plan", plan.group_id, plan.prompt.prompt_id, plan.target_size, plan.initial))
         return plans
 
-    def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
-        return self._checked(self.gate.update(snapshot), "update")
+    def update(self, snapshot: GroupSnapshot, groups: OpenGroups) -> list[GroupAction]:
+        return self._checked(self.gate.update(snapshot, groups), "update")
 
-    def on_step(self, step: int, batch: TrainBatch) -> list[GroupAction]:
+    def on_step(self, step: int, batch: TrainBatch, groups: OpenGroups) -> list[GroupAction]:
         self.harness.log.append(("step", step))
-        return self._checked(self.gate.on_step(step, batch), "on_step")
+        return self._checked(self.gate.on_step(step, batch, groups), "on_step")
 
     def _checked(self, actions: list[GroupAction], where: str) -> list[GroupAction]:
         for a in actions:

@@ -1,6 +1,7 @@
 """Helpers for unit tests of one gate decision, without the harness: admitting from a gate,
-hand-made snapshots, a prompt pool with the harness's ids, a checkpoint round trip and compact
-action lists."""
+hand-made snapshots, a prompt pool with the harness's ids, a checkpoint round trip, compact
+action lists, and ``update`` / ``on_step`` called as the tracker calls them (with the open
+groups' latest snapshots)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import dataclasses
 import json
 import weakref
 from collections.abc import Callable
+from types import MappingProxyType
 
 from pipeline.protocols import Gate
-from pipeline.types import GroupAction, GroupPlan, GroupSnapshot, Prompt
+from pipeline.types import GroupAction, GroupPlan, GroupSnapshot, Prompt, TrainBatch
 
 _next_ids: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -67,3 +69,20 @@ def pool_of(n: int, seed: int = 0):
 def kinds(actions: list[GroupAction]) -> list[tuple[str, int, int]]:
     """(kind, group_id, n) of each action, for compact assertions."""
     return [(a.kind.value, a.group_id, a.n) for a in actions]
+
+
+_open_groups: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def update(gate: Gate, snapshot: GroupSnapshot) -> list[GroupAction]:
+    """``gate.update`` as the tracker calls it: with ``snapshot`` and the latest snapshot of every
+    other group the test reported to this gate (the tracker's open groups, ``OpenGroups``)."""
+    groups = _open_groups.setdefault(gate, {})
+    groups[snapshot.group_id] = snapshot
+    return gate.update(snapshot, MappingProxyType(groups))
+
+
+def on_step(gate: Gate, step: int, batch: TrainBatch) -> list[GroupAction]:
+    """``gate.on_step`` as the tracker calls it: with the latest snapshot of every group the test
+    reported to this gate."""
+    return gate.on_step(step, batch, MappingProxyType(_open_groups.setdefault(gate, {})))

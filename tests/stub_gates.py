@@ -3,7 +3,8 @@
 >>> from controller.prompts import PromptPool
 >>> from pipeline.types import GroupSnapshot, Prompt
 >>> gate = AbandonAtFirstEnd(PromptPool([Prompt(0, "", (1,))], seed=0), group_size=4)
->>> [a.kind.value for a in gate.update(GroupSnapshot(3, Prompt(0, "", (1,)), 4, (1.0,), 3, 4, 0, 5, 0))]
+>>> first_end = GroupSnapshot(3, Prompt(0, "", (1,)), 4, (1.0,), 3, 4, 0, 5, 0)
+>>> [a.kind.value for a in gate.update(first_end, {3: first_end})]
 ['abandon']
 """
 
@@ -19,5 +20,5 @@ class AbandonAtFirstEnd(UniformGate):
 
     abandons = True
 
-    def update(self, snapshot):
+    def update(self, snapshot, groups):
         return [GroupAction(ActionKind.ABANDON, snapshot.group_id, reason="first end")]

@@ -35,7 +35,7 @@ class ProbeGate(UniformGate):
     def admit(self, group_ids, step):
         return [GroupPlan(gid, p, self.group_size, 2) for gid, p in zip(group_ids, self.pool.take(len(group_ids)))]
 
-    def update(self, snapshot):
+    def update(self, snapshot, groups):
         n = len(snapshot.rewards)
         if snapshot.prompt.prompt_id % 2 and n == 2:
             return [GroupAction(ActionKind.ABANDON, snapshot.group_id, reason="probe")]

@@ -77,7 +77,7 @@ def test_is_a_gate(kind):
     assert not inherited, f"{type(gate).__name__} leaves {inherited} to the Protocol's stubs"
     plans = gate.admit(range(5, 8), step=0)
     assert 1 <= len(plans) <= 3 and [p.group_id for p in plans] == list(range(5, 5 + len(plans)))
-    assert isinstance(gate.on_step(0, TrainBatch(step=0, groups=())), list)  # the stub would return None
+    assert isinstance(gate.on_step(0, TrainBatch(step=0, groups=()), {}), list)  # the stub would return None
 
 
 @pytest.mark.parametrize("kind", GATE_KINDS)
@@ -202,7 +202,7 @@ def test_update_for_a_group_it_never_opened_is_an_error(kind):
         99, Prompt(5, "p5", (5,)), 8, (1.0,), in_flight=0, launched=1, failed=0, tokens=1, policy_version=0
     )
     with pytest.raises(ValueError, match="never opened"):
-        gate.update(stranger)
+        gate.update(stranger, {99: stranger})
 
 
 @pytest.mark.parametrize("kind", [k for k in GATE_KINDS if k != "uniform"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from gate_harness import GateHarness, HarnessConfig
-from gate_units import admit, closing, kinds, pool_of, snap
+from gate_units import admit, closing, kinds, on_step, pool_of, snap, update
 
 from controller.config import DsConfig
 from controller.gates.dynamic_sampling import DynamicSamplingGate
@@ -25,20 +25,20 @@ def test_round_is_oversample_times_batch_and_waits_for_judgement():
     assert len(prompts) == 6
     assert admit(gate, 10, step=0) == []  # the round is not judged yet
     for gid, prompt in enumerate(prompts[:5]):
-        gate.update(snap(gid, prompt, ZEROS, target=4))
+        update(gate, snap(gid, prompt, ZEROS, target=4))
     assert admit(gate, 10, step=0) == []
-    gate.update(snap(5, prompts[5], ONES, target=4))
+    update(gate, snap(5, prompts[5], ONES, target=4))
     assert len(admit(gate, 10, step=0)) == 6  # round 2 of the same step
 
 
 def test_waits_for_every_sample_of_a_group():
     gate, prompts = gate_with_round()
-    assert gate.update(snap(0, prompts[0], (1, 0, 0), in_flight=1, target=4)) == []
+    assert update(gate, snap(0, prompts[0], (1, 0, 0), in_flight=1, target=4)) == []
 
 
 def test_surplus_is_discarded_by_default():
     gate, prompts = gate_with_round()
-    results = [gate.update(snap(i, prompts[i], r, target=4))[0] for i, r in enumerate([ZEROS, MIXED, MIXED])]
+    results = [update(gate, snap(i, prompts[i], r, target=4))[0] for i, r in enumerate([ZEROS, MIXED, MIXED])]
     assert [(a.kind.value, a.reason) for a in results] == [
         ("abandon", "zero_std"),
         ("commit", "effective"),
@@ -49,21 +49,21 @@ def test_surplus_is_discarded_by_default():
 
 def test_keep_surplus_holds_and_commits_at_the_next_step():
     gate, prompts = gate_with_round(keep_surplus=True)
-    assert kinds(gate.update(snap(0, prompts[0], MIXED, target=4))) == [("commit", 0, 0)]
-    assert kinds(gate.update(snap(1, prompts[1], MIXED, target=4))) == [("hold", 1, 0)]
+    assert kinds(update(gate, snap(0, prompts[0], MIXED, target=4))) == [("commit", 0, 0)]
+    assert kinds(update(gate, snap(1, prompts[1], MIXED, target=4))) == [("hold", 1, 0)]
     # at most batch_groups are held; the rest is discarded
-    assert [a.reason for a in gate.update(snap(2, prompts[2], MIXED, target=4))] == ["surplus"]
+    assert [a.reason for a in update(gate, snap(2, prompts[2], MIXED, target=4))] == ["surplus"]
     gate.on_closed(closing(0), committed=True)
-    actions = gate.on_step(0, TrainBatch(0, ()))
+    actions = on_step(gate, 0, TrainBatch(0, ()))
     assert [(a.kind.value, a.group_id, a.reason) for a in actions] == [("commit", 1, "surplus_committed")]
     assert admit(gate, 10, step=1) == []  # step 1 is already full with the held group
 
 
 def test_dropped_commit_frees_its_place():
     gate, prompts = gate_with_round()
-    gate.update(last := snap(0, prompts[0], MIXED, target=4))
+    update(gate, last := snap(0, prompts[0], MIXED, target=4))
     gate.on_closed(closing(last, committed=True), committed=False)  # the orchestrator dropped it
-    assert [a.reason for a in gate.update(snap(1, prompts[1], MIXED, target=4))] == ["effective"]
+    assert [a.reason for a in update(gate, snap(1, prompts[1], MIXED, target=4))] == ["effective"]
 
 
 def test_round_cap_error_names_the_knobs():
@@ -74,7 +74,7 @@ def test_round_cap_error_names_the_knobs():
     with pytest.raises(RoundCapError, match=r"0/1 effective groups for step 0 in gate.ds.max_rounds=2"):
         for _ in range(2):
             for plan in admit(gate, 10, step=0):
-                gate.update(snap(gid, plan.prompt, ZEROS, target=4))
+                update(gate, snap(gid, plan.prompt, ZEROS, target=4))
                 gid += 1
     assert gid == 5  # raised by the update of the sixth group, the last of round 2
 
@@ -84,7 +84,7 @@ def test_round_cap_fill_commits_the_last_rounds_groups():
     gid, actions = 0, []
     for _ in range(2):
         for plan in admit(gate, 10, step=0):
-            actions += gate.update(snap(gid, plan.prompt, ZEROS, target=4))
+            actions += update(gate, snap(gid, plan.prompt, ZEROS, target=4))
             gid += 1
     summary = [(a.kind.value, a.group_id, a.reason) for a in actions]
     assert summary[:3] == [("abandon", i, "zero_std") for i in range(3)]
@@ -141,7 +141,7 @@ def test_bad_settings_are_rejected(kwargs, match):
 
 def test_an_abandon_replaced_by_an_intervention_is_judged_again():
     gate, prompts = gate_with_round()
-    assert [a.reason for a in gate.update(snap(0, prompts[0], ZEROS, target=4))] == ["zero_std"]
+    assert [a.reason for a in update(gate, snap(0, prompts[0], ZEROS, target=4))] == ["zero_std"]
     # the controller launched 2 recovery samples instead of abandoning; one of them succeeded
-    assert gate.update(snap(0, prompts[0], ZEROS + (1,), in_flight=1, target=4)) == []
-    assert [a.reason for a in gate.update(snap(0, prompts[0], ZEROS + (1, 0), target=4))] == ["effective"]
+    assert update(gate, snap(0, prompts[0], ZEROS + (1,), in_flight=1, target=4)) == []
+    assert [a.reason for a in update(gate, snap(0, prompts[0], ZEROS + (1, 0), target=4))] == ["effective"]

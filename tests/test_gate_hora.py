@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from gate_harness import GateHarness, HarnessConfig
-from gate_units import admit, closing, kinds, pool_of, snap
+from gate_units import admit, closing, kinds, on_step, pool_of, snap, update
 
 from controller.allocation import hora_allocate
 from controller.config import HoraConfig
@@ -18,7 +18,7 @@ def probe_batch(gate, successes, probe=4, target=8):
     plans = admit(gate, slots=100, step=0)
     actions = []
     for gid, (plan, s) in enumerate(zip(plans, successes)):
-        actions.append(gate.update(snap(gid, plan.prompt, (1,) * s + (0,) * (probe - s), target=target)))
+        actions.append(update(gate, snap(gid, plan.prompt, (1,) * s + (0,) * (probe - s), target=target)))
     return plans, actions
 
 
@@ -47,20 +47,20 @@ def test_next_batch_waits_for_the_next_step():
     assert admit(gate, 10, step=0) == []
     gate.on_closed(closing(0), committed=True)
     gate.on_closed(closing(1), committed=True)
-    gate.on_step(0, TrainBatch(0, ()))
+    on_step(gate, 0, TrainBatch(0, ()))
     assert len(admit(gate, 10, step=1)) == 2
 
 
 def test_failed_probe_is_relaunched_and_a_hopeless_group_replaced():
     gate = HoraGate(pool_of(20), group_size=8, batch_groups=2)
     plans = admit(gate, 10, step=0)
-    assert kinds(gate.update(snap(0, plans[0].prompt, (1, 0, 0), failed=1))) == [("launch", 0, 1)]
+    assert kinds(update(gate, snap(0, plans[0].prompt, (1, 0, 0), failed=1))) == [("launch", 0, 1)]
     last = snap(0, plans[0].prompt, (1,), failed=8)
-    assert kinds(gate.update(last)) == [("abandon", 0, 0)]
+    assert kinds(update(gate, last)) == [("abandon", 0, 0)]
     gate.on_closed(closing(last), committed=False)
     (replacement,) = admit(gate, 10, step=0)
-    assert kinds(gate.update(snap(1, plans[1].prompt, (1, 0, 0, 0)))) == [("hold", 1, 0)]
-    actions = gate.update(snap(2, replacement.prompt, (0, 0, 0, 0)))
+    assert kinds(update(gate, snap(1, plans[1].prompt, (1, 0, 0, 0)))) == [("hold", 1, 0)]
+    actions = update(gate, snap(2, replacement.prompt, (0, 0, 0, 0)))
     assert [a.kind.value for a in actions].count("commit") == 2
 
 

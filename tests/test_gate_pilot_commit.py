@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from gate_harness import GateHarness, HarnessConfig
-from gate_units import admit, closing, kinds, pool_of, snap
+from gate_units import admit, closing, kinds, on_step, pool_of, snap, update
 
 from controller.config import PilotCommitConfig
 from controller.gates.pilot_commit import PilotCommitGate
@@ -15,7 +15,7 @@ from pipeline.types import TrainBatch
 def judged(gate, pilots):
     """Open a round and judge its first pilots; returns the actions per pilot."""
     prompts = [p.prompt for p in admit(gate, slots=100, step=0)]
-    return [gate.update(snap(i, prompts[i], r)) for i, r in enumerate(pilots)], prompts
+    return [update(gate, snap(i, prompts[i], r)) for i, r in enumerate(pilots)], prompts
 
 
 @pytest.mark.parametrize(
@@ -37,17 +37,17 @@ def test_commit_gives_the_rest_of_the_group():
 def test_failed_pilot_samples_are_replaced():
     gate = PilotCommitGate(pool_of(20), group_size=8, batch_groups=4)
     prompt = admit(gate, 1, step=0)[0].prompt
-    assert kinds(gate.update(snap(0, prompt, (1, 0, 0), failed=1))) == [("launch", 0, 1)]
+    assert kinds(update(gate, snap(0, prompt, (1, 0, 0), failed=1))) == [("launch", 0, 1)]
 
 
 def test_evicts_after_consecutive_all_correct_pilots_only():
     gate = PilotCommitGate(pool_of(1), group_size=8, batch_groups=1, config=PilotCommitConfig(pilot_factor=1.0))
     reasons = []
     for gid, pilot in enumerate([(1, 1, 1, 1), (1, 0, 1, 1), (1, 1, 1, 1), (1, 1, 1, 1)]):
-        gate.on_step(gid - 1, TrainBatch(gid - 1, ())) if gid else None
+        on_step(gate, gid - 1, TrainBatch(gid - 1, ())) if gid else None
         prompt = admit(gate, 1, step=gid)[0].prompt
         last = snap(gid, prompt, pilot)
-        reasons.append([a.reason for a in gate.update(last)][-1])
+        reasons.append([a.reason for a in update(gate, last)][-1])
         gate.on_closed(closing(last, reasons[-1] == "commit"), committed=reasons[-1] == "commit")
     assert reasons == ["skip", "commit", "skip", "evict"]
     assert gate.source.pool.is_evicted(0)
@@ -66,7 +66,7 @@ def test_kept_pilots_wait_in_the_buffer_and_commit_next_step():
     assert kinds(second) == [("hold", 1, 0)]
     assert third[-1].reason == "defer"
     gate.on_closed(closing(0), committed=True)
-    assert kinds(gate.on_step(0, TrainBatch(0, ()))) == [("launch", 1, 4), ("commit", 1, 0)]
+    assert kinds(on_step(gate, 0, TrainBatch(0, ()))) == [("launch", 1, 4), ("commit", 1, 0)]
 
 
 def test_buffer_entries_older_than_max_age_are_dropped():
@@ -75,8 +75,8 @@ def test_buffer_entries_older_than_max_age_are_dropped():
     )
     actions, _ = judged(gate, [(1, 0, 0, 0)] * 4)
     assert [a[-1].kind.value for a in actions] == ["commit", "hold", "hold", "hold"]
-    assert kinds(gate.on_step(0, TrainBatch(0, ()))) == [("launch", 1, 4), ("commit", 1, 0)]  # age 1: kept
-    dropped = gate.on_step(1, TrainBatch(1, ()))  # age 2 > 1
+    assert kinds(on_step(gate, 0, TrainBatch(0, ()))) == [("launch", 1, 4), ("commit", 1, 0)]  # age 1: kept
+    dropped = on_step(gate, 1, TrainBatch(1, ()))  # age 2 > 1
     assert [(a.kind.value, a.group_id, a.reason) for a in dropped] == [("abandon", 2, "stale"), ("abandon", 3, "stale")]
 
 
@@ -118,7 +118,7 @@ def test_round_cap_fill_keeps_the_pilots_closest_to_one_half():
     prompts = [p.prompt for p in admit(gate, 10, step=0)]
     out = []
     for gid, pilot in enumerate([(0,) * 8, (1,) * 7 + (0,), (0,) * 8]):
-        out += gate.update(snap(gid, prompts[gid], pilot, target=16))
+        out += update(gate, snap(gid, prompts[gid], pilot, target=16))
     assert [(a.kind.value, a.group_id, a.reason) for a in out] == [
         ("hold", 0, "fallback_candidate"),
         ("hold", 1, "fallback_candidate"),  # p_hat = 7/8, above the band: too easy
@@ -162,7 +162,7 @@ def test_bad_settings_are_rejected(kwargs, match):
 def test_an_abandon_replaced_by_an_intervention_is_judged_again_without_a_second_eviction_count():
     gate = PilotCommitGate(pool_of(20), group_size=8, batch_groups=4)
     prompt = admit(gate, 1, step=0)[0].prompt
-    assert [a.reason for a in gate.update(snap(0, prompt, (1, 1, 1, 1)))] == ["skip"]
-    actions = gate.update(snap(0, prompt, (1, 1, 1, 1, 0, 0)))  # two recovery samples failed: 4/6 in band
+    assert [a.reason for a in update(gate, snap(0, prompt, (1, 1, 1, 1)))] == ["skip"]
+    actions = update(gate, snap(0, prompt, (1, 1, 1, 1, 0, 0)))  # two recovery samples failed: 4/6 in band
     assert kinds(actions) == [("launch", 0, 2), ("commit", 0, 0)]
     assert gate._streak == {prompt.prompt_id: 1}

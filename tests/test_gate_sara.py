@@ -6,7 +6,7 @@ import math
 
 import pytest
 from gate_harness import GateHarness, HarnessConfig
-from gate_units import admit, closing, kinds, pool_of, snap
+from gate_units import admit, closing, kinds, pool_of, snap, update
 
 from controller.config import SaraConfig
 from controller.gates.sara import SaraGate
@@ -24,57 +24,57 @@ def test_all_same_probe_of_four_in_eight_is_four_ninths():
     assert math.isclose(effective_probability(0, 4, 8), 4 / 9)
     gate = SaraGate(pool_of(2), group_size=8, config=SaraConfig(tau_abandon=0.45))
     (prompt,) = opened(gate)
-    assert kinds(gate.update(snap(0, prompt, (0, 0, 0, 0)))) == [("abandon", 0, 0)]
+    assert kinds(update(gate, snap(0, prompt, (0, 0, 0, 0)))) == [("abandon", 0, 0)]
 
 
 def test_just_above_four_ninths_continues_one_rollout_at_a_time():
     gate = SaraGate(pool_of(2), group_size=8, config=SaraConfig(tau_abandon=0.44))
     (prompt,) = opened(gate)
-    assert kinds(gate.update(snap(0, prompt, (1, 1, 1, 1)))) == [("launch", 0, 1)]
+    assert kinds(update(gate, snap(0, prompt, (1, 1, 1, 1)))) == [("launch", 0, 1)]
     # 5 all-correct: P_eff = 3/9 <= 0.44
-    assert kinds(gate.update(snap(0, prompt, (1, 1, 1, 1, 1)))) == [("abandon", 0, 0)]
+    assert kinds(update(gate, snap(0, prompt, (1, 1, 1, 1, 1)))) == [("abandon", 0, 0)]
 
 
 def test_continue_band_ends_in_a_commit_when_the_group_turns_mixed():
     gate = SaraGate(pool_of(2), group_size=16, config=SaraConfig(tau_abandon=0.3, tau_commit=0.9))
     (prompt,) = opened(gate)
-    assert kinds(gate.update(snap(0, prompt, (0, 0, 0, 0), target=16))) == [("launch", 0, 1)]
-    assert kinds(gate.update(snap(0, prompt, (0, 0, 0, 0, 1), target=16))) == [("launch", 0, 11), ("commit", 0, 0)]
+    assert kinds(update(gate, snap(0, prompt, (0, 0, 0, 0), target=16))) == [("launch", 0, 1)]
+    assert kinds(update(gate, snap(0, prompt, (0, 0, 0, 0, 1), target=16))) == [("launch", 0, 11), ("commit", 0, 0)]
 
 
 def test_mixed_probe_commits_and_launches_the_rest():
     gate = SaraGate(pool_of(2), group_size=8)
     (prompt,) = opened(gate)
-    assert kinds(gate.update(snap(0, prompt, (1, 0, 0, 0)))) == [("launch", 0, 4), ("commit", 0, 0)]
+    assert kinds(update(gate, snap(0, prompt, (1, 0, 0, 0)))) == [("launch", 0, 4), ("commit", 0, 0)]
 
 
 def test_commit_threshold_applies_to_all_same_probes():
     gate = SaraGate(pool_of(2), group_size=8, config=SaraConfig(tau_commit=0.4, tau_abandon=0.1))
     (prompt,) = opened(gate)
-    assert kinds(gate.update(snap(0, prompt, (0, 0, 0, 0)))) == [("launch", 0, 4), ("commit", 0, 0)]
+    assert kinds(update(gate, snap(0, prompt, (0, 0, 0, 0)))) == [("launch", 0, 4), ("commit", 0, 0)]
 
 
 def test_no_verdict_before_the_probe_is_in():
     gate = SaraGate(pool_of(2), group_size=8)
     (prompt,) = opened(gate)
-    assert gate.update(snap(0, prompt, (0, 0, 0), in_flight=1)) == []
+    assert update(gate, snap(0, prompt, (0, 0, 0), in_flight=1)) == []
 
 
 def test_failed_probe_samples_are_replaced():
     gate = SaraGate(pool_of(2), group_size=8)
     (prompt,) = opened(gate)
-    assert kinds(gate.update(snap(0, prompt, (0, 1, 0), failed=1))) == [("launch", 0, 1)]
-    assert kinds(gate.update(snap(0, prompt, (0,), failed=8))) == [("abandon", 0, 0)]
+    assert kinds(update(gate, snap(0, prompt, (0, 1, 0), failed=1))) == [("launch", 0, 1)]
+    assert kinds(update(gate, snap(0, prompt, (0,), failed=8))) == [("abandon", 0, 0)]
 
 
 def test_eager_launches_the_whole_group_and_abandons_with_siblings_running():
     gate = SaraGate(pool_of(2), group_size=8, config=SaraConfig(launch="eager"))
     plans = admit(gate, 2, step=0)
     assert [(p.target_size, p.initial) for p in plans] == [(8, 8), (8, 8)]
-    assert gate.update(snap(0, plans[0].prompt, (0, 0, 0), in_flight=5)) == []
-    assert kinds(gate.update(snap(0, plans[0].prompt, (0, 0, 0, 0), in_flight=4))) == [("abandon", 0, 0)]
+    assert update(gate, snap(0, plans[0].prompt, (0, 0, 0), in_flight=5)) == []
+    assert kinds(update(gate, snap(0, plans[0].prompt, (0, 0, 0, 0), in_flight=4))) == [("abandon", 0, 0)]
     # mixed after 4 with 4 running: commit, nothing more to launch
-    assert kinds(gate.update(snap(1, plans[1].prompt, (0, 1, 0, 0), in_flight=4))) == [("commit", 1, 0)]
+    assert kinds(update(gate, snap(1, plans[1].prompt, (0, 1, 0, 0), in_flight=4))) == [("commit", 1, 0)]
 
 
 @pytest.mark.parametrize("launch", ["probe_first", "eager"])
@@ -99,18 +99,18 @@ def test_carried_prior_abandons_a_known_hard_prompt_sooner():
     for discount, second_verdict in [(0.0, "launch"), (1.0, "abandon")]:
         g = gate(discount)
         (prompt,) = opened(g)
-        assert kinds(g.update(snap(0, prompt, (0, 0, 0, 0)))) == [("launch", 0, 1)]  # 4/9 > 0.35
+        assert kinds(update(g, snap(0, prompt, (0, 0, 0, 0)))) == [("launch", 0, 1)]  # 4/9 > 0.35
         last = snap(0, prompt, (0, 0, 0, 0, 0))
-        assert kinds(g.update(last)) == [("abandon", 0, 0)]  # 3/9
+        assert kinds(update(g, last)) == [("abandon", 0, 0)]  # 3/9
         g.on_closed(closing(last), committed=False)
         (again,) = opened(g)  # the same prompt, carrying Beta(1, 6) when discount = 1
-        assert g.update(snap(1, again, (0, 0, 0, 0)))[0].kind.value == second_verdict
+        assert update(g, snap(1, again, (0, 0, 0, 0)))[0].kind.value == second_verdict
 
 
 def test_carried_prior_follows_discount_posterior():
     g = SaraGate(pool_of(1), group_size=8, config=SaraConfig(history_discount=0.5))
     (prompt,) = opened(g)
-    g.update(last := snap(0, prompt, (0, 0, 0, 0)))
+    update(g, last := snap(0, prompt, (0, 0, 0, 0)))
     g.on_closed(closing(last), committed=False)
     assert g._prior_of(prompt.prompt_id) == (1.0, 1.0 + 0.5 * 4)
 
@@ -139,7 +139,7 @@ def test_sara_on_dps_releases_and_learns_from_abandoned_probes():
     assert len({p.prompt.prompt_id for p in plans}) == 3
     assert admit(gate, 1, step=0) == []  # every prompt has an open group
     first = plans[0].prompt
-    gate.update(last := snap(0, first, (0, 0, 0, 0)))
+    update(gate, last := snap(0, first, (0, 0, 0, 0)))
     gate.on_closed(closing(last), committed=False)
     assert selector.belief(first.prompt_id)[0] > 0.9  # all wrong: unsolved
     assert [p.prompt.prompt_id for p in admit(gate, 1, step=0)] == [first.prompt_id]
@@ -185,7 +185,7 @@ def test_a_checkpoint_from_before_admission_ids_loads_and_resumes():
     of its own: what the reported group saw before the checkpoint is not carried."""
     gate = SaraGate(pool_of(4), group_size=8, config=SaraConfig(history_discount=1.0))
     first, second = admit(gate, 2)
-    gate.update(snap(first.group_id, first.prompt, (0, 0, 0)))
+    update(gate, snap(first.group_id, first.prompt, (0, 0, 0)))
     old = {
         "source": gate.state_dict()["source"],
         "verdicts": {},

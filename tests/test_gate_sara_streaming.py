@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gate_harness import GateHarness, HarnessConfig
+from gate_units import update
 from test_gate_conformance import probabilities
 
 from controller.config import GateConfig, SaraConfig
@@ -35,17 +36,17 @@ def gate():
 
 
 def test_commits_a_mixed_group_before_its_probe_is_in():
-    actions = gate().update(snap([1.0, 0.0], in_flight=2))
+    actions = update(gate(), snap([1.0, 0.0], in_flight=2))
     assert [(a.kind, a.n) for a in actions] == [(ActionKind.LAUNCH, 4), (ActionKind.COMMIT, 0)]
 
 
 def test_waits_for_the_probe_while_the_group_is_all_same():
-    assert gate().update(snap([0.0, 0.0, 0.0], in_flight=1)) == []
+    assert update(gate(), snap([0.0, 0.0, 0.0], in_flight=1)) == []
 
 
 def test_abandons_after_an_all_same_probe_like_probe_first():
     g = gate()
-    assert [a.kind for a in g.update(snap([0.0] * 4, in_flight=0))] == [ActionKind.ABANDON]
+    assert [a.kind for a in update(g, snap([0.0] * 4, in_flight=0))] == [ActionKind.ABANDON]
 
 
 def test_lifecycle_in_the_harness():

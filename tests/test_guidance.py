@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from gate_units import admit, checkpoint_roundtrip, closing, kinds, pool_of, snap
+from gate_units import admit, checkpoint_roundtrip, closing, kinds, on_step, pool_of, snap, update
 
 from controller.config import SaraConfig
 from controller.gates.sara import SaraGate
@@ -81,12 +81,12 @@ def test_a_guided_request_knows_its_reference_tokens_and_an_ordinary_branch_has_
 def test_an_all_wrong_probe_with_a_reference_gets_the_rest_of_its_group_guided_and_commits_once_mixed():
     gate = guided_gate()
     gid = opened(gate, 0)
-    actions = gate.update(snap(gid, 0, (0, 0, 0, 0)))
+    actions = update(gate, snap(gid, 0, (0, 0, 0, 0)))
     assert kinds(actions) == [("launch", gid, 4)]
     branch = actions[0].branch
     assert branch is not None and branch.guide_level == 0.5 and branch.prefix_token_ids == REFERENCE[:3]
-    assert gate.update(snap(gid, 0, (0, 0, 0, 0, 0), in_flight=3)) == []  # waits for the guided ones
-    assert kinds(gate.update(snap(gid, 0, (0, 0, 0, 0, 0, 1), in_flight=2))) == [("commit", gid, 0)]
+    assert update(gate, snap(gid, 0, (0, 0, 0, 0, 0), in_flight=3)) == []  # waits for the guided ones
+    assert kinds(update(gate, snap(gid, 0, (0, 0, 0, 0, 0, 1), in_flight=2))) == [("commit", gid, 0)]
     m = gate.metrics()
     assert (m["gate/guide"], m["gate/commit_guided"], m["gate/guide_groups"], m["gate/guide_rollouts"]) == (1, 1, 1, 4)
     assert "gate/abandon" not in m
@@ -99,7 +99,7 @@ def test_an_annealed_guidance_halves_its_prefix_from_the_anneal_step_on():
     levels = []
     for step in (0, 2, 3, 9):
         [plan] = gate.admit(range(step, step + 1), step)
-        [launch] = gate.update(last := snap(plan.group_id, plan.prompt.prompt_id, (0, 0, 0, 0)))
+        [launch] = update(gate, last := snap(plan.group_id, plan.prompt.prompt_id, (0, 0, 0, 0)))
         levels.append((launch.branch.guide_level, len(launch.branch.prefix_token_ids)))
         gate.on_closed(closing(last), committed=False)
     assert levels == [(0.5, 3), (0.5, 3), (0.25, 2), (0.25, 2)]
@@ -109,15 +109,15 @@ def test_an_annealed_guidance_halves_its_prefix_from_the_anneal_step_on():
 def test_a_guided_group_that_stays_all_wrong_is_abandoned_once_its_guided_rollouts_end():
     gate = guided_gate()
     gid = opened(gate, 1)
-    assert kinds(gate.update(snap(gid, 1, (0,) * 4))) == [("launch", gid, 4)]
-    assert kinds(gate.update(snap(gid, 1, (0,) * 8))) == [("abandon", gid, 0)]
+    assert kinds(update(gate, snap(gid, 1, (0,) * 4))) == [("launch", gid, 4)]
+    assert kinds(update(gate, snap(gid, 1, (0,) * 8))) == [("abandon", gid, 0)]
     assert gate.metrics()["gate/abandon_guided"] == 1.0
 
 
 def test_a_prompt_without_a_reference_is_never_guided_and_is_counted():
     gate = guided_gate()
     gid = opened(gate, 2)
-    assert kinds(gate.update(snap(gid, 2, (0,) * 4))) == [("abandon", gid, 0)]
+    assert kinds(update(gate, snap(gid, 2, (0,) * 4))) == [("abandon", gid, 0)]
     m = gate.metrics()
     assert m["gate/guide_no_reference"] == 1.0 and m["gate/guide_groups"] == 0.0 and m["gate/abandon"] == 1.0
 
@@ -125,9 +125,9 @@ def test_a_prompt_without_a_reference_is_never_guided_and_is_counted():
 def test_an_all_right_probe_is_abandoned_as_before_and_a_mixed_one_commits_as_before():
     gate = guided_gate()
     gid = opened(gate, 0)
-    assert kinds(gate.update(snap(gid, 0, (1,) * 4))) == [("abandon", gid, 0)]
+    assert kinds(update(gate, snap(gid, 0, (1,) * 4))) == [("abandon", gid, 0)]
     gid = opened(gate, 0)
-    assert kinds(gate.update(snap(gid, 0, (1, 0, 0, 0)))) == [("launch", gid, 4), ("commit", gid, 0)]
+    assert kinds(update(gate, snap(gid, 0, (1, 0, 0, 0)))) == [("launch", gid, 4), ("commit", gid, 0)]
     assert gate.metrics()["gate/guide_groups"] == 0.0
 
 
@@ -135,7 +135,7 @@ def test_without_guidance_the_gate_decides_exactly_as_before():
     plain, guided = SaraGate(pool_of(4), group_size=8), guided_gate(references={})
     for gate in (plain, guided):
         gid = opened(gate, 0)
-        assert kinds(gate.update(snap(gid, 0, (0,) * 4))) == [("abandon", gid, 0)]
+        assert kinds(update(gate, snap(gid, 0, (0,) * 4))) == [("abandon", gid, 0)]
     assert "gate/guide_groups" not in plain.metrics()
     assert plain.state_dict().keys() == {"source", "groups", "verdicts", "carried"}
 
@@ -143,8 +143,8 @@ def test_without_guidance_the_gate_decides_exactly_as_before():
 def test_the_guided_rollouts_do_not_count_as_draws_of_the_prompts_own_pass_rate():
     gate = guided_gate(history_discount=1.0)
     gid = opened(gate, 0)
-    gate.update(snap(gid, 0, (0,) * 4))
-    gate.update(last := snap(gid, 0, (0, 0, 0, 0, 1, 1, 1, 0)))
+    update(gate, snap(gid, 0, (0,) * 4))
+    update(gate, last := snap(gid, 0, (0, 0, 0, 0, 1, 1, 1, 0)))
     gate.on_closed(closing(last, committed=True), committed=True)
     unguided = [Rollout(f"g{gid}-s{i}", i, (1,), (3, 2), (0.0, 0.0), 0.0, FinishReason.STOP, 0) for i in range(4)]
     guided = [
@@ -164,7 +164,7 @@ def test_the_guided_rollouts_do_not_count_as_draws_of_the_prompts_own_pass_rate(
     ]
     group = CommittedGroup(gid, 0, tuple(unguided + guided), launched=8, tokens=20)
     assert group.unguided == (0, 4) and group.successes == 3
-    gate.on_step(0, TrainBatch(0, (group,)))
+    on_step(gate, 0, TrainBatch(0, (group,)))
     assert gate._carried[0] == (1.0, 5.0)  # the uniform prior plus the probe's four failures
 
 
@@ -183,10 +183,10 @@ def test_guidance_settings_are_refused_with_the_fix():
 def test_the_guidance_counters_and_a_guided_group_survive_a_checkpoint():
     gate = guided_gate()
     gid = opened(gate, 0)
-    gate.update(snap(gid, 0, (0,) * 4))
+    update(gate, snap(gid, 0, (0,) * 4))
     restored = checkpoint_roundtrip(gate, guided_gate)
     assert restored.metrics()["gate/guide_rollouts"] == 4.0
-    assert kinds(restored.update(snap(gid, 0, (0,) * 8))) == [("abandon", gid, 0)]  # still known as guided
+    assert kinds(update(restored, snap(gid, 0, (0,) * 8))) == [("abandon", gid, 0)]  # still known as guided
 
 
 # --- the loss and the advantages -------------------------------------------------------------
@@ -315,7 +315,7 @@ def test_with_guidance_the_screen_opens_the_hard_prompts_it_would_skip_and_their
     assert sorted(plans) == [1, 2]  # 0 (solved) is skipped, 2 (hard) opens
     m = gate.metrics()
     assert (m["gate/skip_reference"], m["gate/open_to_guide"]) == (1.0, 1.0)
-    [launch] = gate.update(snap(plans[2].group_id, 2, (0, 0, 0, 0)))
+    [launch] = update(gate, snap(plans[2].group_id, 2, (0, 0, 0, 0)))
     assert launch.kind is ActionKind.LAUNCH and launch.n == 4 and launch.branch.guide_level == 0.5
     no_reference = screened_guided_gate({0: 0.001, 1: 0.5}, guided=(1,))
     assert [p.prompt.prompt_id for p in admit(no_reference, 1)] == [1]  # hard and nothing to guide from: skipped

@@ -170,6 +170,49 @@ def test_the_core_imports_no_shell():
     )
 
 
+# docs/design.md, "Packages": pipeline's top-level modules are the vocabulary every part shares
+# (the engines and the simulator import the clock, the core imports the Protocols), so none
+# imports a shell; of the core, only the Protocols import anything: its message vocabulary, for
+# ``EpisodeService.step``'s answer (a ``TurnDone``). Nothing of the core imports them back.
+TOP_LEVEL_MAY_IMPORT_FROM_CORE = {"pipeline.protocols": {"pipeline.core.messages"}}
+
+
+def top_level_breaks(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of a top-level module of pipeline/ against the rule above."""
+    return sorted(
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        if module.startswith("pipeline.")
+        and module.count(".") == 1
+        and (ROOT / "pipeline" / f"{module[9:]}.py").is_file()
+        for target in targets
+        if target.startswith("pipeline.shells")
+        or (target.startswith(CORE + ".") and target not in TOP_LEVEL_MAY_IMPORT_FROM_CORE.get(module, ()))
+    )
+
+
+def test_pipeline_top_level_imports_no_shell_and_of_the_core_only_what_is_allowed():
+    assert not top_level_breaks(import_graph()), (
+        "a top-level module of pipeline/ (the shared vocabulary) imports a shell or the core, against "
+        "docs/design.md's Packages table; move what it needs down to the top level, or the module up:\n"
+        + "\n".join(top_level_breaks(import_graph()))
+    )
+    messages = import_graph()["pipeline.core.messages"]
+    assert "pipeline.protocols" not in messages  # the allowed edge is one way
+
+
+def test_the_top_level_check_finds_a_clock_importing_a_shell():
+    graph = {
+        "pipeline.clock": {"pipeline.shells.learner_timing"},
+        "pipeline.types": {"pipeline.core.tracker"},
+        "pipeline.protocols": {"pipeline.core.messages"},
+    }
+    assert top_level_breaks(graph) == [
+        "pipeline.clock imports pipeline.shells.learner_timing",
+        "pipeline.types imports pipeline.core.tracker",
+    ]
+
+
 def test_the_core_check_finds_a_core_module_importing_a_shell(tmp_path):
     path = tmp_path / "pipeline" / "core" / "fake.py"
     path.parent.mkdir(parents=True)

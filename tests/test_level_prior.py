@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from gate_units import admit, checkpoint_roundtrip, closing, kinds, snap
+from gate_units import admit, checkpoint_roundtrip, closing, kinds, snap, update
 
 from controller.config import SaraConfig
 from controller.gates.sara import SaraGate
@@ -71,14 +71,14 @@ def test_sara_abandons_a_hopeless_level_after_a_two_rollout_probe():
     for g in (gate, uniform):
         plans = admit(g, 20)
         hard = next(p for p in plans if p.prompt.difficulty == 5.0)
-        verdict = kinds(g.update(snap(hard.group_id, hard.prompt, (0, 0))))
+        verdict = kinds(update(g, snap(hard.group_id, hard.prompt, (0, 0))))
         assert verdict == (
             [("abandon", hard.group_id, 0)]
             if g is gate
             else [("launch", hard.group_id, 6), ("commit", hard.group_id, 0)]
         )
         easy = next(p for p in plans if p.prompt.difficulty == 1.0)
-        assert kinds(g.update(snap(easy.group_id, easy.prompt, (1, 0))))[-1] == ("commit", easy.group_id, 0)
+        assert kinds(update(g, snap(easy.group_id, easy.prompt, (1, 0))))[-1] == ("commit", easy.group_id, 0)
     a, b = gate.levels.prior(5.0)
     assert a < 0.5 < b and gate.levels.prior(1.0) == (1.0, 1.0)  # the easy level has no fit yet
 
@@ -89,7 +89,7 @@ def test_the_level_fit_learns_from_abandoned_and_shipped_groups_and_survives_a_c
     plans = admit(gate, 4)
     for plan in plans:
         last = snap(plan.group_id, plan.prompt, (0, 0) if plan.prompt.difficulty == 5.0 else (1, 0))
-        gate.update(last)
+        update(gate, last)
         gate.on_closed(closing(last, plan.prompt.difficulty != 5.0), committed=plan.prompt.difficulty != 5.0)
     abandoned = sum(p.prompt.difficulty == 5.0 for p in plans)
     assert len(gate.levels._levels.get(5.0, ())) == abandoned

@@ -161,10 +161,10 @@ def test_cancelling_the_run_mid_group_leaves_no_orphan_requests():
 class AbandonAfterFirstGate(UniformGate):
     """Launches full groups, abandons every other group at its first finished sample."""
 
-    def update(self, snapshot):
+    def update(self, snapshot, groups):
         if snapshot.group_id % 2 == 0 and snapshot.in_flight > 0:
             return [GroupAction(ActionKind.ABANDON, snapshot.group_id, reason="test")]
-        return super().update(snapshot)
+        return super().update(snapshot, groups)
 
 
 def test_abandon_aborts_in_flight_siblings_and_counts_their_tokens():
@@ -197,9 +197,9 @@ class RecordingGate(UniformGate):
         self.clock = None  # the engine's, set once the engine is built
         self.seen: dict[int, list[float]] = {}
 
-    def update(self, snapshot):
+    def update(self, snapshot, groups):
         self.seen.setdefault(snapshot.group_id, []).append(self.clock.now())
-        return super().update(snapshot)
+        return super().update(snapshot, groups)
 
 
 def test_virtual_clock_delivers_samples_in_engine_time_order():

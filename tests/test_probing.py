@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 from gate_harness import GateHarness, HarnessConfig
-from gate_units import admit, kinds, pool_of, snap
+from gate_units import admit, kinds, pool_of, snap, update
 
 from controller.config import SaraConfig
 from controller.gates.sara import SaraGate
@@ -98,7 +98,7 @@ def test_the_rule_picks_the_option_monte_carlo_says_yields_more_mixed_groups_per
 def _commits(s: int, f: int, prior: tuple[float, float], config: SaraConfig) -> bool:
     gate = SaraGate(pool_of(1), group_size=8, config=config)
     (plan,) = admit(gate, 1)
-    return ("commit", 0, 0) in kinds(gate.update(snap(0, plan.prompt, (1,) * s + (0,) * f)))
+    return ("commit", 0, 0) in kinds(update(gate, snap(0, plan.prompt, (1,) * s + (0,) * f)))
 
 
 def test_step_limited_runs_price_steps_and_prefer_whole_groups():

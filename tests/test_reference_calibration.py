@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 from gate_harness import GateHarness, HarnessConfig
-from gate_units import admit, closing, pool_of, snap
+from gate_units import admit, closing, pool_of, snap, update
 
 from controller.config import SaraConfig
 from controller.gates.sara import SaraGate
@@ -110,7 +110,7 @@ def test_sara_reports_each_scored_groups_probe_to_the_calibration():
     plans = admit(gate, 2)
     for plan, probe in zip(plans, [(0, 0, 0, 0), (1, 0, 1, 0)]):
         last = snap(plan.group_id, plan.prompt, probe)
-        gate.update(last)
+        update(gate, last)
         gate.on_closed(closing(last, sum(probe) > 0), committed=sum(probe) > 0)
     assert screen.calibration is not None and screen.calibration.fitted
     state = gate.state_dict()

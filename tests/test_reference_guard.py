@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 import pytest
-from gate_units import admit, closing, pool_of, snap
+from gate_units import admit, closing, pool_of, snap, update
 
 from controller.config import SaraConfig
 from controller.gates.sara import SaraGate
@@ -137,7 +137,7 @@ def test_probed_groups_count_for_the_probing_rule_at_their_verdict():
     assert [p.initial for p in plans] == [4] * 4
     for plan, probe in zip(plans, [(0, 0, 0, 0), (1, 0, 0, 0), (0, 0, 0, 0), (0, 1, 0, 0)]):
         last = snap(plan.group_id, plan.prompt, probe)
-        gate.update(last)
+        update(gate, last)
         gate.on_closed(closing(last, committed=sum(probe) > 0), committed=sum(probe) > 0)
     assert sorted(list(gate.probing._groups)[16:]) == [(0, 4), (0, 4), (1, 4), (1, 4)]
 

@@ -4,6 +4,8 @@ and capabilities are read as declared members (docs/design.md, "Run modes are pa
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 CORE = [
     "tracker.py",
@@ -53,14 +55,18 @@ def test_no_learner_timing_flag_is_branched_on_in_the_tracker_or_the_shells():
     assert not found, f"a learner-timing flag (use the LearnerTiming part, pipeline/shells/learner_timing.py): {found}"
 
 
-def test_each_clock_declares_one_learner_timing_part_for_the_shell_and_the_tracker():
+def test_each_clock_takes_one_learner_timing_part_for_the_shell_and_the_tracker():
     from pipeline.clock import LockstepClock, VirtualClock, WallClock
     from pipeline.core.actions import CONCURRENT, INLINE
-    from pipeline.shells.learner_timing import ConcurrentLearning, InlineLearning
+    from pipeline.shells.learner_timing import ConcurrentLearning, InlineLearning, learning_for
 
-    assert VirtualClock.learning is InlineLearning and LockstepClock.learning is InlineLearning
-    assert WallClock.learning is ConcurrentLearning
+    assert (
+        type(learning_for(VirtualClock())) is InlineLearning and type(learning_for(LockstepClock())) is InlineLearning
+    )
+    assert type(learning_for(WallClock())) is ConcurrentLearning
     assert InlineLearning.timing is INLINE and ConcurrentLearning.timing is CONCURRENT
+    with pytest.raises(TypeError, match="no learner timing is declared for a object"):
+        learning_for(object())
 
 
 def _tick_after_a_batch(timing):

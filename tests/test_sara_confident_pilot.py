@@ -8,7 +8,7 @@ import math
 import random
 
 import pytest
-from gate_units import admit, kinds, pool_of, snap
+from gate_units import admit, kinds, pool_of, snap, update
 
 from controller.config import SaraConfig
 from controller.gates.sara import SaraGate
@@ -54,17 +54,17 @@ def test_a_pilot_comes_first_and_a_near_certain_one_settles_the_group():
     assert [p.initial for p in plans] == [1, 1, 1]  # the pilot, not the probe of 4
     sure, unsure, mixed = plans
     # The policy writes the pilot's response 99% of the time: P(mixed) <= 1 - 0.99^7 = 0.068.
-    out = gate.update(confident(sure.group_id, sure.prompt, (1,), [math.log(0.99)]))
+    out = update(gate, confident(sure.group_id, sure.prompt, (1,), [math.log(0.99)]))
     assert kinds(out) == [("abandon", sure.group_id, 0)] and "P(mixed) <= 0.068" in out[0].reason
     # A pilot the policy wrote half the time says little: the rest of the probe follows.
-    out = gate.update(confident(unsure.group_id, unsure.prompt, (1,), [math.log(0.5)]))
+    out = update(gate, confident(unsure.group_id, unsure.prompt, (1,), [math.log(0.5)]))
     assert kinds(out) == [("launch", unsure.group_id, 3)] and out[0].reason == "sara probe after the pilot"
     # ... and the probe then decides as published SARA does: all four agree -> abandon.
     lps = [math.log(0.5)] * 4
-    assert kinds(gate.update(confident(unsure.group_id, unsure.prompt, (1, 1, 1, 1), lps)))[0][0] == "abandon"
+    assert kinds(update(gate, confident(unsure.group_id, unsure.prompt, (1, 1, 1, 1), lps)))[0][0] == "abandon"
     # A mixed group is never abandoned, however sure its rollouts were.
-    gate.update(confident(mixed.group_id, mixed.prompt, (0,), [math.log(0.4)]))
-    out = gate.update(confident(mixed.group_id, mixed.prompt, (0, 1), [math.log(0.4), math.log(0.999)], in_flight=2))
+    update(gate, confident(mixed.group_id, mixed.prompt, (0,), [math.log(0.4)]))
+    out = update(gate, confident(mixed.group_id, mixed.prompt, (0, 1), [math.log(0.4), math.log(0.999)], in_flight=2))
     assert "abandon" not in [k for k, _, _ in kinds(out)]
     assert gate.metrics()["gate/abandon_confident"] == 1
 
@@ -74,7 +74,7 @@ def test_confident_max_mixed_sets_how_sure_a_pilot_must_be():
     loose = SaraGate(pool_of(8), group_size=8, config=SaraConfig(confident_pilot=True))
     for gate, verdict in ((strict, "launch"), (loose, "abandon")):
         plan = admit(gate, 1)[0]  # q = 0.95: P(mixed) <= 1 - 0.95^7 = 0.30
-        out = gate.update(confident(plan.group_id, plan.prompt, (0,), [math.log(0.95)]))
+        out = update(gate, confident(plan.group_id, plan.prompt, (0,), [math.log(0.95)]))
         assert [k for k, _, _ in kinds(out)] == [verdict]
     with pytest.raises(ConfigError, match="confident_max_mixed=1.0 must be in"):
         SaraConfig(confident_max_mixed=1.0)
@@ -86,9 +86,9 @@ def test_only_fresh_rollouts_with_log_probs_count():
     gate = SaraGate(pool_of(8), group_size=8, config=SaraConfig(confident_pilot=True))
     a, b = admit(gate, 2)
     sure = math.log(0.999)
-    out = gate.update(confident(a.group_id, a.prompt, (0,), [sure], origins=[7]))
+    out = update(gate, confident(a.group_id, a.prompt, (0,), [sure], origins=[7]))
     assert [k for k, _, _ in kinds(out)] == ["launch"]
-    out = gate.update(confident(b.group_id, b.prompt, (0,), [math.nan]))
+    out = update(gate, confident(b.group_id, b.prompt, (0,), [math.nan]))
     assert [k for k, _, _ in kinds(out)] == ["launch"]
     assert gate.confident_bound(confident(b.group_id, b.prompt, (0, 0), [math.nan, sure])) < 0.01
 
@@ -97,7 +97,7 @@ def test_off_by_default_and_the_published_probe_is_unchanged():
     gate = SaraGate(pool_of(4), group_size=8)
     plan = admit(gate, 1)[0]
     assert plan.initial == 4
-    out = gate.update(confident(plan.group_id, plan.prompt, (1,), [0.0], in_flight=3))
+    out = update(gate, confident(plan.group_id, plan.prompt, (1,), [0.0], in_flight=3))
     assert out == []  # a certain rollout, but the option is off: the probe goes on
 
 

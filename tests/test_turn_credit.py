@@ -10,6 +10,8 @@ from transformers import LlamaForCausalLM
 from learner.config import LearnerConfig
 from learner.packing import BatchError, pack
 from learner.torch_learner import TorchLearner
+from learner.turn_credit import turn_advantages
+from pipeline.advantages import grpo_advantages
 from pipeline.config.build import ConfigError
 from pipeline.types import CommittedGroup, FinishReason, Rollout, TrainBatch, Turns
 
@@ -82,3 +84,21 @@ def test_bad_turn_credit_and_mismatched_token_advantages_are_named():
 
     with pytest.raises(BatchError, match="'e0' has \\(3,\\) token advantages for 2 tokens"):
         pack([r], [np.zeros(3, dtype=np.float32)], pad_id=0, micro_batch=4)
+
+
+def test_turn_advantages_are_the_run_advantage_function_over_the_group_turns():
+    """Per-turn credit is GRPO's group-relative advantage (pipeline.advantages, the one advantage
+    function of both learners) over the group's turns pooled, split back into episodes; a
+    group whose turns all earned the same gets exact zeros, as a saturated group does."""
+    episodes = [
+        Turns(ends=(2, 6), rewards=(1.0, 0.0), policy_mask=MASK),
+        None,  # a rollout without turns
+        Turns(ends=(2, 4, 6), rewards=(0.0, 0.5, 1.0), policy_mask=(True,) * 6),
+    ]
+    (pooled,) = grpo_advantages([(1.0, 0.0, 0.0, 0.5, 1.0)])
+    assert turn_advantages(episodes) == [pooled[:2], None, pooled[2:]]
+    same = [
+        Turns(ends=(2, 6), rewards=(0.1, 0.1), policy_mask=MASK),
+        Turns(ends=(6,), rewards=(0.1,), policy_mask=MASK),
+    ]
+    assert turn_advantages(same) == [(0.0, 0.0), (0.0,)]  # (0.1 + 0.1 + 0.1) / 3 is not 0.1: no residue over eps

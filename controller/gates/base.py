@@ -7,7 +7,8 @@
 * one typed record per open group (``_groups``, of the subclass's ``Record`` type), made by
   ``_open`` when ``admit`` plans the group under the id the orchestrator offered, and dropped
   at ``on_closed``: the gate's own decisions on the group, never a copy of its counts (those
-  come with each snapshot, the closing one included);
+  come with each snapshot: the reported group's, every open group's in ``groups``
+  (``OpenGroups``) at ``update`` and ``on_step``, and the closing one);
 * verdict counters, reported by ``metrics()`` as ``gate/<reason>``;
 * selector feedback: an abandoned (or dropped) group's rewards at ``on_closed`` (those of its
   closing snapshot its verdict saw, ``GroupSnapshot.verdict_counts``), a shipped
@@ -15,7 +16,7 @@
   ``update`` once a group is committed), then ``source.advance``.
 
 ``update`` is a template method: it finds the group's record and hands it with the snapshot
-to the subclass's ``_update``; ``on_closed`` hands the closing snapshot to ``_closed``. Subclasses implement ``admit`` and
+and the open groups to the subclass's ``_update``; ``on_closed`` hands the closing snapshot to ``_closed``. Subclasses implement ``admit`` and
 ``_update`` and add their own state through ``_extra_state`` / ``_load_extra_state``.
 ``state_dict()`` is plain JSON-able data.
 
@@ -31,7 +32,7 @@ from typing import Any, Generic, TypeVar, cast
 from controller.gates.common import GroupRecord, SealedRecord, Verdicts, abandon, commit, too_many_failures
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector, as_selector
-from pipeline.protocols import Gate
+from pipeline.protocols import Gate, OpenGroups
 from pipeline.types import GroupAction, GroupSnapshot, Prompt, TrainBatch
 
 R = TypeVar("R", bound=GroupRecord)  # a gate's own record of a group
@@ -77,17 +78,18 @@ class BaseGate(Gate, Generic[R]):
         rec = self._groups[group_id] = cast(R, self.Record(prompt_id=prompt.prompt_id, **fields))
         return rec
 
-    def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
+    def update(self, snapshot: GroupSnapshot, groups: OpenGroups) -> list[GroupAction]:
         rec = self._groups.get(snapshot.group_id)
         if rec is None:
             raise ValueError(
                 f"{type(self).__name__} got an update for group {snapshot.group_id} of prompt "
                 f"{snapshot.prompt.prompt_id}, which it never opened; only the gate that admitted a group may be asked about it"
             )
-        return self._update(snapshot, rec)
+        return self._update(snapshot, rec, groups)
 
-    def _update(self, snapshot: GroupSnapshot, rec: R) -> list[GroupAction]:
-        """Subclass hook: the decision on one more ended sample of the group ``rec`` records."""
+    def _update(self, snapshot: GroupSnapshot, rec: R, groups: OpenGroups) -> list[GroupAction]:
+        """Subclass hook: the decision on one more ended sample of the group ``rec`` records
+        (``groups``: every open group as it stands, for a decision on other groups too)."""
         raise NotImplementedError
 
     def on_closed(self, closing: GroupSnapshot, committed: bool) -> None:
@@ -111,20 +113,20 @@ class BaseGate(Gate, Generic[R]):
     def _closed(self, closing: GroupSnapshot, rec: R, committed: bool) -> None:
         """Subclass hook: the group left (shipped or dropped); ``closing``: its final snapshot."""
 
-    def on_step(self, step: int, batch: TrainBatch) -> list[GroupAction]:
+    def on_step(self, step: int, batch: TrainBatch, groups: OpenGroups) -> list[GroupAction]:
         for group in batch.groups:
             # A guided rollout's reward is not a draw of the prompt's own pass rate: only the rest count.
             successes, samples = group.unguided
             self.source.observe(group.prompt_id, successes, samples)
             self._shipped(group.prompt_id, successes, samples)
         self.source.advance(step)
-        return self._stepped(step, batch)
+        return self._stepped(step, batch, groups)
 
     def _shipped(self, prompt_id: int, successes: int, samples: int) -> None:
         """Subclass hook: a group of ``prompt_id`` was trained on with these rewards."""
 
-    def _stepped(self, step: int, batch: TrainBatch) -> list[GroupAction]:
-        """Subclass hook: actions after a learner step."""
+    def _stepped(self, step: int, batch: TrainBatch, groups: OpenGroups) -> list[GroupAction]:
+        """Subclass hook: actions after a learner step, on open groups as ``groups`` holds them."""
         return []
 
     # --- reporting ----------------------------------------------------------------------
@@ -177,7 +179,7 @@ class SealingGate(BaseGate[S], Generic[S]):
     committed a group its later updates change nothing, a group the engine keeps failing is
     abandoned (``_abandon_failed``), and every other update is the subclass's ``_judge``."""
 
-    def _update(self, snapshot: GroupSnapshot, rec: S) -> list[GroupAction]:
+    def _update(self, snapshot: GroupSnapshot, rec: S, groups: OpenGroups) -> list[GroupAction]:
         if rec.sealed:
             return []
         if too_many_failures(snapshot):

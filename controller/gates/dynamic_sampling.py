@@ -38,6 +38,7 @@ from controller.gates.common import abandon, commit, hold
 from controller.gates.rounds import RoundGate, RoundRecord
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector
+from pipeline.protocols import OpenGroups
 from pipeline.types import GroupAction, GroupSnapshot, TrainBatch
 
 
@@ -64,12 +65,14 @@ class DynamicSamplingGate(RoundGate[RoundRecord]):
     >>> len(plans)                                   # one round: 3 x batch_groups prompts
     3
     >>> def done(gid, prompt, rewards):
-    ...     return GroupSnapshot(gid, prompt, 4, rewards, in_flight=0, launched=4, failed=0, tokens=0, policy_version=0)
-    >>> [a.reason for a in gate.update(done(0, plans[0].prompt, (0.0, 0.0, 0.0, 0.0)))]
+    ...     snapshot = GroupSnapshot(gid, prompt, 4, rewards, in_flight=0, launched=4, failed=0, tokens=0,
+    ...                              policy_version=0)
+    ...     return gate.update(snapshot, {gid: snapshot})
+    >>> [a.reason for a in done(0, plans[0].prompt, (0.0, 0.0, 0.0, 0.0))]
     ['zero_std']
-    >>> [a.reason for a in gate.update(done(1, plans[1].prompt, (1.0, 0.0, 0.0, 1.0)))]
+    >>> [a.reason for a in done(1, plans[1].prompt, (1.0, 0.0, 0.0, 1.0))]
     ['effective']
-    >>> [a.reason for a in gate.update(done(2, plans[2].prompt, (0.0, 1.0, 1.0, 1.0)))]
+    >>> [a.reason for a in done(2, plans[2].prompt, (0.0, 1.0, 1.0, 1.0))]
     ['surplus']
     """
 
@@ -90,12 +93,12 @@ class DynamicSamplingGate(RoundGate[RoundRecord]):
 
     # --- judging ------------------------------------------------------------------------
 
-    def _update(self, snapshot: GroupSnapshot, rec: RoundRecord) -> list[GroupAction]:
+    def _update(self, snapshot: GroupSnapshot, rec: RoundRecord, groups: OpenGroups) -> list[GroupAction]:
         if rec.verdict == "abandon":
             rec.verdict = ""  # a controller replaced our ABANDON by an intervention: judge again
         if rec.verdict or snapshot.in_flight > 0:
             return []
-        return [self._judge(snapshot, rec)] + self._count(rec)
+        return [self._judge(snapshot, rec)] + self._count(rec, groups)
 
     def _may_commit(self, rec: RoundRecord) -> bool:
         return self._quota.can_commit() and self._quota.fill_step <= rec.step
@@ -119,7 +122,7 @@ class DynamicSamplingGate(RoundGate[RoundRecord]):
             return self._verdict(rec, hold(gid, "fallback_candidate"))
         return self._verdict(rec, abandon(gid, "zero_std"))
 
-    def _round_ended(self) -> list[GroupAction]:
+    def _round_ended(self, groups: OpenGroups) -> list[GroupAction]:
         filled = self._quota.fill_step > self._series["step"]
         self._check_cap(short=not filled)
         actions = []
@@ -145,7 +148,7 @@ class DynamicSamplingGate(RoundGate[RoundRecord]):
 
     # --- step boundary and closing ------------------------------------------------------
 
-    def _stepped(self, step: int, batch: TrainBatch) -> list[GroupAction]:
+    def _stepped(self, step: int, batch: TrainBatch, groups: OpenGroups) -> list[GroupAction]:
         self._quota.see_step(step + 1)
         actions = []
         while self._held and self._quota.can_commit():

@@ -29,19 +29,19 @@ from controller.gates.base import BaseGate
 from controller.gates.common import GroupRecord, abandon, commit, hold, launch, too_many_failures
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector
+from pipeline.protocols import OpenGroups
 from pipeline.types import GroupAction, GroupPlan, GroupSnapshot, TrainBatch
 
 
 @dataclass(kw_only=True)
 class HoraRecord(GroupRecord):
     """A HORA group: its ``phase`` (probe, wait, commit, abandoned; or replacement: a plain
-    group owed for a dropped one), the allocation batch it probes for and, once its probe is in,
-    the probe's outcome (``probe``: successes and samples, from its latest snapshot while it
-    waits), which the batch's allocation reads when the batch's last probe ends."""
+    group owed for a dropped one) and the allocation batch it probes for. The probe's outcome
+    is the tracker's: the batch's allocation reads each waiting group's snapshot when the
+    batch's last probe ends."""
 
     phase: str
     batch: int | None = None
-    probe: tuple[int, int] = (0, 0)
 
 
 @dataclass
@@ -81,9 +81,11 @@ class HoraGate(BaseGate[HoraRecord]):
     >>> def probed(plan, rewards):
     ...     return GroupSnapshot(plan.group_id, plan.prompt, 8, rewards, in_flight=0, launched=4, failed=0, tokens=0,
     ...                          policy_version=0)
-    >>> [x.kind.value for x in gate.update(probed(a, (0.0, 0.0, 0.0, 0.0)))]
+    >>> open_groups = {a.group_id: probed(a, (0.0, 0.0, 0.0, 0.0))}     # the tracker's snapshots
+    >>> [x.kind.value for x in gate.update(open_groups[a.group_id], open_groups)]
     ['hold']
-    >>> [(x.kind.value, x.group_id, x.n) for x in gate.update(probed(b, (1.0, 1.0, 1.0, 1.0)))]
+    >>> open_groups[b.group_id] = probed(b, (1.0, 1.0, 1.0, 1.0))
+    >>> [(x.kind.value, x.group_id, x.n) for x in gate.update(open_groups[b.group_id], open_groups)]
     [('launch', 0, 6), ('commit', 0, 0), ('launch', 1, 2), ('commit', 1, 0)]
     """
 
@@ -128,7 +130,7 @@ class HoraGate(BaseGate[HoraRecord]):
 
     # --- probes and allocation ----------------------------------------------------------
 
-    def _update(self, snapshot: GroupSnapshot, rec: HoraRecord) -> list[GroupAction]:
+    def _update(self, snapshot: GroupSnapshot, rec: HoraRecord, groups: OpenGroups) -> list[GroupAction]:
         gid = snapshot.group_id
         if rec.phase == "replacement":
             rec.phase = "commit"
@@ -136,8 +138,6 @@ class HoraGate(BaseGate[HoraRecord]):
             return [commit(gid, "hora replacement")]
         if rec.phase == "abandoned":
             return [abandon(gid, "failures")]  # a controller replaced our ABANDON: propose it again
-        if rec.phase in ("probe", "wait"):
-            rec.probe = (snapshot.successes, snapshot.finished)
         if rec.phase == "wait" and snapshot.in_flight == 0:
             return [hold(gid, "await batch")]  # a controller added samples while it waited
         if rec.phase != "probe" or snapshot.in_flight > 0:
@@ -151,15 +151,18 @@ class HoraGate(BaseGate[HoraRecord]):
         rec.phase = "wait"
         self._batch.ready.append(gid)
         if self._batch.to_open == 0 and len(self._batch.ready) == self.batch_groups:
-            return self._allocate()
+            return self._allocate(groups)
         return [hold(gid, "await batch")]
 
-    def _allocate(self) -> list[GroupAction]:
+    def _allocate(self, groups: OpenGroups) -> list[GroupAction]:
+        """Split the batch's extra budget by its probes' outcomes, each read from the group's
+        snapshot as it stands (``groups``); every group of the batch commits."""
         ready = self._batch.ready
         recs = [self._groups[g] for g in ready]
-        probes = [r.probe[1] for r in recs]
+        probed = [groups[g] for g in ready]  # each group of the batch as the tracker holds it now
+        successes, probes = [p.successes for p in probed], [p.finished for p in probed]
         cap = [max(0, self.config.max_group_size - n) for n in probes] if self.config.max_group_size else None
-        extra = hora_allocate([r.probe[0] for r in recs], probes, self.extra_budget, prior=self.prior, cap=cap)
+        extra = hora_allocate(successes, probes, self.extra_budget, prior=self.prior, cap=cap)
         actions = []
         for gid, rec, m in zip(ready, recs, extra):
             rec.phase = "commit"
@@ -167,13 +170,13 @@ class HoraGate(BaseGate[HoraRecord]):
                 actions.append(launch(gid, m, "hora extra"))
             actions.append(commit(gid, f"hora m={m}"))
         self._verdicts.add("commit", len(ready))
-        self._verdicts.add("saturated_commit", sum(1 for r in recs if r.probe[0] in (0, r.probe[1])))
+        self._verdicts.add("saturated_commit", sum(1 for s, n in zip(successes, probes) if s in (0, n)))
         self._batch.allocated = True
         return actions
 
     # --- step boundary and closing ------------------------------------------------------
 
-    def _stepped(self, step: int, batch: TrainBatch) -> list[GroupAction]:
+    def _stepped(self, step: int, batch: TrainBatch, groups: OpenGroups) -> list[GroupAction]:
         self._horizon = max(self._horizon, step + 1)
         return []
 

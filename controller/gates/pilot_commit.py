@@ -44,19 +44,19 @@ from controller.gates.common import abandon, commit, hold, launch, too_many_fail
 from controller.gates.rounds import RoundGate, RoundRecord
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector
+from pipeline.protocols import OpenGroups
 from pipeline.types import GroupAction, GroupSnapshot, TrainBatch
 
 
 @dataclass(kw_only=True)
 class PilotRecord(RoundRecord):
-    """A pilot: its success rate ``p_hat`` once judged, the horizon step at which it entered
-    the buffer (``born``), why it would be abandoned while it is a fallback candidate
-    (``reason``), whether a controller's intervention made it be judged again, and the rewards
-    its latest snapshot held (``seen``): the pilot a buffered group's commit tops up to the
-    group size, when it commits on another group's update or at a step."""
+    """A pilot: its success rate ``p_hat`` as judged (the gate's verdict on it, kept as it was
+    when judged), the horizon step at which it entered the buffer (``born``), why it would be
+    abandoned while it is a fallback candidate (``reason``) and whether a controller's
+    intervention made it be judged again. How many rollouts the pilot holds is the tracker's:
+    a buffered group's commit reads it from the group's snapshot, to top the group up to size."""
 
     p_hat: float | None = None
-    seen: int = 0
     born: int | None = None
     reason: str = ""
     rejudge: bool = False
@@ -88,7 +88,7 @@ class PilotCommitGate(RoundGate[PilotRecord]):
     (3, (8, 4))
     >>> pilot = GroupSnapshot(0, plans[0].prompt, 8, (1.0, 0.0, 1.0, 0.0), in_flight=0, launched=4, failed=0,
     ...                       tokens=0, policy_version=0)
-    >>> [(a.kind.value, a.n) for a in gate.update(pilot)]      # p_hat = 0.5: n_c = 4 more, then commit
+    >>> [(a.kind.value, a.n) for a in gate.update(pilot, {0: pilot})]      # p_hat = 0.5: n_c = 4 more, then commit
     [('launch', 4), ('commit', 0)]
     """
 
@@ -133,9 +133,8 @@ class PilotCommitGate(RoundGate[PilotRecord]):
 
     # --- judging pilots -----------------------------------------------------------------
 
-    def _update(self, snapshot: GroupSnapshot, rec: PilotRecord) -> list[GroupAction]:
+    def _update(self, snapshot: GroupSnapshot, rec: PilotRecord, groups: OpenGroups) -> list[GroupAction]:
         gid = snapshot.group_id
-        rec.seen = snapshot.finished
         if rec.verdict == "abandon":
             # A controller replaced our ABANDON by an intervention: judge the grown pilot again
             # (its eviction count already happened).
@@ -149,10 +148,10 @@ class PilotCommitGate(RoundGate[PilotRecord]):
                 return [launch(gid, self.pilot_size - snapshot.finished, "replace failed")]
         else:
             actions = self._judge(snapshot, rec)
-        actions += self._drain()
+        actions += self._drain(groups)
         if rec.verdict == "" and gid in self._buffer:
             actions.append(self._verdict(rec, hold(gid, "buffered")))
-        return actions + self._count(rec)
+        return actions + self._count(rec, groups)
 
     def _judge(self, snapshot: GroupSnapshot, rec: PilotRecord) -> list[GroupAction]:
         gid, pid = snapshot.group_id, snapshot.prompt.prompt_id
@@ -185,20 +184,21 @@ class PilotCommitGate(RoundGate[PilotRecord]):
         self.source.evict(prompt_id)
         return True
 
-    def _drain(self) -> list[GroupAction]:
-        """Commit buffered pilots, oldest first, while the step being produced has room."""
+    def _drain(self, groups: OpenGroups) -> list[GroupAction]:
+        """Commit buffered pilots, oldest first, while the step being produced has room, each
+        topped up from the rollouts its snapshot holds now (``groups``) to the group size."""
         actions = []
         while self._buffer and self._quota.can_commit():
             gid = self._buffer.pop(0)
             rec = self._groups[gid]
             self._quota.commit()
-            rest = self.group_size - rec.seen
+            rest = self.group_size - groups[gid].finished
             if rest > 0:
                 actions.append(launch(gid, rest, "pilot_commit n_c"))
             actions.append(self._verdict(rec, commit(gid, "commit")))
         return actions
 
-    def _round_ended(self) -> list[GroupAction]:
+    def _round_ended(self, groups: OpenGroups) -> list[GroupAction]:
         self._check_cap(short=self._uncovered() > 0)
         actions = []
         best = sorted(self._candidates, key=lambda g: (abs(self._judged(g) - 0.5), g))
@@ -211,7 +211,7 @@ class PilotCommitGate(RoundGate[PilotRecord]):
             else:
                 actions.append(self._verdict(rec, abandon(gid, rec.reason)))
         self._candidates = []
-        actions += self._drain()
+        actions += self._drain(groups)
         return actions
 
     def _judged(self, group_id: int) -> float:
@@ -229,7 +229,7 @@ class PilotCommitGate(RoundGate[PilotRecord]):
 
     # --- step boundary and closing ------------------------------------------------------
 
-    def _stepped(self, step: int, batch: TrainBatch) -> list[GroupAction]:
+    def _stepped(self, step: int, batch: TrainBatch, groups: OpenGroups) -> list[GroupAction]:
         self._quota.see_step(step + 1)
         actions = []
         for gid in list(self._buffer):
@@ -238,7 +238,7 @@ class PilotCommitGate(RoundGate[PilotRecord]):
             if step + 1 - rec.born > self.max_buffer_age:
                 self._buffer.remove(gid)
                 actions.append(self._verdict(rec, abandon(gid, "stale")))
-        return actions + self._drain()
+        return actions + self._drain(groups)
 
     def _closed(self, closing: GroupSnapshot, rec: PilotRecord, committed: bool) -> None:
         group_id = closing.group_id

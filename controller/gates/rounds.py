@@ -13,8 +13,8 @@ Round cap: when round ``max_rounds`` of a step ends and the step is still short,
 ``RoundGate`` keeps the quota, the series and the fallback candidates, opens the rounds in
 ``admit``, counts judged groups (``_count``), checks the cap (``_check_cap``) and checkpoints
 all three; each group's ``RoundRecord`` says which step and round it serves and its verdict.
-A subclass implements ``_update`` (calling ``_count`` once a group is judged),
-``_round_ended`` and ``_cap_message``; it may narrow ``_round_needed``.
+A subclass implements ``_update`` (calling ``_count`` once a group is judged, with the open
+groups it was handed), ``_round_ended`` and ``_cap_message``; it may narrow ``_round_needed``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from controller.gates.base import BaseGate
 from controller.gates.common import GroupRecord, StepQuota
 from controller.prompts import PromptPool
 from controller.selectors import PromptSelector
+from pipeline.protocols import OpenGroups
 from pipeline.types import GroupAction, GroupPlan, GroupSnapshot
 
 
@@ -76,10 +77,10 @@ class RoundGate(BaseGate[RR], Generic[RR]):
     >>> from pipeline.types import GroupSnapshot, Prompt
     >>> class CommitAll(RoundGate):                    # commits every group, round after round
     ...     round_size = 2
-    ...     def _update(self, snapshot, rec):
+    ...     def _update(self, snapshot, rec, groups):
     ...         self._quota.commit()
-    ...         return [self._verdict(rec, commit(snapshot.group_id, "seen"))] + self._count(rec)
-    ...     def _round_ended(self):
+    ...         return [self._verdict(rec, commit(snapshot.group_id, "seen"))] + self._count(rec, groups)
+    ...     def _round_ended(self, groups):
     ...         return []
     >>> gate = CommitAll(PromptPool([Prompt(i, "", (1,)) for i in range(9)], seed=0), group_size=4, batch_groups=4,
     ...                  max_rounds=3, on_round_cap="fill", initial_size=4)
@@ -87,8 +88,9 @@ class RoundGate(BaseGate[RR], Generic[RR]):
     >>> len(plans), len(gate.admit(range(2, 10), step=0))   # a round of 2; the next waits for their verdicts
     (2, 0)
     >>> for plan in plans:
-    ...     _ = gate.update(GroupSnapshot(plan.group_id, plan.prompt, 4, (1.0, 0.0, 1.0, 0.0), in_flight=0,
-    ...                                   launched=4, failed=0, tokens=0, policy_version=0))
+    ...     pilot = GroupSnapshot(plan.group_id, plan.prompt, 4, (1.0, 0.0, 1.0, 0.0), in_flight=0, launched=4,
+    ...                           failed=0, tokens=0, policy_version=0)
+    ...     _ = gate.update(pilot, {plan.group_id: pilot})
     >>> len(gate.admit(range(2, 10), step=0)), gate.state_dict()["series"]
     (2, {'step': 0, 'round': 2, 'to_open': 0, 'pending': 2, 'fallback': False})
     """
@@ -151,18 +153,19 @@ class RoundGate(BaseGate[RR], Generic[RR]):
         """The group belongs to the last round the cap allows for the series' step."""
         return rec.round >= self.max_rounds and rec.step == self._series["step"]
 
-    def _count(self, rec: RoundRecord) -> list[GroupAction]:
-        """The group is judged: count it in its round (once); the actions of the round's end."""
+    def _count(self, rec: RoundRecord, groups: OpenGroups) -> list[GroupAction]:
+        """The group is judged: count it in its round (once); the actions of the round's end
+        (on the open groups as ``groups`` holds them)."""
         counted, rec.counted = rec.counted, True
         series = self._series
         if not counted and self._in_round(rec):
             series["pending"] -= 1
             if series["pending"] == 0 and series["to_open"] == 0:
-                return self._round_ended()
+                return self._round_ended(groups)
         return []
 
-    def _round_ended(self) -> list[GroupAction]:
-        """Every group of the current round is judged."""
+    def _round_ended(self, groups: OpenGroups) -> list[GroupAction]:
+        """Every group of the current round is judged (``groups``: the open groups as they stand)."""
         raise NotImplementedError
 
     def _stop_opening(self) -> None:

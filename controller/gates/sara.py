@@ -68,6 +68,7 @@ from controller.probing import ProbingRule
 from controller.prompts import PromptPool
 from controller.reference import ReferenceScreen
 from controller.selectors import PromptSelector
+from pipeline.protocols import OpenGroups
 from pipeline.types import ActionKind, GroupAction, GroupPlan, GroupSnapshot, Prompt
 
 # Most prompts the reference screen skips for one group before it opens one anyway.
@@ -111,7 +112,7 @@ class SaraGate(BaseGate[SaraRecord]):
     [(7, 8, 4)]
     >>> probe = GroupSnapshot(group_id=7, prompt=Prompt(0, "", (1,)), target_size=8, rewards=(1.0, 0.0, 0.0, 0.0),
     ...                      in_flight=0, launched=4, failed=0, tokens=100, policy_version=0)
-    >>> [(a.kind.value, a.n) for a in gate.update(probe)]
+    >>> [(a.kind.value, a.n) for a in gate.update(probe, {7: probe})]
     [('launch', 4), ('commit', 0)]
     """
 
@@ -290,7 +291,7 @@ class SaraGate(BaseGate[SaraRecord]):
         size = max(self.group_size, successes + failures)
         return effective_probability(successes, failures, size, prior or self.prior)
 
-    def _update(self, snapshot: GroupSnapshot, rec: SaraRecord) -> list[GroupAction]:
+    def _update(self, snapshot: GroupSnapshot, rec: SaraRecord, groups: OpenGroups) -> list[GroupAction]:
         gid, t, running = snapshot.group_id, snapshot.finished, snapshot.in_flight
         if too_many_failures(snapshot):
             return self._abandon_failed(gid)

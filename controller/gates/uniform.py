@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from controller.prompts import PromptPool
-from pipeline.protocols import Gate
+from pipeline.protocols import Gate, OpenGroups
 from pipeline.types import ActionKind, GroupAction, GroupPlan, GroupSnapshot, TrainBatch
 
 
@@ -27,7 +27,10 @@ class UniformGate(Gate):
     def __init__(self, pool: PromptPool, group_size: int):
         self.pool = pool
         self.group_size = group_size
-        self._proposed: set[int] = set()  # groups whose COMMIT it proposed: its own decisions, not their state
+        # Groups whose COMMIT it proposed: its own decisions, not their state. The snapshot cannot
+        # say it: a controller that holds the COMMIT (RAIL's queued decisions) leaves the group
+        # unsealed (``committed_at`` -1) until it decides, and asks the gate again meanwhile.
+        self._proposed: set[int] = set()
 
     def admit(self, group_ids: range, step: int) -> list[GroupPlan]:
         return [
@@ -35,7 +38,7 @@ class UniformGate(Gate):
             for gid, p in zip(group_ids, self.pool.take(len(group_ids)))
         ]
 
-    def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
+    def update(self, snapshot: GroupSnapshot, groups: OpenGroups) -> list[GroupAction]:
         # Asked only while the group is not committed (the tracker's rule): commit it, once. While
         # a controller holds that COMMIT the group is still open, and a second proposal would be a
         # second decision point for one verdict.
@@ -47,7 +50,7 @@ class UniformGate(Gate):
     def on_closed(self, closing: GroupSnapshot, committed: bool) -> None:
         self._proposed.discard(closing.group_id)
 
-    def on_step(self, step: int, batch: TrainBatch) -> list[GroupAction]:
+    def on_step(self, step: int, batch: TrainBatch, groups: OpenGroups) -> list[GroupAction]:
         return []
 
     def state_dict(self) -> dict[str, Any]:

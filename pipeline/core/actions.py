@@ -153,8 +153,8 @@ beside generation: the one training and one waiting for it."""
 
 class LearnerTiming(Protocol):
     """When the learner trains the batches the tracker hands out: one of two parts, ``INLINE``
-    or ``CONCURRENT``, chosen when the run is built (its clock declares it, ``pipeline.clock``;
-    the shell's side of each is in ``pipeline.shells.learner_timing``). The tracker asks the part what
+    or ``CONCURRENT``, chosen when the run is built (by its clock:
+    ``pipeline.shells.learner_timing.LEARNING_BY_CLOCK``, which holds the shell's side of each). The tracker asks the part what
     to do; it branches on no flag.
 
     >>> INLINE.slots, CONCURRENT.slots

@@ -6,6 +6,11 @@ controller has queued its own decision on that group, decides the controller's q
 decision points as one batch when they are due, and logs every gate decision to the trace
 with whether it ran. It decides; the tracker (``pipeline.core.tracker``) carries the actions out.
 
+The gate reads the groups it decides on from the tracker's records: ``update`` and ``on_step``
+are handed a ``pipeline.core.group.SnapshotView`` of the tracker's open groups, read as
+snapshots on demand (``pipeline.protocols.OpenGroups``), so no gate keeps a copy of a group's
+counts.
+
 Queued decision points (RAIL batches its decisions) wait until the tracking loop has taken the
 messages already waiting -- the points of one tick then share one batch -- but at most
 ``DECIDE_WITHIN_EVENTS`` messages.
@@ -17,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from pipeline.core.decisions import NullSink, gate_decision
-from pipeline.core.group import GroupRun
+from pipeline.core.group import GroupRun, SnapshotView
 from pipeline.core.hooktimer import HookTimer
 from pipeline.core.samples import Samples
 from pipeline.protocols import Controller, DecisionSink, Gate
@@ -28,13 +33,15 @@ DECIDE_WITHIN_EVENTS = 64
 
 
 class Deciders:
-    """One run's gate and controller, their held proposals and their trace records."""
+    """One run's gate and controller on the tracker's open ``groups``, their held proposals and
+    their trace records."""
 
     def __init__(
         self,
         gate: Gate,
         controller: Controller,
         samples: Samples,
+        groups: Mapping[int, GroupRun],
         *,
         run_id: str,
         hook_timer: HookTimer | None,
@@ -42,6 +49,8 @@ class Deciders:
         policy_version: Callable[[], int],
     ):
         self.gate, self.controller, self.samples = gate, controller, samples
+        self.groups = groups
+        self.open = SnapshotView(groups, self.snapshot)  # what the gate reads the open groups from
         self.run_id, self.hook_timer = run_id, hook_timer
         self.now, self.policy_version = now, policy_version
         self.token_hooks = controller.wants_tokens
@@ -59,12 +68,12 @@ class Deciders:
         """Decision points the controller queued and has not decided yet."""
         return self.controller.queued_decisions
 
-    def on_sample(self, group: GroupRun, groups: Mapping[int, GroupRun]) -> Sequence[GroupAction]:
+    def on_sample(self, group: GroupRun) -> Sequence[GroupAction]:
         """A sample of ``group`` was scored: the actions to execute, in order (they may name
-        any open group of ``groups``: HORA decides a whole batch at its last probe)."""
+        any open group: HORA decides a whole batch at its last probe)."""
         started = time.perf_counter_ns() if self.hook_timer is not None else 0
         snapshot = self.snapshot(group)
-        proposed = [] if group.sealed else self.gate.update(snapshot)
+        proposed = [] if group.sealed else self.gate.update(snapshot, self.open)
         final = self.controller.on_group(snapshot, proposed)
         if self.hook_timer is not None:
             self.hook_timer.record(time.perf_counter_ns() - started)
@@ -79,10 +88,10 @@ class Deciders:
             else:
                 # The trace says what the gate proposed and whether it ran (the controller may
                 # replace an abandon by an intervention).
-                self.log(groups.get(action.group_id), action, executed=action in final)
+                self.log(action, executed=action in final)
         return final
 
-    def decide_queued(self, groups: Mapping[int, GroupRun]) -> Sequence[GroupAction]:
+    def decide_queued(self) -> Sequence[GroupAction]:
         """The decision points the controller queued, decided now in one batch. A held gate
         proposal is logged now, as executed when the controller's actions include it."""
         self._flush_sent = False
@@ -91,7 +100,7 @@ class Deciders:
         held, self._held = self._held, {}
         for proposals in held.values():
             for action in proposals:
-                self.log(groups.get(action.group_id), action, executed=action in actions)
+                self.log(action, executed=action in actions)
         return actions
 
     def flush_wanted(self) -> bool:
@@ -119,19 +128,20 @@ class Deciders:
         """The group as the gate and the controller see it now."""
         return group.snapshot(self.policy_version(), self.samples.in_flight(group.group_id))
 
-    def on_step(self, batch: TrainBatch, groups: Mapping[int, GroupRun]) -> Sequence[GroupAction]:
+    def on_step(self, batch: TrainBatch) -> Sequence[GroupAction]:
         """The learner trained on ``batch``: the gate may act on its open groups (logged)."""
-        actions = self.gate.on_step(batch.step, batch)
+        actions = self.gate.on_step(batch.step, batch, self.open)
         for action in actions:
-            self.log(groups.get(action.group_id), action)
+            self.log(action)
         return actions
 
     def forget(self, group_id: int) -> None:
         """The group closed: a proposal held for it is void."""
         self._held.pop(group_id, None)
 
-    def log(self, group: GroupRun | None, action: GroupAction, executed: bool = True) -> None:
+    def log(self, action: GroupAction, executed: bool = True) -> None:
         """One gate decision on an open group into the trace (its id kept for the outcome)."""
+        group = self.groups.get(action.group_id)
         if group is None:
             return
         decision_id = self.trace.next_decision_id()

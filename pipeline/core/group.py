@@ -3,8 +3,9 @@
 A ``GroupRun`` changes only through its own methods (``tests/test_single_writers.py`` checks
 that no other module assigns its fields), called by the tracker and its stream-side ledger;
 everything else sees immutable ``GroupSnapshot``\\ s and ``CommittedGroup``\\ s derived from
-it. Which of its samples are queued or running is not kept here: ``pipeline.core.samples`` holds one
-record per sample, and a snapshot is handed the group's count from there.
+it (a gate reads the open groups through ``SnapshotView``). Which of its samples are queued
+or running is not kept here: ``pipeline.core.samples`` holds one record per sample, and a
+snapshot is handed the group's count from there.
 
 >>> from pipeline.types import Prompt
 >>> group = GroupRun(0, Prompt(0, "", (1,)), target_size=4, opened_step=0)
@@ -17,6 +18,7 @@ record per sample, and a snapshot is handed the group's count from there.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from pipeline.protocols import GateProtocolError
@@ -155,6 +157,34 @@ class GroupRun:
             trained_tokens=sum(s.new_tokens for s in valid),
             success_threshold=self.prompt.success_threshold,
         )
+
+
+class SnapshotView(Mapping[int, GroupSnapshot]):
+    """A driver's open groups (the tracker's; ``controller.driver``'s), each read as its snapshot
+    when asked: the ``OpenGroups`` a gate is handed, a read-only view that builds only the
+    snapshots the gate reads, from the group records themselves.
+
+    >>> from pipeline.types import Prompt
+    >>> group = GroupRun(4, Prompt(0, "", (1,)), target_size=2, opened_step=0)
+    >>> view = SnapshotView({4: group}, lambda g: g.snapshot(0, in_flight=0))
+    >>> list(view), view[4].finished, 5 in view
+    ([4], 0, False)
+    """
+
+    def __init__(self, groups: Mapping[int, GroupRun], snapshot: Callable[[GroupRun], GroupSnapshot]):
+        self._groups, self._snapshot = groups, snapshot
+
+    def __getitem__(self, group_id: int) -> GroupSnapshot:
+        return self._snapshot(self._groups[group_id])
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._groups)
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def __contains__(self, group_id: object) -> bool:
+        return group_id in self._groups
 
 
 def checked(group: GroupRun | None, action: GroupAction, source: str, actor: object) -> GroupRun:

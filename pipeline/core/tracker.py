@@ -124,8 +124,16 @@ class GroupTracker:
         self.seed, self.run_id = seed, run_id
         self.now, self.policy_version = now, policy_version
         self.samples = Samples(config.max_concurrent_samples)  # one record per sample, from queued to done
+        self._groups: dict[int, GroupRun] = {}  # the open groups: their one record each
         self.deciders = Deciders(
-            gate, controller, self.samples, run_id=run_id, hook_timer=hook_timer, now=now, policy_version=policy_version
+            gate,
+            controller,
+            self.samples,
+            self._groups,
+            run_id=run_id,
+            hook_timer=hook_timer,
+            now=now,
+            policy_version=policy_version,
         )
         self.attach_trace(trace)
         self.budget = Budget()
@@ -135,7 +143,6 @@ class GroupTracker:
         self.requests = Requests(config, seed, now)
         self.lifecycle = lifecycle if lifecycle is not None else SingleTurn()  # or episodes of turns
         self.ledger = SampleLedger(self.samples, self.budget, controller, policy_version, self.lifecycle)
-        self._groups: dict[int, GroupRun] = {}
         self._next_group_id = 0
         self._sealed_open = 0  # open groups that are sealed (committed, still finishing)
         self._touched: set[int] = set()  # groups that may have become ready to ship
@@ -239,7 +246,7 @@ class GroupTracker:
         """After a message: decide queued points when due, ship, hand batches to the learner,
         launch, admit, and see whether the run is over."""
         if self.deciders.queued and self.deciders.decide_due(backlog):
-            self._execute(self.deciders.decide_queued(self._groups), source="controller")
+            self._execute(self.deciders.decide_queued(), source="controller")
         self._ship_ready()
         self._from_batches()
 
@@ -340,7 +347,7 @@ class GroupTracker:
         group.count_end(scored.result.finish_reason)
         group.add(scored)
         self._touched.add(group.group_id)
-        self._execute(self.deciders.on_sample(group, self._groups), source="gate")
+        self._execute(self.deciders.on_sample(group), source="gate")
 
     def _on_turn(self, msg: TurnDone) -> None:
         """The environment answered a turn: the episode's next turn starts, or the episode ends
@@ -437,7 +444,7 @@ class GroupTracker:
         self._out.append(Record(step, metrics))
         self._steps_done = step
         self.batches.trained(done.batch.step)
-        self._execute(self.deciders.on_step(done.batch, self._groups), source="gate")
+        self._execute(self.deciders.on_step(done.batch), source="gate")
         if done.learner_state is not None:
             self._out.append(Checkpoint(self.state_dict(), done.learner_state))
 

@@ -5,8 +5,9 @@ the run's gate in one ``WatchedGate``; every call is the gate's own, and on the 
 
 * which group the gate opened for each prompt (``opened``; a replay has one group per prompt,
   so a second group of a prompt is an error), in the order they opened (``opened_order``);
-* ``decided_at``: how many of the group's samples had ended (rewarded or failed: the group's
-  latest snapshot) when the gate first proposed ``COMMIT`` or ``ABANDON`` for it (0: never);
+* ``decided_at``: how many of the group's samples had ended (rewarded or failed: its snapshot
+  in the open groups the gate was handed) when the gate first proposed ``COMMIT`` or
+  ``ABANDON`` for it (0: never);
 * the verdict: ``committed`` when the group shipped; ``dropped`` when it closed unshipped after
   the gate's last proposal was ``COMMIT`` (fewer than two valid samples); ``abandoned`` when it
   closed otherwise; ``open`` when the replay ended with it open; ``skipped`` when never opened.
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.protocols import Gate
+from pipeline.protocols import Gate, OpenGroups
 from pipeline.replay.outcome import PromptOutcome, Verdict
 from pipeline.types import ActionKind, GroupAction, GroupPlan, GroupSnapshot, TrainBatch
 
@@ -44,7 +45,6 @@ class WatchedGate(Gate):
     def __init__(self, inner: Gate):
         self.inner = inner
         self.group_of: dict[int, int] = {}  # prompt id -> its group id, in opening order
-        self._ended: dict[int, int] = {}  # group id -> samples ended at its latest snapshot
         self._decided_at: dict[int, int] = {}
         self._last: dict[int, ActionKind] = {}  # group id -> the gate's latest COMMIT or ABANDON
         self._closed: dict[int, bool] = {}  # group id -> shipped
@@ -78,21 +78,22 @@ class WatchedGate(Gate):
             self.group_of[pid] = plan.group_id
         return plans
 
-    def update(self, snapshot: GroupSnapshot) -> list[GroupAction]:
-        self._ended[snapshot.group_id] = len(snapshot.rewards) + snapshot.failed
-        return self._saw(self.inner.update(snapshot))
+    def update(self, snapshot: GroupSnapshot, groups: OpenGroups) -> list[GroupAction]:
+        return self._saw(self.inner.update(snapshot, groups), groups)
 
-    def on_step(self, step: int, batch: TrainBatch) -> list[GroupAction]:
-        return self._saw(self.inner.on_step(step, batch))
+    def on_step(self, step: int, batch: TrainBatch, groups: OpenGroups) -> list[GroupAction]:
+        return self._saw(self.inner.on_step(step, batch, groups), groups)
 
     def on_closed(self, closing: GroupSnapshot, committed: bool) -> None:
         self._closed[closing.group_id] = committed
         self.inner.on_closed(closing, committed)
 
-    def _saw(self, actions: list[GroupAction]) -> list[GroupAction]:
+    def _saw(self, actions: list[GroupAction], groups: OpenGroups) -> list[GroupAction]:
         for a in actions:
             if a.kind is _COMMIT or a.kind is _ABANDON:
-                self._decided_at.setdefault(a.group_id, self._ended.get(a.group_id, 0))
+                if a.group_id not in self._decided_at and a.group_id in groups:
+                    decided = groups[a.group_id]
+                    self._decided_at[a.group_id] = len(decided.rewards) + decided.failed
                 self._last[a.group_id] = a.kind
         return actions
 

@@ -1,7 +1,8 @@
 """The learner's timing on the async shell's side: two parts, chosen when the run is built.
 
-The clock a run is built with declares one (``pipeline.clock``): ``InlineLearning`` on a virtual
-or lockstep clock, ``ConcurrentLearning`` on the wall. Each carries the tracker's side of the
+The clock a run is built with picks one (``pipeline.clock``), as ``LEARNING_BY_CLOCK`` declares
+once: ``InlineLearning`` on a virtual or lockstep clock, ``ConcurrentLearning`` on the wall; the
+clocks themselves, shared with the engines, know nothing of the shell. Each part carries the tracker's side of the
 same choice (``timing``: ``pipeline.core.actions.INLINE`` or ``CONCURRENT``), so the shell and the
 tracker cannot disagree, and neither branches on a flag. A part says where the learner's
 computations run (``run``: on the event loop, or in a worker thread), whether a learner task
@@ -12,6 +13,9 @@ runs beside generation (``start``), and what handing it a ``Train`` means (``han
 3
 >>> InlineLearning.timing.slots, ConcurrentLearning.timing.slots
 (1, 2)
+>>> from pipeline.clock import LockstepClock
+>>> type(learning_for(LockstepClock())).__name__
+'InlineLearning'
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from pipeline.clock import LockstepClock, VirtualClock, WallClock
 from pipeline.core.actions import CONCURRENT, INLINE, LEARNER_SLOTS, LearnerTiming, Train
 
 Learn = Callable[[Train], Awaitable[Any]]
@@ -89,3 +94,24 @@ class ConcurrentLearning:
             async for train in batches:
                 done = await learn(train)
                 await inbox.send(done)
+
+
+LEARNING_BY_CLOCK: dict[type, type[InlineLearning] | type[ConcurrentLearning]] = {
+    VirtualClock: InlineLearning,  # learning takes no engine time: same results, reproducible runs
+    LockstepClock: InlineLearning,  # orchestrator.deterministic: each batch at the same point every time
+    WallClock: ConcurrentLearning,  # learning takes real time: a learner task trains beside generation
+}
+"""The learner's timing a run on each clock has, declared once (a clock of a class not named here
+takes its nearest base class's)."""
+
+
+def learning_for(clock: object) -> InlineLearning | ConcurrentLearning:
+    """A fresh learner-timing part for a run on ``clock`` (``LEARNING_BY_CLOCK``)."""
+    for cls in type(clock).__mro__:
+        part = LEARNING_BY_CLOCK.get(cls)
+        if part is not None:
+            return part()
+    raise TypeError(
+        f"no learner timing is declared for a {type(clock).__name__}; use a clock of pipeline.clock "
+        "(VirtualClock, LockstepClock, WallClock) or a subclass of one"
+    )

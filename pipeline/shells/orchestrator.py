@@ -16,7 +16,7 @@ out the actions it returns (``pipeline.core.actions``), in order. One anyio task
   its ``StepDone``. Generation and learning overlap; ``max_async_steps`` bounds how far ahead.
   On a ``VirtualClock`` (the simulator) learning takes no engine time, so each batch is trained
   inline the moment it fills: same results, and reproducible runs. Which of the two the run
-  does is a part its clock declares (``pipeline.shells.learner_timing``), not a flag.
+  does is a part its clock takes (``pipeline.shells.learner_timing.LEARNING_BY_CLOCK``), not a flag.
 
 Each of these rooms carries actions out through a handler table declared once in this class
 (``pipeline.shells.handlers``): the tracking loop's, a sample task's and the stream task's; each names
@@ -75,6 +75,7 @@ from pipeline.engines.mux import StreamMux, multiplexer_of
 from pipeline.metrics import Budget, NullMetricsWriter
 from pipeline.shells.collector import fewer_collections
 from pipeline.shells.handlers import HandlerTable, Refuse
+from pipeline.shells.learner_timing import learning_for
 from pipeline.shells.learning import LearnerStep
 from pipeline.shells.parts import RunOutputs, RunParts
 from pipeline.types import SampleFinished, SampleRequest, TokenDelta
@@ -118,7 +119,7 @@ class Orchestrator:
         self.config = config
         self.outputs = outputs if outputs is not None else RunOutputs()
         self.clock = parts.clock
-        self.learning = self.clock.learning()  # the learner's timing: a part the clock declares
+        self.learning = learning_for(self.clock)  # the learner's timing: the part its clock takes
         checkpoint_every = self.outputs.checkpoint_every if self.outputs.checkpoint is not None else 0
         self.tracker = GroupTracker(
             parts.gate,

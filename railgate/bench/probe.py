@@ -15,7 +15,8 @@ made it mixed: the expectation of "complete the abandoned group and look", witho
 >>> from controller.prompts import PromptPool
 >>> probe = GateProbe(SaraGate(PromptPool([engine.prompt(i) for i in range(4)], seed=0), 8), world, engine)
 >>> (plan,) = probe.admit(range(1), step=0)
->>> _ = probe.update(GroupSnapshot(0, plan.prompt, 8, (0.0,) * 4, 0, 4, 0, 40, 0))   # all-wrong probe: abandoned
+>>> probed = GroupSnapshot(0, plan.prompt, 8, (0.0,) * 4, 0, 4, 0, 40, 0)
+>>> _ = probe.update(probed, {0: probed})   # an all-wrong probe: abandoned
 >>> probe.abandoned_incomplete, 0.0 < probe.false_abandonment_sum < 1.0
 (1, True)
 """
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.protocols import Gate
+from pipeline.protocols import Gate, OpenGroups
 from pipeline.types import ActionKind, GroupPlan, GroupSnapshot, TrainBatch
 
 
@@ -35,19 +36,17 @@ class GateProbe(Gate):
         self._gate = gate
         self._world = world
         self._engine = engine
-        self._last: dict[int, GroupSnapshot] = {}
         self.abandoned_incomplete = 0
         self.false_abandonment_sum = 0.0
 
     def admit(self, group_ids: range, step: int) -> list[GroupPlan]:
         return self._gate.admit(group_ids, step)
 
-    def update(self, snapshot: GroupSnapshot):
-        self._last[snapshot.group_id] = snapshot
-        actions = self._gate.update(snapshot)
+    def update(self, snapshot: GroupSnapshot, groups: OpenGroups):
+        actions = self._gate.update(snapshot, groups)
         for action in actions:
             if action.kind is ActionKind.ABANDON:
-                self._measure(self._last.get(action.group_id))
+                self._measure(groups.get(action.group_id))  # the group as the tracker holds it
         return actions
 
     def _measure(self, snap: GroupSnapshot | None) -> None:
@@ -60,11 +59,10 @@ class GateProbe(Gate):
         self.false_abandonment_sum += 1.0 - (p**m if all_success else (1.0 - p) ** m)
 
     def on_closed(self, closing: GroupSnapshot, committed: bool) -> None:
-        self._last.pop(closing.group_id, None)
         self._gate.on_closed(closing, committed)
 
-    def on_step(self, step: int, batch: TrainBatch):
-        return self._gate.on_step(step, batch)
+    def on_step(self, step: int, batch: TrainBatch, groups: OpenGroups):
+        return self._gate.on_step(step, batch, groups)
 
     def state_dict(self) -> dict[str, Any]:
         return self._gate.state_dict()
