@@ -71,14 +71,30 @@ SKIP_WINDOW = 256
 SKIP_MIN_OPENINGS = 32
 
 
+def reference_tokens(text_ids: Sequence[int], eos: int, exact: bool) -> tuple[int, ...]:
+    """The tokens a reference is scored as: an exact reference is a whole completion, so its
+    text ends with the end-of-sequence token; any other only has to be written first, so its
+    likelihood is of the text alone. The end token matters: on SmolLM2, whose completions
+    rarely stop after the number, the likelihood with it ranks nothing (Spearman -0.14 to 0.02
+    against the pass rate over 256 prompts), without it 0.18 to 0.38 (docs/benchmarks/replay.md); railgate's CPU task is exact.
+
+    >>> reference_tokens([5, 6], eos=0, exact=True), reference_tokens([5, 6], eos=0, exact=False)
+    ((5, 6, 0), (5, 6))
+    """
+    return tuple(text_ids) + ((eos,) if exact else ())
+
+
 class Opening(NamedTuple):
     """What ``ReferenceScreen.opening`` says of a group before any rollout: the Beta ``prior`` it
-    starts from, its ``mixed`` chance, and the reference ``logprob`` it was judged by (None: no
-    score)."""
+    starts from, its ``mixed`` chance, the reference ``logprob`` it was judged by (None: no
+    score), and how the chance was read (``reading``: ``unscored``, ``bound`` -- the most a lower
+    bound allows --, ``calibrated`` or ``exact``): ``skips`` compares a chance only with chances
+    read the same way."""
 
     prior: tuple[float, float]
     mixed: float
     logprob: float | None
+    reading: str = "exact"
 
 
 class ReferenceScreen:
@@ -131,6 +147,7 @@ class ReferenceScreen:
             "reference_uninformative": 0,
         }
         self._chances: deque[float] = deque(maxlen=SKIP_WINDOW)
+        self._chances_reading = "exact"  # how the window's chances were read (``Opening.reading``)
 
     def wanted(self) -> list[Prompt]:
         """The selector's next ``ahead`` prompts that have a reference and no score yet, each once
@@ -171,18 +188,18 @@ class ReferenceScreen:
         lp = self._logprob.pop(prompt_id, None)
         if lp is None:
             self._counts["reference_unscored"] += 1
-            return Opening(base, effective_probability(0, 0, group_size, base), None)
+            return Opening(base, effective_probability(0, 0, group_size, base), None, "unscored")
         if self.calibration is not None and self.calibration.fitted and not self.calibration.informative():
             # The likelihood does not rank the pass rates the run observes: its map is not acted
             # on; the score still counts as the lower bound it is (skips only near-sure successes).
             self._counts["reference_uninformative"] += 1
-            return Opening(base, mixed_bound(lp, group_size), lp)
+            return Opening(base, mixed_bound(lp, group_size), lp, "bound")
         if self.calibration is not None and self.calibration.fitted:
             a, b = self.calibration.prior(lp)
             prior = (max(a, MIN_PSEUDO), max(b, MIN_PSEUDO))
-            return Opening(prior, effective_probability(0, 0, group_size, prior), lp)
+            return Opening(prior, effective_probability(0, 0, group_size, prior), lp, "calibrated")
         if not self.exact:
-            return Opening(base, mixed_bound(lp, group_size), lp)
+            return Opening(base, mixed_bound(lp, group_size), lp, "bound")
         q = math.exp(lp)
         prior = (max(self.strength * q, MIN_PSEUDO), max(self.strength * (1.0 - q), MIN_PSEUDO))
         return Opening(prior, effective_probability(0, 0, group_size, prior), lp)
@@ -190,8 +207,10 @@ class ReferenceScreen:
     def skips(self, opening: Opening, limit: float, share: float = 1.0) -> bool:
         """Whether the prompt of ``opening`` is skipped: its mixed chance is at most ``limit`` and,
         with ``share`` below 1, under the ``share``-quantile of the chances of the latest
-        ``SKIP_WINDOW`` openings (once there are ``SKIP_MIN_OPENINGS``), so at most about that share
-        of the prompts is skipped. A run where every prompt looks alike -- a hard start, where each
+        ``SKIP_WINDOW`` openings read the same way (``Opening.reading``; once there are
+        ``SKIP_MIN_OPENINGS``), so at most about that share of the prompts is skipped: the bound a
+        score allows before the calibration is trusted says nothing of where the calibrated chances
+        fall. A run where every prompt looks alike -- a hard start, where each
         group's chance is low -- then skips almost none instead of nearly all; where the chances
         spread, the bar is ``limit``. Every opening asked about joins the window.
 
@@ -205,6 +224,9 @@ class ReferenceScreen:
         True
         """
         chance = opening.mixed
+        if opening.reading != self._chances_reading:
+            self._chances.clear()
+            self._chances_reading = opening.reading
         below_share = True
         if share < 1.0 and len(self._chances) >= SKIP_MIN_OPENINGS:
             ordered = sorted(self._chances)
@@ -223,6 +245,7 @@ class ReferenceScreen:
         afresh before its first step)."""
         state: dict[str, Any] = dict(self._counts)
         state["chances"] = list(self._chances)
+        state["chances_reading"] = self._chances_reading
         if self.calibration is not None:
             state["calibration"] = self.calibration.state_dict()
         return state
@@ -231,6 +254,7 @@ class ReferenceScreen:
         self._counts.update({k: int(state.get(k, 0)) for k in self._counts})
         self._chances.clear()
         self._chances.extend(float(c) for c in state.get("chances", []))
+        self._chances_reading = str(state.get("chances_reading", "exact"))
         if self.calibration is not None:
             self.calibration.load_state_dict(state.get("calibration", {}))
 

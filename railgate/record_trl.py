@@ -21,7 +21,8 @@ holds what a bench trl run's first step would sample from the same rows:
   keyword arguments;
 * ``reference_logprob``: the model's teacher-forced log-likelihood of the row's ``reference``
   as ``railgate.trl.reference.ReferenceScorer`` scores it: the text's tokens (no special
-  tokens), then TRL's first end-of-sequence token, after the rendered prompt, at temperature 1;
+  tokens), then, for a task whose reference is exact, TRL's first end-of-sequence token, after
+  the rendered prompt, at temperature 1;
   null where the reference does not earn the reward (the scorer drops it);
 * ``difficulty``: the row's level where the task has one: ``mixed``'s ``operations``, the word
   problem's operations (read off its template: one, or two for "gets ... then gives away");
@@ -49,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from controller.reference import reference_tokens
 from pipeline.types import Prompt
 from railgate.bench.trl import TASKS, TrlBenchSpec, matched_args, paired_order
 from railgate.bench.trl_rewards import REWARDS
@@ -196,7 +198,7 @@ def build_trl_sampler(cfg: RunConfig, source: TrlRecordSource, num_prompts: int)
         raise RecordError(f"{len(too_long)} prompts and {o.max_tokens} tokens exceed the model's context ({context})")
     scorer = TrlRewardScorer(task.reward, by_id, tokenizer.decode)
     references = {
-        i: tuple(tokenizer.encode(str(row["reference"]))) + (eos[0],)
+        i: reference_tokens(tokenizer.encode(str(row["reference"])), eos[0], task.reference_exact)
         for i, row in rows
         if row.get("reference") is not None
         and str(row["reference"]).strip()

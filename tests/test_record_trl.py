@@ -75,8 +75,10 @@ def test_the_log_holds_bench_trls_rows_rendered_sampled_and_scored_as_trl_does(r
             assert s.text == tok.decode(list(s.token_ids), skip_special_tokens=True)
             completion = [{"role": "assistant", "content": s.text}]
             assert [s.reward] == task.reward([row["prompt"]], [completion], answer=[row["answer"]])
-        # TRL's reference prior: the reference's tokens, then the end-of-sequence token, teacher-forced
-        ref = tok(text=[row["reference"]], add_special_tokens=False)["input_ids"][0] + [tok.eos_token_id]
+        # TRL's reference prior: the reference's tokens, teacher-forced; no end-of-sequence token, as
+        # the task's reference is not exact (a completion only has to write it first)
+        assert not task.reference_exact
+        ref = tok(text=[row["reference"]], add_special_tokens=False)["input_ids"][0]
         with torch.no_grad():
             logp = torch.log_softmax(model(torch.tensor([prompt_ids + ref])).logits[0].float(), -1)
         expected = sum(logp[len(prompt_ids) - 1 + i, t].item() for i, t in enumerate(ref))

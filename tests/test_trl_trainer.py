@@ -66,7 +66,7 @@ def test_sara_trains_only_mixed_groups_and_counts_every_rollout(tmp_path):
         outcome_rows(60),
         by_kind,
         gate_reference_prior=False,
-        gate_probe_when="always",
+        gate_probe_when="always",  # probes abandon: one step passes many prompts through the screen
         max_steps=4,
         gate_step_rollouts=50,
     )
@@ -163,7 +163,16 @@ def test_the_reference_prior_skips_prompts_it_deems_hopeless_and_drops_reference
     rows = [{**r, "target": r["answer"]} for r in arithmetic_rows(100)]
     for r in rows[::10]:
         r["answer"] = "wrong"  # a reference the reward does not accept: dropped when first checked
-    trainer = gated(tmp_path, rows, exact, max_steps=1, gate_reference_exact=True, gate_reference_skip=0.45)
+    trainer = gated(
+        tmp_path,
+        rows,
+        exact,
+        max_steps=1,
+        gate_reference_exact=True,
+        gate_reference_skip=0.45,
+        gate_reference_skip_share=1.0,  # the bar alone decides: every scored prompt is skipped
+        gate_probe_when="always",  # probes abandon: one step passes many prompts through the screen
+    )
     trainer.train()
     m = trainer.gate.metrics()
     # Every scored prompt was skipped; the groups opened are the prompts reached before a score.
@@ -182,7 +191,13 @@ def test_a_step_whose_every_group_saturates_is_cut_short_and_padded(tmp_path):
         return [0.0] * len(completions)
 
     trainer = gated(
-        tmp_path, arithmetic_rows(100), nothing, gate_reference_prior=False, max_steps=2, gate_step_rollouts=2
+        tmp_path,
+        arithmetic_rows(100),
+        nothing,
+        gate_reference_prior=False,
+        max_steps=2,
+        gate_step_rollouts=2,
+        gate_probe_when="always",  # every group probed and abandoned (the default launches the first whole)
     )
     trainer.train()
     m = trainer.gate.metrics()

@@ -6,7 +6,8 @@ prior says will not be mixed. In a TRL run the reference is a dataset column
 (``gate_reference_column``); ``ReferenceScorer`` gives the screen:
 
 * ``references``: each row's reference text as the tokens a completion that writes it would
-  hold (the processing class's tokens, no special tokens, then the end-of-sequence token);
+  hold (the processing class's tokens, no special tokens, then, for an exact reference
+  (``gate_reference_exact``), the end-of-sequence token: ``reference_tokens``);
 * before a reference is first used, a check that it earns the reward -- the user's reward
   functions score (prompt, reference) like any completion, and a reference at or below
   ``gate_success_threshold`` is dropped (it would bound nothing);
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 from trl.trainer.utils import pad
 
-from controller.reference import ReferenceScreen
+from controller.reference import ReferenceScreen, reference_tokens
 from pipeline.types import Prompt
 from railgate.trl.ranks import gather_all, rank_share
 from railgate.trl.rows import scalar_reward
@@ -60,7 +61,7 @@ def reference_column(setting: str, columns: Sequence[str]) -> str | None:
 class ReferenceScorer:
     """The references of a ``GatedGRPOTrainer``'s dataset and their scoring; see the module docstring."""
 
-    def __init__(self, trainer: Any, column: str):
+    def __init__(self, trainer: Any, column: str, exact: bool):
         self.trainer = trainer
         self.column = column
         dataset = trainer.train_dataset
@@ -68,9 +69,8 @@ class ReferenceScorer:
         ids = (
             trainer.processing_class(text=list(texts.values()), add_special_tokens=False)["input_ids"] if texts else []
         )
-        eos = trainer.eos_token_ids[0]
         self.texts = texts
-        self.references = {i: tuple(t) + (eos,) for i, t in zip(texts, ids)}
+        self.references = {i: reference_tokens(t, trainer.eos_token_ids[0], exact) for i, t in zip(texts, ids)}
         self.checked: set[int] = set()
         self.dropped = 0  # references that did not earn the reward
         self.screen: ReferenceScreen | None = None

@@ -92,7 +92,7 @@ class GateSession:
         )
         self.reference = None
         if column is not None:
-            self.reference = ReferenceScorer(trainer, column)
+            self.reference = ReferenceScorer(trainer, column, exact=args.gate_reference_exact)
             screen = ReferenceScreen(
                 self.reference.references,
                 self.gate.source.peek,
