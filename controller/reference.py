@@ -42,10 +42,10 @@ prior unchanged, and its chance under that prior; ``metrics`` counts both, and t
 >>> [p.prompt_id for p in screen.wanted()]
 [0, 1]
 >>> screen.update({0: math.log(0.95), 1: math.log(0.5)}, tokens=8)
->>> (a, b), mixed, _ = screen.opening(0, (1.0, 1.0), group_size=8)   # q = 0.95: rarely mixed
+>>> (a, b), mixed, _, _ = screen.opening(0, (1.0, 1.0), group_size=8)   # q = 0.95: rarely mixed
 >>> round(a, 1), round(b, 1), round(mixed, 2), round(1 - 0.95**8 - 0.05**8, 2)   # exact: 0.34
 (60.8, 3.2, 0.32, 0.34)
->>> (a, b), mixed, _ = screen.opening(1, (1.0, 1.0), group_size=8); (a, b), round(mixed, 2)
+>>> (a, b), mixed, _, _ = screen.opening(1, (1.0, 1.0), group_size=8); (a, b), round(mixed, 2)
 ((32.0, 32.0), 0.99)
 >>> screen.opening(2, (1.0, 1.0), group_size=8)[0]                # never scored: the gate's prior
 (1.0, 1.0)
