@@ -89,6 +89,7 @@ concatenated every step.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import itertools
@@ -311,7 +312,7 @@ class TorchEngine(EngineBase):
         if self.lockstep:
             # Let the tasks the last step woke act first (their joins and aborts go into this
             # step), then decode it here; the order of both is the loop's, not the clock's.
-            await anyio.lowlevel.checkpoint()
+            await _settle()
             results = self._worker.take()
         else:
             with anyio.CancelScope(shield=True):
@@ -344,6 +345,21 @@ class TorchEngine(EngineBase):
                 req.wake()
             elif len(req.tokens) - req.delivered >= self.delta_tokens:
                 req.wake()
+
+
+_SETTLE_MAX_YIELDS = 4096
+
+
+async def _settle() -> None:
+    """Yield until no other task of the loop is ready to run (at most ``_SETTLE_MAX_YIELDS`` times)."""
+    await anyio.lowlevel.checkpoint()
+    ready = getattr(asyncio.get_running_loop(), "_ready", None)
+    if ready is None:
+        return
+    for _ in range(_SETTLE_MAX_YIELDS):
+        if not ready:
+            return
+        await anyio.lowlevel.checkpoint()
 
 
 def _model_context(model: torch.nn.Module) -> int | None:
