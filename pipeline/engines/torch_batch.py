@@ -303,14 +303,17 @@ class DecodeBatch:
         shape = (len(rows), self._kv_heads, capacity, self._head_dim)
         new_k = [torch.zeros(shape, dtype=self._dtype, device=self.device) for _ in range(self._layers)]
         new_v = [torch.zeros(shape, dtype=self._dtype, device=self.device) for _ in range(self._layers)]
-        for layer in range(self._layers):
-            for dst, (kind, i, first, w) in enumerate(spans):
-                if w == 0:
-                    continue
-                src_k = self._k[layer] if kind == "row" else prefill.keys[layer]  # type: ignore[union-attr]
-                src_v = self._v[layer] if kind == "row" else prefill.values[layer]  # type: ignore[union-attr]
-                new_k[layer][dst, :, width - w : width] = src_k[i, :, first : first + w]
-                new_v[layer][dst, :, width - w : width] = src_v[i, :, first : first + w]
+        # One gather per source tensor and layer (not a slice copy per row): the rows whose cache
+        # comes from the old buffer, then those from the prefill.
+        for kind, old_k, old_v in (("row", self._k, self._v), ("prefill", *_prefill_kv(prefill))):
+            picked = [(dst, i, first, w) for dst, (k, i, first, w) in enumerate(spans) if k == kind and w > 0]
+            if not picked:
+                continue
+            dst_idx, src_idx, index, blank = _span_gather(picked, width, old_k[0].shape, self.device)
+            for layer in range(self._layers):
+                for src, dst in ((old_k[layer], new_k[layer]), (old_v[layer], new_v[layer])):
+                    cols = src.index_select(0, src_idx).gather(2, index).masked_fill_(blank, 0.0)
+                    dst[:, :, :width].index_copy_(0, dst_idx, cols)
         self._k, self._v, self._length = new_k, new_v, width
         self._start = torch.tensor([width - w for _, _, _, w in spans], dtype=torch.long, device=self.device)
         # The decode steps' additive mask over the whole buffer: a row sees [start, width) now, and
@@ -331,6 +334,34 @@ class DecodeBatch:
         self._unit_temperature = all(s.temperature == 1.0 for s in specs)
         self._use_top_p = any(s.top_p < 1.0 for s in specs)
         self._seed_keys = np.array([s.seed_key for s in specs], dtype=np.uint64)
+
+
+def _prefill_kv(prefill: _Prefill | None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    return (prefill.keys, prefill.values) if prefill is not None else ([], [])
+
+
+def _span_gather(
+    spans: list[tuple[int, int, int, int]], width: int, shape: torch.Size, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Indices that copy each span ``(dst, src row, first column, width w)`` of a source cache
+    ``[rows, heads, columns, head_dim]`` into columns ``[width - w, width)`` of row ``dst``:
+    (dst rows, src rows, a ``gather`` index over the columns, the columns left blank).
+
+    >>> src = torch.arange(2 * 1 * 4 * 1, dtype=torch.float32).view(2, 1, 4, 1)
+    >>> dst, rows, index, blank = _span_gather([(0, 1, 1, 2), (1, 0, 0, 3)], 3, src.shape, torch.device("cpu"))
+    >>> src.index_select(0, rows).gather(2, index).masked_fill_(blank, 0.0)[:, 0, :, 0].tolist()
+    [[0.0, 5.0, 6.0], [0.0, 1.0, 2.0]]
+    """
+    dst = torch.tensor([d for d, _, _, _ in spans], dtype=torch.long, device=device)
+    rows = torch.tensor([i for _, i, _, _ in spans], dtype=torch.long, device=device)
+    first = torch.tensor([f for _, _, f, _ in spans], dtype=torch.long, device=device)
+    w = torch.tensor([n for _, _, _, n in spans], dtype=torch.long, device=device)
+    cols = torch.arange(width, device=device)[None, :]
+    blank = cols < (width - w)[:, None]  # [spans, width]
+    source_col = (cols + (first + w - width)[:, None]).clamp_(0, shape[2] - 1)
+    n, heads, dim = len(spans), shape[1], shape[3]
+    index = source_col[:, None, :, None].expand(n, heads, width, dim)
+    return dst, rows, index, blank[:, None, :, None]
 
 
 class _Prefill:
