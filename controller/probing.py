@@ -72,7 +72,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from scipy.optimize import minimize
 from scipy.special import betaln
 
 from controller.posterior import all_success_probability, effective_probability, miss_probability
@@ -181,6 +180,9 @@ def fit_beta_binomial(groups: Iterable[tuple[int, int]]) -> tuple[float, float]:
     data = np.array([(s, n) for s, n in groups if n > 0], dtype=float).reshape(-1, 2)
     if len(data) == 0:
         raise ValueError("no group with a rollout to fit; observe some groups first")
+    # Imported here: scipy.optimize costs ~0.1 s at start-up, and a run on the default settings never fits.
+    from scipy.optimize import minimize
+
     s, n = data[:, 0], data[:, 1]
 
     def loss(x: np.ndarray) -> float:

@@ -53,9 +53,7 @@ from collections import deque
 from typing import Any
 
 import numpy as np
-from scipy.optimize import minimize
 from scipy.special import betaln
-from scipy.stats import rankdata
 
 # Pass rates are kept inside (EPS, 1 - EPS) so that the Beta parameters stay proper.
 EPS = 1e-6
@@ -177,6 +175,9 @@ def rank_correlation(data: np.ndarray) -> float:
     """
     if len(data) < 3:
         return 0.0
+    # Imported here: scipy.stats and scipy.optimize cost ~0.5 s at start-up, and most runs never fit.
+    from scipy.stats import rankdata
+
     x, y = rankdata(data[:, 0]), rankdata(data[:, 1] / data[:, 2])
     x, y = x - x.mean(), y - y.mean()
     scale = math.sqrt(float(x @ x) * float(y @ y))
@@ -185,6 +186,8 @@ def rank_correlation(data: np.ndarray) -> float:
 
 def _maximum_likelihood(data: np.ndarray) -> tuple[float, float]:
     """(gamma, kappa) maximising the Beta-Binomial likelihood of ``data`` rows (logprob, s, n)."""
+    from scipy.optimize import minimize  # here: see rank_correlation
+
     lp, s, n = data[:, 0], data[:, 1], data[:, 2]
 
     def loss(x: np.ndarray) -> float:

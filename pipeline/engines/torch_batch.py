@@ -156,12 +156,18 @@ class DecodeBatch:
         """Rows that finished in the last step (they leave at the next)."""
         return len(self._done)
 
-    def reset(self) -> None:
-        """Drop every row and free the cache (after an error or on shutdown)."""
+    def reset(self, keep_memory: bool = False) -> None:
+        """Drop every row and free the cache (after an error or on shutdown; ``keep_memory``: keep
+        the buffers' memory for the next rows, when the batch has merely emptied)."""
         self.rows: list[_Row] = []
         self._done: list[int] = []  # rows that finished in the last step; they leave at the next
         self._k: list[torch.Tensor] = []
         self._v: list[torch.Tensor] = []
+        # The memory of the current buffers (``_k``, ``_v``) and the spare one the next rebuild fills:
+        # reused, since a freshly allocated buffer of a few MB costs a page fault per 4 KB on first touch.
+        if not keep_memory:
+            self._storage: torch.Tensor | None = None
+            self._spare: torch.Tensor | None = None
         self._length = 0
         self._start = torch.zeros(0, dtype=torch.long, device=self.device)
         self._next = torch.zeros(0, dtype=torch.long, device=self.device)
@@ -278,12 +284,21 @@ class DecodeBatch:
         self._done = []
         return prefix_lps
 
+    def _zeroed_buffers(self, shape: tuple[int, ...]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Zeroed key and value buffers of ``shape`` per layer, in the spare memory (grown when too small)."""
+        numel = 2 * self._layers * shape[0] * shape[1] * shape[2] * shape[3]
+        if self._spare is None or self._spare.numel() < numel:
+            # A quarter more than asked for, so that a batch growing a little does not reallocate each time.
+            self._spare = torch.empty(numel + numel // 4, dtype=self._dtype, device=self.device)
+        flat = self._spare[:numel].zero_().view(2, self._layers, *shape)
+        return list(flat[0].unbind(0)), list(flat[1].unbind(0))
+
     def _rebuild(
         self, keep: list[int], new_rows: list[_Row], sources: list[tuple[str, int, int]], prefill: _Prefill | None
     ) -> None:
         rows = [self.rows[i] for i in keep] + new_rows
         if not rows:
-            self.reset()
+            self.reset(keep_memory=True)
             return
         # Each new row's cache as (layer tensors, first column, width) in a source tensor.
         old_start = self._start.tolist()
@@ -301,17 +316,36 @@ class DecodeBatch:
         remaining = max(r.spec.max_tokens - len(r.tokens) for r in rows)
         capacity = width + remaining + 1
         shape = (len(rows), self._kv_heads, capacity, self._head_dim)
-        new_k = [torch.zeros(shape, dtype=self._dtype, device=self.device) for _ in range(self._layers)]
-        new_v = [torch.zeros(shape, dtype=self._dtype, device=self.device) for _ in range(self._layers)]
+        new_k, new_v = self._zeroed_buffers(shape)
+        # Kept rows end at the old length and prefill rows at the prefill's width, padding (zeros)
+        # included: one copy each per layer. A row copying a resident row's cache: a copy per row.
+        n_keep = len(keep)
+        keep_cols = min(width, self._length)
+        keep_rows = None if keep == list(range(len(self.rows))) else torch.tensor(keep, device=self.device)
+        prefill_dst = [dst for dst, span in enumerate(spans) if span[0] == "prefill" and span[3]]
+        if prefill_dst:
+            assert prefill is not None
+            prefill_dst_t = torch.tensor(prefill_dst, device=self.device)
+            prefill_src = torch.tensor([spans[dst][1] for dst in prefill_dst], device=self.device)
+        copies = [
+            (dst, i, first, w) for dst, (kind, i, first, w) in enumerate(spans) if dst >= n_keep and kind == "row"
+        ]
         for layer in range(self._layers):
-            for dst, (kind, i, first, w) in enumerate(spans):
-                if w == 0:
-                    continue
-                src_k = self._k[layer] if kind == "row" else prefill.keys[layer]  # type: ignore[union-attr]
-                src_v = self._v[layer] if kind == "row" else prefill.values[layer]  # type: ignore[union-attr]
-                new_k[layer][dst, :, width - w : width] = src_k[i, :, first : first + w]
-                new_v[layer][dst, :, width - w : width] = src_v[i, :, first : first + w]
+            for old, new, pre in (
+                (self._k[layer] if self._k else None, new_k[layer], prefill.keys if prefill is not None else None),
+                (self._v[layer] if self._v else None, new_v[layer], prefill.values if prefill is not None else None),
+            ):
+                if n_keep:
+                    kept = old[:, :, self._length - keep_cols : self._length]
+                    new[:n_keep, :, width - keep_cols : width] = kept if keep_rows is None else kept[keep_rows]
+                if prefill_dst:
+                    pw = prefill.width
+                    new[:, :, width - pw : width].index_copy_(0, prefill_dst_t, pre[layer].index_select(0, prefill_src))
+                for dst, i, first, w in copies:
+                    if w:
+                        new[dst, :, width - w : width] = old[i, :, first : first + w]
         self._k, self._v, self._length = new_k, new_v, width
+        self._spare, self._storage = self._storage, self._spare  # the old buffers' memory serves the next rebuild
         self._start = torch.tensor([width - w for _, _, _, w in spans], dtype=torch.long, device=self.device)
         # The decode steps' additive mask over the whole buffer: a row sees [start, width) now, and
         # each step opens one more column (``_forward``).

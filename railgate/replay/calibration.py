@@ -33,7 +33,6 @@ import math
 from typing import Any
 
 import numpy as np
-from scipy.stats import rankdata
 
 from controller.posterior import effective_probability
 from controller.reference import MIN_PSEUDO
@@ -111,5 +110,8 @@ def _auc(score: np.ndarray, label: np.ndarray) -> float:
     pos, neg = int(label.sum()), int((~label).sum())
     if not pos or not neg:
         return math.nan
+    # Imported here: scipy.stats takes ~0.8 s, and every command line builds the parser that imports this module.
+    from scipy.stats import rankdata
+
     ranks = rankdata(score)
     return float((ranks[label].sum() - pos * (pos + 1) / 2) / (pos * neg))
