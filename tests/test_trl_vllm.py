@@ -74,6 +74,7 @@ def test_probe_and_rest_are_separate_requests_and_their_completions_train(tmp_pa
         vllm_mode="server",
         gate_probe_size=3,
         gate_reference_prior=False,
+        gate_probe_when="always",  # every group probed (the default launches the first groups whole)
         **settings,
     )
     rows = outcome_rows(60)
