@@ -310,6 +310,7 @@ class ProbingRule:
         self.max_lost = max_lost
         self._groups: deque[tuple[int, int]] = deque(maxlen=window)
         self._whole: deque[int] = deque(maxlen=window)  # successes of the latest whole groups
+        self._licence: ProbeEstimate | None = None  # None: re-estimate before the next use
         self._licensed_choices = 0  # choices made under the licence (every EXPLORE_EVERY-th is whole)
         self._fitted: tuple[float, float] | None = None  # None: refit before the next use
         self._choices = {"probe": 0, "whole": 0}
@@ -327,13 +328,16 @@ class ProbingRule:
         self._fitted = None
         if whole and rollouts == self.group_size:
             self._whole.append(int(successes))
+            self._licence = None
 
     def licence(self) -> ProbeEstimate | None:
         """The latest whole groups' exact estimate of probing (``empirical_probe``); None until
         ``min_groups`` whole groups ended."""
         if len(self._whole) < self.min_groups:
             return None
-        return empirical_probe(self._whole, self.group_size, self.probe_size)
+        if self._licence is None:  # asked at every admission; changes only when a whole group ends
+            self._licence = empirical_probe(self._whole, self.group_size, self.probe_size)
+        return self._licence
 
     def licensed(self) -> bool:
         """Whether the whole groups say probing yields more mixed groups per rollout and abandons
@@ -439,5 +443,6 @@ class ProbingRule:
         self._fitted = None
         self._whole.clear()
         self._whole.extend(int(s) for s in state.get("whole", []))
+        self._licence = None
         self._licensed_choices = int(state.get("licensed_choices", 0))
         self._choices.update({k: int(v) for k, v in state.get("choices", {}).items() if k in self._choices})
